@@ -1,0 +1,168 @@
+"""The one codec: JSON text frames to events and back.
+
+Decoding uses one reused :class:`msgspec.json.Decoder` per union. Every
+failure becomes a :class:`RemoteProtocolError` whose ``code`` and ``param`` are
+derived from msgspec's error (``$.input[2].call_id`` becomes the shipped
+``param`` spelling ``input[2].call_id``), raised ``from`` the original.
+
+One tolerance costs a second pass: the shipped API accepts input messages
+without ``"type": "message"`` (``{"role": "user", "content": "hi"}``). The
+fast path decodes typed events directly; only when msgspec reports a missing
+``type`` on an input item is the frame decoded generically, the tag filled in,
+and the result converted.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Final
+
+import msgspec
+
+from .errors import ErrorCode, LocalProtocolError, ProtocolError, RemoteProtocolError
+from .events import (
+    CLIENT_EVENT_TYPES,
+    SERVER_EVENT_TYPES,
+    ClientEvent,
+    ErrorBody,
+    ErrorEvent,
+    ServerEvent,
+)
+
+__all__ = [
+    "decode_client_event",
+    "decode_server_event",
+    "encode_event",
+    "error_event",
+    "json_path_to_param",
+]
+
+_client_decoder: Final = msgspec.json.Decoder(ClientEvent)
+_server_decoder: Final = msgspec.json.Decoder(ServerEvent)
+_encoder: Final = msgspec.json.Encoder()
+
+_AT = re.compile(r"^(?P<what>.*?)(?: - at `(?P<path>\$[^`]*)`)?$", re.DOTALL)
+_MISSING = re.compile(r"^Object missing required field `(?P<field>[^`]+)`$")
+_INVALID_TAG = re.compile(r"^Invalid value '(?P<value>.*)'$", re.DOTALL)
+_ITEM_PATH = re.compile(r"^\$\.input\[(\d+)\]$")
+
+
+def json_path_to_param(path: str | None, field: str | None = None) -> str | None:
+    """``$.input[0].content`` (+ ``field``) -> ``input[0].content`` (shipped spelling)."""
+    if path is None:
+        return field
+    param = path[2:] if path.startswith("$.") else path.lstrip("$")
+    param = param.replace("[...]", "")
+    if field is not None:
+        param = f"{param}.{field}" if param else field
+    return param or None
+
+
+def _validation_error(
+    exc: msgspec.ValidationError, known_types: frozenset[str]
+) -> RemoteProtocolError:
+    match = _AT.match(str(exc))
+    assert match is not None  # the pattern matches every string
+    what, path = match["what"], match["path"]
+    if path is None and (missing := _MISSING.match(what)) and missing["field"] == "type":
+        return RemoteProtocolError(
+            "The event has no 'type'.", code=ErrorCode.MISSING_REQUIRED_PARAMETER, param="type"
+        )
+    if path == "$.type" and (bad := _INVALID_TAG.match(what)):
+        return RemoteProtocolError(
+            f"Unknown event type {bad['value']!r}; expected one of {sorted(known_types)}.",
+            code=ErrorCode.UNKNOWN_EVENT_TYPE,
+            param="type",
+        )
+    if missing := _MISSING.match(what):
+        param = json_path_to_param(path, missing["field"])
+        return RemoteProtocolError(
+            f"Missing required parameter: '{param}'.",
+            code=ErrorCode.MISSING_REQUIRED_PARAMETER,
+            param=param,
+        )
+    param = json_path_to_param(path)
+    where = f"'{param}'" if param else "the event"
+    if what.startswith("Expected `"):
+        return RemoteProtocolError(
+            f"Invalid type for {where}: {what[0].lower()}{what[1:]}.",
+            code=ErrorCode.INVALID_TYPE,
+            param=param,
+        )
+    return RemoteProtocolError(
+        f"Invalid value for {where}: {what[0].lower()}{what[1:]}.",
+        code=ErrorCode.INVALID_VALUE,
+        param=param,
+    )
+
+
+def _fill_message_tags(data: bytes | str) -> Any:
+    raw = msgspec.json.decode(data)
+    if isinstance(raw, dict) and isinstance(raw.get("input"), list):
+        for item in raw["input"]:
+            if isinstance(item, dict) and "type" not in item and "role" in item:
+                item["type"] = "message"
+    return raw
+
+
+def decode_client_event(data: bytes | str) -> ClientEvent:
+    """Decode one client frame. Raises :class:`RemoteProtocolError` on bad input."""
+    try:
+        return _client_decoder.decode(data)
+    except msgspec.ValidationError as exc:
+        match = _AT.match(str(exc))
+        if (
+            match
+            and match["path"]
+            and _ITEM_PATH.match(match["path"])
+            and (match["what"] == "Object missing required field `type`")
+        ):
+            return _decode_tolerant(data)
+        raise _validation_error(exc, CLIENT_EVENT_TYPES) from exc
+    except msgspec.DecodeError as exc:
+        raise RemoteProtocolError(
+            f"The frame is not valid JSON: {exc}.", code=ErrorCode.INVALID_JSON
+        ) from exc
+
+
+def _decode_tolerant(data: bytes | str) -> ClientEvent:
+    raw = _fill_message_tags(data)
+    try:
+        event: ClientEvent = msgspec.convert(raw, ClientEvent)
+        return event
+    except msgspec.ValidationError as exc:
+        raise _validation_error(exc, CLIENT_EVENT_TYPES) from exc
+
+
+def decode_server_event(data: bytes | str) -> ServerEvent:
+    """Decode one server frame. Raises :class:`RemoteProtocolError` on bad input."""
+    try:
+        return _server_decoder.decode(data)
+    except msgspec.ValidationError as exc:
+        raise _validation_error(exc, SERVER_EVENT_TYPES) from exc
+    except msgspec.DecodeError as exc:
+        raise RemoteProtocolError(
+            f"The frame is not valid JSON: {exc}.", code=ErrorCode.INVALID_JSON
+        ) from exc
+
+
+def encode_event(event: ClientEvent | ServerEvent) -> bytes:
+    """Encode one event as a JSON text-frame payload."""
+    try:
+        return _encoder.encode(event)
+    except (TypeError, ValueError) as exc:  # pragma: no cover - our own structs
+        raise LocalProtocolError(
+            f"Cannot encode {type(event).__name__}: {exc}", code=ErrorCode.SERVER_ERROR, status=500
+        ) from exc
+
+
+def error_event(error: ProtocolError, *, stream_id: str | None = None) -> ErrorEvent:
+    """The WebSocket error envelope for ``error``."""
+    return ErrorEvent(
+        status=error.status,
+        error=ErrorBody(
+            type=error.error_type, code=error.code, message=error.message, param=error.param
+        ),
+        stream_id=stream_id if stream_id is not None else msgspec.UNSET,
+        response_id=error.response_id if error.response_id is not None else msgspec.UNSET,
+    )

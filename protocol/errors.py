@@ -1,0 +1,114 @@
+"""Protocol errors, each carrying the wire error it becomes.
+
+A :class:`ProtocolError` knows everything needed to build the shipped error
+envelope: the HTTP-like ``status``, the error ``type`` and ``code`` clients
+branch on, a human ``message`` and the ``param`` naming the bad field
+(``input[2].call_id``). :class:`RemoteProtocolError` means the peer broke the
+rules; :class:`LocalProtocolError` means we were about to.
+
+Connection-level failures close the socket instead; :data:`CLOSE_CODES` maps
+them to the IANA WebSocket close codes.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Final
+
+__all__ = [
+    "CLOSE_CODES",
+    "CloseCode",
+    "ErrorCode",
+    "LocalProtocolError",
+    "ProtocolError",
+    "RemoteProtocolError",
+]
+
+
+class ErrorCode(enum.StrEnum):
+    """Every ``error.code`` this protocol puts on the wire (see SPEC.md §6)."""
+
+    INVALID_JSON = "invalid_json"
+    UNKNOWN_EVENT_TYPE = "unknown_event_type"
+    INVALID_TYPE = "invalid_type"
+    MISSING_REQUIRED_PARAMETER = "missing_required_parameter"
+    INVALID_VALUE = "invalid_value"
+    UNKNOWN_PARAMETER = "unknown_parameter"
+    MESSAGE_TOO_LARGE = "message_too_large"
+    TOO_MANY_ITEMS = "too_many_items"
+    MODEL_NOT_FOUND = "model_not_found"
+    RESPONSE_NOT_FOUND = "response_not_found"
+    RESPONSE_ALREADY_COMPLETED = "response_already_completed"
+    UNKNOWN_CALL_ID = "unknown_call_id"
+    DUPLICATE_CALL_ID = "duplicate_call_id"
+    TOO_MANY_ROLLOUTS = "too_many_rollouts"
+    MODE_NOT_SUPPORTED = "mode_not_supported"
+    SERVER_ERROR = "server_error"
+
+
+class CloseCode(enum.IntEnum):
+    """WebSocket close codes, named as in the IANA registry."""
+
+    NORMAL_CLOSURE = 1000
+    GOING_AWAY = 1001
+    PROTOCOL_ERROR = 1002
+    INVALID_FRAME_PAYLOAD_DATA = 1007
+    POLICY_VIOLATION = 1008
+    MESSAGE_TOO_BIG = 1009
+    INTERNAL_ERROR = 1011
+
+
+#: Which close code a connection-level failure gets. The reason text sent with
+#: 1011 never includes exception text (it could leak server internals).
+CLOSE_CODES: Final[dict[str, CloseCode]] = {
+    "client_closed": CloseCode.NORMAL_CLOSURE,
+    "server_shutdown": CloseCode.GOING_AWAY,
+    "mode_not_supported": CloseCode.POLICY_VIOLATION,
+    "connection_limit_reached": CloseCode.NORMAL_CLOSURE,
+    "slow_reader": CloseCode.POLICY_VIOLATION,
+    "frame_too_big": CloseCode.MESSAGE_TOO_BIG,
+    "internal_error": CloseCode.INTERNAL_ERROR,
+}
+
+
+class ProtocolError(Exception):
+    """A rule of the protocol was broken; carries the wire error it becomes.
+
+    ``status`` is the HTTP-like status of the shipped envelope, ``error_type``
+    its ``error.type`` (``invalid_request_error`` unless a server fault),
+    ``code`` its ``error.code`` and ``param`` the path of the offending field
+    or ``None``. ``response_id`` names the response the error concerns, when
+    there is one.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str,
+        param: str | None = None,
+        status: int = 400,
+        error_type: str = "invalid_request_error",
+        response_id: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        self.param = param
+        self.status = status
+        self.error_type = error_type
+        self.response_id = response_id
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}({self.message!r}, code={self.code!r}, "
+            f"param={self.param!r}, status={self.status})"
+        )
+
+
+class RemoteProtocolError(ProtocolError):
+    """The peer sent something the protocol does not allow."""
+
+
+class LocalProtocolError(ProtocolError):
+    """We were about to send something the protocol does not allow."""

@@ -1,0 +1,274 @@
+"""Every client and server event, as frozen msgspec Structs tagged on ``type``.
+
+The tag string of each class is its wire ``type``. :data:`ClientEvent` and
+:data:`ServerEvent` are the two unions the codec decodes into; a ``type``
+outside the union is an ``unknown_event_type`` error (see ``codec``).
+
+Server events carry ``sequence_number`` (counted per response: from 0 at
+``response.created``, never reset across pauses in append mode) and, on a
+named lane, ``stream_id``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+from msgspec import UNSET, Struct, UnsetType
+
+from .items import ContentPart, FunctionTool, Item, OutputText, Refusal, ToolChoice
+from .response import Response
+
+__all__ = [
+    "CLIENT_EVENT_TYPES",
+    "SERVER_EVENT_TYPES",
+    "ClientEvent",
+    "ContentPartAdded",
+    "ContentPartDone",
+    "ErrorBody",
+    "ErrorEvent",
+    "FunctionCallArgumentsDelta",
+    "FunctionCallArgumentsDone",
+    "OutputItemAdded",
+    "OutputItemDone",
+    "OutputTextDelta",
+    "OutputTextDone",
+    "ResponseAppend",
+    "ResponseCancel",
+    "ResponseCompleted",
+    "ResponseCreate",
+    "ResponseCreated",
+    "ResponseDone",
+    "ResponseFailed",
+    "ResponseInProgress",
+    "ResponseIncomplete",
+    "ResponseProcessed",
+    "ResponseQueued",
+    "ServerEvent",
+    "TimingEvent",
+]
+
+
+class _Event(Struct, frozen=True, kw_only=True, tag_field="type"):
+    pass
+
+
+# --- client events ---------------------------------------------------------
+
+
+class ResponseCreate(_Event, frozen=True, kw_only=True, tag="response.create"):
+    """Starts a response; the body of ``POST /v1/responses`` at the top level.
+
+    ``stream``, ``stream_options`` and unknown top-level keys are accepted and
+    ignored (real clients send them). ``generate: false`` prepares state
+    without sampling.
+    """
+
+    model: str | UnsetType = UNSET
+    input: str | list[Item] = msgspec.field(default_factory=list)
+    instructions: str | None = None
+    tools: list[FunctionTool] = msgspec.field(default_factory=list)
+    tool_choice: ToolChoice = "auto"
+    parallel_tool_calls: bool = True
+    metadata: dict[str, str] = msgspec.field(default_factory=dict)
+    store: bool = True
+    previous_response_id: str | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    max_output_tokens: int | None = None
+    max_tool_calls: int | None = None
+    reasoning: dict[str, Any] | None = None
+    text: dict[str, Any] | None = None
+    truncation: Literal["auto", "disabled"] | None = None
+    user: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    service_tier: str | None = None
+    include: list[str] | None = None
+    top_logprobs: int | None = None
+    background: bool | None = None
+    stream: bool | None = None
+    stream_options: dict[str, Any] | None = None
+    stream_id: str | UnsetType = UNSET
+    generate: bool | None = None
+
+
+class ResponseAppend(_Event, frozen=True, kw_only=True, tag="response.append"):
+    """Adds input to a live response: tool outputs that unblock it, or steering.
+
+    Without ``response_id`` it targets the connection's latest response.
+    """
+
+    input: str | list[Item]
+    response_id: str | None = None
+
+
+class ResponseCancel(_Event, frozen=True, kw_only=True, tag="response.cancel"):
+    response_id: str | None = None
+
+
+class ResponseProcessed(_Event, frozen=True, kw_only=True, tag="response.processed"):
+    """Sent by some clients after consuming a response; tolerated, never answered."""
+
+    response_id: str | None = None
+
+
+ClientEvent = ResponseCreate | ResponseAppend | ResponseCancel | ResponseProcessed
+
+# --- server events ---------------------------------------------------------
+
+
+class _ServerEvent(_Event, frozen=True):
+    sequence_number: int
+    stream_id: str | UnsetType = UNSET
+
+
+class _ItemEvent(_ServerEvent, frozen=True, kw_only=True):
+    #: Append mode names the response on every event, because one connection
+    #: may run several rollouts at once; the shipped shape leaves it out.
+    response_id: str | UnsetType = UNSET
+
+
+class _Lifecycle(_ServerEvent, frozen=True, kw_only=True):
+    response: Response
+
+
+class ResponseCreated(_Lifecycle, frozen=True, kw_only=True, tag="response.created"):
+    pass
+
+
+class ResponseQueued(_Lifecycle, frozen=True, kw_only=True, tag="response.queued"):
+    pass
+
+
+class ResponseInProgress(_Lifecycle, frozen=True, kw_only=True, tag="response.in_progress"):
+    pass
+
+
+class ResponseDone(_Lifecycle, frozen=True, kw_only=True, tag="response.done"):
+    """Append mode: the loop paused (``requires_action``) or the rollout ended."""
+
+
+class ResponseCompleted(_Lifecycle, frozen=True, kw_only=True, tag="response.completed"):
+    pass
+
+
+class ResponseIncomplete(_Lifecycle, frozen=True, kw_only=True, tag="response.incomplete"):
+    pass
+
+
+class ResponseFailed(_Lifecycle, frozen=True, kw_only=True, tag="response.failed"):
+    pass
+
+
+class OutputItemAdded(_ItemEvent, frozen=True, kw_only=True, tag="response.output_item.added"):
+    output_index: int
+    item: Item
+
+
+class OutputItemDone(_ItemEvent, frozen=True, kw_only=True, tag="response.output_item.done"):
+    output_index: int
+    item: Item
+
+
+class ContentPartAdded(_ItemEvent, frozen=True, kw_only=True, tag="response.content_part.added"):
+    item_id: str
+    output_index: int
+    content_index: int
+    part: OutputText | Refusal | ContentPart
+
+
+class ContentPartDone(_ItemEvent, frozen=True, kw_only=True, tag="response.content_part.done"):
+    item_id: str
+    output_index: int
+    content_index: int
+    part: OutputText | Refusal | ContentPart
+
+
+class OutputTextDelta(_ItemEvent, frozen=True, kw_only=True, tag="response.output_text.delta"):
+    item_id: str
+    output_index: int
+    content_index: int
+    delta: str
+    logprobs: list[Any] = msgspec.field(default_factory=list)
+
+
+class OutputTextDone(_ItemEvent, frozen=True, kw_only=True, tag="response.output_text.done"):
+    item_id: str
+    output_index: int
+    content_index: int
+    text: str
+    logprobs: list[Any] = msgspec.field(default_factory=list)
+
+
+class FunctionCallArgumentsDelta(
+    _ItemEvent, frozen=True, kw_only=True, tag="response.function_call_arguments.delta"
+):
+    item_id: str
+    output_index: int
+    delta: str
+
+
+class FunctionCallArgumentsDone(
+    _ItemEvent, frozen=True, kw_only=True, tag="response.function_call_arguments.done"
+):
+    item_id: str
+    output_index: int
+    name: str
+    arguments: str
+
+
+class ErrorBody(Struct, frozen=True, kw_only=True):
+    type: str
+    code: str | None
+    message: str
+    param: str | None = None
+
+
+class ErrorEvent(_Event, frozen=True, kw_only=True, tag="error"):
+    """The WebSocket error envelope. ``response_id`` is an append-mode extra
+    naming the response a request error concerns, when there is one."""
+
+    error: ErrorBody
+    status: int | UnsetType = UNSET
+    sequence_number: int | UnsetType = UNSET
+    stream_id: str | UnsetType = UNSET
+    response_id: str | UnsetType = UNSET
+
+
+class TimingEvent(_Event, frozen=True, kw_only=True, tag="responsesapi.websocket_timing"):
+    """Per-turn phase timings, sent only to clients that asked by header."""
+
+    timing_metrics: dict[str, float]
+    response_id: str | UnsetType = UNSET
+    stream_id: str | UnsetType = UNSET
+
+
+ServerEvent = (
+    ResponseCreated
+    | ResponseQueued
+    | ResponseInProgress
+    | ResponseDone
+    | ResponseCompleted
+    | ResponseIncomplete
+    | ResponseFailed
+    | OutputItemAdded
+    | OutputItemDone
+    | ContentPartAdded
+    | ContentPartDone
+    | OutputTextDelta
+    | OutputTextDone
+    | FunctionCallArgumentsDelta
+    | FunctionCallArgumentsDone
+    | ErrorEvent
+    | TimingEvent
+)
+
+CLIENT_EVENT_TYPES: frozenset[str] = frozenset(
+    str(cls.__struct_config__.tag)
+    for cls in (ResponseCreate, ResponseAppend, ResponseCancel, ResponseProcessed)
+)
+
+SERVER_EVENT_TYPES: frozenset[str] = frozenset(
+    cls.__struct_config__.tag for cls in ServerEvent.__args__
+)

@@ -1,0 +1,160 @@
+"""Conversation items, content parts and tool definitions (the shipped shapes).
+
+All are frozen msgspec Structs tagged on ``type`` with the wire tag string.
+Optional fields that the shipped API leaves out when absent are typed
+``... | UnsetType = UNSET`` so that they are omitted on encode rather than
+written as ``null``. Unknown fields are ignored on decode: real clients replay
+output items with fields this project does not model.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+from msgspec import UNSET, Struct, UnsetType
+
+__all__ = [
+    "ContentPart",
+    "FunctionCall",
+    "FunctionCallOutput",
+    "FunctionTool",
+    "InputFile",
+    "InputImage",
+    "InputText",
+    "Item",
+    "Message",
+    "OutputText",
+    "Reasoning",
+    "ReasoningText",
+    "Refusal",
+    "SummaryText",
+    "Tool",
+    "ToolChoice",
+    "ToolChoiceFunction",
+    "item_text",
+]
+
+
+class _Tagged(Struct, frozen=True, kw_only=True, tag_field="type"):
+    pass
+
+
+# --- content parts ---------------------------------------------------------
+
+
+class InputText(_Tagged, frozen=True, tag="input_text"):
+    text: str
+
+
+class OutputText(_Tagged, frozen=True, tag="output_text"):
+    text: str
+    annotations: list[Any] = msgspec.field(default_factory=list)
+    logprobs: list[Any] | UnsetType = UNSET
+
+
+class Refusal(_Tagged, frozen=True, tag="refusal"):
+    refusal: str
+
+
+class InputImage(_Tagged, frozen=True, tag="input_image"):
+    detail: str = "auto"
+    image_url: str | UnsetType | None = UNSET
+    file_id: str | UnsetType | None = UNSET
+
+
+class InputFile(_Tagged, frozen=True, tag="input_file"):
+    file_id: str | UnsetType | None = UNSET
+    file_data: str | UnsetType = UNSET
+    file_url: str | UnsetType = UNSET
+    filename: str | UnsetType = UNSET
+
+
+class SummaryText(_Tagged, frozen=True, tag="summary_text"):
+    text: str
+
+
+class ReasoningText(_Tagged, frozen=True, tag="reasoning_text"):
+    text: str
+
+
+ContentPart = InputText | OutputText | Refusal | InputImage | InputFile | ReasoningText
+
+ItemStatus = Literal["in_progress", "completed", "incomplete"]
+
+# --- items -----------------------------------------------------------------
+
+
+class Message(_Tagged, frozen=True, tag="message"):
+    """An input message (user/system/developer) or an assistant output message."""
+
+    role: Literal["user", "assistant", "system", "developer"]
+    content: str | list[ContentPart]
+    id: str | UnsetType = UNSET
+    status: ItemStatus | UnsetType = UNSET
+    phase: Literal["commentary", "final_answer"] | UnsetType | None = UNSET
+
+
+class FunctionCall(_Tagged, frozen=True, tag="function_call"):
+    call_id: str
+    name: str
+    arguments: str
+    id: str | UnsetType = UNSET
+    status: ItemStatus | UnsetType = UNSET
+    namespace: str | UnsetType | None = UNSET
+
+
+class FunctionCallOutput(_Tagged, frozen=True, tag="function_call_output"):
+    call_id: str
+    output: str | list[ContentPart]
+    id: str | UnsetType = UNSET
+    status: ItemStatus | UnsetType = UNSET
+
+
+class Reasoning(_Tagged, frozen=True, tag="reasoning"):
+    """Passed through: kept in context and replayed, never interpreted."""
+
+    id: str | UnsetType = UNSET
+    summary: list[SummaryText] = msgspec.field(default_factory=list)
+    content: list[ReasoningText] | UnsetType = UNSET
+    encrypted_content: str | UnsetType | None = UNSET
+    status: ItemStatus | UnsetType = UNSET
+
+
+Item = Message | FunctionCall | FunctionCallOutput | Reasoning
+
+
+def item_text(content: str | list[ContentPart]) -> str:
+    """The plain text of a message or tool-output ``content``."""
+    if isinstance(content, str):
+        return content
+    pieces: list[str] = []
+    for part in content:
+        if isinstance(part, InputText | OutputText | ReasoningText):
+            pieces.append(part.text)
+        elif isinstance(part, Refusal):
+            pieces.append(part.refusal)
+    return "".join(pieces)
+
+
+# --- tools -----------------------------------------------------------------
+
+
+class FunctionTool(_Tagged, frozen=True, tag="function"):
+    """A client-side function tool: the client runs it and appends the output."""
+
+    name: str
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+    description: str | None = None
+
+
+Tool = FunctionTool
+
+
+class ToolChoiceFunction(Struct, frozen=True, kw_only=True):
+    type: Literal["function"]
+    name: str
+
+
+ToolChoice = Literal["auto", "none", "required"] | ToolChoiceFunction
