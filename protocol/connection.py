@@ -167,7 +167,8 @@ def check_append_items(
                 )
         else:
             raise LocalProtocolError(
-                f"An append carries message and function_call_output items, not {item_kind(item)!r}.",
+                "An append carries message and function_call_output items, "
+                f"not {item_kind(item)!r}.",
                 code=ErrorCode.INVALID_VALUE,
                 param=f"input[{index}].type",
                 response_id=response_id,

@@ -1,0 +1,59 @@
+"""Server configuration: every limit is a named constant, overridable by flag."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Final
+
+from protocol import MAX_ITEMS_PER_EVENT, MAX_MESSAGE_BYTES
+
+__all__ = [
+    "DEFAULT_HOST",
+    "DEFAULT_PORT",
+    "MAX_ROLLOUTS_PER_CONNECTION",
+    "PAUSE_TIMEOUT",
+    "SEND_QUEUE_DEPTH",
+    "SLOW_READER_TIMEOUT",
+    "ServerConfig",
+    "SimConfig",
+]
+
+DEFAULT_HOST: Final = "127.0.0.1"
+DEFAULT_PORT: Final = 8000
+#: Rollouts that may be live (not terminal) at once on one connection.
+MAX_ROLLOUTS_PER_CONNECTION: Final = 16
+#: Encoded events waiting to be written to one socket. When it is full the
+#: sampling loops that feed it wait: a slow reader slows the stream.
+SEND_QUEUE_DEPTH: Final = 256
+#: How long an event may wait for room in a full send queue before the reader
+#: is judged too slow and disconnected (close 1008).
+SLOW_READER_TIMEOUT: Final = 30.0
+#: How long a paused rollout waits for its tool outputs before it ends
+#: ``incomplete`` with reason ``pause_timeout``.
+PAUSE_TIMEOUT: Final = 600.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SimConfig:
+    """The simulated model's speed. Zero means no artificial delay."""
+
+    #: Seconds before the first output token, on top of prefill.
+    time_to_first_token: float = 0.0
+    #: Output tokens per second while decoding (65, 1,000 and 4,000 are the
+    #: reference points); 0 = unthrottled.
+    tokens_per_second: float = 0.0
+    #: Prefill rate over UNCACHED input tokens; 0 = instant.
+    prefill_tokens_per_second: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ServerConfig:
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    max_message_bytes: int = MAX_MESSAGE_BYTES
+    max_items_per_event: int = MAX_ITEMS_PER_EVENT
+    max_rollouts_per_connection: int = MAX_ROLLOUTS_PER_CONNECTION
+    send_queue_depth: int = SEND_QUEUE_DEPTH
+    slow_reader_timeout: float = SLOW_READER_TIMEOUT
+    pause_timeout: float = PAUSE_TIMEOUT
+    sim: SimConfig = dataclasses.field(default_factory=SimConfig)

@@ -1,0 +1,275 @@
+"""Rendering conversation items to o200k_base tokens, incrementally.
+
+Theory of operation
+-------------------
+A rollout's context is a list of *segments*, each rendered with a harmony-like
+chat template::
+
+    <|start|>{header}<|message|>{body}<|end|>
+
+The first segment is the prefix (header ``system``: the instructions, then a
+``# Tools`` section when tools are given); then one segment per item:
+
+==================== ================================ ==============================
+item                 header                           body
+==================== ================================ ==============================
+Message              its role                         ``item_text(content)``
+FunctionCall         ``assistant to=functions.NAME``  its arguments
+FunctionCallOutput   ``tool call_id=CALL_ID``         ``item_text(output)``
+Reasoning            ``assistant reasoning``          summary then content texts
+==================== ================================ ==============================
+
+``encrypted_content`` is opaque and renders nothing. The three markers are
+single token ids outside the o200k_base regular vocabulary (the ids
+o200k_harmony gives them); all header and body text goes through
+``encode_ordinary``, so text can never produce a marker id.
+
+Each segment is encoded on its own and BPE never merges across a marker, so
+rendering is a homomorphism over the item list::
+
+    tokens(history + new) == tokens(history) + tokens(render(new))
+
+which is what lets :class:`TokenCache` render only the items it has not seen.
+The same tokens come from the *full* path, :func:`tokenize_text` applied to
+:func:`render_text`, which splits one string on the literal marker strings.
+For that path to agree, header and body text must not contain a marker
+string, so both paths escape ``"<|"`` in text to ``"<\\u200b|"`` (a zero-width
+space between the two characters). The escape is lossy and one-way: rendered
+tokens are never decoded back into items.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import warnings
+from array import array
+from collections.abc import Iterable, Sequence
+from typing import Any, Final
+
+from protocol import (
+    FunctionCall,
+    FunctionCallOutput,
+    FunctionTool,
+    Item,
+    Message,
+    Reasoning,
+    item_text,
+)
+
+__all__ = [
+    "ENCODING_NAME",
+    "END",
+    "MESSAGE",
+    "START",
+    "TokenCache",
+    "encode",
+    "render_item",
+    "render_prefix",
+    "render_text",
+    "tokenize_text",
+]
+
+#: The BPE every text segment is encoded with.
+ENCODING_NAME: Final = "o200k_base"
+
+#: ``<|start|>``: opens a segment (o200k_harmony id).
+START: Final[int] = 200006
+#: ``<|end|>``: closes a segment (o200k_harmony id).
+END: Final[int] = 200007
+#: ``<|message|>``: separates a segment's header from its body (o200k_harmony id).
+MESSAGE: Final[int] = 200008
+
+_MARKERS: Final[dict[str, int]] = {
+    "<|start|>": START,
+    "<|end|>": END,
+    "<|message|>": MESSAGE,
+}
+_MARKER_SPLIT: Final = re.compile("(" + "|".join(map(re.escape, _MARKERS)) + ")")
+_ESCAPE_FROM: Final = "<|"
+_ESCAPE_TO: Final = "<\u200b|"
+
+_TOKEN_TYPECODE: Final = "I"
+
+
+@functools.cache
+def _encoding() -> Any:
+    # Loaded on first use: importing bpe_openai reads every vocabulary it ships.
+    # It does so with importlib.resources.open_binary, deprecated since 3.11;
+    # that warning is the library's, not ours, so it is silenced here only.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"bpe_openai\b")
+        import bpe_openai
+
+        return bpe_openai.get_encoding(ENCODING_NAME)
+
+
+def encode(text: str) -> list[int]:
+    """Encode ``text`` as ordinary o200k_base tokens: special-token text stays text.
+
+    Raises ``ValueError`` (from the encoder) when one text is 1,000,000 characters or
+    more, or encodes to more than 200,000 tokens.
+    """
+    tokens: list[int] = _encoding().encode_ordinary(text)
+    return tokens
+
+
+# --- segments --------------------------------------------------------------
+
+
+def _escape(text: str) -> str:
+    # Keeps marker strings out of text so the full path splits only on real markers.
+    return text.replace(_ESCAPE_FROM, _ESCAPE_TO)
+
+
+def _item_segment(item: Item) -> tuple[str, str]:
+    """The escaped (header, body) of one item."""
+    header: str
+    body: str
+    if isinstance(item, Message):
+        header, body = item.role, item_text(item.content)
+    elif isinstance(item, FunctionCall):
+        header, body = f"assistant to=functions.{item.name}", item.arguments
+    elif isinstance(item, FunctionCallOutput):
+        header, body = f"tool call_id={item.call_id}", item_text(item.output)
+    elif isinstance(item, Reasoning):
+        # encrypted_content is opaque to this server: it renders nothing.
+        texts = [part.text for part in item.summary]
+        if isinstance(item.content, list):
+            texts.extend(part.text for part in item.content)
+        header, body = "assistant reasoning", "\n".join(texts)
+    else:
+        raise TypeError(f"cannot render item of type {type(item).__name__}")
+    return _escape(header), _escape(body)
+
+
+def _tool_text(tool: FunctionTool) -> str:
+    parameters = json.dumps(
+        tool.parameters, sort_keys=True, ensure_ascii=False, separators=(",", ":")
+    )
+    return f"{tool.name}: {tool.description or ''}\n{parameters}"
+
+
+def _prefix_segment(instructions: str | None, tools: Sequence[FunctionTool]) -> tuple[str, str]:
+    """The escaped (header, body) of the system prefix."""
+    sections = [instructions] if instructions else []
+    if tools:
+        sections.append("# Tools\n\n" + "\n\n".join(_tool_text(tool) for tool in tools))
+    return "system", _escape("\n\n".join(sections))
+
+
+def _encode_segment(header: str, body: str) -> list[int]:
+    return [START, *encode(header), MESSAGE, *encode(body), END]
+
+
+def _segment_text(header: str, body: str) -> str:
+    return f"<|start|>{header}<|message|>{body}<|end|>"
+
+
+# --- public rendering ------------------------------------------------------
+
+
+def render_item(item: Item) -> list[int]:
+    """The tokens of one item's segment."""
+    return _encode_segment(*_item_segment(item))
+
+
+def render_prefix(instructions: str | None, tools: Sequence[FunctionTool]) -> list[int]:
+    """The tokens of the system segment: instructions, then a ``# Tools`` section."""
+    return _encode_segment(*_prefix_segment(instructions, tools))
+
+
+def render_text(
+    instructions: str | None, tools: Sequence[FunctionTool], items: Iterable[Item]
+) -> str:
+    """The whole conversation as one string with literal marker strings.
+
+    Text is escaped exactly as in :func:`render_item`, so
+    ``tokenize_text(render_text(...))`` equals the prefix and item tokens concatenated.
+    """
+    segments = [_prefix_segment(instructions, tools)]
+    segments.extend(_item_segment(item) for item in items)
+    return "".join(_segment_text(header, body) for header, body in segments)
+
+
+def tokenize_text(text: str) -> list[int]:
+    """Tokenize a rendered string in one pass: marker strings become marker ids.
+
+    Only correct for text whose content was escaped by :func:`render_text`;
+    unescaped ``"<|end|>"`` in content would become a marker here.
+    """
+    tokens: list[int] = []
+    # re.split with one capture group alternates text, marker, text, ...
+    for index, piece in enumerate(_MARKER_SPLIT.split(text)):
+        if index % 2:
+            tokens.append(_MARKERS[piece])
+        elif piece:
+            tokens.extend(encode(piece))
+    return tokens
+
+
+# --- the incremental cache -------------------------------------------------
+
+
+class TokenCache:
+    """The append-only rendered tokens of one rollout.
+
+    Holds tokens as a 32-bit ``array`` and renders each item once, when it is
+    appended. ``items_rendered`` and ``tokens_rendered`` count that rendering
+    work (the prefix is not counted; a fork starts at zero).
+    """
+
+    __slots__ = ("_tokens", "items_rendered", "tokens_rendered")
+
+    def __init__(self, prefix: Sequence[int] = ()) -> None:
+        self._tokens = array(_TOKEN_TYPECODE, prefix)
+        self.items_rendered = 0
+        self.tokens_rendered = 0
+
+    @property
+    def tokens(self) -> array[int]:
+        """The live token array: read it, never mutate it (use :meth:`snapshot` for a copy)."""
+        return self._tokens
+
+    def __len__(self) -> int:
+        return len(self._tokens)
+
+    def __repr__(self) -> str:
+        return f"<TokenCache tokens={len(self._tokens)} items_rendered={self.items_rendered}>"
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the token payload (allocator slack not counted)."""
+        return len(self._tokens) * self._tokens.itemsize
+
+    def snapshot(self) -> list[int]:
+        """A copy of the tokens as a list."""
+        return self._tokens.tolist()
+
+    def extend(self, items: Iterable[Item]) -> int:
+        """Render the new ``items`` and append their tokens; return how many were added.
+
+        All items are rendered before anything is appended: if rendering raises,
+        the tokens and the counters are unchanged.
+        """
+        rendered = array(_TOKEN_TYPECODE)
+        count = 0
+        for item in items:
+            rendered.extend(render_item(item))
+            count += 1
+        self._tokens.extend(rendered)
+        self.items_rendered += count
+        self.tokens_rendered += len(rendered)
+        return len(rendered)
+
+    def fork(self, length: int) -> TokenCache:
+        """A new, independent cache holding the first ``length`` tokens.
+
+        Raises ``ValueError`` if ``length`` is negative or longer than this cache.
+        """
+        if not 0 <= length <= len(self._tokens):
+            raise ValueError(f"fork length {length} outside 0..{len(self._tokens)}")
+        forked = TokenCache()
+        forked._tokens = self._tokens[:length]
+        return forked

@@ -1,0 +1,348 @@
+"""Samplers (models) and the deterministic simulated model ``sim``.
+
+A :class:`Sampler` turns a context into an async stream of chunks: text
+deltas, tool-call starts, argument deltas, item ends and one stop. One
+sampler instance lives as long as its rollout, so it may keep reusable state
+across pauses (a real model would keep its KV cache there).
+
+``sim`` is the embedded default. It is deterministic: what it says depends
+only on its context and request. When function tools are offered and allowed
+it calls them (arguments generated from each tool's JSON schema) until it has
+made ``sim_tool_calls`` calls since the last user message, ``sim_parallel_calls``
+per turn; then it answers with a message quoting the first 40 characters of
+every user message and every tool output in its context, so a test can prove
+the model saw its whole context. Its speed (time to first token, decode
+tokens/s, prefill tokens/s over uncached tokens) comes from the server flags,
+overridable per request by ``metadata``:
+
+``sim_tool_calls``        calls before the final answer (default 1)
+``sim_parallel_calls``    calls per turn (default 1)
+``sim_output_tokens``     pad the final answer to about this many tokens
+``sim_tokens_per_second`` decode speed for this request (0 = unthrottled)
+``sim_ttft_ms``           time to first token for this request
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import secrets
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import Any, Final, Literal, Protocol
+
+import msgspec
+
+from protocol import (
+    ErrorCode,
+    FunctionCall,
+    FunctionCallOutput,
+    FunctionTool,
+    Item,
+    Message,
+    RemoteProtocolError,
+    ToolChoice,
+    ToolChoiceFunction,
+    item_text,
+)
+
+from .config import SimConfig
+
+__all__ = [
+    "QUOTE_CHARS",
+    "ArgumentsDelta",
+    "ItemEnd",
+    "ModelRegistry",
+    "ModelSpec",
+    "SampleChunk",
+    "SampleRequest",
+    "Sampler",
+    "SimSampler",
+    "Stop",
+    "TextDelta",
+    "ToolCallStart",
+    "example_for_schema",
+]
+
+#: How much of each user message and tool output the sim's answer quotes.
+QUOTE_CHARS: Final = 40
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TextDelta:
+    text: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ToolCallStart:
+    call_id: str
+    name: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ArgumentsDelta:
+    delta: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ItemEnd:
+    """The current output item (message or call) is finished."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Stop:
+    reason: Literal["stop", "tool_calls", "max_output_tokens"]
+
+
+SampleChunk = TextDelta | ToolCallStart | ArgumentsDelta | ItemEnd | Stop
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SampleRequest:
+    """What one sampling turn sees: the whole context and how much is cached."""
+
+    context: Sequence[Item]
+    tools: Sequence[FunctionTool]
+    tool_choice: ToolChoice
+    parallel_tool_calls: bool
+    metadata: Mapping[str, str]
+    cached_tokens: int
+    uncached_tokens: int
+    max_output_tokens: int | None = None
+
+
+class Sampler(Protocol):
+    def sample(self, request: SampleRequest) -> AsyncIterator[SampleChunk]: ...
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """A resolved model: its limits, and how to make a sampler for one rollout."""
+
+    name: str
+    context_window: int
+    max_output_tokens: int
+    make_sampler: Callable[[], Sampler]
+
+
+class ModelRegistry:
+    """Resolves a model name (or alias) to a :class:`ModelSpec`."""
+
+    def __init__(self, sim: SimConfig | None = None) -> None:
+        sim = sim or SimConfig()
+        spec = ModelSpec(
+            name="sim",
+            context_window=1_000_000,
+            max_output_tokens=128_000,
+            make_sampler=lambda: SimSampler(sim),
+        )
+        self._models: dict[str, ModelSpec] = {"sim": spec}
+        self.resolutions = 0  # how many times resolve() ran (for measurement)
+
+    def names(self) -> list[str]:
+        return sorted(self._models)
+
+    def resolve(self, name: str | None) -> ModelSpec:
+        """The model named ``name`` (``None`` means the default, ``sim``).
+
+        Raises :class:`RemoteProtocolError` ``model_not_found`` (param ``model``).
+        """
+        self.resolutions += 1
+        spec = self._models.get(name or "sim")
+        if spec is None:
+            raise RemoteProtocolError(
+                f"The model {name!r} does not exist. Available: {', '.join(self.names())}.",
+                code=ErrorCode.MODEL_NOT_FOUND,
+                param="model",
+                status=404,
+            )
+        return spec
+
+
+# --- the simulated model ----------------------------------------------------
+
+
+def _int_meta(metadata: Mapping[str, str], key: str, default: int) -> int:
+    value = metadata.get(key)
+    if value is None:
+        return default
+    try:
+        return max(0, int(value))
+    except ValueError:
+        raise RemoteProtocolError(
+            f"metadata.{key} must be an integer written as a string, not {value!r}.",
+            code=ErrorCode.INVALID_VALUE,
+            param=f"metadata.{key}",
+        ) from None
+
+
+def _float_meta(metadata: Mapping[str, str], key: str, default: float) -> float:
+    value = metadata.get(key)
+    if value is None:
+        return default
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        raise RemoteProtocolError(
+            f"metadata.{key} must be a number written as a string, not {value!r}.",
+            code=ErrorCode.INVALID_VALUE,
+            param=f"metadata.{key}",
+        ) from None
+
+
+def check_sim_metadata(metadata: Mapping[str, str]) -> None:
+    """Validate the ``sim_*`` metadata keys up front (raises RemoteProtocolError)."""
+    for key in ("sim_tool_calls", "sim_parallel_calls", "sim_output_tokens"):
+        _int_meta(metadata, key, 0)
+    for key in ("sim_tokens_per_second", "sim_ttft_ms"):
+        _float_meta(metadata, key, 0.0)
+
+
+def example_for_schema(schema: Any, seed: int, name: str = "value") -> Any:
+    """A deterministic value that satisfies a (simple) JSON schema."""
+    if not isinstance(schema, dict):
+        return f"{name}-{seed}"
+    if schema.get("enum"):
+        return schema["enum"][seed % len(schema["enum"])]
+    if "const" in schema:
+        return schema["const"]
+    for key in ("anyOf", "oneOf"):
+        if schema.get(key):
+            return example_for_schema(schema[key][0], seed, name)
+    kind = schema.get("type", "object" if "properties" in schema else "string")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "null")
+    if kind == "object":
+        props = schema.get("properties") or {}
+        return {key: example_for_schema(sub, seed, key) for key, sub in props.items()}
+    if kind == "array":
+        return [example_for_schema(schema.get("items", {}), seed, name)]
+    if kind == "integer":
+        return int(schema.get("minimum", 0)) + seed
+    if kind == "number":
+        return float(schema.get("minimum", 0)) + seed + 0.5
+    if kind == "boolean":
+        return seed % 2 == 0
+    if kind == "null":
+        return None
+    return f"{name}-{seed}"
+
+
+_FILLER: Final = (
+    "The rollout kept its whole context in memory between tool calls, so each "
+    "continuation cost only the new input. "
+).split()
+
+
+def _quote(text: str) -> str:
+    return text[:QUOTE_CHARS].replace("\n", " ")
+
+
+class SimSampler:
+    """The deterministic simulated model (see the module docstring)."""
+
+    def __init__(self, config: SimConfig, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self._clock = clock
+        self.turns = 0
+
+    def _plan_calls(self, request: SampleRequest) -> list[FunctionTool]:
+        tools = list(request.tools)
+        if not tools or request.tool_choice == "none":
+            return []
+        if isinstance(request.tool_choice, ToolChoiceFunction):
+            tools = [t for t in tools if t.name == request.tool_choice.name] or tools
+        made = 0
+        for item in reversed(request.context):
+            if isinstance(item, Message) and item.role == "user":
+                break
+            if isinstance(item, FunctionCall):
+                made += 1
+        wanted = _int_meta(request.metadata, "sim_tool_calls", 1)
+        if request.tool_choice == "required":
+            wanted = max(wanted, 1)
+        remaining = wanted - made
+        if remaining <= 0:
+            return []
+        per_turn = _int_meta(request.metadata, "sim_parallel_calls", 1) or 1
+        if not request.parallel_tool_calls:
+            per_turn = 1
+        count = min(per_turn, remaining)
+        return [tools[(made + i) % len(tools)] for i in range(count)]
+
+    def _answer(self, request: SampleRequest) -> str:
+        asked: list[str] = []
+        outputs: list[str] = []
+        for item in request.context:
+            if isinstance(item, Message) and item.role == "user":
+                asked.append(_quote(item_text(item.content)))
+            elif isinstance(item, FunctionCallOutput):
+                outputs.append(f"[{item.call_id}] «{_quote(item_text(item.output))}»")
+        parts = ["You asked: " + " | ".join(f"«{a}»" for a in asked) + "."]
+        if outputs:
+            parts.append(f"I read {len(outputs)} tool outputs: " + " ".join(outputs) + ".")
+        text = " ".join(parts)
+        target = _int_meta(request.metadata, "sim_output_tokens", 0)
+        words = text.split(" ")
+        i = 0
+        while len(words) < target:
+            words.append(_FILLER[i % len(_FILLER)])
+            i += 1
+        return " ".join(words)
+
+    async def sample(self, request: SampleRequest) -> AsyncIterator[SampleChunk]:
+        self.turns += 1
+        meta = request.metadata
+        tps = _float_meta(meta, "sim_tokens_per_second", self.config.tokens_per_second)
+        ttft = _float_meta(meta, "sim_ttft_ms", self.config.time_to_first_token * 1000) / 1000
+        delay = ttft
+        if self.config.prefill_tokens_per_second > 0:
+            delay += request.uncached_tokens / self.config.prefill_tokens_per_second
+        if delay > 0:
+            await asyncio.sleep(delay)
+        pacer = _Pacer(tps, self._clock)
+        calls = self._plan_calls(request)
+        budget = request.max_output_tokens
+        if calls:
+            seed = sum(isinstance(item, FunctionCall) for item in request.context)
+            for offset, tool in enumerate(calls):
+                yield ToolCallStart(call_id=f"call_{secrets.token_hex(12)}", name=tool.name)
+                arguments = msgspec.json.encode(
+                    example_for_schema(tool.parameters or {"type": "object"}, seed + offset)
+                ).decode()
+                for start in range(0, len(arguments), 8):
+                    await pacer.tick()
+                    yield ArgumentsDelta(arguments[start : start + 8])
+                yield ItemEnd()
+            yield Stop("tool_calls")
+            return
+        words = self._answer(request).split(" ")
+        for index, word in enumerate(words):
+            if budget is not None and index >= budget:
+                yield ItemEnd()
+                yield Stop("max_output_tokens")
+                return
+            await pacer.tick()
+            yield TextDelta(word if index == 0 else " " + word)
+        yield ItemEnd()
+        yield Stop("stop")
+
+
+class _Pacer:
+    """Spaces tokens ``1/tps`` apart without a sleep per token."""
+
+    __slots__ = ("_clock", "_interval", "_next", "_start")
+
+    def __init__(self, tokens_per_second: float, clock: Callable[[], float]) -> None:
+        self._interval = 1.0 / tokens_per_second if tokens_per_second > 0 else 0.0
+        self._clock = clock
+        self._start = clock()
+        self._next = self._start
+
+    async def tick(self) -> None:
+        if not self._interval:
+            return
+        self._next += self._interval
+        ahead = self._next - self._clock()
+        if ahead > 0.001:
+            await asyncio.sleep(ahead)

@@ -1,0 +1,237 @@
+"""Session: one WebSocket connection's state and tasks.
+
+The Session owns the sans-IO :class:`protocol.Connection`, the connection's
+Rollouts and every task that serves them, in one :class:`asyncio.TaskGroup`:
+the writer (drains the bounded outbox to the socket) and one sampling loop per
+Rollout. The ASGI endpoint calls :meth:`Session.serve` with its receive and
+send callables and returns when the Session is over.
+
+Back-pressure: events go into a bounded outbox. A sampling loop that finds it
+full waits (a slow reader slows the stream); if it stays full for
+``slow_reader_timeout`` the reader is disconnected (close 1008). The outbox
+never holds more than ``send_queue_depth`` encoded events.
+
+Request errors (bad JSON, unknown type, bad items, unknown call ids…) become
+one ``error`` event; nothing changes and the connection stays usable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from protocol import (
+    CLOSE_CODES,
+    Connection,
+    ErrorCode,
+    Message,
+    Mode,
+    ProtocolError,
+    RemoteProtocolError,
+    ResponseAppend,
+    ResponseCancel,
+    ResponseCreate,
+    ResponseProcessed,
+    Role,
+    ServerEvent,
+    error_event,
+)
+
+from .config import ServerConfig
+from .rollout import Rollout
+from .sampler import ModelRegistry, check_sim_metadata
+from .stream import StreamClosed, new_id
+
+__all__ = ["Session"]
+
+log = logging.getLogger(__name__)
+
+ASGIReceive = Callable[[], Awaitable[dict[str, Any]]]
+ASGISend = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+class Session:
+    """One connection: its protocol state, its Rollouts, its tasks."""
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        models: ModelRegistry,
+        *,
+        mode: Mode = Mode.APPEND,
+        send_timing: bool = False,
+    ) -> None:
+        self.config = config
+        self.models = models
+        self.send_timing = send_timing
+        self.connection = Connection(
+            Role.SERVER,
+            mode,
+            max_message_bytes=config.max_message_bytes,
+            max_items_per_event=config.max_items_per_event,
+        )
+        self.rollouts: dict[str, Rollout] = {}
+        self._outbox: collections.deque[bytes] = collections.deque()
+        self._ready = asyncio.Event()
+        self._space = asyncio.Event()
+        self._closing: tuple[int, str] | None = None
+        self._tasks: asyncio.TaskGroup | None = None
+
+    # --- output --------------------------------------------------------------
+
+    async def emit(self, event: ServerEvent) -> None:
+        """Queue one event for the socket, waiting while the outbox is full.
+
+        Nothing is recorded until there is room, so a cancelled wait loses
+        nothing and leaves no gap in ``sequence_number``. Raises
+        :class:`StreamClosed` if the reader stays too slow or the session ends.
+        """
+        while len(self._outbox) >= self.config.send_queue_depth:
+            if self._closing is not None:
+                raise StreamClosed("closing")
+            self._space.clear()
+            try:
+                async with asyncio.timeout(self.config.slow_reader_timeout):
+                    await self._space.wait()
+            except TimeoutError:
+                self.close(CLOSE_CODES["slow_reader"], "reader too slow")
+                raise StreamClosed("slow_reader") from None
+        self._outbox.append(self.connection.send(event))
+        self._ready.set()
+
+    def _emit_error(self, error: ProtocolError) -> None:
+        # Error events go out even past the bound: at most one per client
+        # message, and the reader is what limits client messages.
+        self._outbox.append(self.connection.send(error_event(error)))
+        self._ready.set()
+
+    def close(self, code: int, reason: str) -> None:
+        """Ask the writer to flush and close the socket with ``code``."""
+        if self._closing is None:
+            self._closing = (code, reason)
+            self._ready.set()
+            self._space.set()
+
+    async def _write_loop(self, send: ASGISend) -> None:
+        while True:
+            await self._ready.wait()
+            self._ready.clear()
+            while self._outbox:
+                data = self._outbox.popleft()
+                self._space.set()
+                await send({"type": "websocket.send", "text": data.decode()})
+            if self._closing is not None:
+                code, reason = self._closing
+                with contextlib.suppress(Exception):
+                    await send({"type": "websocket.close", "code": code, "reason": reason})
+                raise StreamClosed("closed by server")
+
+    # --- input ---------------------------------------------------------------
+
+    async def serve(self, receive: ASGIReceive, send: ASGISend) -> None:
+        """Run the session until the peer leaves or we close it."""
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                self._tasks = tasks
+                writer = tasks.create_task(self._write_loop(send))
+                reader = tasks.create_task(self._read_loop(receive))
+                await asyncio.wait({writer, reader}, return_when=asyncio.FIRST_COMPLETED)
+                for task in (writer, reader, *[r.task for r in self.rollouts.values() if r.task]):
+                    task.cancel()
+        except* StreamClosed:
+            pass
+        finally:
+            self.rollouts.clear()
+
+    async def _read_loop(self, receive: ASGIReceive) -> None:
+        while True:
+            message = await receive()
+            kind = message["type"]
+            if kind == "websocket.disconnect":
+                self.connection.receive_closed()
+                return
+            if kind != "websocket.receive":
+                continue
+            received_at = time.perf_counter()
+            data = message.get("text")
+            if data is None:
+                data = message.get("bytes") or b""
+            self.handle_message(data, received_at)
+
+    def handle_message(self, data: str | bytes, received_at: float) -> None:
+        """Decode, check and act on one client message; errors become error events."""
+        try:
+            self.connection.receive_message(data)
+            event = self.connection.next_event()
+            if isinstance(event, ResponseCreate):
+                self._create(event)
+            elif isinstance(event, ResponseAppend):
+                self._append(event, received_at)
+            elif isinstance(event, ResponseCancel):
+                self._cancel(event)
+            elif isinstance(event, ResponseProcessed):
+                pass  # tolerated, never answered
+        except ProtocolError as error:
+            self._emit_error(error)
+
+    def _create(self, event: ResponseCreate) -> None:
+        if event.background:
+            raise RemoteProtocolError(
+                "background responses are not supported over WebSocket.",
+                code=ErrorCode.INVALID_VALUE,
+                param="background",
+            )
+        live = sum(1 for r in self.rollouts.values() if not r.terminal)
+        if live >= self.config.max_rollouts_per_connection:
+            raise RemoteProtocolError(
+                f"This connection already runs {live} rollouts; the limit is "
+                f"{self.config.max_rollouts_per_connection}.",
+                code=ErrorCode.TOO_MANY_ROLLOUTS,
+                status=429,
+            )
+        model = self.models.resolve(event.model if isinstance(event.model, str) else None)
+        check_sim_metadata(event.metadata)
+        rollout = Rollout(
+            response_id=new_id("resp"),
+            request=event,
+            model=model,
+            emit=self.emit,
+            pause_timeout=self.config.pause_timeout,
+            send_timing=self.send_timing,
+        )
+        self._forget_finished()
+        self.rollouts[rollout.id] = rollout
+        assert self._tasks is not None
+        rollout.task = self._tasks.create_task(self._run_rollout(rollout))
+
+    async def _run_rollout(self, rollout: Rollout) -> None:
+        with contextlib.suppress(StreamClosed):
+            await rollout.run()
+
+    def _forget_finished(self) -> None:
+        for rollout_id in [rid for rid, r in self.rollouts.items() if r.terminal]:
+            del self.rollouts[rollout_id]
+
+    def _target(self, response_id: str | None) -> Rollout:
+        rid = response_id or self.connection.latest_response_id()
+        rollout = self.rollouts.get(rid) if rid else None
+        if rollout is None:  # pragma: no cover - the protocol core checked it
+            raise RemoteProtocolError(
+                f"Response {rid!r} not found.", code=ErrorCode.RESPONSE_NOT_FOUND, status=404
+            )
+        return rollout
+
+    def _append(self, event: ResponseAppend, received_at: float) -> None:
+        rollout = self._target(event.response_id)
+        items = event.input
+        if isinstance(items, str):
+            items = [Message(role="user", content=items)]
+        rollout.accept(items, received_at)
+
+    def _cancel(self, event: ResponseCancel) -> None:
+        self._target(event.response_id).request_cancel()

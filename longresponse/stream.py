@@ -1,0 +1,197 @@
+"""StreamBuilder: sampler chunks in, ordered server events out.
+
+One builder per response. It owns the response's ``sequence_number`` and
+``output_index`` counters, so in append mode both keep counting across pauses,
+and it keeps the finished output items. It does no I/O: the rollout sends
+what it returns.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+from typing import Any
+
+from protocol import (
+    ContentPartAdded,
+    ContentPartDone,
+    FunctionCall,
+    FunctionCallArgumentsDelta,
+    FunctionCallArgumentsDone,
+    Item,
+    Message,
+    OutputItemAdded,
+    OutputItemDone,
+    OutputText,
+    OutputTextDelta,
+    OutputTextDone,
+    Response,
+    ServerEvent,
+)
+
+from .render import encode
+from .sampler import ArgumentsDelta, ItemEnd, SampleChunk, Stop, TextDelta, ToolCallStart
+
+__all__ = ["StreamBuilder", "StreamClosed", "new_id"]
+
+
+class StreamClosed(Exception):
+    """The stream's consumer is gone (the peer left, or the server closed it)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_hex(16)}"
+
+
+class StreamBuilder:
+    """Turns one response's sampler chunks into its ordered stream events."""
+
+    def __init__(self, response_id: str, *, tag_response_id: bool, stream_id: str | None = None):
+        self.response_id = response_id
+        self.sequence = 0
+        self.output: list[Item] = []
+        self.output_tokens = 0
+        self._extra: dict[str, Any] = {}
+        if tag_response_id:
+            self._extra["response_id"] = response_id
+        if stream_id is not None:
+            self._extra["stream_id"] = stream_id
+        self._lifecycle_extra = {"stream_id": stream_id} if stream_id is not None else {}
+        self._kind: str | None = None  # "message" | "call" while an item is open
+        self._item_id = ""
+        self._call: ToolCallStart | None = None
+        self._pieces: list[str] = []
+
+    def _next(self) -> int:
+        sequence = self.sequence
+        self.sequence += 1
+        return sequence
+
+    def lifecycle(self, cls: Callable[..., ServerEvent], response: Response) -> ServerEvent:
+        return cls(sequence_number=self._next(), response=response, **self._lifecycle_extra)
+
+    def feed(self, chunk: SampleChunk) -> list[ServerEvent]:
+        """The events ``chunk`` produces (possibly none)."""
+        index = len(self.output)
+        extra = self._extra
+        if isinstance(chunk, TextDelta):
+            events: list[ServerEvent] = []
+            if self._kind is None:
+                self._kind, self._item_id, self._pieces = "message", new_id("msg"), []
+                item = Message(role="assistant", content=[], id=self._item_id, status="in_progress")
+                events.append(
+                    OutputItemAdded(
+                        sequence_number=self._next(), output_index=index, item=item, **extra
+                    )
+                )
+                events.append(
+                    ContentPartAdded(
+                        sequence_number=self._next(),
+                        item_id=self._item_id,
+                        output_index=index,
+                        content_index=0,
+                        part=OutputText(text="", annotations=[], logprobs=[]),
+                        **extra,
+                    )
+                )
+            self._pieces.append(chunk.text)
+            events.append(
+                OutputTextDelta(
+                    sequence_number=self._next(),
+                    item_id=self._item_id,
+                    output_index=index,
+                    content_index=0,
+                    delta=chunk.text,
+                    **extra,
+                )
+            )
+            return events
+        if isinstance(chunk, ToolCallStart):
+            self._kind, self._item_id, self._call, self._pieces = "call", new_id("fc"), chunk, []
+            call = FunctionCall(
+                id=self._item_id,
+                call_id=chunk.call_id,
+                name=chunk.name,
+                arguments="",
+                status="in_progress",
+            )
+            return [
+                OutputItemAdded(
+                    sequence_number=self._next(), output_index=index, item=call, **extra
+                )
+            ]
+        if isinstance(chunk, ArgumentsDelta):
+            self._pieces.append(chunk.delta)
+            return [
+                FunctionCallArgumentsDelta(
+                    sequence_number=self._next(),
+                    item_id=self._item_id,
+                    output_index=index,
+                    delta=chunk.delta,
+                    **extra,
+                )
+            ]
+        if isinstance(chunk, ItemEnd):
+            return self._end_item(index)
+        if isinstance(chunk, Stop):
+            return self._end_item(index) if self._kind is not None else []
+        raise TypeError(f"unknown sampler chunk {chunk!r}")  # pragma: no cover
+
+    def _end_item(self, index: int) -> list[ServerEvent]:
+        extra = self._extra
+        text = "".join(self._pieces)
+        self.output_tokens += len(encode(text))
+        events: list[ServerEvent]
+        if self._kind == "message":
+            part = OutputText(text=text, annotations=[], logprobs=[])
+            item: Item = Message(
+                role="assistant", content=[part], id=self._item_id, status="completed"
+            )
+            events = [
+                OutputTextDone(
+                    sequence_number=self._next(),
+                    item_id=self._item_id,
+                    output_index=index,
+                    content_index=0,
+                    text=text,
+                    **extra,
+                ),
+                ContentPartDone(
+                    sequence_number=self._next(),
+                    item_id=self._item_id,
+                    output_index=index,
+                    content_index=0,
+                    part=part,
+                    **extra,
+                ),
+            ]
+        elif self._kind == "call" and self._call is not None:
+            item = FunctionCall(
+                id=self._item_id,
+                call_id=self._call.call_id,
+                name=self._call.name,
+                arguments=text,
+                status="completed",
+            )
+            events = [
+                FunctionCallArgumentsDone(
+                    sequence_number=self._next(),
+                    item_id=self._item_id,
+                    output_index=index,
+                    name=self._call.name,
+                    arguments=text,
+                    **extra,
+                )
+            ]
+        else:
+            return []
+        events.append(
+            OutputItemDone(sequence_number=self._next(), output_index=index, item=item, **extra)
+        )
+        self.output.append(item)
+        self._kind, self._call, self._pieces = None, None, []
+        return events

@@ -1,0 +1,94 @@
+"""Shared fixtures: a real uvicorn (wsproto) server on a free loopback port.
+
+The server runs in a thread with its own asyncio loop, so a test (trio, via
+pytest-trio) talks to it over real TCP exactly as any client would, and can
+still look at the app's state (live sessions) to check cleanup.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import uvicorn
+
+from longresponse.app import create_app
+from longresponse.config import ServerConfig
+
+
+class RunningServer:
+    """A longresponse server on 127.0.0.1 in a background thread."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.app = create_app(config)
+        self.server = uvicorn.Server(
+            uvicorn.Config(
+                self.app,
+                host="127.0.0.1",
+                port=0,
+                ws="wsproto",
+                ws_max_size=2 * config.max_message_bytes,
+                lifespan="off",
+                log_level="warning",
+            )
+        )
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def start(self) -> RunningServer:
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("the test server did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+    @property
+    def port(self) -> int:
+        sockets = self.server.servers[0].sockets
+        return int(sockets[0].getsockname()[1])
+
+    @property
+    def url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/v1/responses"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def live_sessions(self) -> int:
+        return int(self.app.state.endpoint.live_sessions)
+
+
+@pytest.fixture(scope="session")
+def server() -> Iterator[RunningServer]:
+    """One server with the default configuration, shared by the whole run."""
+    running = RunningServer(ServerConfig(port=0)).start()
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def make_server() -> Iterator[Callable[..., RunningServer]]:
+    """Start a server with some configuration overridden (stopped after the test)."""
+    started: list[RunningServer] = []
+
+    def factory(**overrides: Any) -> RunningServer:
+        config = dataclasses.replace(ServerConfig(port=0), **overrides)
+        running = RunningServer(config).start()
+        started.append(running)
+        return running
+
+    yield factory
+    for running in started:
+        running.stop()
