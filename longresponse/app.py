@@ -49,6 +49,7 @@ class ResponsesEndpoint:
         self.config = config
         self.models = models
         self.live_sessions = 0  # for tests and metrics
+        self.last_session: Session | None = None
 
     def wants_append(self, scope: dict[str, Any], headers: dict[str, list[str]]) -> bool:
         if APPEND_SUBPROTOCOL in scope.get("subprotocols", []):
@@ -64,8 +65,8 @@ class ResponsesEndpoint:
         subprotocol = (
             APPEND_SUBPROTOCOL if APPEND_SUBPROTOCOL in scope.get("subprotocols", []) else None
         )
-        await send({"type": "websocket.accept", "subprotocol": subprotocol})
         if not self.wants_append(scope, headers):
+            await send({"type": "websocket.accept", "subprotocol": subprotocol})
             error = RemoteProtocolError(
                 "This server speaks append mode only so far: open the WebSocket with "
                 f"subprotocol {APPEND_SUBPROTOCOL!r} or header "
@@ -85,8 +86,12 @@ class ResponsesEndpoint:
             return
         timing = any(v.strip().lower() == "true" for v in headers.get(TIMING_HEADER, []))
         session = Session(self.config, self.models, mode=Mode.APPEND, send_timing=timing)
+        # Counted before the handshake completes, so a client that sees the
+        # 101 also sees its session counted.
         self.live_sessions += 1
+        self.last_session = session
         try:
+            await send({"type": "websocket.accept", "subprotocol": subprotocol})
             await session.serve(receive, send)
         finally:
             self.live_sessions -= 1

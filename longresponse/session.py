@@ -80,7 +80,13 @@ class Session:
         self._ready = asyncio.Event()
         self._space = asyncio.Event()
         self._closing: tuple[int, str] | None = None
+        #: Most encoded events ever waiting in the outbox (never above the depth
+        #: except for error replies, one per client message).
+        self.outbox_high_water = 0
+        #: Why the server closed this session, if it did.
+        self.close_reason: str | None = None
         self._tasks: asyncio.TaskGroup | None = None
+        self._writer: asyncio.Task[None] | None = None
 
     # --- output --------------------------------------------------------------
 
@@ -99,9 +105,14 @@ class Session:
                 async with asyncio.timeout(self.config.slow_reader_timeout):
                     await self._space.wait()
             except TimeoutError:
-                self.close(CLOSE_CODES["slow_reader"], "reader too slow")
+                # The writer is stuck in a send the reader does not drain, so
+                # it cannot flush a close frame: abandon the socket instead.
+                self.close(CLOSE_CODES["slow_reader"], "slow_reader")
+                if self._writer is not None:
+                    self._writer.cancel()
                 raise StreamClosed("slow_reader") from None
         self._outbox.append(self.connection.send(event))
+        self.outbox_high_water = max(self.outbox_high_water, len(self._outbox))
         self._ready.set()
 
     def _emit_error(self, error: ProtocolError) -> None:
@@ -114,6 +125,7 @@ class Session:
         """Ask the writer to flush and close the socket with ``code``."""
         if self._closing is None:
             self._closing = (code, reason)
+            self.close_reason = reason
             self._ready.set()
             self._space.set()
 
@@ -124,7 +136,10 @@ class Session:
             while self._outbox:
                 data = self._outbox.popleft()
                 self._space.set()
-                await send({"type": "websocket.send", "text": data.decode()})
+                try:
+                    await send({"type": "websocket.send", "text": data.decode()})
+                except Exception as exc:  # the server side of the socket is gone
+                    raise StreamClosed("send failed") from exc
             if self._closing is not None:
                 code, reason = self._closing
                 with contextlib.suppress(Exception):
@@ -138,15 +153,13 @@ class Session:
         try:
             async with asyncio.TaskGroup() as tasks:
                 self._tasks = tasks
-                writer = tasks.create_task(self._write_loop(send))
+                writer = self._writer = tasks.create_task(self._write_loop(send))
                 reader = tasks.create_task(self._read_loop(receive))
                 await asyncio.wait({writer, reader}, return_when=asyncio.FIRST_COMPLETED)
                 for task in (writer, reader, *[r.task for r in self.rollouts.values() if r.task]):
                     task.cancel()
         except* StreamClosed:
             pass
-        finally:
-            self.rollouts.clear()
 
     async def _read_loop(self, receive: ASGIReceive) -> None:
         while True:

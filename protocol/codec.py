@@ -96,6 +96,17 @@ def _validation_error(
     )
 
 
+#: What a frame that is not JSON raises while decoding (after ValidationError,
+#: a DecodeError subclass, is handled): malformed JSON, nesting deeper than the
+#: decoder's recursion limit, a ``str`` holding lone surrogates.
+_NOT_JSON: Final = (msgspec.DecodeError, RecursionError, UnicodeError)
+
+
+def _invalid_json(exc: Exception) -> RemoteProtocolError:
+    reason = "nests too deeply" if isinstance(exc, RecursionError) else f"is not valid JSON: {exc}"
+    return RemoteProtocolError(f"The frame {reason}.", code=ErrorCode.INVALID_JSON)
+
+
 def _fill_message_tags(data: bytes | str) -> Any:
     raw = msgspec.json.decode(data)
     if isinstance(raw, dict) and isinstance(raw.get("input"), list):
@@ -119,19 +130,20 @@ def decode_client_event(data: bytes | str) -> ClientEvent:
         ):
             return _decode_tolerant(data)
         raise _validation_error(exc, CLIENT_EVENT_TYPES) from exc
-    except msgspec.DecodeError as exc:
-        raise RemoteProtocolError(
-            f"The frame is not valid JSON: {exc}.", code=ErrorCode.INVALID_JSON
-        ) from exc
+    except _NOT_JSON as exc:
+        raise _invalid_json(exc) from exc
 
 
 def _decode_tolerant(data: bytes | str) -> ClientEvent:
-    raw = _fill_message_tags(data)
+    # The typed pass stopped at the untyped item, so the rest of the frame is
+    # unchecked: the generic pass can still find malformed JSON.
     try:
-        event: ClientEvent = msgspec.convert(raw, ClientEvent)
+        event: ClientEvent = msgspec.convert(_fill_message_tags(data), ClientEvent)
         return event
     except msgspec.ValidationError as exc:
         raise _validation_error(exc, CLIENT_EVENT_TYPES) from exc
+    except _NOT_JSON as exc:
+        raise _invalid_json(exc) from exc
 
 
 def decode_server_event(data: bytes | str) -> ServerEvent:
@@ -140,10 +152,8 @@ def decode_server_event(data: bytes | str) -> ServerEvent:
         return _server_decoder.decode(data)
     except msgspec.ValidationError as exc:
         raise _validation_error(exc, SERVER_EVENT_TYPES) from exc
-    except msgspec.DecodeError as exc:
-        raise RemoteProtocolError(
-            f"The frame is not valid JSON: {exc}.", code=ErrorCode.INVALID_JSON
-        ) from exc
+    except _NOT_JSON as exc:
+        raise _invalid_json(exc) from exc
 
 
 def encode_event(event: ClientEvent | ServerEvent) -> bytes:

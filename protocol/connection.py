@@ -176,7 +176,8 @@ def check_append_items(
     return seen
 
 
-def item_kind(item: Item) -> str:
+def item_kind(item: Item | ClientEvent | ServerEvent) -> str:
+    """The wire ``type`` of an item or event (a tag field is not an attribute)."""
     return type(item).__struct_config__.tag  # type: ignore[return-value]
 
 
@@ -343,7 +344,7 @@ class Connection:
         track = self._track_of(event, stream_id)
         if event.sequence_number != track.next_sequence:
             raise LocalProtocolError(
-                f"Event {event.type!r} of response {track.response_id!r} has sequence_number "  # type: ignore[union-attr]
+                f"Event {item_kind(event)!r} of response {track.response_id!r} has sequence_number "
                 f"{event.sequence_number}; expected {track.next_sequence}.",
                 code=ErrorCode.INVALID_VALUE,
                 param="sequence_number",
@@ -361,7 +362,7 @@ class Connection:
             transition = _DONE_TRANSITIONS.get(event.response.status)
             if transition is None:
                 raise LocalProtocolError(
-                    f"{event.type} cannot carry status {event.response.status!r}.",  # type: ignore[union-attr]
+                    f"{item_kind(event)} cannot carry status {event.response.status!r}.",
                     code=ErrorCode.INVALID_VALUE,
                     param="response.status",
                 )
@@ -402,7 +403,7 @@ class Connection:
         track = self._responses.get(response_id) if response_id is not None else None
         if track is None:
             raise LocalProtocolError(
-                f"Event {event.type!r} names no response this connection has seen.",  # type: ignore[union-attr]
+                f"Event {item_kind(event)!r} names no response this connection has seen.",
                 code=ErrorCode.RESPONSE_NOT_FOUND,
                 param="response_id",
             )

@@ -1,0 +1,277 @@
+"""Bad input over real frames: a precise error, nothing changed, socket usable."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from longresponse.client import ConnectionClosedError, connect
+from protocol import ErrorEvent, FunctionCall, OutputItemDone, ResponseDone, ResponseState
+
+TOOL = {
+    "type": "function",
+    "name": "read_file",
+    "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
+}
+
+
+async def paused_rollout(client: Any) -> tuple[str, str]:
+    """Start a rollout that pauses on one call; return (response id, call id)."""
+    await client.create(model="sim", input="go", tools=[TOOL])
+    events = await client.until_done()
+    done = events[-1]
+    assert isinstance(done, ResponseDone)
+    assert done.response.status == "requires_action"
+    (call,) = [
+        e.item for e in events if isinstance(e, OutputItemDone) and isinstance(e.item, FunctionCall)
+    ]
+    return done.response.id, call.call_id
+
+
+async def expect_error(client: Any, frame: str | bytes, code: str, param: str | None) -> ErrorEvent:
+    await client.send_raw(frame)
+    event = await client.next_event()
+    assert isinstance(event, ErrorEvent), event
+    assert event.error.code == code, event
+    assert event.error.param == param, event
+    assert event.error.type == "invalid_request_error"
+    assert isinstance(event.status, int)
+    assert 400 <= event.status < 500
+    assert event.error.message
+    return event
+
+
+def append(input_: Any, **extra: Any) -> str:
+    return json.dumps({"type": "response.append", "input": input_, **extra})
+
+
+BAD_FRAMES = [
+    pytest.param("{not json", "invalid_json", None, id="malformed-json"),
+    pytest.param(b"\xff\x00binary junk", "invalid_json", None, id="binary-junk"),
+    pytest.param("[1, 2]", "invalid_type", None, id="not-an-object"),
+    pytest.param('{"input": []}', "missing_required_parameter", "type", id="no-type"),
+    pytest.param(
+        '{"type": "response.frobnicate"}', "unknown_event_type", "type", id="unknown-type"
+    ),
+    pytest.param(
+        append([{"type": "function_call_output", "output": "x"}]),
+        "missing_required_parameter",
+        "input[0].call_id",
+        id="missing-call-id",
+    ),
+    pytest.param(
+        append([{"type": "function_call_output", "call_id": "call_unknown", "output": "x"}]),
+        "unknown_call_id",
+        "input[0].call_id",
+        id="unknown-call-id",
+    ),
+    pytest.param(
+        append([{"type": "message", "role": "user", "content": 42}]),
+        "invalid_type",
+        "input[0].content",
+        id="content-wrong-type",
+    ),
+    pytest.param(
+        append([{"type": "message", "role": "robot", "content": "hi"}]),
+        "invalid_value",
+        "input[0].role",
+        id="bad-role",
+    ),
+    pytest.param(
+        append([{"type": "message", "role": "assistant", "content": "I said so"}]),
+        "invalid_value",
+        "input[0].role",
+        id="assistant-message",
+    ),
+    pytest.param(
+        append([{"type": "function_call", "call_id": "c", "name": "n", "arguments": "{}"}]),
+        "invalid_value",
+        "input[0].type",
+        id="append-function-call",
+    ),
+    pytest.param(
+        append([{"type": "telepathy"}]),
+        "invalid_value",
+        "input[0].type",
+        id="unknown-item-type",
+    ),
+    pytest.param(
+        append("hi", response_id="resp_unknown"),
+        "response_not_found",
+        "response_id",
+        id="unknown-response",
+    ),
+    pytest.param(
+        json.dumps({"type": "response.create", "model": "gpt-nonexistent", "input": "hi"}),
+        "model_not_found",
+        "model",
+        id="unknown-model",
+    ),
+    pytest.param(
+        json.dumps({"type": "response.create", "input": "hi", "tools": [{"type": "web_search"}]}),
+        "invalid_value",
+        "tools[0].type",
+        id="unsupported-tool",
+    ),
+    pytest.param(
+        json.dumps({"type": "response.create", "input": "hi", "background": True}),
+        "invalid_value",
+        "background",
+        id="background",
+    ),
+    pytest.param(
+        json.dumps({"type": "response.create", "input": "hi", "metadata": {"sim_tool_calls": "x"}}),
+        "invalid_value",
+        "metadata.sim_tool_calls",
+        id="bad-sim-metadata",
+    ),
+    pytest.param(
+        json.dumps({"type": "response.create", "input": "hi", "temperature": "hot"}),
+        "invalid_type",
+        "temperature",
+        id="wrong-field-type",
+    ),
+]
+
+
+@pytest.mark.parametrize(("frame", "code", "param"), BAD_FRAMES)
+async def test_bad_frame_leaves_rollout_and_socket_intact(
+    server: Any, frame: str | bytes, code: str, param: str | None
+) -> None:
+    async with connect(server.url) as client:
+        rid, call_id = await paused_rollout(client)
+        await expect_error(client, frame, code, param)
+        # Nothing changed: still paused on the same call, and it still works.
+        track = client.connection.response(rid)
+        assert track is not None
+        assert track.state is ResponseState.REQUIRES_ACTION
+        await client.append([{"type": "function_call_output", "call_id": call_id, "output": "ok"}])
+        done = (await client.until_done())[-1]
+        assert isinstance(done, ResponseDone)
+        assert done.response.status == "completed"
+        assert f"[{call_id}] «ok»" in done.response.output[-1].content[0].text  # type: ignore[union-attr]
+
+
+async def test_duplicate_call_id(server: Any) -> None:
+    async with connect(server.url) as client:
+        await client.create(
+            model="sim",
+            input="go",
+            tools=[TOOL],
+            metadata={"sim_tool_calls": "2", "sim_parallel_calls": "2"},
+        )
+        events = await client.until_done()
+        calls = [
+            e.item.call_id
+            for e in events
+            if isinstance(e, OutputItemDone) and isinstance(e.item, FunctionCall)
+        ]
+        output = {"type": "function_call_output", "call_id": calls[0], "output": "first"}
+        await client.append([output])
+        await expect_error(client, append([output]), "duplicate_call_id", "input[0].call_id")
+        # Twice in one append is refused whole: neither output is taken.
+        second = {"type": "function_call_output", "call_id": calls[1], "output": "second"}
+        await expect_error(
+            client, append([second, second]), "duplicate_call_id", "input[1].call_id"
+        )
+        await client.append([second])
+        done = (await client.until_done())[-1]
+        text = done.response.output[-1].content[0].text  # type: ignore[union-attr]
+        assert f"[{calls[0]}] «first»" in text
+        assert text.count("«second»") == 1
+
+
+async def test_append_to_finished_rollout(server: Any) -> None:
+    async with connect(server.url) as client:
+        await client.create(model="sim", input="hello")
+        done = (await client.until_done())[-1]
+        rid = done.response.id  # type: ignore[union-attr]
+        await expect_error(
+            client, append("more", response_id=rid), "response_already_completed", "response_id"
+        )
+        await expect_error(client, append("more"), "response_already_completed", "response_id")
+
+
+async def test_append_before_any_response(server: Any) -> None:
+    async with connect(server.url) as client:
+        await expect_error(client, append("hello?"), "response_not_found", "response_id")
+        await client.create(model="sim", input="hello")
+        assert (await client.until_done())[-1].response.status == "completed"  # type: ignore[union-attr]
+
+
+async def test_message_too_large_gets_an_error(make_server: Any) -> None:
+    small = make_server(max_message_bytes=4096)
+    async with connect(small.url) as client:
+        _, call_id = await paused_rollout(client)
+        big = append([{"type": "function_call_output", "call_id": call_id, "output": "x" * 5000}])
+        event = await expect_error(client, big, "message_too_large", None)
+        assert event.status == 413
+        await client.append([{"type": "function_call_output", "call_id": call_id, "output": "ok"}])
+        assert (await client.until_done())[-1].response.status == "completed"  # type: ignore[union-attr]
+
+
+async def test_frame_far_too_large_closes_1009(make_server: Any) -> None:
+    small = make_server(max_message_bytes=4096)
+    async with connect(small.url) as client:
+        await client.send_raw("x" * 20000)
+        with pytest.raises(ConnectionClosedError) as raised:
+            await client.next_event(timeout=5)
+        assert raised.value.code == 1009
+
+
+async def test_too_many_items(make_server: Any) -> None:
+    small = make_server(max_items_per_event=3)
+    async with connect(small.url) as client:
+        frame = json.dumps(
+            {"type": "response.create", "input": [{"role": "user", "content": "x"}] * 4}
+        )
+        await expect_error(client, frame, "too_many_items", "input")
+        await client.create(model="sim", input=[{"role": "user", "content": "fine"}] * 3)
+        assert (await client.until_done())[-1].response.status == "completed"  # type: ignore[union-attr]
+
+
+async def test_too_many_rollouts(make_server: Any) -> None:
+    small = make_server(max_rollouts_per_connection=2)
+    async with connect(small.url) as client:
+        for _ in range(2):
+            await client.create(model="sim", input="go", tools=[TOOL])
+        paused = 0
+        while paused < 2:
+            if isinstance(await client.next_event(), ResponseDone):
+                paused += 1
+        frame = json.dumps({"type": "response.create", "input": "third"})
+        event = await expect_error(client, frame, "too_many_rollouts", None)
+        assert event.status == 429
+
+
+async def test_input_message_without_type_is_accepted(server: Any) -> None:
+    async with connect(server.url) as client:
+        await client.send_raw(
+            json.dumps(
+                {
+                    "type": "response.create",
+                    "model": "sim",
+                    "input": [{"role": "user", "content": "typeless"}],
+                    "stream": True,
+                    "stream_options": {"include_obfuscation": False},
+                    "some_future_field": {"x": 1},
+                }
+            )
+        )
+        done = (await client.until_done())[-1]
+        assert "«typeless»" in done.response.output[-1].content[0].text  # type: ignore[union-attr]
+
+
+async def test_response_processed_is_tolerated_silently(server: Any) -> None:
+    async with connect(server.url) as client:
+        await client.create(model="sim", input="hello")
+        done = (await client.until_done())[-1]
+        await client.send_raw(
+            json.dumps({"type": "response.processed", "response_id": done.response.id})  # type: ignore[union-attr]
+        )
+        await client.send_raw("{}")
+        event = await client.next_event()
+        assert isinstance(event, ErrorEvent)  # the reply to "{}", not to the processed event
+        assert event.error.code == "missing_required_parameter"

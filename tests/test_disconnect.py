@@ -1,0 +1,146 @@
+"""Cancellation and disconnects: every task ends, nothing leaks, memory stays bounded."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from typing import Any
+
+import trio
+import wsproto
+import wsproto.events as ws
+
+from longresponse.client import connect
+from protocol import OutputTextDelta, ResponseDone, ResponseState
+
+TOOL = {"type": "function", "name": "read_file", "parameters": {"type": "object"}}
+
+
+async def wait_until(predicate: Any, seconds: float = 10.0) -> None:
+    """Poll a condition owned by the server's thread, with a deadline.
+
+    The server runs on another thread's asyncio loop, so there is no trio
+    Event to wait on; a bounded poll is the honest way to observe it.
+    """
+    with trio.fail_after(seconds):
+        while not predicate():  # noqa: ASYNC110 - the condition lives in another thread
+            await trio.sleep(0.01)
+
+
+def assert_all_rollouts_ended(server: Any) -> None:
+    session = server.app.state.endpoint.last_session
+    assert session is not None
+    assert session.rollouts
+    for rollout in session.rollouts.values():
+        assert rollout.task is not None
+        assert rollout.task.done()
+        assert rollout.state is not ResponseState.IN_PROGRESS
+
+
+async def test_close_mid_stream_cancels_the_rollout(make_server: Any) -> None:
+    running = make_server()
+    async with connect(running.url) as client:
+        await client.create(
+            model="sim",
+            input="long answer",
+            metadata={"sim_output_tokens": "100000", "sim_tokens_per_second": "500"},
+        )
+        while not isinstance(await client.next_event(), OutputTextDelta):
+            pass
+        assert running.live_sessions == 1
+    await wait_until(lambda: running.live_sessions == 0)
+    assert_all_rollouts_ended(running)
+
+
+async def test_close_while_paused_frees_the_rollout(make_server: Any) -> None:
+    running = make_server()
+    async with connect(running.url) as client:
+        await client.create(model="sim", input="go", tools=[TOOL])
+        done = (await client.until_done())[-1]
+        assert isinstance(done, ResponseDone)
+        assert done.response.status == "requires_action"
+    await wait_until(lambda: running.live_sessions == 0)
+    assert_all_rollouts_ended(running)
+
+
+def handshake(
+    port: int, *, rcvbuf: int | None = None
+) -> tuple[socket.socket, wsproto.WSConnection]:
+    """Open a raw socket and complete the upgrade with wsproto (caller closes it)."""
+    sock = socket.socket()
+    sock.settimeout(10)
+    if rcvbuf is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.connect(("127.0.0.1", port))
+    conn = wsproto.WSConnection(wsproto.ConnectionType.CLIENT)
+    sock.sendall(
+        conn.send(
+            ws.Request(
+                host="127.0.0.1", target="/v1/responses", subprotocols=["longresponse.append.v1"]
+            )
+        )
+    )
+    while True:
+        conn.receive_data(sock.recv(65536))
+        for event in conn.events():
+            if isinstance(event, ws.AcceptConnection):
+                return sock, conn
+            raise AssertionError(f"handshake failed: {event!r}")
+
+
+async def test_abrupt_tcp_reset_mid_stream(make_server: Any) -> None:
+    running = make_server()
+    sock, conn = handshake(running.port)
+    create = {
+        "type": "response.create",
+        "input": "stream",
+        "metadata": {"sim_output_tokens": "100000", "sim_tokens_per_second": "500"},
+    }
+    with sock:
+        sock.sendall(conn.send(ws.TextMessage(json.dumps(create))))
+        conn.receive_data(sock.recv(65536))  # the first events are out
+        linger = b"\x01\x00\x00\x00\x00\x00\x00\x00"
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, linger)
+    # closed with linger 0: a RST, no close frame
+    await wait_until(lambda: running.live_sessions == 0)
+    assert_all_rollouts_ended(running)
+
+
+async def test_slow_reader_is_disconnected_with_bounded_memory(make_server: Any) -> None:
+    running = make_server(send_queue_depth=8, slow_reader_timeout=0.3)
+    sock, conn = handshake(running.port, rcvbuf=4096)
+    create = {
+        "type": "response.create",
+        "input": "flood me",
+        "metadata": {"sim_output_tokens": "2000000"},
+    }
+    started = time.monotonic()
+    with sock:
+        sock.sendall(conn.send(ws.TextMessage(json.dumps(create))))
+        # Never read: the server must stop buffering and let go of us.
+        await wait_until(lambda: running.live_sessions == 0, seconds=30)
+    session = running.app.state.endpoint.last_session
+    assert session.close_reason == "slow_reader"
+    assert session.outbox_high_water <= 8
+    assert_all_rollouts_ended(running)
+    assert time.monotonic() - started < 30
+
+
+async def test_mode_not_supported_without_append_opt_in(server: Any) -> None:
+    conn = wsproto.WSConnection(wsproto.ConnectionType.CLIENT)
+    seen: list[Any] = []
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(conn.send(ws.Request(host="127.0.0.1", target="/v1/responses")))
+        while not any(isinstance(e, ws.CloseConnection) for e in seen):
+            data = sock.recv(65536)
+            if not data:
+                break
+            conn.receive_data(data)
+            seen.extend(conn.events())
+    assert isinstance(seen[0], ws.AcceptConnection)
+    texts = [json.loads(e.data) for e in seen if isinstance(e, ws.TextMessage)]
+    assert texts[0]["type"] == "error"
+    assert texts[0]["error"]["code"] == "mode_not_supported"
+    closes = [e for e in seen if isinstance(e, ws.CloseConnection)]
+    assert closes[0].code == 1008

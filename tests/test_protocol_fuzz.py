@@ -1,0 +1,729 @@
+"""Hypothesis invariants of the protocol core.
+
+- encode/decode round-trips every client and server event type;
+- garbage in (bytes, text, JSON values, mutated events) raises only
+  :class:`RemoteProtocolError`, and a rejected message changes nothing;
+- the per-response state machine follows :data:`TRANSITIONS` exactly;
+- random legal conversations keep client and server in agreement, and the
+  illegal moves they try are refused alike by both ends.
+
+Every test runs with a fixed seed (``derandomize``) and no example database,
+so the suite is deterministic.
+"""
+
+from __future__ import annotations
+
+import typing
+from typing import Any
+
+import msgspec
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+from msgspec import UNSET
+
+import protocol as p
+from protocol import (
+    CLIENT_EVENT_TYPES,
+    SERVER_EVENT_TYPES,
+    TERMINAL_STATES,
+    TRANSITIONS,
+    Connection,
+    ErrorCode,
+    LocalProtocolError,
+    RemoteProtocolError,
+    ResponseState,
+    ResponseStateMachine,
+    Role,
+    Transition,
+    decode_client_event,
+    decode_server_event,
+    encode_event,
+)
+
+FUZZ = settings(
+    derandomize=True,
+    database=None,
+    deadline=None,
+    max_examples=150,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+
+# --- strategies --------------------------------------------------------------
+
+texts = st.text(max_size=12)
+ids = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789_", min_size=1, max_size=10)
+finite_floats = st.floats(allow_nan=False, allow_infinity=False)
+json_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**53), max_value=2**53)
+    | finite_floats
+    | texts
+)
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(texts, inner, max_size=3),
+    max_leaves=8,
+)
+json_objects = st.dictionaries(texts, json_values, max_size=3)
+
+
+def unset_or(strategy: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    return st.just(UNSET) | strategy
+
+
+def none_or(strategy: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    return st.none() | strategy
+
+
+item_status = st.sampled_from(["in_progress", "completed", "incomplete"])
+content_parts = st.one_of(
+    st.builds(p.InputText, text=texts),
+    st.builds(
+        p.OutputText,
+        text=texts,
+        annotations=st.lists(json_values, max_size=2),
+        logprobs=unset_or(st.lists(json_values, max_size=2)),
+    ),
+    st.builds(p.Refusal, refusal=texts),
+    st.builds(
+        p.InputImage,
+        detail=st.sampled_from(["auto", "low", "high"]),
+        image_url=unset_or(none_or(texts)),
+        file_id=unset_or(none_or(ids)),
+    ),
+    st.builds(
+        p.InputFile,
+        file_id=unset_or(none_or(ids)),
+        file_data=unset_or(texts),
+        file_url=unset_or(texts),
+        filename=unset_or(texts),
+    ),
+    st.builds(p.ReasoningText, text=texts),
+)
+contents = texts | st.lists(content_parts, max_size=3)
+messages = st.builds(
+    p.Message,
+    role=st.sampled_from(["user", "assistant", "system", "developer"]),
+    content=contents,
+    id=unset_or(ids),
+    status=unset_or(item_status),
+    phase=unset_or(none_or(st.sampled_from(["commentary", "final_answer"]))),
+)
+function_calls = st.builds(
+    p.FunctionCall,
+    call_id=ids,
+    name=ids,
+    arguments=texts,
+    id=unset_or(ids),
+    status=unset_or(item_status),
+    namespace=unset_or(none_or(ids)),
+)
+function_call_outputs = st.builds(
+    p.FunctionCallOutput,
+    call_id=ids,
+    output=contents,
+    id=unset_or(ids),
+    status=unset_or(item_status),
+)
+reasonings = st.builds(
+    p.Reasoning,
+    id=unset_or(ids),
+    summary=st.lists(st.builds(p.SummaryText, text=texts), max_size=2),
+    content=unset_or(st.lists(st.builds(p.ReasoningText, text=texts), max_size=2)),
+    encrypted_content=unset_or(none_or(texts)),
+    status=unset_or(item_status),
+)
+items = st.one_of(messages, function_calls, function_call_outputs, reasonings)
+tools = st.builds(
+    p.FunctionTool,
+    name=ids,
+    parameters=none_or(json_objects),
+    strict=none_or(st.booleans()),
+    description=none_or(texts),
+)
+tool_choices = st.sampled_from(["auto", "none", "required"]) | st.builds(
+    p.ToolChoiceFunction, type=st.just("function"), name=ids
+)
+statuses = st.sampled_from(typing.get_args(p.ResponseStatus))
+usages = st.builds(
+    p.Usage,
+    input_tokens=st.integers(0, 10**9),
+    input_tokens_details=st.builds(
+        p.InputTokensDetails,
+        cached_tokens=st.integers(0, 10**9),
+        cache_write_tokens=st.integers(0, 10**9),
+    ),
+    output_tokens=st.integers(0, 10**9),
+    output_tokens_details=st.builds(p.OutputTokensDetails, reasoning_tokens=st.integers(0, 10**9)),
+    total_tokens=st.integers(0, 10**9),
+)
+responses = st.builds(
+    p.Response,
+    id=ids,
+    created_at=st.integers(0, 2**40),
+    status=statuses,
+    background=st.booleans(),
+    completed_at=none_or(st.integers(0, 2**40)),
+    error=none_or(st.builds(p.ResponseError, code=ids, message=texts)),
+    incomplete_details=none_or(st.builds(p.IncompleteDetails, reason=ids)),
+    instructions=none_or(texts),
+    max_output_tokens=none_or(st.integers(1, 10**6)),
+    model=ids,
+    output=st.lists(items, max_size=2),
+    previous_response_id=none_or(ids),
+    reasoning=none_or(json_objects),
+    temperature=none_or(finite_floats),
+    text=st.builds(p.TextConfig, verbosity=unset_or(ids)),
+    tool_choice=tool_choices,
+    tools=st.lists(tools, max_size=2),
+    truncation=st.sampled_from(["auto", "disabled"]),
+    usage=none_or(usages),
+    metadata=st.dictionaries(texts, texts, max_size=2),
+    required_action=unset_or(st.builds(p.RequiredAction, call_ids=st.lists(ids, max_size=3))),
+)
+sequence_numbers = st.integers(0, 2**53)
+stream_ids = unset_or(ids)
+
+CLIENT_EVENTS: dict[type[msgspec.Struct], st.SearchStrategy[Any]] = {
+    p.ResponseCreate: st.builds(
+        p.ResponseCreate,
+        model=unset_or(ids),
+        input=texts | st.lists(items, max_size=3),
+        instructions=none_or(texts),
+        tools=st.lists(tools, max_size=2),
+        tool_choice=tool_choices,
+        parallel_tool_calls=st.booleans(),
+        metadata=st.dictionaries(texts, texts, max_size=2),
+        store=st.booleans(),
+        previous_response_id=none_or(ids),
+        temperature=none_or(finite_floats),
+        max_output_tokens=none_or(st.integers(1, 10**6)),
+        reasoning=none_or(json_objects),
+        truncation=none_or(st.sampled_from(["auto", "disabled"])),
+        include=none_or(st.lists(ids, max_size=2)),
+        stream=none_or(st.booleans()),
+        stream_options=none_or(json_objects),
+        stream_id=stream_ids,
+        generate=none_or(st.booleans()),
+    ),
+    p.ResponseAppend: st.builds(
+        p.ResponseAppend, input=texts | st.lists(items, max_size=3), response_id=none_or(ids)
+    ),
+    p.ResponseCancel: st.builds(p.ResponseCancel, response_id=none_or(ids)),
+    p.ResponseProcessed: st.builds(p.ResponseProcessed, response_id=none_or(ids)),
+}
+
+
+def lifecycle(cls: type[msgspec.Struct]) -> st.SearchStrategy[Any]:
+    return st.builds(
+        cls, sequence_number=sequence_numbers, stream_id=stream_ids, response=responses
+    )
+
+
+def item_event(
+    cls: type[msgspec.Struct], **fields: st.SearchStrategy[Any]
+) -> st.SearchStrategy[Any]:
+    return st.builds(
+        cls,
+        sequence_number=sequence_numbers,
+        stream_id=stream_ids,
+        response_id=unset_or(ids),
+        **fields,
+    )
+
+
+parts = st.one_of(
+    st.builds(p.OutputText, text=texts), st.builds(p.Refusal, refusal=texts), content_parts
+)
+text_position = {
+    "item_id": ids,
+    "output_index": st.integers(0, 10**4),
+    "content_index": st.integers(0, 10**2),
+}
+SERVER_EVENTS: dict[type[msgspec.Struct], st.SearchStrategy[Any]] = {
+    p.ResponseCreated: lifecycle(p.ResponseCreated),
+    p.ResponseQueued: lifecycle(p.ResponseQueued),
+    p.ResponseInProgress: lifecycle(p.ResponseInProgress),
+    p.ResponseDone: lifecycle(p.ResponseDone),
+    p.ResponseCompleted: lifecycle(p.ResponseCompleted),
+    p.ResponseIncomplete: lifecycle(p.ResponseIncomplete),
+    p.ResponseFailed: lifecycle(p.ResponseFailed),
+    p.OutputItemAdded: item_event(p.OutputItemAdded, output_index=st.integers(0, 99), item=items),
+    p.OutputItemDone: item_event(p.OutputItemDone, output_index=st.integers(0, 99), item=items),
+    p.ContentPartAdded: item_event(p.ContentPartAdded, **text_position, part=parts),
+    p.ContentPartDone: item_event(p.ContentPartDone, **text_position, part=parts),
+    p.OutputTextDelta: item_event(
+        p.OutputTextDelta,
+        **text_position,
+        delta=texts,
+        logprobs=st.lists(json_values, max_size=2),
+    ),
+    p.OutputTextDone: item_event(p.OutputTextDone, **text_position, text=texts),
+    p.FunctionCallArgumentsDelta: item_event(
+        p.FunctionCallArgumentsDelta,
+        item_id=ids,
+        output_index=st.integers(0, 99),
+        delta=texts,
+    ),
+    p.FunctionCallArgumentsDone: item_event(
+        p.FunctionCallArgumentsDone,
+        item_id=ids,
+        output_index=st.integers(0, 99),
+        name=ids,
+        arguments=texts,
+    ),
+    p.ErrorEvent: st.builds(
+        p.ErrorEvent,
+        error=st.builds(
+            p.ErrorBody,
+            type=ids,
+            code=none_or(ids),
+            message=texts,
+            param=none_or(texts),
+        ),
+        status=unset_or(st.integers(400, 599)),
+        sequence_number=unset_or(sequence_numbers),
+        stream_id=stream_ids,
+        response_id=unset_or(ids),
+    ),
+    p.TimingEvent: st.builds(
+        p.TimingEvent,
+        timing_metrics=st.dictionaries(ids, finite_floats, max_size=3),
+        response_id=unset_or(ids),
+        stream_id=stream_ids,
+    ),
+}
+client_events = st.one_of(*CLIENT_EVENTS.values())
+server_events = st.one_of(*SERVER_EVENTS.values())
+
+
+def tag(event_or_class: msgspec.Struct | type[msgspec.Struct]) -> str:
+    cls = event_or_class if isinstance(event_or_class, type) else type(event_or_class)
+    return str(cls.__struct_config__.tag)
+
+
+def test_strategies_cover_every_event_type() -> None:
+    assert set(CLIENT_EVENTS) == set(typing.get_args(p.ClientEvent))
+    assert set(SERVER_EVENTS) == set(typing.get_args(p.ServerEvent))
+    assert {tag(cls) for cls in CLIENT_EVENTS} == CLIENT_EVENT_TYPES
+    assert {tag(cls) for cls in SERVER_EVENTS} == SERVER_EVENT_TYPES
+
+
+# --- round trips -------------------------------------------------------------
+
+
+@FUZZ
+@given(event=client_events)
+def test_client_events_round_trip(event: Any) -> None:
+    data = encode_event(event)
+    assert msgspec.json.decode(data)["type"] == tag(event)
+    assert decode_client_event(data) == event
+    assert decode_client_event(data.decode()) == event
+
+
+@FUZZ
+@given(event=server_events)
+def test_server_events_round_trip(event: Any) -> None:
+    data = encode_event(event)
+    assert msgspec.json.decode(data)["type"] == tag(event)
+    assert decode_server_event(data) == event
+    assert decode_server_event(data.decode()) == event
+
+
+@FUZZ
+@given(
+    event=st.builds(
+        p.ResponseAppend,
+        input=st.lists(messages | function_call_outputs, min_size=1, max_size=3),
+        response_id=none_or(ids),
+    )
+)
+def test_untyped_input_messages_decode_as_messages(event: Any) -> None:
+    raw = msgspec.json.decode(encode_event(event))
+    for item in raw["input"]:
+        if item["type"] == "message":
+            del item["type"]
+    assert decode_client_event(msgspec.json.encode(raw)) == event
+
+
+# --- garbage in: only RemoteProtocolError, and nothing changes ---------------
+
+
+def snapshot(conn: Connection) -> Any:
+    tracks = {
+        rid: (t.state, t.next_sequence, dict(t.pending_calls), set(t.answered_calls))
+        for rid, t in conn._responses.items()
+    }
+    return tracks, dict(conn._lane_latest), list(conn._events)
+
+
+def busy_connection(role: Role) -> Connection:
+    """A connection with one paused response (call ``c1`` pending) and one finished."""
+    conn = Connection(role)
+    server = Connection(Role.SERVER)
+    paused = p.Response(id="resp_1", created_at=0, status="in_progress", model="m")
+    done = p.Response(id="resp_2", created_at=0, status="completed", model="m")
+    call = p.FunctionCall(call_id="c1", name="add", arguments="{}")
+    script: list[Any] = [
+        p.ResponseCreated(sequence_number=0, response=done),
+        p.ResponseDone(sequence_number=1, response=done),
+        p.ResponseCreated(sequence_number=0, response=paused),
+        p.OutputItemDone(sequence_number=1, response_id="resp_1", output_index=0, item=call),
+        p.ResponseDone(
+            sequence_number=2,
+            response=msgspec.structs.replace(paused, status="requires_action"),
+        ),
+    ]
+    for event in script:
+        data = server.send(event)
+        if role is Role.CLIENT:
+            conn.receive_message(data)
+        else:
+            conn.send(event)
+    while conn.next_event() is not p.NEED_DATA:
+        pass
+    return conn
+
+
+def assert_only_remote_errors(data: bytes | str) -> None:
+    for role in (Role.CLIENT, Role.SERVER):
+        conn = busy_connection(role)
+        before = snapshot(conn)
+        error: RemoteProtocolError | None = None
+        try:
+            conn.receive_message(data)
+        except RemoteProtocolError as exc:  # anything else fails the test
+            error = exc
+        if error is None:
+            assert conn.next_event() is not p.NEED_DATA
+        else:
+            assert error.code in set(ErrorCode)
+            assert snapshot(conn) == before
+
+
+@FUZZ
+@given(data=st.binary(max_size=200))
+def test_arbitrary_bytes(data: bytes) -> None:
+    assert_only_remote_errors(data)
+
+
+@FUZZ
+@given(data=st.text(max_size=200))
+def test_arbitrary_text(data: str) -> None:
+    assert_only_remote_errors(data)
+
+
+@FUZZ
+@given(value=json_values)
+def test_arbitrary_json_values(value: Any) -> None:
+    assert_only_remote_errors(msgspec.json.encode(value))
+
+
+all_types = sorted(CLIENT_EVENT_TYPES | SERVER_EVENT_TYPES)
+field_names = sorted(
+    {name for cls in (*CLIENT_EVENTS, *SERVER_EVENTS) for name in cls.__struct_fields__}
+    | {"call_id", "role", "content", "output", "id", "status"}
+)
+event_shaped = st.builds(
+    lambda type_, fields: {**fields, "type": type_},
+    st.sampled_from(all_types) | texts,
+    st.dictionaries(st.sampled_from(field_names), json_values, max_size=5),
+)
+
+
+@FUZZ
+@given(value=event_shaped)
+def test_event_shaped_json(value: dict[str, Any]) -> None:
+    assert_only_remote_errors(msgspec.json.encode(value))
+
+
+def mutate(raw: Any, path: list[int], new: Any, delete: bool) -> Any:
+    """Replace (or delete) the node of ``raw`` that ``path`` picks."""
+    if not path or not isinstance(raw, dict | list) or not raw:
+        return new
+    keys = list(raw) if isinstance(raw, dict) else list(range(len(raw)))
+    key = keys[path[0] % len(keys)]
+    if delete and len(path) == 1:
+        del raw[key]
+        return raw
+    raw[key] = mutate(raw[key], path[1:], new, delete)
+    return raw
+
+
+@FUZZ
+@given(
+    event=client_events | server_events,
+    path=st.lists(st.integers(0, 50), min_size=1, max_size=4),
+    new=json_values,
+    delete=st.booleans(),
+)
+def test_mutated_events(event: Any, path: list[int], new: Any, delete: bool) -> None:
+    raw = mutate(msgspec.json.decode(encode_event(event)), path, new, delete)
+    assert_only_remote_errors(msgspec.json.encode(raw))
+
+
+# --- the transition table as a state machine ---------------------------------
+
+
+class TransitionTable(RuleBasedStateMachine):
+    """Random transitions on one :class:`ResponseStateMachine`, checked against the table."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.machine = ResponseStateMachine("resp_fuzz")
+        self.ended = False
+
+    @initialize(state=st.sampled_from(list(ResponseState)))
+    def begin(self, state: ResponseState) -> None:
+        self.machine = ResponseStateMachine("resp_fuzz", state)
+        self.ended = state in TERMINAL_STATES
+
+    @rule(transition=st.sampled_from(list(Transition)))
+    def apply(self, transition: Transition) -> None:
+        before = self.machine.state
+        expected = TRANSITIONS[before].get(transition)
+        assert self.machine.allows(transition) is (expected is not None)
+        if expected is None:
+            with pytest.raises(LocalProtocolError) as info:
+                self.machine.process(transition)
+            assert self.machine.state is before
+            assert transition.value in info.value.message
+            assert before.value in info.value.message
+            assert info.value.code == (
+                ErrorCode.RESPONSE_ALREADY_COMPLETED
+                if before in TERMINAL_STATES
+                else ErrorCode.INVALID_VALUE
+            )
+        else:
+            assert self.machine.process(transition) is expected
+            assert self.machine.state is expected
+        self.ended = self.ended or self.machine.terminal
+
+    @invariant()
+    def terminal_states_absorb(self) -> None:
+        assert self.machine.terminal is self.ended
+        assert self.machine.terminal is (not TRANSITIONS[self.machine.state])
+
+
+TestTransitionTable = TransitionTable.TestCase
+TestTransitionTable.settings = settings(FUZZ, max_examples=100, stateful_step_count=20)
+
+
+# --- random conversations: both ends agree, and refuse alike -----------------
+
+
+class Conversation(RuleBasedStateMachine):
+    """A server and a client Connection in a random but legal conversation.
+
+    The server emits lifecycle and item events for a few responses; the client
+    answers calls, steers and cancels. Illegal moves are tried too: each must
+    be refused by the sender and the receiver with the same code, and change
+    nothing on either side.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.client = Connection(Role.CLIENT)
+        self.server = Connection(Role.SERVER)
+        self.response_ids: list[str] = []
+        self.calls = 0
+
+    # helpers
+
+    def carry(self, role: Role, event: Any) -> None:
+        sender, receiver = (
+            (self.client, self.server) if role is Role.CLIENT else (self.server, self.client)
+        )
+        receiver.receive_message(sender.send(event))
+        assert receiver.next_event() == event
+
+    def refuse(self, role: Role, event: Any) -> None:
+        sender, receiver = (
+            (self.client, self.server) if role is Role.CLIENT else (self.server, self.client)
+        )
+        before = snapshot(self.client), snapshot(self.server)
+        with pytest.raises(LocalProtocolError) as local:
+            sender.send(event)
+        with pytest.raises(RemoteProtocolError) as remote:
+            receiver.receive_message(encode_event(event))
+        assert (remote.value.code, remote.value.param) == (local.value.code, local.value.param)
+        assert (snapshot(self.client), snapshot(self.server)) == before
+
+    def track(self, index: int) -> p.ResponseTrack:
+        track = self.server.response(self.response_ids[index % len(self.response_ids)])
+        assert track is not None
+        return track
+
+    def lifecycle(self, cls: type[msgspec.Struct], track: p.ResponseTrack, status: str) -> Any:
+        response = p.Response(id=track.response_id, created_at=0, status=status, model="m")  # type: ignore[arg-type]
+        return cls(sequence_number=track.next_sequence, response=response)
+
+    # server moves
+
+    @precondition(lambda self: len(self.response_ids) < 3)
+    @rule(queued=st.booleans())
+    def create(self, queued: bool) -> None:
+        response_id = f"resp_{len(self.response_ids)}"
+        response = p.Response(
+            id=response_id, created_at=0, status="queued" if queued else "in_progress", model="m"
+        )
+        self.carry(Role.SERVER, p.ResponseCreated(sequence_number=0, response=response))
+        self.response_ids.append(response_id)
+
+    @precondition(lambda self: self.response_ids)
+    @rule(index=st.integers(0, 2))
+    def in_progress(self, index: int) -> None:
+        track = self.track(index)
+        event = self.lifecycle(p.ResponseInProgress, track, "in_progress")
+        if track.state in TERMINAL_STATES:
+            self.refuse(Role.SERVER, event)
+        else:
+            self.carry(Role.SERVER, event)
+
+    @precondition(lambda self: self.response_ids)
+    @rule(index=st.integers(0, 2), delta=texts)
+    def text(self, index: int, delta: str) -> None:
+        track = self.track(index)
+        event = p.OutputTextDelta(
+            sequence_number=track.next_sequence,
+            response_id=track.response_id,
+            item_id="msg",
+            output_index=0,
+            content_index=0,
+            delta=delta,
+        )
+        if track.state in TERMINAL_STATES:
+            self.refuse(Role.SERVER, event)
+        else:
+            self.carry(Role.SERVER, event)
+
+    @precondition(lambda self: self.response_ids)
+    @rule(index=st.integers(0, 2))
+    def tool_call(self, index: int) -> None:
+        track = self.track(index)
+        if track.state in TERMINAL_STATES:
+            return
+        self.calls += 1
+        call = p.FunctionCall(call_id=f"call_{self.calls}", name="add", arguments="{}")
+        event = p.OutputItemDone(
+            sequence_number=track.next_sequence,
+            response_id=track.response_id,
+            output_index=self.calls,
+            item=call,
+        )
+        self.carry(Role.SERVER, event)
+        assert call.call_id in track.pending_calls
+
+    @precondition(lambda self: self.response_ids)
+    @rule(index=st.integers(0, 2), status=statuses)
+    def done(self, index: int, status: str) -> None:
+        track = self.track(index)
+        event = self.lifecycle(p.ResponseDone, track, status)
+        legal = {
+            "requires_action": Transition.PAUSE,
+            "completed": Transition.COMPLETE,
+            "incomplete": Transition.EXPIRE,
+            "failed": Transition.FAIL,
+            "cancelled": Transition.CANCEL,
+        }.get(status)
+        if legal is not None and legal in TRANSITIONS[track.state]:
+            self.carry(Role.SERVER, event)
+        else:
+            self.refuse(Role.SERVER, event)
+
+    @precondition(lambda self: self.response_ids)
+    @rule(index=st.integers(0, 2), skip=st.integers(1, 3))
+    def out_of_order(self, index: int, skip: int) -> None:
+        track = self.track(index)
+        event = p.OutputTextDelta(
+            sequence_number=track.next_sequence + skip,
+            response_id=track.response_id,
+            item_id="msg",
+            output_index=0,
+            content_index=0,
+            delta="x",
+        )
+        self.refuse(Role.SERVER, event)
+
+    # client moves
+
+    @precondition(lambda self: self.response_ids)
+    @rule(index=st.integers(0, 2), how_many=st.integers(1, 3))
+    def answer(self, index: int, how_many: int) -> None:
+        track = self.track(index)
+        call_ids = sorted(track.pending_calls)[:how_many]
+        event = p.ResponseAppend(
+            input=[p.FunctionCallOutput(call_id=c, output="ok") for c in call_ids],
+            response_id=track.response_id,
+        )
+        if track.state in TERMINAL_STATES:
+            self.refuse(Role.CLIENT, event)
+        else:
+            self.carry(Role.CLIENT, event)
+            assert not set(call_ids) & set(track.pending_calls)
+            assert set(call_ids) <= track.answered_calls
+
+    @precondition(lambda self: self.response_ids)
+    @rule(index=st.integers(0, 2), answered=st.booleans())
+    def bad_answer(self, index: int, answered: bool) -> None:
+        track = self.track(index)
+        if answered and track.answered_calls:
+            call_id = sorted(track.answered_calls)[0]
+        else:
+            call_id = "call_never"
+        event = p.ResponseAppend(
+            input=[p.FunctionCallOutput(call_id=call_id, output="?")],
+            response_id=track.response_id,
+        )
+        self.refuse(Role.CLIENT, event)
+
+    @precondition(lambda self: self.response_ids)
+    @rule(index=st.integers(0, 2), use_latest=st.booleans())
+    def steer(self, index: int, use_latest: bool) -> None:
+        track = self.track(index)
+        if use_latest:
+            latest = self.client.latest_response_id()
+            assert latest is not None
+            track = self.track(self.response_ids.index(latest))
+        event = p.ResponseAppend(
+            input=[p.Message(role="user", content="also")],
+            response_id=None if use_latest else track.response_id,
+        )
+        if track.state in TERMINAL_STATES:
+            self.refuse(Role.CLIENT, event)
+        else:
+            self.carry(Role.CLIENT, event)
+
+    @precondition(lambda self: self.response_ids)
+    @rule(index=st.integers(0, 2))
+    def cancel(self, index: int) -> None:
+        track = self.track(index)
+        event = p.ResponseCancel(response_id=track.response_id)
+        if track.state in TERMINAL_STATES:
+            self.refuse(Role.CLIENT, event)
+        else:
+            self.carry(Role.CLIENT, event)
+
+    # invariants
+
+    @invariant()
+    def both_ends_agree(self) -> None:
+        assert snapshot(self.client) == snapshot(self.server)
+
+    @invariant()
+    def calls_are_pending_or_answered_never_both(self) -> None:
+        for track in self.server._responses.values():
+            assert not set(track.pending_calls) & track.answered_calls
+
+
+TestConversation = Conversation.TestCase
+TestConversation.settings = settings(FUZZ, max_examples=60, stateful_step_count=30)
