@@ -1,0 +1,177 @@
+"""Measure the server's time to resume a paused rollout, per append, as it grows.
+
+    python examples/measure_resume.py --rollouts 20 --appends 50 --output-tokens 2000
+
+Starts its own server process (or uses ``--url``), asks for the
+``responsesapi.websocket_timing`` events, and runs rollouts of ``--appends``
+tool calls, answering each with a tool output of about ``--output-tokens``
+tokens. For every append it records the server-side ``resume_ms``: from the
+decoded ``response.append`` that completed the outputs to the sampler being
+called again (validation, render and tokenize of the NEW items only). Prints
+the median per append index and, with ``--markdown FILE``, appends a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import trio
+
+from longresponse.client import connect
+from protocol import FunctionCall, OutputItemDone, ResponseDone, TimingEvent
+
+TOOL = {
+    "type": "function",
+    "name": "run_tests",
+    "parameters": {"type": "object", "properties": {"target": {"type": "string"}}},
+}
+WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
+
+
+def tool_output(turn: int, tokens: int) -> str:
+    # About one token per word; varied so no two outputs are equal.
+    return " ".join(f"{WORDS[(turn + i) % len(WORDS)]}{i % 97}" for i in range(tokens // 2))
+
+
+async def one_rollout(url: str, appends: int, output_tokens: int) -> list[dict[str, float]]:
+    """Per append: the timing metrics of the turn that append resumed."""
+    headers = [("x-responsesapi-include-timing-metrics", "true")]
+    per_append: list[dict[str, float]] = []
+    async with connect(url, headers=headers) as client:
+        await client.create(
+            model="sim",
+            input="Run the test suite until it passes.",
+            tools=[TOOL],
+            metadata={"sim_tool_calls": str(appends)},
+        )
+        turn = 0
+        while True:
+            events = await client.until_done(timeout=120)
+            timing = await client.next_event(timeout=30)
+            assert isinstance(timing, TimingEvent), timing
+            if turn > 0:
+                per_append.append(timing.timing_metrics)
+            done = events[-1]
+            assert isinstance(done, ResponseDone), done
+            if done.response.status != "requires_action":
+                return per_append
+            calls = [
+                e.item
+                for e in events
+                if isinstance(e, OutputItemDone) and isinstance(e.item, FunctionCall)
+            ]
+            await client.append(
+                [
+                    {
+                        "type": "function_call_output",
+                        "call_id": call.call_id,
+                        "output": tool_output(turn, output_tokens),
+                    }
+                    for call in calls
+                ]
+            )
+            turn += 1
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def server_process() -> Iterator[str]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "longresponse",
+            "serve",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ],
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        yield f"ws://127.0.0.1:{port}/v1/responses"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+async def measure(url: str, rollouts: int, appends: int, output_tokens: int) -> list[list[Any]]:
+    runs = []
+    for index in range(rollouts):
+        runs.append(await one_rollout(url, appends, output_tokens))
+        print(f"rollout {index + 1}/{rollouts} done", file=sys.stderr)
+    return runs
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", help="a running server (default: start one)")
+    parser.add_argument("--rollouts", type=int, default=20)
+    parser.add_argument("--appends", type=int, default=50)
+    parser.add_argument("--output-tokens", type=int, default=2000)
+    parser.add_argument("--markdown", help="append the result table to this file")
+    args = parser.parse_args()
+    with contextlib.ExitStack() as stack:
+        url = args.url or stack.enter_context(server_process())
+        runs = trio.run(measure, url, args.rollouts, args.appends, args.output_tokens)
+    rows = []
+    for index in sorted({0, 9, args.appends - 1} & set(range(args.appends))):
+        samples = [run[index] for run in runs]
+        rows.append(
+            (
+                index + 1,
+                statistics.median(s["resume_ms"] for s in samples),
+                statistics.median(s["pre_inference_ms"] for s in samples),
+                statistics.median(s["new_tokens"] for s in samples),
+                statistics.median(s["cached_tokens"] for s in samples),
+            )
+        )
+    command = " ".join(["python", "examples/measure_resume.py", *sys.argv[1:]])
+    lines = [
+        f"Command: `{command}`  ",
+        f"Machine: {platform.platform()}, Python {platform.python_version()}, "
+        f"{os.cpu_count()} cores; {args.rollouts} rollouts, "
+        f"tool outputs of ~{args.output_tokens} tokens; medians.",
+        "",
+        "| append # | resume (ms) | pre-inference (ms) | new tokens | cached tokens |",
+        "|---:|---:|---:|---:|---:|",
+        *(f"| {n} | {r:.3f} | {p:.3f} | {t:.0f} | {c:.0f} |" for n, r, p, t, c in rows),
+    ]
+    ratio = rows[-1][1] / rows[0][1] if rows[0][1] else float("nan")
+    lines.append("")
+    lines.append(f"Resume time at append {rows[-1][0]} / append 1: {ratio:.2f}x")
+    print("\n".join(lines))
+    if args.markdown:
+        with open(args.markdown, "a") as out:
+            out.write("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
