@@ -227,9 +227,10 @@ class Connection:
         """
         if self._closed:
             raise LocalProtocolError("receive_message() after receive_closed()", code="closed")
-        if len(data) > self.max_message_bytes:
+        size = _byte_size(data, self.max_message_bytes)
+        if size > self.max_message_bytes:
             raise RemoteProtocolError(
-                f"The message is {len(data)} bytes; the limit is {self.max_message_bytes}.",
+                f"The message is {size} bytes; the limit is {self.max_message_bytes}.",
                 code=ErrorCode.MESSAGE_TOO_LARGE,
                 status=413,
             )
@@ -419,6 +420,13 @@ class Connection:
                     break
             else:
                 break
+
+
+def _byte_size(data: bytes | str, limit: int) -> int:
+    """The UTF-8 size of ``data``, computed only when it could exceed ``limit``."""
+    if isinstance(data, bytes) or len(data) * 4 <= limit:
+        return len(data)  # for str: at most 4 bytes a character, so within the limit
+    return len(data.encode("utf-8", "surrogatepass"))
 
 
 def _as_remote(exc: ProtocolError) -> RemoteProtocolError:

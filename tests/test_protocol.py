@@ -949,3 +949,15 @@ def test_public_modules_are_found() -> None:
 
 def test_package_ships_type_information() -> None:
     assert (PROTOCOL_DIR / "py.typed").exists()
+
+
+def test_message_limit_counts_utf8_bytes_not_characters() -> None:
+    from protocol import Connection, ErrorCode, RemoteProtocolError, Role
+
+    server = Connection(Role.SERVER, max_message_bytes=100)
+    text = '{"type":"response.create","input":"' + "é" * 40 + '"}'  # 77 chars, 117 bytes
+    assert len(text) <= 100 < len(text.encode())
+    with pytest.raises(RemoteProtocolError) as raised:
+        server.receive_message(text)
+    assert raised.value.code == ErrorCode.MESSAGE_TOO_LARGE
+    server.receive_message('{"type":"response.create","input":"' + "é" * 20 + '"}')
