@@ -2,7 +2,8 @@
 
 ``GET /v1/responses`` upgraded to a WebSocket is served by
 :class:`ResponsesEndpoint`, which picks the connection's mode from the
-handshake and hands the socket to a :class:`Session`.
+handshake (append mode when asked for by subprotocol or beta header, the
+shipped shape otherwise) and hands the socket to a :class:`Session`.
 """
 
 from __future__ import annotations
@@ -17,15 +18,11 @@ from starlette.routing import Route, WebSocketRoute
 from protocol import (
     APPEND_BETA_HEADER,
     APPEND_SUBPROTOCOL,
-    CLOSE_CODES,
-    ErrorCode,
     Mode,
-    RemoteProtocolError,
-    encode_event,
-    error_event,
 )
 
 from .config import ServerConfig
+from .render import encode
 from .sampler import ModelRegistry
 from .session import ASGIReceive, ASGISend, Session
 
@@ -65,27 +62,9 @@ class ResponsesEndpoint:
         subprotocol = (
             APPEND_SUBPROTOCOL if APPEND_SUBPROTOCOL in scope.get("subprotocols", []) else None
         )
-        if not self.wants_append(scope, headers):
-            await send({"type": "websocket.accept", "subprotocol": subprotocol})
-            error = RemoteProtocolError(
-                "This server speaks append mode only so far: open the WebSocket with "
-                f"subprotocol {APPEND_SUBPROTOCOL!r} or header "
-                f"'OpenAI-Beta: {APPEND_BETA_HEADER}'.",
-                code=ErrorCode.MODE_NOT_SUPPORTED,
-            )
-            await send(
-                {"type": "websocket.send", "text": encode_event(error_event(error)).decode()}
-            )
-            await send(
-                {
-                    "type": "websocket.close",
-                    "code": int(CLOSE_CODES["mode_not_supported"]),
-                    "reason": "append mode required",
-                }
-            )
-            return
         timing = any(v.strip().lower() == "true" for v in headers.get(TIMING_HEADER, []))
-        session = Session(self.config, self.models, mode=Mode.APPEND, send_timing=timing)
+        mode = Mode.APPEND if self.wants_append(scope, headers) else Mode.SHIPPED
+        session = Session(self.config, self.models, mode=mode, send_timing=timing)
         # Counted before the handshake completes, so a client that sees the
         # 101 also sees its session counted.
         self.live_sessions += 1
@@ -100,6 +79,7 @@ class ResponsesEndpoint:
 def create_app(config: ServerConfig | None = None) -> Starlette:
     """The longresponse ASGI app for ``config`` (defaults: embedded sim model)."""
     config = config or ServerConfig()
+    encode("")  # load the tokenizer now, not inside the first request
     models = ModelRegistry(config.sim)
     endpoint = ResponsesEndpoint(config, models)
 

@@ -8,8 +8,13 @@ from typing import Final
 from protocol import MAX_ITEMS_PER_EVENT, MAX_MESSAGE_BYTES
 
 __all__ = [
+    "CONNECTION_CACHE_BYTES",
+    "CONNECTION_LIFETIME",
     "DEFAULT_HOST",
     "DEFAULT_PORT",
+    "MAX_IN_FLIGHT",
+    "MAX_LANES",
+    "MAX_QUEUED",
     "MAX_ROLLOUTS_PER_CONNECTION",
     "PAUSE_TIMEOUT",
     "SEND_QUEUE_DEPTH",
@@ -28,6 +33,17 @@ SEND_QUEUE_DEPTH: Final = 256
 #: How long an event may wait for room in a full send queue before the reader
 #: is judged too slow and disconnected (close 1008).
 SLOW_READER_TIMEOUT: Final = 30.0
+#: Responses running at once on one connection, across lanes (the shipped
+#: shape); further creates wait in their lane's queue.
+MAX_IN_FLIGHT: Final = 16
+#: Distinct named lanes (``stream_id``) per connection; the default lane is free.
+MAX_LANES: Final = 32
+#: Creates waiting (not yet running) per connection; beyond it, an error.
+MAX_QUEUED: Final = 64
+#: Bytes of cached rollout state one connection may keep for continuations.
+CONNECTION_CACHE_BYTES: Final = 256 * 1024 * 1024
+#: Connection lifetime in seconds, as shipped (60 minutes).
+CONNECTION_LIFETIME: Final = 3600.0
 #: How long a paused rollout waits for its tool outputs before it ends
 #: ``incomplete`` with reason ``pause_timeout``.
 PAUSE_TIMEOUT: Final = 600.0
@@ -56,4 +72,9 @@ class ServerConfig:
     send_queue_depth: int = SEND_QUEUE_DEPTH
     slow_reader_timeout: float = SLOW_READER_TIMEOUT
     pause_timeout: float = PAUSE_TIMEOUT
+    max_in_flight: int = MAX_IN_FLIGHT
+    max_lanes: int = MAX_LANES
+    max_queued: int = MAX_QUEUED
+    connection_cache_bytes: int = CONNECTION_CACHE_BYTES
+    connection_lifetime: float = CONNECTION_LIFETIME
     sim: SimConfig = dataclasses.field(default_factory=SimConfig)

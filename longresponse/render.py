@@ -105,13 +105,31 @@ def _encoding() -> Any:
         return bpe_openai.get_encoding(ENCODING_NAME)
 
 
+#: The encoder refuses one call over 1,000,000 characters or 200,000 tokens,
+#: so longer texts are encoded in pieces of at most this many characters.
+ENCODE_CHUNK_CHARS: Final = 100_000
+
+
 def encode(text: str) -> list[int]:
     """Encode ``text`` as ordinary o200k_base tokens: special-token text stays text.
 
-    Raises ``ValueError`` (from the encoder) when one text is 1,000,000 characters or
-    more, or encodes to more than 200,000 tokens.
+    Texts longer than :data:`ENCODE_CHUNK_CHARS` are cut just before a space
+    (where the o200k pre-tokenizer starts a new piece anyway) and encoded piece
+    by piece; only a run of that many characters without a space is cut hard.
     """
-    tokens: list[int] = _encoding().encode_ordinary(text)
+    encoding = _encoding()
+    if len(text) <= ENCODE_CHUNK_CHARS:
+        tokens: list[int] = encoding.encode_ordinary(text)
+        return tokens
+    tokens = []
+    start = 0
+    while start < len(text):
+        end = min(start + ENCODE_CHUNK_CHARS, len(text))
+        if end < len(text):
+            cut = text.rfind(" ", start + 1, end)
+            end = cut if cut > start else end
+        tokens.extend(encoding.encode_ordinary(text[start:end]))
+        start = end
     return tokens
 
 
@@ -220,10 +238,12 @@ class TokenCache:
     work (the prefix is not counted; a fork starts at zero).
     """
 
-    __slots__ = ("_tokens", "items_rendered", "tokens_rendered")
+    __slots__ = ("_tokens", "items_rendered", "prefix_length", "tokens_rendered")
 
     def __init__(self, prefix: Sequence[int] = ()) -> None:
         self._tokens = array(_TOKEN_TYPECODE, prefix)
+        #: How many leading tokens are the prefix (instructions and tools).
+        self.prefix_length = len(self._tokens)
         self.items_rendered = 0
         self.tokens_rendered = 0
 
@@ -272,4 +292,17 @@ class TokenCache:
             raise ValueError(f"fork length {length} outside 0..{len(self._tokens)}")
         forked = TokenCache()
         forked._tokens = self._tokens[:length]
+        forked.prefix_length = min(self.prefix_length, length)
         return forked
+
+    def rebase(self, prefix: Sequence[int]) -> TokenCache:
+        """A new cache with ``prefix`` in place of this one's, and the same item tokens.
+
+        Item renderings do not depend on the prefix, so nothing is re-tokenized:
+        changed instructions or tools cost a copy, not a render. Counters carry over.
+        """
+        rebased = TokenCache(prefix)
+        rebased._tokens.extend(self._tokens[self.prefix_length :])
+        rebased.items_rendered = self.items_rendered
+        rebased.tokens_rendered = self.tokens_rendered
+        return rebased

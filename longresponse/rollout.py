@@ -16,6 +16,13 @@ Session:
 
 The loop always ends with exactly one terminal ``response.done`` unless the
 connection is gone (then there is nobody to tell).
+
+The shipped shape drives the same Rollout one **segment** at a time
+(:meth:`Rollout.run_segment`): each shipped Response is one run of the loop
+between pauses, with its own id, its own events (``sequence_number`` from 0)
+and only its own output. The context, the token cache and the sampler stay
+with the Rollout between segments, so a continuation costs the new input only.
+Each finished segment leaves a :class:`Boundary` to continue or fork from.
 """
 
 from __future__ import annotations
@@ -28,6 +35,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import msgspec
+
 from protocol import (
     FunctionCall,
     FunctionCallOutput,
@@ -38,9 +47,12 @@ from protocol import (
     OutputTokensDetails,
     RequiredAction,
     Response,
+    ResponseCompleted,
     ResponseCreate,
     ResponseDone,
     ResponseError,
+    ResponseFailed,
+    ResponseIncomplete,
     ResponseInProgress,
     ResponseState,
     ServerEvent,
@@ -53,7 +65,7 @@ from .render import TokenCache, render_prefix
 from .sampler import ModelSpec, Sampler, SampleRequest, Stop
 from .stream import StreamBuilder, StreamClosed
 
-__all__ = ["Rollout", "TurnTiming"]
+__all__ = ["Boundary", "Rollout", "TurnTiming"]
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +98,22 @@ class TurnTiming:
         }
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Boundary:
+    """Where a shipped-shape segment ended: enough to continue or fork from it."""
+
+    segment_id: str
+    #: ``len(context)`` and ``len(tokens)`` at the end of the segment.
+    items: int
+    tokens: int
+    #: Client tool calls of the segment still waiting for their outputs.
+    pending: dict[str, str]
+    #: The finished segment's Response object.
+    response: Response
+    #: The lane (``stream_id``) the segment ran on; ``None`` = the default lane.
+    stream_id: str | None = None
+
+
 def _input_items(value: str | list[Item]) -> list[Item]:
     if isinstance(value, str):
         return [Message(role="user", content=value)]
@@ -104,9 +132,13 @@ class Rollout:
         emit: Emit,
         pause_timeout: float,
         send_timing: bool = False,
+        shipped: bool = False,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.id = response_id
+        #: The shipped shape: one Response per segment, no ``required_action``,
+        #: per-segment usage. Otherwise append mode: one Response for everything.
+        self.shipped = shipped
         self.request = request
         self.model = model
         self.sampler: Sampler = model.make_sampler()
@@ -130,7 +162,18 @@ class Rollout:
         self._error: ResponseError | None = None
         self.input_tokens = 0
         self.cached_tokens = 0
+        self._usage_base = (0, 0)
+        #: Tokens the model has already processed (its reusable prefix): what
+        #: the next turn counts as ``cached_tokens``. Nothing on the first turn.
+        self.model_seen = 0
         self.timings: list[TurnTiming] = []
+        self._timed = 0  # timings already sent
+        self._stream_id: str | None = None
+        self.boundaries: list[Boundary] = []
+        #: A segment is running (the shipped shape); a second one must fork.
+        self.busy = False
+        #: A segment failed half-way; the context may hold a partial turn.
+        self.broken = False
 
     # --- called by the Session (already checked by the protocol core) ------
 
@@ -165,7 +208,7 @@ class Rollout:
     def snapshot(self) -> Response:
         req = self.request
         fields: dict[str, Any] = {}
-        if self.state is ResponseState.REQUIRES_ACTION:
+        if self.state is ResponseState.REQUIRES_ACTION and not self.shipped:
             fields["required_action"] = RequiredAction(call_ids=list(self.pending_calls))
         return Response(
             id=self.id,
@@ -201,14 +244,143 @@ class Rollout:
         )
 
     def usage(self) -> Usage:
+        """Usage of the Response: the whole rollout (append) or the segment (shipped)."""
         output = self.stream.output_tokens
+        input_tokens = self.input_tokens - self._usage_base[0]
+        cached = self.cached_tokens - self._usage_base[1]
         return Usage(
-            input_tokens=self.input_tokens,
-            input_tokens_details=InputTokensDetails(cached_tokens=self.cached_tokens),
+            input_tokens=input_tokens,
+            input_tokens_details=InputTokensDetails(cached_tokens=cached),
             output_tokens=output,
             output_tokens_details=OutputTokensDetails(),
-            total_tokens=self.input_tokens + output,
+            total_tokens=input_tokens + output,
         )
+
+    @property
+    def nbytes(self) -> int:
+        """Approximate memory held: tokens, plus the items (about as large again)."""
+        return 2 * self.tokens.nbytes + 64 * len(self.context)
+
+    # --- the shipped shape: one segment at a time ---------------------------
+
+    def fork(self, boundary: Boundary) -> Rollout:
+        """A new Rollout holding this one's context up to ``boundary`` (shared prefix)."""
+        child = Rollout(
+            response_id=boundary.segment_id,
+            request=self.request,
+            model=self.model,
+            emit=self._emit,
+            pause_timeout=self.pause_timeout,
+            send_timing=self.send_timing,
+            shipped=self.shipped,
+            clock=self._clock,
+        )
+        child._inbox = []
+        child.context = self.context[: boundary.items]
+        child.tokens = self.tokens.fork(boundary.tokens)
+        child.pending_calls = dict(boundary.pending)
+        index = self.boundaries.index(boundary)
+        child.boundaries = self.boundaries[: index + 1]
+        child.input_tokens, child.cached_tokens = self.input_tokens, self.cached_tokens
+        child.model_seen = min(self.model_seen, boundary.tokens)
+        return child
+
+    async def run_segment(
+        self,
+        *,
+        segment_id: str,
+        request: ResponseCreate,
+        model: ModelSpec,
+        new_items: list[Item],
+        emit: Emit,
+        stream_id: str | None,
+        received_at: float,
+    ) -> Boundary | None:
+        """Run one shipped-shape Response over ``new_items``; return its boundary.
+
+        Emits ``response.created``, ``response.in_progress``, the output items
+        and one terminal event. With ``generate: false`` the input is taken in
+        (rendered, cached) without sampling. Returns ``None`` if the segment
+        failed (``response.failed`` was sent; the Rollout is then ``broken``).
+        """
+        self.busy = True
+        try:
+            self._emit = emit
+            self.request = request
+            if model is not self.model:
+                # Another model: nothing it could reuse, but the tokens are
+                # the same (one tokenizer for every model here).
+                self.model, self.sampler = model, model.make_sampler()
+                self.model_seen = 0
+            prefix = render_prefix(request.instructions, request.tools)
+            prefix_changed = self.tokens.tokens[: self.tokens.prefix_length].tolist() != prefix
+            if prefix_changed:
+                # Instructions or tools changed: the prefix is re-rendered and
+                # the items' tokens reused; nothing before them is a valid
+                # cache prefix for the model any more.
+                self.tokens = self.tokens.rebase(prefix)
+                self.model_seen = 0
+            self.id = segment_id
+            self._stream_id = stream_id
+            self.created_at = int(time.time())
+            self.stream = StreamBuilder(segment_id, tag_response_id=False, stream_id=stream_id)
+            self.state = ResponseState.IN_PROGRESS
+            self._error, self._incomplete_reason = None, None
+            self._usage_base = (self.input_tokens, self.cached_tokens)
+            for item in new_items:
+                if isinstance(item, FunctionCallOutput):
+                    self.pending_calls.pop(item.call_id, None)
+            self._inbox = list(new_items)
+            self._resume_mark = received_at
+            await self._emit(self.stream.lifecycle(ResponseCreated, self.snapshot()))
+            await self._emit(self.stream.lifecycle(ResponseInProgress, self.snapshot()))
+            stop = "stop"
+            if request.generate is False:
+                self._take_in_without_sampling(prefix_changed)
+            else:
+                stop = await self._turn(prefix_changed=prefix_changed)
+            if stop == "max_output_tokens":
+                self._incomplete_reason = "max_output_tokens"
+                self.state = ResponseState.INCOMPLETE
+                terminal: Callable[..., ServerEvent] = ResponseIncomplete
+            else:
+                self.state = ResponseState.COMPLETED
+                terminal = ResponseCompleted
+            response = self.snapshot()
+            boundary = Boundary(
+                segment_id=segment_id,
+                items=len(self.context),
+                tokens=len(self.tokens),
+                pending=dict(self.pending_calls),
+                response=response,
+                stream_id=stream_id,
+            )
+            self.boundaries.append(boundary)
+            await self._emit(self.stream.lifecycle(terminal, response))
+            await self._send_timing()
+            return boundary
+        except (asyncio.CancelledError, StreamClosed):
+            self.broken = True
+            raise
+        except Exception:
+            log.exception("segment %s failed", segment_id)
+            self.broken = True
+            self._error = ResponseError(code="server_error", message="The model failed.")
+            self.state = ResponseState.FAILED
+            with contextlib.suppress(Exception):
+                await self._emit(self.stream.lifecycle(ResponseFailed, self.snapshot()))
+            return None
+        finally:
+            self.busy = False
+
+    def _take_in_without_sampling(self, prefix_changed: bool) -> None:
+        new_items, self._inbox = self._inbox, []
+        self.context.extend(new_items)
+        # Rendered and tokenized now; the model has not processed them yet.
+        cached = 0 if prefix_changed else min(self.model_seen, len(self.tokens))
+        self.tokens.extend(new_items)
+        self.input_tokens += len(self.tokens)
+        self.cached_tokens += cached
 
     # --- the loop ----------------------------------------------------------
 
@@ -246,15 +418,20 @@ class Rollout:
             with contextlib.suppress(Exception):
                 await self._finish(ResponseState.FAILED)
 
-    async def _turn(self) -> str:
-        """One run of the model over the context plus whatever is in the inbox."""
+    async def _turn(self, *, prefix_changed: bool = False) -> str:
+        """One run of the model over the context plus whatever is in the inbox.
+
+        With ``prefix_changed`` nothing counts as cached: the model must
+        prefill the whole context again (the tokenizer work is still reused).
+        """
         timing = TurnTiming(turn=len(self.timings) + 1)
         started = self._clock()
         new_items, self._inbox = self._inbox, []
         self.context.extend(new_items)
-        cached = len(self.tokens)
+        cached = 0 if prefix_changed else min(self.model_seen, len(self.tokens))
         added = self.tokens.extend(new_items)
-        self.input_tokens += cached + added
+        uncached = len(self.tokens) - cached
+        self.input_tokens += cached + uncached
         self.cached_tokens += cached
         timing.new_tokens, timing.cached_tokens = added, cached
         request = self.request
@@ -265,7 +442,7 @@ class Rollout:
             parallel_tool_calls=request.parallel_tool_calls,
             metadata=request.metadata,
             cached_tokens=cached,
-            uncached_tokens=added,
+            uncached_tokens=uncached,
             max_output_tokens=request.max_output_tokens,
         )
         sampling_started = self._clock()
@@ -293,6 +470,7 @@ class Rollout:
         # not new input next turn (a real model already holds it).
         self.context.extend(produced)
         self.tokens.extend(produced)
+        self.model_seen = len(self.tokens)
         self.timings.append(timing)
         return stop
 
@@ -326,7 +504,12 @@ class Rollout:
         await self._send_timing()
 
     async def _send_timing(self) -> None:
-        if self.send_timing and self.timings:
+        if self.send_timing and self.timings and self._timed < len(self.timings):
+            self._timed = len(self.timings)
             await self._emit(
-                TimingEvent(timing_metrics=self.timings[-1].as_metrics(), response_id=self.id)
+                TimingEvent(
+                    timing_metrics=self.timings[-1].as_metrics(),
+                    response_id=self.id,
+                    stream_id=self._stream_id if self._stream_id is not None else msgspec.UNSET,
+                )
             )

@@ -22,7 +22,7 @@ import collections
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from protocol import (
@@ -42,12 +42,18 @@ from protocol import (
     error_event,
 )
 
+from .compat import ShippedShape
 from .config import ServerConfig
 from .rollout import Rollout
 from .sampler import ModelRegistry, check_sim_metadata
 from .stream import StreamClosed, new_id
 
 __all__ = ["Session"]
+
+
+class _SessionOver(Exception):
+    """Raised inside the session's task group to end every task it holds."""
+
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +93,23 @@ class Session:
         self.close_reason: str | None = None
         self._tasks: asyncio.TaskGroup | None = None
         self._writer: asyncio.Task[None] | None = None
+        #: The shipped shape's lanes and segment cache (shipped mode only).
+        self.shipped: ShippedShape | None = None
+        if mode is Mode.SHIPPED:
+            self.shipped = ShippedShape(
+                config,
+                models,
+                spawn=self._spawn,
+                emit=self.emit,
+                emit_error=self._emit_error,
+                send_timing=send_timing,
+            )
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """Start a task owned by this session (it ends when the session does)."""
+        if self._tasks is None:  # pragma: no cover - only called while serving
+            raise RuntimeError("the session is not serving")
+        return self._tasks.create_task(coroutine)
 
     # --- output --------------------------------------------------------------
 
@@ -115,10 +138,10 @@ class Session:
         self.outbox_high_water = max(self.outbox_high_water, len(self._outbox))
         self._ready.set()
 
-    def _emit_error(self, error: ProtocolError) -> None:
+    def _emit_error(self, error: ProtocolError, stream_id: str | None = None) -> None:
         # Error events go out even past the bound: at most one per client
         # message, and the reader is what limits client messages.
-        self._outbox.append(self.connection.send(error_event(error)))
+        self._outbox.append(self.connection.send(error_event(error, stream_id=stream_id)))
         self._ready.set()
 
     def close(self, code: int, reason: str) -> None:
@@ -155,11 +178,23 @@ class Session:
                 self._tasks = tasks
                 writer = self._writer = tasks.create_task(self._write_loop(send))
                 reader = tasks.create_task(self._read_loop(receive))
+                tasks.create_task(self._expire())
                 await asyncio.wait({writer, reader}, return_when=asyncio.FIRST_COMPLETED)
-                for task in (writer, reader, *[r.task for r in self.rollouts.values() if r.task]):
-                    task.cancel()
-        except* StreamClosed:
+                raise _SessionOver  # cancels every task the group still holds
+        except* (StreamClosed, _SessionOver):
             pass
+
+    async def _expire(self) -> None:
+        """The connection lifetime limit: an error event, then a normal close."""
+        await asyncio.sleep(self.config.connection_lifetime)
+        minutes = self.config.connection_lifetime / 60
+        self._emit_error(
+            RemoteProtocolError(
+                f"The connection reached its {minutes:g}-minute limit; open a new one to go on.",
+                code=ErrorCode.WEBSOCKET_CONNECTION_LIMIT_REACHED,
+            )
+        )
+        self.close(int(CLOSE_CODES["connection_limit_reached"]), "connection limit reached")
 
     async def _read_loop(self, receive: ASGIReceive) -> None:
         while True:
@@ -178,10 +213,13 @@ class Session:
 
     def handle_message(self, data: str | bytes, received_at: float) -> None:
         """Decode, check and act on one client message; errors become error events."""
+        event: object = None
         try:
             self.connection.receive_message(data)
             event = self.connection.next_event()
-            if isinstance(event, ResponseCreate):
+            if isinstance(event, ResponseCreate) and self.shipped is not None:
+                self.shipped.submit(event, received_at)
+            elif isinstance(event, ResponseCreate):
                 self._create(event)
             elif isinstance(event, ResponseAppend):
                 self._append(event, received_at)
@@ -190,7 +228,10 @@ class Session:
             elif isinstance(event, ResponseProcessed):
                 pass  # tolerated, never answered
         except ProtocolError as error:
-            self._emit_error(error)
+            stream_id = None
+            if isinstance(event, ResponseCreate) and isinstance(event.stream_id, str):
+                stream_id = event.stream_id
+            self._emit_error(error, stream_id)
 
     def _create(self, event: ResponseCreate) -> None:
         if event.background:

@@ -299,6 +299,13 @@ class Connection:
                     track.answered_calls.add(call_id)
             track.machine.process(Transition.APPEND)
         elif isinstance(event, ResponseCancel):
+            if self.mode is not Mode.APPEND:
+                raise LocalProtocolError(
+                    "response.cancel is part of append mode; the shipped WebSocket shape has "
+                    "no cancel event.",
+                    code=ErrorCode.UNKNOWN_EVENT_TYPE,
+                    param="type",
+                )
             track = self._target(event.response_id)
             if not track.machine.allows(Transition.CANCEL):
                 raise _already_completed(track)

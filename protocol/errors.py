@@ -44,6 +44,13 @@ class ErrorCode(enum.StrEnum):
     TOO_MANY_ROLLOUTS = "too_many_rollouts"
     MODE_NOT_SUPPORTED = "mode_not_supported"
     SERVER_ERROR = "server_error"
+    # The shipped shape (compat layer).
+    PREVIOUS_RESPONSE_NOT_FOUND = "previous_response_not_found"
+    MISSING_TOOL_OUTPUT = "missing_tool_output"
+    INVALID_STREAM_ID = "invalid_stream_id"
+    WEBSOCKET_STREAM_LIMIT_REACHED = "websocket_stream_limit_reached"
+    WEBSOCKET_QUEUE_LIMIT_REACHED = "websocket_queue_limit_reached"
+    WEBSOCKET_CONNECTION_LIMIT_REACHED = "websocket_connection_limit_reached"
 
 
 class CloseCode(enum.IntEnum):

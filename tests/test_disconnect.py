@@ -125,22 +125,3 @@ async def test_slow_reader_is_disconnected_with_bounded_memory(make_server: Any)
     assert session.outbox_high_water <= 8
     assert_all_rollouts_ended(running)
     assert time.monotonic() - started < 30
-
-
-async def test_mode_not_supported_without_append_opt_in(server: Any) -> None:
-    conn = wsproto.WSConnection(wsproto.ConnectionType.CLIENT)
-    seen: list[Any] = []
-    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
-        sock.sendall(conn.send(ws.Request(host="127.0.0.1", target="/v1/responses")))
-        while not any(isinstance(e, ws.CloseConnection) for e in seen):
-            data = sock.recv(65536)
-            if not data:
-                break
-            conn.receive_data(data)
-            seen.extend(conn.events())
-    assert isinstance(seen[0], ws.AcceptConnection)
-    texts = [json.loads(e.data) for e in seen if isinstance(e, ws.TextMessage)]
-    assert texts[0]["type"] == "error"
-    assert texts[0]["error"]["code"] == "mode_not_supported"
-    closes = [e for e in seen if isinstance(e, ws.CloseConnection)]
-    assert closes[0].code == 1008

@@ -199,12 +199,23 @@ def test_token_cache_counts_only_new_work() -> None:
     assert cache.items_rendered == 3
 
 
-def test_token_cache_extend_is_atomic_when_rendering_fails() -> None:
+def test_token_cache_extend_is_atomic_when_rendering_fails(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import longresponse.render as render
+
+    real = render.render_item
+
+    def fail_on_poison(item: Any) -> list[int]:
+        if isinstance(item, Message) and item.content == "poison":
+            raise ValueError("cannot render this item")
+        return real(item)
+
+    monkeypatch.setattr(render, "render_item", fail_on_poison)
     cache = TokenCache(render_prefix(None, []))
     before = cache.snapshot()
-    too_long = Message(role="user", content="x" * 1_000_000)
-    with pytest.raises(ValueError, match="too long"):
-        cache.extend([Message(role="user", content="fine"), too_long])
+    with pytest.raises(ValueError, match="cannot render"):
+        cache.extend([Message(role="user", content="fine"), Message(role="user", content="poison")])
     assert cache.snapshot() == before
     assert (cache.items_rendered, cache.tokens_rendered) == (0, 0)
 
@@ -307,3 +318,36 @@ def test_incremental_render_equals_full_render(
 
     length = data.draw(st.integers(0, len(full)), label="fork length")
     assert cache.fork(length).snapshot() == full[:length]
+
+
+def test_rebase_swaps_the_prefix_without_rendering_items() -> None:
+    items = [
+        Message(role="user", content="hello there"),
+        FunctionCall(call_id="c1", name="ls", arguments="{}"),
+        FunctionCallOutput(call_id="c1", output="a b c"),
+    ]
+    cache = TokenCache(render_prefix("be terse", []))
+    cache.extend(items)
+    tool = FunctionTool(name="ls", parameters={"type": "object"})
+    rebased = cache.rebase(render_prefix("be verbose", [tool]))
+    assert rebased.snapshot() == tokenize_text(render_text("be verbose", [tool], items))
+    assert rebased.prefix_length == len(render_prefix("be verbose", [tool]))
+    assert rebased.items_rendered == cache.items_rendered == 3
+    assert rebased.tokens_rendered == cache.tokens_rendered
+    assert cache.snapshot() == tokenize_text(render_text("be terse", [], items))
+    forked = rebased.fork(rebased.prefix_length + 2)
+    assert forked.prefix_length == rebased.prefix_length
+
+
+def test_long_text_is_encoded_in_pieces_with_the_same_tokens() -> None:
+    from longresponse.render import ENCODE_CHUNK_CHARS
+
+    words = " ".join(f"word{i % 1000}" for i in range(60_000))  # ~5 chunks
+    assert len(words) > 3 * ENCODE_CHUNK_CHARS
+    pieces = encode(words)
+    # Same as encoding word groups that start at a space, the pre-tokenizer's own cut.
+    head, tail = words[:ENCODE_CHUNK_CHARS], words[ENCODE_CHUNK_CHARS:]
+    cut = head.rfind(" ")
+    assert pieces[: len(encode(head[:cut]))] == encode(head[:cut])
+    assert len(pieces) == len(encode(head[:cut])) + len(encode(head[cut:] + tail))
+    assert len(encode("x" * (3 * ENCODE_CHUNK_CHARS))) > 0  # no space at all: still encodes
