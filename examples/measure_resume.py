@@ -1,14 +1,16 @@
-"""Measure the server's time to resume a paused rollout, per append, as it grows.
+"""Measure the server's time to continue a rollout, per turn, as it grows.
 
     python examples/measure_resume.py --rollouts 20 --appends 50 --output-tokens 2000
 
 Starts its own server process (or uses ``--url``), asks for the
 ``responsesapi.websocket_timing`` events, and runs rollouts of ``--appends``
 tool calls, answering each with a tool output of about ``--output-tokens``
-tokens. For every append it records the server-side ``resume_ms``: from the
-decoded ``response.append`` that completed the outputs to the sampler being
-called again (validation, render and tokenize of the NEW items only). Prints
-the median per append index and, with ``--markdown FILE``, appends a table.
+tokens, in both shapes side by side: ``append`` (one long-running Response,
+``response.append``) and ``ws`` (the shipped shape: ``response.create`` with
+``previous_response_id`` and only the new output). For every continuation it
+records the server-side ``resume_ms``: from the decoded client event to the
+sampler being called again (lookup, checks, render and tokenize of the NEW
+items). Prints medians per turn and, with ``--markdown FILE``, appends them.
 """
 
 from __future__ import annotations
@@ -28,7 +30,15 @@ from typing import Any
 import trio
 
 from longresponse.client import connect
-from protocol import FunctionCall, OutputItemDone, ResponseDone, TimingEvent
+from protocol import (
+    FunctionCall,
+    OutputItemDone,
+    ResponseCompleted,
+    ResponseDone,
+    TimingEvent,
+)
+
+SHAPES = ("append", "ws")
 
 TOOL = {
     "type": "function",
@@ -43,16 +53,21 @@ def tool_output(turn: int, tokens: int) -> str:
     return " ".join(f"{WORDS[(turn + i) % len(WORDS)]}{i % 97}" for i in range(tokens // 2))
 
 
-async def one_rollout(url: str, appends: int, output_tokens: int) -> list[dict[str, float]]:
-    """Per append: the timing metrics of the turn that append resumed."""
+async def one_rollout(
+    url: str, appends: int, output_tokens: int, shape: str
+) -> list[dict[str, float]]:
+    """Per continuation: the timing metrics of the turn it resumed."""
     headers = [("x-responsesapi-include-timing-metrics", "true")]
     per_append: list[dict[str, float]] = []
-    async with connect(url, headers=headers) as client:
+    subprotocols = ("longresponse.append.v1",) if shape == "append" else ()
+    meta = {"sim_tool_calls": str(appends)}
+    async with connect(url, headers=headers, subprotocols=subprotocols) as client:
         await client.create(
             model="sim",
             input="Run the test suite until it passes.",
             tools=[TOOL],
-            metadata={"sim_tool_calls": str(appends)},
+            metadata=meta,
+            store=False,
         )
         turn = 0
         while True:
@@ -62,24 +77,33 @@ async def one_rollout(url: str, appends: int, output_tokens: int) -> list[dict[s
             if turn > 0:
                 per_append.append(timing.timing_metrics)
             done = events[-1]
-            assert isinstance(done, ResponseDone), done
-            if done.response.status != "requires_action":
-                return per_append
+            assert isinstance(done, ResponseDone | ResponseCompleted), done
             calls = [
                 e.item
                 for e in events
                 if isinstance(e, OutputItemDone) and isinstance(e.item, FunctionCall)
             ]
-            await client.append(
-                [
-                    {
-                        "type": "function_call_output",
-                        "call_id": call.call_id,
-                        "output": tool_output(turn, output_tokens),
-                    }
-                    for call in calls
-                ]
-            )
+            if not calls:
+                return per_append
+            outputs = [
+                {
+                    "type": "function_call_output",
+                    "call_id": call.call_id,
+                    "output": tool_output(turn, output_tokens),
+                }
+                for call in calls
+            ]
+            if shape == "append":
+                await client.append(outputs)
+            else:
+                await client.create(
+                    model="sim",
+                    previous_response_id=done.response.id,
+                    input=outputs,
+                    tools=[TOOL],
+                    metadata=meta,
+                    store=False,
+                )
             turn += 1
 
 
@@ -121,10 +145,14 @@ def server_process() -> Iterator[str]:
         proc.wait(timeout=10)
 
 
-async def measure(url: str, rollouts: int, appends: int, output_tokens: int) -> list[list[Any]]:
-    runs = []
+async def measure(
+    url: str, rollouts: int, appends: int, output_tokens: int
+) -> dict[str, list[list[Any]]]:
+    """Rollouts of both shapes, alternated, so machine noise hits both alike."""
+    runs: dict[str, list[list[Any]]] = {shape: [] for shape in SHAPES}
     for index in range(rollouts):
-        runs.append(await one_rollout(url, appends, output_tokens))
+        for shape in SHAPES:
+            runs[shape].append(await one_rollout(url, appends, output_tokens, shape))
         print(f"rollout {index + 1}/{rollouts} done", file=sys.stderr)
     return runs
 
@@ -140,32 +168,37 @@ def main() -> int:
     with contextlib.ExitStack() as stack:
         url = args.url or stack.enter_context(server_process())
         runs = trio.run(measure, url, args.rollouts, args.appends, args.output_tokens)
-    rows = []
-    for index in sorted({0, 9, args.appends - 1} & set(range(args.appends))):
-        samples = [run[index] for run in runs]
-        rows.append(
-            (
-                index + 1,
-                statistics.median(s["resume_ms"] for s in samples),
-                statistics.median(s["pre_inference_ms"] for s in samples),
-                statistics.median(s["new_tokens"] for s in samples),
-                statistics.median(s["cached_tokens"] for s in samples),
-            )
-        )
     command = " ".join(["python", "examples/measure_resume.py", *sys.argv[1:]])
     lines = [
         f"Command: `{command}`  ",
         f"Machine: {platform.platform()}, Python {platform.python_version()}, "
-        f"{os.cpu_count()} cores; {args.rollouts} rollouts, "
+        f"{os.cpu_count()} cores; {args.rollouts} rollouts per shape, alternated; "
         f"tool outputs of ~{args.output_tokens} tokens; medians.",
         "",
-        "| append # | resume (ms) | pre-inference (ms) | new tokens | cached tokens |",
-        "|---:|---:|---:|---:|---:|",
-        *(f"| {n} | {r:.3f} | {p:.3f} | {t:.0f} | {c:.0f} |" for n, r, p, t, c in rows),
+        "| shape | turn | resume (ms) | pre-inference (ms) | new tokens | cached tokens |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
-    ratio = rows[-1][1] / rows[0][1] if rows[0][1] else float("nan")
+    summary = []
+    for shape in SHAPES:
+        rows = []
+        for index in sorted({0, 9, args.appends - 1} & set(range(args.appends))):
+            samples = [run[index] for run in runs[shape]]
+            rows.append(
+                (
+                    index + 1,
+                    statistics.median(s["resume_ms"] for s in samples),
+                    statistics.median(s["pre_inference_ms"] for s in samples),
+                    statistics.median(s["new_tokens"] for s in samples),
+                    statistics.median(s["cached_tokens"] for s in samples),
+                )
+            )
+        lines.extend(
+            f"| {shape} | {n} | {r:.3f} | {p:.3f} | {t:.0f} | {c:.0f} |" for n, r, p, t, c in rows
+        )
+        ratio = rows[-1][1] / rows[0][1] if rows[0][1] else float("nan")
+        summary.append(f"{shape}: turn {rows[-1][0]} / turn 1 = {ratio:.2f}x")
     lines.append("")
-    lines.append(f"Resume time at append {rows[-1][0]} / append 1: {ratio:.2f}x")
+    lines.append("Resume time growth: " + "; ".join(summary))
     print("\n".join(lines))
     if args.markdown:
         with open(args.markdown, "a") as out:

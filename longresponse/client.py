@@ -71,8 +71,11 @@ from protocol import (
     RemoteProtocolError,
     ResponseAppend,
     ResponseCancel,
+    ResponseCompleted,
     ResponseCreate,
     ResponseDone,
+    ResponseFailed,
+    ResponseIncomplete,
     Role,
     ServerEvent,
     decode_client_event,
@@ -159,11 +162,12 @@ class AppendClient:
         ws: WSConnection,
         *,
         subprotocol: str | None,
+        mode: Mode = Mode.APPEND,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
         max_queued_events: int = MAX_QUEUED_EVENTS,
         close_timeout: float = CLOSE_TIMEOUT,
     ) -> None:
-        self.connection = Connection(Role.CLIENT, Mode.APPEND, max_message_bytes=max_message_bytes)
+        self.connection = Connection(Role.CLIENT, mode, max_message_bytes=max_message_bytes)
         self.subprotocol = subprotocol
         self.max_message_bytes = max_message_bytes
         self.close_timeout = close_timeout
@@ -324,7 +328,8 @@ class AppendClient:
         response_id: str | None = None,
         timeout: float | None = 30.0,  # noqa: ASYNC109
     ) -> list[ServerEvent]:
-        """Collect events up to and including the next ``response.done`` or ``error``.
+        """Collect events up to and including the next terminal event (``response.done``,
+        ``response.completed|incomplete|failed``) or ``error``.
 
         With ``response_id`` only that response's ``response.done`` (or an
         ``error`` naming it or naming no response) ends the collection; events
@@ -459,7 +464,7 @@ class AppendClient:
 
 
 def _ends_wait(event: ServerEvent, response_id: str | None) -> bool:
-    if isinstance(event, ResponseDone):
+    if isinstance(event, ResponseDone | ResponseCompleted | ResponseIncomplete | ResponseFailed):
         return response_id is None or event.response.id == response_id
     if isinstance(event, ErrorEvent):
         return response_id is None or event.response_id in (response_id, msgspec.UNSET)
@@ -552,8 +557,13 @@ async def connect(
     max_message_bytes: int = MAX_MESSAGE_BYTES,
     max_queued_events: int = MAX_QUEUED_EVENTS,
     close_timeout: float = CLOSE_TIMEOUT,
+    mode: Mode | None = None,
 ) -> AsyncIterator[AppendClient]:
     """Connect to ``url`` (``ws://host:port/v1/responses``) and yield an :class:`AppendClient`.
+
+    ``mode`` is what the connection speaks; by default append mode when the
+    append subprotocol is offered, else the shipped shape (where only
+    ``create`` is available, continued with ``previous_response_id``).
 
     The TCP connect and the upgrade together take at most ``connect_timeout``
     seconds (:class:`trio.TooSlowError`). A refused upgrade raises
@@ -569,6 +579,7 @@ async def connect(
                 stream,
                 ws,
                 subprotocol=subprotocol,
+                mode=mode or (Mode.APPEND if APPEND_SUBPROTOCOL in subprotocols else Mode.SHIPPED),
                 max_message_bytes=max_message_bytes,
                 max_queued_events=max_queued_events,
                 close_timeout=close_timeout,
