@@ -130,13 +130,17 @@ class ModelRegistry:
 
     def __init__(self, sim: SimConfig | None = None) -> None:
         sim = sim or SimConfig()
-        spec = ModelSpec(
-            name="sim",
-            context_window=1_000_000,
-            max_output_tokens=128_000,
-            make_sampler=lambda: SimSampler(sim),
-        )
-        self._models: dict[str, ModelSpec] = {"sim": spec}
+        # Two simulated models with the same behaviour and separate sampler
+        # state, so that switching models mid-conversation can be exercised.
+        self._models: dict[str, ModelSpec] = {
+            name: ModelSpec(
+                name=name,
+                context_window=1_000_000,
+                max_output_tokens=128_000,
+                make_sampler=lambda: SimSampler(sim),
+            )
+            for name in ("sim", "sim-alt")
+        }
         self.resolutions = 0  # how many times resolve() ran (for measurement)
 
     def names(self) -> list[str]:

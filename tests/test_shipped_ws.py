@@ -504,3 +504,69 @@ def test_connection_lifetime_limit(make_server: Any) -> None:
             conn.recv_bytes()
         assert closed.value.rcvd is not None
         assert closed.value.rcvd.code == 1000
+
+
+def test_changed_model_mid_chain(conn: Any) -> None:
+    conn.response.create(model="sim", input="start", tools=[WEATHER], store=False)
+    first = turn(conn)
+    (call,) = function_calls(first)
+    conn.response.create(
+        model="sim-alt",
+        previous_response_id=first[-1].response.id,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "rainy"}],
+        tools=[WEATHER],
+        store=False,
+    )
+    second = turn(conn)[-1].response
+    assert second.model == "sim-alt"
+    # A new model has processed nothing yet: no cached tokens, full context seen.
+    assert second.usage.input_tokens_details.cached_tokens == 0
+    assert "«start»" in second.output_text
+    assert "«rainy»" in second.output_text
+
+
+def test_forks_across_lanes(conn: Any) -> None:
+    conn.response.create(model="sim", input="shared", tools=[WEATHER], store=False, stream_id="a")
+    parent_events = turn(conn)
+    parent = parent_events[-1].response.id
+    (call,) = function_calls(parent_events)
+    output = {"type": "function_call_output", "call_id": call.call_id}
+    # A failed continuation on another lane keeps the shared parent.
+    conn.response.create(
+        model="sim",
+        previous_response_id=parent,
+        input=[{**output, "call_id": "call_wrong", "output": "x"}],
+        store=False,
+        stream_id="b",
+    )
+    error = expect_error(conn, "unknown_call_id", "input[0].call_id")
+    assert error.stream_id == "b"
+    for lane in ("b", "a"):
+        conn.response.create(
+            model="sim",
+            previous_response_id=parent,
+            input=[{**output, "output": f"seen on {lane}"}],
+            store=False,
+            stream_id=lane,
+        )
+        events = turn(conn)
+        assert {e.stream_id for e in events} == {lane}
+        text = events[-1].response.output_text
+        assert f"«seen on {lane}»" in text
+        assert "«shared»" in text
+
+
+def test_connection_cache_budget_evicts_oldest_rollouts(make_server: Any) -> None:
+    tiny = make_server(connection_cache_bytes=20_000)
+    with sdk(tiny).responses.connect() as conn:
+        ids = []
+        for index in range(6):
+            conn.response.create(model="sim", input=f"conversation {index} " * 300, store=False)
+            ids.append(turn(conn)[-1].response.id)
+        conn.response.create(model="sim", previous_response_id=ids[-1], input="more", store=False)
+        assert "«conversation 5" in turn(conn)[-1].response.output_text
+        conn.response.create(model="sim", previous_response_id=ids[0], input="more", store=False)
+        expect_error(conn, "previous_response_not_found", "previous_response_id")
+        shipped = tiny.app.state.endpoint.last_session.shipped
+        assert shipped.cache.evictions > 0
+        assert shipped.cache.nbytes <= 20_000
