@@ -3,7 +3,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: serve test lint install install-test clean
+.PHONY: serve test lint install install-test test-services clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,7 +27,13 @@ lint: $(VENV)/.installed-test
 	$(BIN)/ruff check protocol longresponse tests examples
 	$(BIN)/mypy protocol longresponse
 
-test: lint
+# The tests start a real redis-server (tests/redis_server.py); install it when
+# missing (CI runs as root).
+test-services:
+	@command -v redis-server >/dev/null || (apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null)
+
+test: lint test-services
 	$(BIN)/python -m pytest -q
 
 clean:

@@ -10,7 +10,11 @@ tokens, in both shapes side by side: ``append`` (one long-running Response,
 ``previous_response_id`` and only the new output). For every continuation it
 records the server-side ``resume_ms``: from the decoded client event to the
 sampler being called again (lookup, checks, render and tokenize of the NEW
-items). Prints medians per turn and, with ``--markdown FILE``, appends them.
+items). The ``http`` baseline chains ``POST /v1/responses`` through the store
+and reads the same figure from the ``Server-Timing`` header (there the whole
+history is read back and rendered on every turn; "new tokens" is then every
+input token). Prints medians per turn and, with ``--markdown FILE``, appends
+them.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import trio
 
 from longresponse.client import connect
@@ -38,7 +43,7 @@ from protocol import (
     TimingEvent,
 )
 
-SHAPES = ("append", "ws")
+SHAPES = ("append", "ws", "http")
 
 TOOL = {
     "type": "function",
@@ -53,10 +58,63 @@ def tool_output(turn: int, tokens: int) -> str:
     return " ".join(f"{WORDS[(turn + i) % len(WORDS)]}{i % 97}" for i in range(tokens // 2))
 
 
+def _server_timing(header: str) -> dict[str, float]:
+    metrics = {}
+    for part in header.split(","):
+        name, _, duration = part.strip().partition(";dur=")
+        metrics[f"{name}_ms"] = float(duration)
+    return metrics
+
+
+async def http_rollout(url: str, appends: int, output_tokens: int) -> list[dict[str, float]]:
+    """The stateless baseline: ``POST /v1/responses`` chained through the store."""
+    base = url.replace("ws://", "http://").removesuffix("/v1/responses")
+    per_turn: list[dict[str, float]] = []
+    meta = {"sim_tool_calls": str(appends)}
+    body: dict[str, Any] = {
+        "model": "sim",
+        "input": "Run the test suite until it passes.",
+        "tools": [TOOL],
+        "metadata": meta,
+    }
+    async with httpx.AsyncClient(base_url=base, timeout=120) as http:
+        for turn in range(appends + 1):
+            reply = await http.post("/v1/responses", json=body)
+            reply.raise_for_status()
+            if turn > 0:
+                metrics = _server_timing(reply.headers["server-timing"])
+                response = reply.json()
+                metrics["new_tokens"] = response["usage"]["input_tokens"]
+                metrics["cached_tokens"] = response["usage"]["input_tokens_details"][
+                    "cached_tokens"
+                ]
+                per_turn.append(metrics)
+            calls = [i for i in reply.json()["output"] if i["type"] == "function_call"]
+            if not calls:
+                break
+            body = {
+                "model": "sim",
+                "previous_response_id": reply.json()["id"],
+                "input": [
+                    {
+                        "type": "function_call_output",
+                        "call_id": call["call_id"],
+                        "output": tool_output(turn, output_tokens),
+                    }
+                    for call in calls
+                ],
+                "tools": [TOOL],
+                "metadata": meta,
+            }
+    return per_turn
+
+
 async def one_rollout(
     url: str, appends: int, output_tokens: int, shape: str
 ) -> list[dict[str, float]]:
     """Per continuation: the timing metrics of the turn it resumed."""
+    if shape == "http":
+        return await http_rollout(url, appends, output_tokens)
     headers = [("x-responsesapi-include-timing-metrics", "true")]
     per_append: list[dict[str, float]] = []
     subprotocols = ("longresponse.append.v1",) if shape == "append" else ()

@@ -1,13 +1,19 @@
 """The ASGI application: Starlette routing, one pure-ASGI WebSocket seam.
 
 ``GET /v1/responses`` upgraded to a WebSocket is served by
-:class:`ResponsesEndpoint`, which picks the connection's mode from the
-handshake (append mode when asked for by subprotocol or beta header, the
-shipped shape otherwise) and hands the socket to a :class:`Session`.
+:class:`ResponsesEndpoint`, which checks the API key (401 before any state is
+created), picks the connection's mode from the handshake (append mode when
+asked for by subprotocol or beta header, the shipped shape otherwise) and
+hands the socket to a :class:`Session`. The HTTP endpoints live in
+``longresponse.http``. The app's lifespan opens the store and its write-behind
+queue, and drains the queue on shutdown.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.applications import Starlette
@@ -15,16 +21,16 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route, WebSocketRoute
 
-from protocol import (
-    APPEND_BETA_HEADER,
-    APPEND_SUBPROTOCOL,
-    Mode,
-)
+from protocol import APPEND_BETA_HEADER, APPEND_SUBPROTOCOL, Mode
 
+from .auth import ApiKeys, Unauthorized
 from .config import ServerConfig
+from .http import ResponsesHTTP
+from .persistence import Persistence
 from .render import encode
 from .sampler import ModelRegistry
 from .session import ASGIReceive, ASGISend, Session
+from .store import open_store
 
 __all__ = ["TIMING_HEADER", "ResponsesEndpoint", "create_app"]
 
@@ -39,12 +45,31 @@ def _headers(scope: dict[str, Any]) -> dict[str, list[str]]:
     return out
 
 
+class _Services:
+    """What the lifespan opens: filled at startup, read by every connection."""
+
+    persistence: Persistence | None = None
+
+    def get_persistence(self) -> Persistence:
+        if self.persistence is None:
+            raise RuntimeError("the store is not open: run the app with its lifespan")
+        return self.persistence
+
+
 class ResponsesEndpoint:
     """The WebSocket endpoint of ``/v1/responses`` (pure ASGI)."""
 
-    def __init__(self, config: ServerConfig, models: ModelRegistry) -> None:
+    def __init__(
+        self,
+        config: ServerConfig,
+        models: ModelRegistry,
+        keys: ApiKeys | None = None,
+        services: _Services | None = None,
+    ) -> None:
         self.config = config
         self.models = models
+        self.keys = keys or ApiKeys()
+        self.services = services or _Services()
         self.live_sessions = 0  # for tests and metrics
         self.last_session: Session | None = None
 
@@ -54,17 +79,48 @@ class ResponsesEndpoint:
         betas = ",".join(headers.get("openai-beta", []))
         return APPEND_BETA_HEADER in (b.strip() for b in betas.split(","))
 
+    async def _refuse(self, scope: dict[str, Any], send: ASGISend, message: str) -> None:
+        body = json.dumps(
+            {
+                "error": {
+                    "message": message,
+                    "type": "invalid_request_error",
+                    "param": None,
+                    "code": "invalid_api_key",
+                }
+            }
+        ).encode()
+        if "websocket.http.response" in scope.get("extensions", {}):
+            headers = [(b"content-type", b"application/json")]
+            await send({"type": "websocket.http.response.start", "status": 401, "headers": headers})
+            await send({"type": "websocket.http.response.body", "body": body})
+        else:  # pragma: no cover - servers without the denial extension answer 403
+            await send({"type": "websocket.close", "code": 1008})
+
     async def __call__(self, scope: dict[str, Any], receive: ASGIReceive, send: ASGISend) -> None:
         message = await receive()
         if message["type"] != "websocket.connect":  # pragma: no cover - ASGI contract
             return
         headers = _headers(scope)
+        try:
+            authorization = headers.get("authorization", [])
+            owner = self.keys.owner(authorization[0] if authorization else None)
+        except Unauthorized as exc:
+            await self._refuse(scope, send, str(exc))
+            return
         subprotocol = (
             APPEND_SUBPROTOCOL if APPEND_SUBPROTOCOL in scope.get("subprotocols", []) else None
         )
         timing = any(v.strip().lower() == "true" for v in headers.get(TIMING_HEADER, []))
         mode = Mode.APPEND if self.wants_append(scope, headers) else Mode.SHIPPED
-        session = Session(self.config, self.models, mode=mode, send_timing=timing)
+        session = Session(
+            self.config,
+            self.models,
+            mode=mode,
+            send_timing=timing,
+            owner=owner,
+            persistence=self.services.get_persistence,
+        )
         # Counted before the handshake completes, so a client that sees the
         # 101 also sees its session counted.
         self.live_sessions += 1
@@ -77,11 +133,27 @@ class ResponsesEndpoint:
 
 
 def create_app(config: ServerConfig | None = None) -> Starlette:
-    """The longresponse ASGI app for ``config`` (defaults: embedded sim model)."""
+    """The longresponse ASGI app for ``config`` (defaults: embedded sim model, SQLite)."""
     config = config or ServerConfig()
     encode("")  # load the tokenizer now, not inside the first request
     models = ModelRegistry(config.sim)
-    endpoint = ResponsesEndpoint(config, models)
+    keys = ApiKeys.from_env(config.api_keys)
+    services = _Services()
+    endpoint = ResponsesEndpoint(config, models, keys, services)
+    http = ResponsesHTTP(config, models, keys, services.get_persistence)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        store = open_store(config.store, ttl=config.store_ttl)
+        persistence = Persistence(store)
+        persistence.start()
+        services.persistence = app.state.persistence = persistence
+        try:
+            yield
+        finally:
+            await persistence.drain()  # a clean stop loses no queued write
+            await store.aclose()
+            services.persistence = None
 
     async def list_models(request: Request) -> JSONResponse:
         return JSONResponse(
@@ -100,11 +172,14 @@ def create_app(config: ServerConfig | None = None) -> Starlette:
     app = Starlette(
         routes=[
             WebSocketRoute("/v1/responses", endpoint),
+            *http.routes(),
             Route("/v1/models", list_models),
             Route("/healthz", health),
-        ]
+        ],
+        lifespan=lifespan,
     )
     app.state.config = config
     app.state.models = models
     app.state.endpoint = endpoint
+    app.state.http = http
     return app

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from protocol import MAX_ITEMS_PER_EVENT, MAX_MESSAGE_BYTES
 
 from . import config as limits
+from .auth import API_KEYS_ENV, ApiKeys, is_loopback
 from .config import ServerConfig, SimConfig
 
 __all__ = ["build_parser", "config_from_args", "main", "uvicorn_config"]
@@ -45,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-rollouts-per-connection",
         type=int,
         default=limits.MAX_ROLLOUTS_PER_CONNECTION,
-        help="live rollouts one connection may run at once",
+        help="append mode: live rollouts one connection may run at once",
     )
     serve.add_argument(
         "--send-queue-depth",
@@ -63,7 +64,68 @@ def build_parser() -> argparse.ArgumentParser:
         "--pause-timeout",
         type=float,
         default=limits.PAUSE_TIMEOUT,
-        help="seconds a paused rollout waits for tool outputs before ending incomplete",
+        help="append mode: seconds a paused rollout waits for tool outputs before ending "
+        "incomplete",
+    )
+    serve.add_argument(
+        "--max-in-flight",
+        type=int,
+        default=limits.MAX_IN_FLIGHT,
+        help="shipped shape: responses running at once per connection, across lanes; "
+        "further creates wait in their lane's queue",
+    )
+    serve.add_argument(
+        "--max-lanes",
+        type=int,
+        default=limits.MAX_LANES,
+        help="shipped shape: distinct named lanes (stream_id) per connection; "
+        "the default lane does not count",
+    )
+    serve.add_argument(
+        "--max-queued",
+        type=int,
+        default=limits.MAX_QUEUED,
+        help="shipped shape: creates waiting to run per connection; beyond it an error "
+        "(websocket_queue_limit_reached)",
+    )
+    serve.add_argument(
+        "--connection-cache-bytes",
+        type=int,
+        default=limits.CONNECTION_CACHE_BYTES,
+        help="shipped shape: approximate bytes of rollout state one connection keeps for "
+        "previous_response_id (least recently used rollouts are evicted)",
+    )
+    serve.add_argument(
+        "--connection-lifetime",
+        type=float,
+        default=limits.CONNECTION_LIFETIME,
+        help="seconds a connection may live; then an error event "
+        "(websocket_connection_limit_reached) and close 1000",
+    )
+    serve.add_argument(
+        "--store",
+        default=limits.DEFAULT_STORE,
+        help="where store=true responses are kept: sqlite:///abs/path.db, sqlite://rel/path.db, "
+        "redis://host:port/db (several processes) or memory://",
+    )
+    serve.add_argument(
+        "--store-ttl",
+        type=float,
+        default=None,
+        help="seconds a stored response is kept (default: forever)",
+    )
+    serve.add_argument(
+        "--api-key",
+        action="append",
+        default=[],
+        dest="api_keys",
+        help="accept this API key (repeatable; also LONGRESPONSE_API_KEYS, comma-separated); "
+        "with keys, every request needs 'Authorization: Bearer <key>'",
+    )
+    serve.add_argument(
+        "--allow-unauthenticated",
+        action="store_true",
+        help="listen on a non-loopback address without API keys (refused otherwise)",
     )
     serve.add_argument(
         "--sim-ttft-ms",
@@ -102,6 +164,15 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         send_queue_depth=args.send_queue_depth,
         slow_reader_timeout=args.slow_reader_timeout,
         pause_timeout=args.pause_timeout,
+        max_in_flight=args.max_in_flight,
+        max_lanes=args.max_lanes,
+        max_queued=args.max_queued,
+        connection_cache_bytes=args.connection_cache_bytes,
+        connection_lifetime=args.connection_lifetime,
+        store=args.store,
+        store_ttl=args.store_ttl,
+        api_keys=tuple(args.api_keys),
+        allow_unauthenticated=args.allow_unauthenticated,
         sim=SimConfig(
             time_to_first_token=args.sim_ttft_ms / 1000,
             tokens_per_second=args.sim_tokens_per_second,
@@ -125,18 +196,25 @@ def uvicorn_config(config: ServerConfig, *, log_level: str = "info") -> object:
         # stays usable; uvicorn refuses (close 1009) beyond twice that, before
         # buffering more.
         ws_max_size=2 * config.max_message_bytes,
-        lifespan="off",
+        lifespan="on",
         log_level=log_level,
     )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.command == "serve":
         import uvicorn
 
-        logging.basicConfig(level=args.log_level.upper())
         config = config_from_args(args)
+        keys = ApiKeys.from_env(config.api_keys)
+        if not is_loopback(config.host) and not keys.enabled and not config.allow_unauthenticated:
+            parser.error(
+                f"refusing to listen on {config.host} without API keys: pass --api-key "
+                f"(or set {API_KEYS_ENV}), or --allow-unauthenticated to accept anyone"
+            )
+        logging.basicConfig(level=args.log_level.upper())
         server = uvicorn.Server(uvicorn_config(config, log_level=args.log_level))  # type: ignore[arg-type]
         server.run()
         return 0

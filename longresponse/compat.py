@@ -13,7 +13,9 @@ between pauses). The connection keeps a :class:`SegmentCache`: segment id →
   re-render only the prefix; the items' tokens are reused);
 - an older segment, or one whose Rollout is busy on another lane → a fork: a
   new Rollout sharing the context and tokens up to that boundary;
-- an id the cache does not hold → ``previous_response_not_found``.
+- an id the cache does not hold → hydrated from the store when it was stored
+  (``store=true``, same owner): the chain is rebuilt and rendered in full;
+  otherwise ``previous_response_not_found``.
 
 A continuation whose input does not answer every pending call of its parent,
 or answers a call that is not pending, fails with a 400 and evicts the parent
@@ -43,11 +45,13 @@ from protocol import (
     Message,
     ProtocolError,
     RemoteProtocolError,
+    Response,
     ResponseCreate,
     ServerEvent,
 )
 
 from .config import ServerConfig
+from .persistence import Persistence
 from .rollout import Boundary, Rollout
 from .sampler import ModelRegistry, check_sim_metadata
 from .stream import StreamClosed, new_id
@@ -186,6 +190,8 @@ class ShippedShape:
         emit: Callable[[ServerEvent], Awaitable[None]],
         emit_error: EmitError,
         send_timing: bool,
+        owner: str = "",
+        persistence: Callable[[], Persistence] | None = None,
     ) -> None:
         self.config = config
         self.models = models
@@ -196,9 +202,12 @@ class ShippedShape:
         self._emit_error = emit_error
         self.send_timing = send_timing
         self._in_flight = asyncio.Semaphore(config.max_in_flight)
+        self.owner = owner
+        self._persistence = persistence
         self.queued = 0
         self.segments_run = 0
         self.forks = 0
+        self.hydrations = 0
 
     # --- admission (synchronous, in the connection's read loop) -------------
 
@@ -260,9 +269,29 @@ class ShippedShape:
         model = self.models.resolve(request.model if isinstance(request.model, str) else None)
         check_sim_metadata(request.metadata)
         new_items = _items(request.input)
+        history: list[Item] = []
         parent_id = request.previous_response_id
-        if parent_id is None:
-            check_continuation(new_items, {})
+        found = self.cache.lookup(parent_id) if parent_id is not None else None
+        if parent_id is None or found is None:
+            if parent_id is not None:
+                # Not on this connection: a stored response hydrates (the
+                # slow path: the whole chain is read and rendered again).
+                conversation = None
+                if self._persistence is not None:
+                    conversation = await self._persistence().conversation(
+                        parent_id, owner=self.owner
+                    )
+                if conversation is None:
+                    raise RemoteProtocolError(
+                        f"Previous response with id {parent_id!r} not found.",
+                        code=ErrorCode.PREVIOUS_RESPONSE_NOT_FOUND,
+                        param="previous_response_id",
+                    )
+                check_continuation(new_items, conversation.pending)
+                history = conversation.items
+                self.hydrations += 1
+            else:
+                check_continuation(new_items, {})
             rollout = Rollout(
                 response_id=new_id("resp"),
                 request=request,
@@ -273,13 +302,6 @@ class ShippedShape:
                 shipped=True,
             )
         else:
-            found = self.cache.lookup(parent_id)
-            if found is None:
-                raise RemoteProtocolError(
-                    f"Previous response with id {parent_id!r} not found.",
-                    code=ErrorCode.PREVIOUS_RESPONSE_NOT_FOUND,
-                    param="previous_response_id",
-                )
             parent, boundary = found
             try:
                 check_continuation(new_items, boundary.pending)
@@ -297,14 +319,27 @@ class ShippedShape:
                 self.forks += 1
         segment_id = new_id("resp")
         self.segments_run += 1
+        persist = None
+        if request.store and self._persistence is not None:
+            persistence = self._persistence()
+
+            async def persist(response: Response) -> None:
+                await persistence.persist(
+                    response,
+                    owner=self.owner,
+                    input_items=new_items,
+                    previous_response_id=parent_id,
+                )
+
         finished = await rollout.run_segment(
             segment_id=segment_id,
             request=request,
             model=model,
-            new_items=new_items,
+            new_items=[*history, *new_items],
             emit=self._emit,
             stream_id=lane,
             received_at=received_at,
+            on_finish=persist,
         )
         if finished is None:
             self.cache.drop_rollout(rollout)

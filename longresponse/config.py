@@ -12,6 +12,7 @@ __all__ = [
     "CONNECTION_LIFETIME",
     "DEFAULT_HOST",
     "DEFAULT_PORT",
+    "DEFAULT_STORE",
     "MAX_IN_FLIGHT",
     "MAX_LANES",
     "MAX_QUEUED",
@@ -44,6 +45,9 @@ MAX_QUEUED: Final = 64
 CONNECTION_CACHE_BYTES: Final = 256 * 1024 * 1024
 #: Connection lifetime in seconds, as shipped (60 minutes).
 CONNECTION_LIFETIME: Final = 3600.0
+#: Where stored responses go: ``sqlite:///path``, ``redis://host:port/db``
+#: or ``memory://`` (see ``longresponse.store``).
+DEFAULT_STORE: Final = "sqlite://longresponse-data/responses.db"
 #: How long a paused rollout waits for its tool outputs before it ends
 #: ``incomplete`` with reason ``pause_timeout``.
 PAUSE_TIMEOUT: Final = 600.0
@@ -77,4 +81,11 @@ class ServerConfig:
     max_queued: int = MAX_QUEUED
     connection_cache_bytes: int = CONNECTION_CACHE_BYTES
     connection_lifetime: float = CONNECTION_LIFETIME
+    #: Store URL and retention (seconds; ``None`` keeps records forever).
+    store: str = DEFAULT_STORE
+    store_ttl: float | None = None
+    #: Accepted API keys; empty = no authentication (loopback only, unless
+    #: ``allow_unauthenticated``).
+    api_keys: tuple[str, ...] = ()
+    allow_unauthenticated: bool = False
     sim: SimConfig = dataclasses.field(default_factory=SimConfig)

@@ -295,6 +295,7 @@ class Rollout:
         emit: Emit,
         stream_id: str | None,
         received_at: float,
+        on_finish: Callable[[Response], Awaitable[None]] | None = None,
     ) -> Boundary | None:
         """Run one shipped-shape Response over ``new_items``; return its boundary.
 
@@ -302,6 +303,9 @@ class Rollout:
         and one terminal event. With ``generate: false`` the input is taken in
         (rendered, cached) without sampling. Returns ``None`` if the segment
         failed (``response.failed`` was sent; the Rollout is then ``broken``).
+        ``on_finish`` gets the finished Response before its terminal event is
+        sent (persistence registers it there, so it is readable by the time a
+        client can name it).
         """
         self.busy = True
         try:
@@ -356,6 +360,8 @@ class Rollout:
                 stream_id=stream_id,
             )
             self.boundaries.append(boundary)
+            if on_finish is not None:
+                await on_finish(response)
             await self._emit(self.stream.lifecycle(terminal, response))
             await self._send_timing()
             return boundary

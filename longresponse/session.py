@@ -44,6 +44,7 @@ from protocol import (
 
 from .compat import ShippedShape
 from .config import ServerConfig
+from .persistence import Persistence
 from .rollout import Rollout
 from .sampler import ModelRegistry, check_sim_metadata
 from .stream import StreamClosed, new_id
@@ -71,6 +72,8 @@ class Session:
         *,
         mode: Mode = Mode.APPEND,
         send_timing: bool = False,
+        owner: str = "",
+        persistence: Callable[[], Persistence] | None = None,
     ) -> None:
         self.config = config
         self.models = models
@@ -103,6 +106,8 @@ class Session:
                 emit=self.emit,
                 emit_error=self._emit_error,
                 send_timing=send_timing,
+                owner=owner,
+                persistence=persistence,
             )
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> asyncio.Task[None]:

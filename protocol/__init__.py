@@ -7,7 +7,9 @@ does I/O: the server (``longresponse``) and the trio client drive it.
 """
 
 from .codec import (
+    ResponseCreateBody,
     decode_client_event,
+    decode_create_body,
     decode_server_event,
     encode_event,
     error_event,
@@ -162,6 +164,7 @@ __all__ = [
     "ResponseCancel",
     "ResponseCompleted",
     "ResponseCreate",
+    "ResponseCreateBody",
     "ResponseCreated",
     "ResponseDone",
     "ResponseError",
@@ -186,6 +189,7 @@ __all__ = [
     "Usage",
     "check_append_items",
     "decode_client_event",
+    "decode_create_body",
     "decode_server_event",
     "encode_event",
     "error_event",

@@ -26,11 +26,14 @@ from .events import (
     ClientEvent,
     ErrorBody,
     ErrorEvent,
+    ResponseCreate,
     ServerEvent,
 )
 
 __all__ = [
+    "ResponseCreateBody",
     "decode_client_event",
+    "decode_create_body",
     "decode_server_event",
     "encode_event",
     "error_event",
@@ -144,6 +147,45 @@ def _decode_tolerant(data: bytes | str) -> ClientEvent:
         raise _validation_error(exc, CLIENT_EVENT_TYPES) from exc
     except _NOT_JSON as exc:
         raise _invalid_json(exc) from exc
+
+
+class ResponseCreateBody(ResponseCreate, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The body of ``POST /v1/responses``: a ``response.create`` without ``type``,
+    whose unknown top-level parameters are refused (as the shipped HTTP API does)."""
+
+
+_body_decoder: Final = msgspec.json.Decoder(ResponseCreateBody)
+_UNKNOWN_FIELD = re.compile(r"^Object contains unknown field `(?P<field>[^`]+)`$")
+
+
+def decode_create_body(data: bytes | str) -> ResponseCreate:
+    """Decode an HTTP create body. Raises :class:`RemoteProtocolError` on bad input."""
+    try:
+        try:
+            return _body_decoder.decode(data)
+        except msgspec.ValidationError as exc:
+            match = _AT.match(str(exc))
+            if (
+                match
+                and match["path"]
+                and _ITEM_PATH.match(match["path"])
+                and (match["what"] == "Object missing required field `type`")
+            ):
+                body: ResponseCreate = msgspec.convert(_fill_message_tags(data), ResponseCreateBody)
+                return body
+            raise
+    except msgspec.ValidationError as exc:
+        match = _AT.match(str(exc))
+        if match and (unknown := _UNKNOWN_FIELD.match(match["what"])):
+            param = json_path_to_param(match["path"], unknown["field"])
+            raise RemoteProtocolError(
+                f"Unknown parameter: '{param}'.", code=ErrorCode.UNKNOWN_PARAMETER, param=param
+            ) from exc
+        raise _validation_error(exc, frozenset()) from exc
+    except _NOT_JSON as exc:
+        raise RemoteProtocolError(
+            "We could not parse the JSON body of your request.", code=ErrorCode.INVALID_JSON
+        ) from exc
 
 
 def decode_server_event(data: bytes | str) -> ServerEvent:

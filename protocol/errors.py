@@ -26,7 +26,7 @@ __all__ = [
 
 
 class ErrorCode(enum.StrEnum):
-    """Every ``error.code`` this protocol puts on the wire (see SPEC.md §6)."""
+    """Every ``error.code`` this protocol defines (see SPEC.md §7)."""
 
     INVALID_JSON = "invalid_json"
     UNKNOWN_EVENT_TYPE = "unknown_event_type"

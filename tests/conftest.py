@@ -18,6 +18,7 @@ import uvicorn
 
 from longresponse.app import create_app
 from longresponse.config import ServerConfig
+from tests.redis_server import redis_server_fixture
 
 
 class RunningServer:
@@ -33,7 +34,7 @@ class RunningServer:
                 port=0,
                 ws="wsproto",
                 ws_max_size=2 * config.max_message_bytes,
-                lifespan="off",
+                lifespan="on",
                 log_level="warning",
             )
         )
@@ -71,19 +72,30 @@ class RunningServer:
 
 
 @pytest.fixture(scope="session")
-def server() -> Iterator[RunningServer]:
-    """One server with the default configuration, shared by the whole run."""
-    running = RunningServer(ServerConfig(port=0)).start()
+def redis_url() -> Iterator[str]:
+    """A real redis-server on a free loopback port, for the whole run (fails if missing)."""
+    yield from redis_server_fixture()
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """One server with the default configuration (a real SQLite store), shared by the run."""
+    store = tmp_path_factory.mktemp("store") / "responses.db"
+    running = RunningServer(ServerConfig(port=0, store=f"sqlite:///{store}")).start()
     yield running
     running.stop()
 
 
 @pytest.fixture
-def make_server() -> Iterator[Callable[..., RunningServer]]:
-    """Start a server with some configuration overridden (stopped after the test)."""
+def make_server(tmp_path: Any) -> Iterator[Callable[..., RunningServer]]:
+    """Start a server with some configuration overridden (stopped after the test).
+
+    Without a ``store`` override each server gets its own SQLite file.
+    """
     started: list[RunningServer] = []
 
     def factory(**overrides: Any) -> RunningServer:
+        overrides.setdefault("store", f"sqlite:///{tmp_path}/responses-{len(started)}.db")
         config = dataclasses.replace(ServerConfig(port=0), **overrides)
         running = RunningServer(config).start()
         started.append(running)

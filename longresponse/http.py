@@ -1,0 +1,403 @@
+"""The HTTP Responses API: the shape every client speaks, and the research baseline.
+
+``POST /v1/responses`` (JSON, or SSE with ``stream: true``),
+``GET``/``DELETE /v1/responses/{id}``, ``GET /v1/responses/{id}/input_items``,
+``POST /v1/responses/{id}/cancel``.
+
+Every request is stateless: a continuation (``previous_response_id``) walks
+the chain back through the store, renders and tokenizes the whole history
+again, and runs a fresh Rollout over it. That is the cost the WebSocket
+shapes avoid, and what the benchmark compares them against.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Final
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from protocol import (
+    ErrorCode,
+    Item,
+    Message,
+    ProtocolError,
+    RemoteProtocolError,
+    ResponseCreate,
+    ServerEvent,
+    decode_create_body,
+)
+from protocol import Response as ResponseObject
+
+from .auth import ApiKeys, Unauthorized
+from .compat import check_continuation
+from .config import ServerConfig
+from .persistence import Persistence
+from .rollout import Rollout
+from .sampler import ModelRegistry, check_sim_metadata
+from .stream import new_id
+
+__all__ = ["SSE_QUEUE_DEPTH", "ResponsesHTTP", "http_error"]
+
+#: Events buffered between a streaming rollout and its SSE response.
+SSE_QUEUE_DEPTH: Final = 256
+_END: Final = object()
+_encoder = msgspec.json.Encoder()
+
+
+def http_error(error: ProtocolError) -> JSONResponse:
+    """The shipped HTTP error envelope."""
+    return JSONResponse(
+        {
+            "error": {
+                "message": error.message,
+                "type": error.error_type,
+                "param": error.param,
+                "code": error.code,
+            }
+        },
+        status_code=error.status,
+    )
+
+
+def _not_found(response_id: str) -> RemoteProtocolError:
+    return RemoteProtocolError(
+        f"Response with id '{response_id}' not found.",
+        code=ErrorCode.RESPONSE_NOT_FOUND,
+        param="response_id",
+        status=404,
+    )
+
+
+def _items(value: str | list[Item]) -> list[Item]:
+    if isinstance(value, str):
+        return [Message(role="user", content=value)]
+    return list(value)
+
+
+def _json(obj: Any, status: int = 200) -> Response:
+    return Response(_encoder.encode(obj), status_code=status, media_type="application/json")
+
+
+class ResponsesHTTP:
+    """The HTTP endpoints, sharing models, keys and persistence with the WebSocket side."""
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        models: ModelRegistry,
+        keys: ApiKeys,
+        persistence: Callable[[], Persistence],
+    ) -> None:
+        self.config = config
+        self.models = models
+        self.keys = keys
+        self._persistence = persistence
+        self.requests = 0
+
+    @property
+    def persistence(self) -> Persistence:
+        return self._persistence()
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/v1/responses", self.create, methods=["POST"]),
+            Route("/v1/responses/{response_id}", self.retrieve, methods=["GET"]),
+            Route("/v1/responses/{response_id}", self.delete, methods=["DELETE"]),
+            Route("/v1/responses/{response_id}/input_items", self.input_items, methods=["GET"]),
+            Route("/v1/responses/{response_id}/cancel", self.cancel, methods=["POST"]),
+        ]
+
+    def _owner(self, request: Request) -> str:
+        try:
+            return self.keys.owner(request.headers.get("authorization"))
+        except Unauthorized as exc:
+            raise RemoteProtocolError(str(exc), code="invalid_api_key", status=401) from exc
+
+    async def _body(self, request: Request) -> bytes:
+        limit = self.config.max_message_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise _too_large(int(declared), limit)
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(size, limit)
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    # --- POST /v1/responses ------------------------------------------------------
+
+    async def create(self, request: Request) -> Response:
+        received_at = time.perf_counter()
+        self.requests += 1
+        try:
+            owner = self._owner(request)
+            body = decode_create_body(await self._body(request))
+            for name in ("stream_id", "generate"):
+                if getattr(body, name) not in (None, msgspec.UNSET):
+                    raise RemoteProtocolError(
+                        f"Unknown parameter: '{name}' (it exists on WebSocket connections only).",
+                        code=ErrorCode.UNKNOWN_PARAMETER,
+                        param=name,
+                    )
+            if body.background:
+                raise RemoteProtocolError(
+                    "background responses are not supported by this server.",
+                    code=ErrorCode.INVALID_VALUE,
+                    param="background",
+                )
+            model = self.models.resolve(body.model if isinstance(body.model, str) else None)
+            check_sim_metadata(body.metadata)
+            new_items = _items(body.input)
+            history: list[Item] = []
+            if body.previous_response_id is not None:
+                conversation = await self.persistence.conversation(
+                    body.previous_response_id, owner=owner
+                )
+                if conversation is None:
+                    raise RemoteProtocolError(
+                        f"Previous response with id '{body.previous_response_id}' not found.",
+                        code=ErrorCode.PREVIOUS_RESPONSE_NOT_FOUND,
+                        param="previous_response_id",
+                    )
+                check_continuation(new_items, conversation.pending)
+                history = conversation.items
+            else:
+                check_continuation(new_items, {})
+        except ProtocolError as error:
+            return http_error(error)
+        run = _Run(self, body, model, owner, history, new_items, received_at)
+        if body.stream:
+            return StreamingResponse(run.sse(), media_type="text/event-stream")
+        return await run.json()
+
+    # --- the other endpoints -----------------------------------------------------
+
+    async def retrieve(self, request: Request) -> Response:
+        response_id = request.path_params["response_id"]
+        try:
+            owner = self._owner(request)
+            record = await self.persistence.get(response_id, owner=owner)
+            if record is None:
+                raise _not_found(response_id)
+        except ProtocolError as error:
+            return http_error(error)
+        return _json(record.response)
+
+    async def delete(self, request: Request) -> Response:
+        response_id = request.path_params["response_id"]
+        try:
+            owner = self._owner(request)
+            if not await self.persistence.delete(response_id, owner=owner):
+                raise _not_found(response_id)
+        except ProtocolError as error:
+            return http_error(error)
+        return JSONResponse({"id": response_id, "object": "response.deleted", "deleted": True})
+
+    async def input_items(self, request: Request) -> Response:
+        response_id = request.path_params["response_id"]
+        query = request.query_params
+        try:
+            owner = self._owner(request)
+            limit = _int_param(query.get("limit"), "limit", default=20, low=1, high=100)
+            order = query.get("order", "desc")
+            if order not in ("asc", "desc"):
+                raise RemoteProtocolError(
+                    "Invalid 'order': expected 'asc' or 'desc'.",
+                    code=ErrorCode.INVALID_VALUE,
+                    param="order",
+                )
+            conversation = await self.persistence.conversation(response_id, owner=owner)
+            if conversation is None:
+                raise _not_found(response_id)
+            output_count = len(conversation.last.response.output)
+            items = conversation.items[: len(conversation.items) - output_count]
+            if order == "desc":
+                items = items[::-1]
+            after = query.get("after")
+            if after is not None:
+                ids = [getattr(item, "id", None) for item in items]
+                if after not in ids:
+                    raise RemoteProtocolError(
+                        f"No input item with id '{after}' in response '{response_id}'.",
+                        code=ErrorCode.INVALID_VALUE,
+                        param="after",
+                    )
+                items = items[ids.index(after) + 1 :]
+        except ProtocolError as error:
+            return http_error(error)
+        page = items[:limit]
+        return _json(
+            {
+                "object": "list",
+                "data": page,
+                "first_id": getattr(page[0], "id", None) if page else None,
+                "last_id": getattr(page[-1], "id", None) if page else None,
+                "has_more": len(items) > limit,
+            }
+        )
+
+    async def cancel(self, request: Request) -> Response:
+        response_id = request.path_params["response_id"]
+        try:
+            owner = self._owner(request)
+            if await self.persistence.get(response_id, owner=owner) is None:
+                raise _not_found(response_id)
+            raise RemoteProtocolError(
+                "Only responses created with background=true can be cancelled; "
+                f"response '{response_id}' was not.",
+                code=ErrorCode.INVALID_VALUE,
+                param="response_id",
+            )
+        except ProtocolError as error:
+            return http_error(error)
+
+
+class _Run:
+    """One HTTP request's rollout, answered as JSON or as SSE."""
+
+    def __init__(
+        self,
+        http: ResponsesHTTP,
+        body: ResponseCreate,
+        model: Any,
+        owner: str,
+        history: list[Item],
+        new_items: list[Item],
+        received_at: float,
+    ) -> None:
+        self.http = http
+        self.body = body
+        self.owner = owner
+        self.new_items = new_items
+        self.received_at = received_at
+        self.rollout = Rollout(
+            response_id=new_id("resp"),
+            request=body,
+            model=model,
+            emit=self._discard,
+            pause_timeout=http.config.pause_timeout,
+            shipped=True,
+        )
+        self.model = model
+        self.history = history
+        self.final: ResponseObject | None = None
+
+    async def _discard(self, event: ServerEvent) -> None:
+        return None
+
+    async def _persist(self, response: ResponseObject) -> None:
+        self.final = response
+        if self.body.store:
+            await self.http.persistence.persist(
+                response,
+                owner=self.owner,
+                input_items=self.new_items,
+                previous_response_id=self.body.previous_response_id,
+            )
+
+    async def _segment(self, emit: Callable[[ServerEvent], Any]) -> bool:
+        boundary = await self.rollout.run_segment(
+            segment_id=new_id("resp"),
+            request=self.body,
+            model=self.model,
+            new_items=[*self.history, *self.new_items],
+            emit=emit,
+            stream_id=None,
+            received_at=self.received_at,
+            on_finish=self._persist,
+        )
+        return boundary is not None
+
+    async def json(self) -> Response:
+        if not await self._segment(self._discard) or self.final is None:
+            return http_error(
+                RemoteProtocolError(
+                    "The server had an error while processing your request.",
+                    code=ErrorCode.SERVER_ERROR,
+                    status=500,
+                    error_type="server_error",
+                )
+            )
+        response = _json(self.final)
+        if self.rollout.timings:
+            # Server-side phase times of this request (RFC Server-Timing).
+            timing = self.rollout.timings[-1]
+            response.headers["server-timing"] = ", ".join(
+                f"{name};dur={value:.3f}"
+                for name, value in (
+                    ("resume", timing.resume * 1000),
+                    ("pre_inference", timing.pre_inference * 1000),
+                    ("ttft", timing.time_to_first_token * 1000),
+                    ("inference", timing.inference * 1000),
+                )
+            )
+        return response
+
+    async def sse(self) -> AsyncIterator[bytes]:
+        queue: asyncio.Queue[object] = asyncio.Queue(SSE_QUEUE_DEPTH)
+
+        async def produce() -> None:
+            try:
+                await self._segment(queue.put)
+            finally:
+                await queue.put(_END)
+
+        # Owned here: cancelled with this generator when the client goes away.
+        producer = asyncio.get_running_loop().create_task(produce())
+        try:
+            while (event := await queue.get()) is not _END:
+                yield b"event: %s\ndata: %s\n\n" % (
+                    _event_type(event),
+                    _encoder.encode(event),
+                )
+        finally:
+            producer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await producer
+
+
+_EVENT_TYPES: dict[type, bytes] = {}
+
+
+def _event_type(event: object) -> bytes:
+    """The wire ``type`` of an event (its msgspec tag), for the SSE ``event:`` line."""
+    cls = type(event)
+    tag = _EVENT_TYPES.get(cls)
+    if tag is None:
+        info = msgspec.inspect.type_info(cls)
+        tag = _EVENT_TYPES[cls] = str(info.tag).encode()  # type: ignore[attr-defined]
+    return tag
+
+
+def _too_large(size: int, limit: int) -> RemoteProtocolError:
+    return RemoteProtocolError(
+        f"The request body is {size} bytes; the limit is {limit}.",
+        code=ErrorCode.MESSAGE_TOO_LARGE,
+        status=413,
+    )
+
+
+def _int_param(value: str | None, name: str, *, default: int, low: int, high: int) -> int:
+    if value is None:
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        number = low - 1
+    if not low <= number <= high:
+        raise RemoteProtocolError(
+            f"Invalid '{name}': expected an integer from {low} to {high}.",
+            code=ErrorCode.INVALID_VALUE,
+            param=name,
+        )
+    return number

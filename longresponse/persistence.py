@@ -1,0 +1,202 @@
+"""Persistence: stored responses, written off the critical path.
+
+:class:`Persistence` puts a :class:`ResponseStore` behind a bounded background
+queue (the post-inference work of DESIGN §3 step 4). A finished ``store=true``
+response is queued for writing after its terminal event has been handed to
+the transport, so the write never delays that event.
+
+The ordering guarantee: a response is readable, in the process that served
+it, by the time its id could be used. Every id queued for writing has a
+pending entry until its write lands, and every read in this process (GET,
+chaining with ``previous_response_id``, WebSocket hydration) waits for a
+pending write of the id it asks for. Another process sharing the store (Redis)
+sees the record once the write lands, normally within a millisecond of the
+terminal event; a chain lookup that misses retries once after
+:data:`CROSS_PROCESS_GRACE` seconds to cover that window.
+
+Rebuilding a conversation from the store walks ``previous_response_id`` back
+to its start: the whole history is read and rendered again on every request.
+That is the stateless baseline the HTTP path measures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from typing import Final
+
+import msgspec
+
+from protocol import (
+    FunctionCall,
+    FunctionCallOutput,
+    InputText,
+    Item,
+    Message,
+    Reasoning,
+    Response,
+)
+
+from .store import ResponseStore, StoredResponse
+from .stream import new_id
+
+__all__ = [
+    "CROSS_PROCESS_GRACE",
+    "MAX_CHAIN_DEPTH",
+    "POST_INFERENCE_QUEUE_DEPTH",
+    "Conversation",
+    "Persistence",
+    "stored_input_items",
+]
+
+log = logging.getLogger(__name__)
+
+#: Writes waiting for the background worker; beyond it, queuing waits.
+POST_INFERENCE_QUEUE_DEPTH: Final = 1024
+#: How long a chain lookup that missed waits before looking once more.
+CROSS_PROCESS_GRACE: Final = 0.05
+#: Longest ``previous_response_id`` chain rebuilt from the store.
+MAX_CHAIN_DEPTH: Final = 10_000
+
+_ID_PREFIX: Final = {
+    Message: "msg",
+    FunctionCall: "fc",
+    FunctionCallOutput: "fco",
+    Reasoning: "rs",
+}
+
+
+def stored_input_items(items: Sequence[Item]) -> list[Item]:
+    """Input items as stored and listed: each with an id, messages as part lists."""
+    out: list[Item] = []
+    for item in items:
+        changes: dict[str, object] = {}
+        if not isinstance(getattr(item, "id", None), str):
+            changes["id"] = new_id(_ID_PREFIX[type(item)])
+        if isinstance(item, Message) and isinstance(item.content, str):
+            changes["content"] = [InputText(text=item.content)]
+        if isinstance(item, Message | FunctionCallOutput) and not isinstance(item.status, str):
+            changes["status"] = "completed"
+        out.append(msgspec.structs.replace(item, **changes) if changes else item)
+    return out
+
+
+class Conversation(msgspec.Struct, frozen=True, kw_only=True):
+    """A chain rebuilt from the store: everything before the next request."""
+
+    #: Inputs and outputs of every response in the chain, oldest first.
+    items: list[Item]
+    #: The last response of the chain (the one named by previous_response_id).
+    last: StoredResponse
+    #: Client tool calls of the last response that have no output yet.
+    pending: dict[str, str]
+
+
+class Persistence:
+    """A store behind a bounded write-behind queue (see the module docstring)."""
+
+    def __init__(self, store: ResponseStore, *, depth: int = POST_INFERENCE_QUEUE_DEPTH) -> None:
+        self.store = store
+        self._queue: asyncio.Queue[StoredResponse | None] = asyncio.Queue(depth)
+        self._pending: dict[str, asyncio.Future[None]] = {}
+        self._worker: asyncio.Task[None] | None = None
+        self.written = 0
+        self.write_seconds = 0.0
+
+    # --- lifecycle (owned by the app's lifespan) ------------------------------
+
+    def start(self) -> None:
+        if self._worker is None:
+            self._worker = asyncio.get_running_loop().create_task(self._run())
+
+    async def drain(self) -> None:
+        """Write everything queued, then stop the worker (a clean shutdown loses nothing)."""
+        if self._worker is None:
+            return
+        await self._queue.put(None)
+        await self._worker
+        self._worker = None
+
+    async def _run(self) -> None:
+        while True:
+            record = await self._queue.get()
+            if record is None:
+                return
+            started = time.perf_counter()
+            try:
+                await self.store.put(record)
+            except Exception:
+                log.exception("storing response %s failed", record.id)
+            finally:
+                self.write_seconds += time.perf_counter() - started
+                self.written += 1
+                future = self._pending.pop(record.id, None)
+                if future is not None and not future.done():
+                    future.set_result(None)
+
+    # --- writes ----------------------------------------------------------------
+
+    async def persist(
+        self,
+        response: Response,
+        *,
+        owner: str,
+        input_items: Sequence[Item],
+        previous_response_id: str | None,
+    ) -> None:
+        """Queue ``response`` for writing (waits only if the queue is full)."""
+        record = StoredResponse(
+            id=response.id,
+            owner=owner,
+            created_at=time.time(),
+            response=response,
+            input_items=stored_input_items(input_items),
+            previous_response_id=previous_response_id,
+        )
+        self._pending[record.id] = asyncio.get_running_loop().create_future()
+        self.start()
+        await self._queue.put(record)
+
+    # --- reads -----------------------------------------------------------------
+
+    async def get(self, response_id: str, *, owner: str) -> StoredResponse | None:
+        """The stored response (after any pending write of it), or ``None``."""
+        pending = self._pending.get(response_id)
+        if pending is not None:
+            await asyncio.shield(pending)
+        return await self.store.get(response_id, owner=owner)
+
+    async def delete(self, response_id: str, *, owner: str) -> bool:
+        pending = self._pending.get(response_id)
+        if pending is not None:
+            await asyncio.shield(pending)
+        return await self.store.delete(response_id, owner=owner)
+
+    async def conversation(self, response_id: str, *, owner: str) -> Conversation | None:
+        """Rebuild the chain ending at ``response_id``; ``None`` if any link is missing."""
+        last = await self.get(response_id, owner=owner)
+        if last is None:
+            await asyncio.sleep(CROSS_PROCESS_GRACE)  # another process may be mid-write
+            last = await self.get(response_id, owner=owner)
+        if last is None:
+            return None
+        chain = [last]
+        while chain[-1].previous_response_id is not None:
+            if len(chain) >= MAX_CHAIN_DEPTH:
+                return None
+            parent = await self.get(chain[-1].previous_response_id, owner=owner)
+            if parent is None:
+                return None
+            chain.append(parent)
+        items: list[Item] = []
+        for record in reversed(chain):
+            items.extend(record.input_items)
+            items.extend(record.response.output)
+        pending = {
+            item.call_id: item.name
+            for item in last.response.output
+            if isinstance(item, FunctionCall)
+        }
+        return Conversation(items=items, last=last, pending=pending)

@@ -1,0 +1,306 @@
+"""The HTTP Responses API with the official SDK, stores, ownership and bad input."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import openai
+import pydantic
+import pytest
+from openai import OpenAI
+from openai.types.responses import ResponseStreamEvent
+
+from longresponse.config import ServerConfig
+from tests.conftest import RunningServer
+
+STREAM_EVENT = pydantic.TypeAdapter(ResponseStreamEvent)
+TOOL = {
+    "type": "function",
+    "name": "run_tests",
+    "parameters": {"type": "object", "properties": {"target": {"type": "string"}}},
+}
+
+
+def sdk(server: Any, key: str = "test-key") -> OpenAI:
+    return OpenAI(base_url=f"{server.http_url}/v1", api_key=key, max_retries=0)
+
+
+def calls_of(response: Any) -> list[Any]:
+    return [item for item in response.output if item.type == "function_call"]
+
+
+def test_ten_turn_chain_over_http(server: Any) -> None:
+    client = sdk(server)
+    meta = {"sim_tool_calls": "10"}
+    response = client.responses.create(
+        model="sim", input="Fix the flaky test.", tools=[TOOL], metadata=meta
+    )
+    outputs = []
+    for turn in range(10):
+        (call,) = calls_of(response)
+        outputs.append(f"run {turn}: 3 passed, {turn} failed")
+        response = client.responses.create(
+            model="sim",
+            previous_response_id=response.id,
+            input=[
+                {"type": "function_call_output", "call_id": call.call_id, "output": outputs[-1]}
+            ],
+            tools=[TOOL],
+            metadata=meta,
+        )
+        assert response.previous_response_id is not None
+        # Stateless: every turn renders the whole history again, nothing cached.
+        assert response.usage.input_tokens_details.cached_tokens == 0
+    assert not calls_of(response)
+    text = response.output_text
+    assert "«Fix the flaky test.»" in text
+    for output in outputs:
+        assert f"«{output[:40]}»" in text
+
+
+def test_retrieve_delete_and_cancel(server: Any) -> None:
+    client = sdk(server)
+    response = client.responses.create(model="sim", input="keep me", metadata={"k": "v"})
+    again = client.responses.retrieve(response.id)
+    assert again.id == response.id
+    assert again.output_text == response.output_text
+    assert again.metadata == {"k": "v"}
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.cancel(response.id)
+    assert "background" in str(refused.value)
+    client.responses.delete(response.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(response.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.delete(response.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.cancel("resp_missing")
+
+
+def test_input_items_pagination(server: Any) -> None:
+    client = sdk(server)
+    first = client.responses.create(
+        model="sim",
+        input=[{"role": "user", "content": f"message {i}"} for i in range(5)],
+        tools=[TOOL],
+    )
+    (call,) = calls_of(first)
+    second = client.responses.create(
+        model="sim",
+        previous_response_id=first.id,
+        input=[
+            {"type": "function_call_output", "call_id": call.call_id, "output": "done"},
+            {"role": "user", "content": "and summarise"},
+        ],
+        tools=[TOOL],
+    )
+    everything = list(client.responses.input_items.list(second.id, order="asc", limit=100))
+    kinds = [item.type for item in everything]
+    assert kinds == ["message"] * 5 + ["function_call", "function_call_output", "message"]
+    assert all(item.id for item in everything)
+    assert everything[0].content[0].text == "message 0"
+    # Default order is newest first, 20 a page; walk it two at a time.
+    page = client.responses.input_items.list(second.id, limit=2)
+    assert [item.id for item in page.data] == [everything[-1].id, everything[-2].id]
+    assert page.has_more
+    seen = []
+    after = None
+    while True:
+        params: dict[str, Any] = {"limit": 3}
+        if after:
+            params["after"] = after
+        page = client.responses.input_items.list(second.id, **params)
+        seen.extend(item.id for item in page.data)
+        if not page.has_more:
+            break
+        after = page.last_id
+    assert seen == [item.id for item in reversed(everything)]
+    with pytest.raises(openai.BadRequestError):
+        client.responses.input_items.list(second.id, limit=101)
+
+
+def test_streaming_events_match_the_websocket_shape(server: Any) -> None:
+    client = sdk(server)
+    with httpx.stream(
+        "POST",
+        f"{server.http_url}/v1/responses",
+        json={"model": "sim", "input": "stream this", "stream": True, "tools": [TOOL]},
+        timeout=30,
+    ) as streamed:
+        assert streamed.headers["content-type"].startswith("text/event-stream")
+        blocks = [b for b in streamed.read().decode().split("\n\n") if b.strip()]
+    events = []
+    for block in blocks:
+        lines = dict(line.split(": ", 1) for line in block.splitlines())
+        event = STREAM_EVENT.validate_json(lines["data"])
+        assert lines["event"] == event.type
+        events.append(event)
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert [e.type for e in events[:2]] == ["response.created", "response.in_progress"]
+    assert events[-1].type == "response.completed"
+    assert "stream_id" not in blocks[-1]
+    assert "response_id" not in blocks[2]
+    # The SDK's own streaming helper agrees, and the result is stored.
+    with client.responses.stream(model="sim", input="again") as stream:
+        final = stream.get_final_response()
+    assert client.responses.retrieve(final.id).output_text == final.output_text
+
+
+def test_store_false_is_never_found_again(server: Any) -> None:
+    client = sdk(server)
+    response = client.responses.create(model="sim", input="forget me", store=False)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(response.id)
+    with pytest.raises(openai.BadRequestError) as missing:
+        client.responses.create(model="sim", previous_response_id=response.id, input="and?")
+    assert missing.value.code == "previous_response_not_found"
+    assert missing.value.param == "previous_response_id"
+
+
+def post(server: Any, body: bytes | str, **headers: str) -> httpx.Response:
+    return httpx.post(
+        f"{server.http_url}/v1/responses",
+        content=body,
+        headers={"content-type": "application/json", **headers},
+        timeout=30,
+    )
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code", "param"),
+    [
+        pytest.param("{not json", 400, "invalid_json", None, id="malformed"),
+        pytest.param('{"input": 5}', 400, "invalid_type", "input", id="wrong-type"),
+        pytest.param('{"input": "x", "frobnicate": 1}', 400, "unknown_parameter", "frobnicate",
+                     id="unknown-field"),
+        pytest.param('{"input": "x", "stream_id": "a"}', 400, "unknown_parameter", "stream_id",
+                     id="ws-only-field"),
+        pytest.param('{"input": "x", "model": "gpt-9"}', 404, "model_not_found", "model",
+                     id="unknown-model"),
+        pytest.param('{"input": [{"role": "user"}]}', 400, "missing_required_parameter",
+                     "input[0].content", id="missing-content"),
+        pytest.param(
+            json.dumps({"input": [{"type": "function_call_output", "call_id": "c", "output": ""}]}),
+            400, "unknown_call_id", "input[0].call_id", id="orphan-output",
+        ),
+    ],
+)  # fmt: skip
+def test_bad_input_gets_the_error_envelope(
+    server: Any, body: str, status: int, code: str, param: str | None
+) -> None:
+    reply = post(server, body)
+    assert reply.status_code == status
+    error = reply.json()["error"]
+    assert error["code"] == code
+    assert error["param"] == param
+    assert error["type"] == "invalid_request_error"
+    assert error["message"]
+
+
+def test_oversize_body_is_refused(make_server: Any) -> None:
+    small = make_server(max_message_bytes=2000)
+    reply = post(small, json.dumps({"input": "x" * 5000}))
+    assert reply.status_code == 413
+    assert reply.json()["error"]["code"] == "message_too_large"
+    assert post(small, json.dumps({"input": "fits"})).status_code == 200
+
+
+def test_api_keys_and_ownership(make_server: Any) -> None:
+    keyed = make_server(api_keys=("key-one", "key-two"))
+    assert post(keyed, '{"input": "x"}').status_code == 401
+    assert post(keyed, '{"input": "x"}', authorization="Bearer nope").status_code == 401
+    with pytest.raises(openai.AuthenticationError):
+        sdk(keyed, "wrong").responses.create(model="sim", input="x")
+    one, two = sdk(keyed, "key-one"), sdk(keyed, "key-two")
+    mine = one.responses.create(model="sim", input="private", tools=[TOOL])
+    assert one.responses.retrieve(mine.id).id == mine.id
+    with pytest.raises(openai.NotFoundError):
+        two.responses.retrieve(mine.id)
+    with pytest.raises(openai.NotFoundError):
+        two.responses.delete(mine.id)
+    with pytest.raises(openai.NotFoundError):
+        two.responses.input_items.list(mine.id)
+    (call,) = calls_of(mine)
+    output = [{"type": "function_call_output", "call_id": call.call_id, "output": "ok"}]
+    with pytest.raises(openai.BadRequestError) as chained:
+        two.responses.create(model="sim", previous_response_id=mine.id, input=output, tools=[TOOL])
+    assert chained.value.code == "previous_response_not_found"
+    # Hydration over a WebSocket is refused to the other key too.
+    with two.responses.connect() as conn:
+        conn.response.create(model="sim", previous_response_id=mine.id, input=output, tools=[TOOL])
+        event = conn.recv()
+        assert event.type == "error"
+        assert event.error.code == "previous_response_not_found"
+    with one.responses.connect() as conn:
+        conn.response.create(model="sim", previous_response_id=mine.id, input=output, tools=[TOOL])
+        while (event := conn.recv()).type != "response.completed":
+            assert event.type != "error", event
+        assert "«ok»" in event.response.output_text
+    # The upgrade itself is refused without a key: no 101, no session.
+    with pytest.raises(Exception, match="401"), sdk(keyed, "wrong").responses.connect() as conn:
+        conn.recv()
+    assert keyed.live_sessions == 0
+
+
+def test_server_refuses_public_address_without_keys() -> None:
+    from longresponse.cli import main
+
+    with pytest.raises(SystemExit) as refused:
+        main(["serve", "--host", "0.0.0.0", "--port", "0"])
+    assert refused.value.code == 2
+
+
+def test_websocket_hydration_after_reconnect_and_restart(tmp_path: Any) -> None:
+    store = f"sqlite:///{tmp_path}/shared.db"
+    first = RunningServer(ServerConfig(port=0, store=store)).start()
+    try:
+        client = sdk(first)
+        with client.responses.connect() as conn:
+            conn.response.create(model="sim", input="survive me", tools=[TOOL], store=True)
+            while (event := conn.recv()).type != "response.completed":
+                pass
+            parent = event.response
+        (call,) = calls_of(parent)
+        output = [{"type": "function_call_output", "call_id": call.call_id, "output": "back"}]
+        with client.responses.connect() as conn:  # a new connection: not in its cache
+            conn.response.create(
+                model="sim", previous_response_id=parent.id, input=output, tools=[TOOL]
+            )
+            while (event := conn.recv()).type != "response.completed":
+                assert event.type != "error", event
+            assert "«survive me»" in event.response.output_text
+            assert first.app.state.endpoint.last_session.shipped.hydrations == 1
+    finally:
+        first.stop()
+    second = RunningServer(ServerConfig(port=0, store=store)).start()
+    try:
+        with sdk(second).responses.connect() as conn:
+            conn.response.create(
+                model="sim", previous_response_id=parent.id, input=output, tools=[TOOL]
+            )
+            while (event := conn.recv()).type != "response.completed":
+                assert event.type != "error", event
+            assert "«back»" in event.response.output_text
+    finally:
+        second.stop()
+
+
+def test_clean_shutdown_drains_queued_writes(tmp_path: Any) -> None:
+    store = f"sqlite:///{tmp_path}/drain.db"
+    running = RunningServer(ServerConfig(port=0, store=store)).start()
+    ids = []
+    try:
+        client = sdk(running)
+        for index in range(30):
+            ids.append(client.responses.create(model="sim", input=f"number {index}").id)
+    finally:
+        running.stop()
+    reopened = RunningServer(ServerConfig(port=0, store=store)).start()
+    try:
+        client = sdk(reopened)
+        for index, response_id in enumerate(ids):
+            assert f"«number {index}»" in client.responses.retrieve(response_id).output_text
+    finally:
+        reopened.stop()
