@@ -33,8 +33,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import logging
 import re
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, Final
 
 from protocol import (
@@ -47,18 +48,19 @@ from protocol import (
     RemoteProtocolError,
     Response,
     ResponseCreate,
-    ServerEvent,
 )
 
 from .config import ServerConfig
 from .persistence import Persistence
 from .rollout import Boundary, Rollout
 from .sampler import ModelRegistry, check_sim_metadata
-from .stream import StreamClosed, new_id
+from .stream import EventSink, StreamClosed, new_id
 
 __all__ = ["STREAM_ID_PATTERN", "Lane", "SegmentCache", "ShippedShape"]
 
 #: What a ``stream_id`` may be: 1-256 characters of ``[A-Za-z0-9_.-]``.
+log = logging.getLogger(__name__)
+
 STREAM_ID_PATTERN: Final = re.compile(r"[A-Za-z0-9_.\-]{1,256}")
 
 EmitError = Callable[[ProtocolError, "str | None"], None]
@@ -187,7 +189,7 @@ class ShippedShape:
         models: ModelRegistry,
         *,
         spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]],
-        emit: Callable[[ServerEvent], Awaitable[None]],
+        sink: EventSink,
         emit_error: EmitError,
         send_timing: bool,
         owner: str = "",
@@ -198,7 +200,7 @@ class ShippedShape:
         self.cache = SegmentCache(config.connection_cache_bytes)
         self.lanes: dict[str | None, Lane] = {}
         self._spawn = spawn
-        self._emit = emit
+        self._sink = sink
         self._emit_error = emit_error
         self.send_timing = send_timing
         self._in_flight = asyncio.Semaphore(config.max_in_flight)
@@ -264,6 +266,17 @@ class ShippedShape:
                     return
                 except ProtocolError as error:
                     self._emit_error(error, lane.name)
+                except Exception:  # a bug in one request must not end the connection
+                    log.exception("request on lane %r failed", lane.name)
+                    self._emit_error(
+                        RemoteProtocolError(
+                            "The server had an error while processing your request.",
+                            code=ErrorCode.SERVER_ERROR,
+                            status=500,
+                            error_type="server_error",
+                        ),
+                        lane.name,
+                    )
 
     async def _run(self, request: ResponseCreate, lane: str | None, received_at: float) -> None:
         model = self.models.resolve(request.model if isinstance(request.model, str) else None)
@@ -296,7 +309,7 @@ class ShippedShape:
                 response_id=new_id("resp"),
                 request=request,
                 model=model,
-                emit=self._emit,
+                sink=self._sink,
                 pause_timeout=self.config.pause_timeout,
                 send_timing=self.send_timing,
                 shipped=True,
@@ -336,12 +349,12 @@ class ShippedShape:
             request=request,
             model=model,
             new_items=[*history, *new_items],
-            emit=self._emit,
+            sink=self._sink,
             stream_id=lane,
             received_at=received_at,
             on_finish=persist,
         )
-        if finished is None:
-            self.cache.drop_rollout(rollout)
-        else:
+        if finished is not None:
             self.cache.add(rollout, finished)
+        # A failed segment leaves its Rollout broken: no continuation in place,
+        # but its earlier boundaries stay valid to fork from.

@@ -13,6 +13,7 @@ shapes avoid, and what the benchmark compares them against.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
@@ -41,7 +42,7 @@ from .config import ServerConfig
 from .persistence import Persistence
 from .rollout import Rollout
 from .sampler import ModelRegistry, check_sim_metadata
-from .stream import new_id
+from .stream import DiscardSink, EventSink, new_id
 
 __all__ = ["SSE_QUEUE_DEPTH", "ResponsesHTTP", "http_error"]
 
@@ -284,16 +285,13 @@ class _Run:
             response_id=new_id("resp"),
             request=body,
             model=model,
-            emit=self._discard,
+            sink=DiscardSink(),
             pause_timeout=http.config.pause_timeout,
             shipped=True,
         )
         self.model = model
         self.history = history
         self.final: ResponseObject | None = None
-
-    async def _discard(self, event: ServerEvent) -> None:
-        return None
 
     async def _persist(self, response: ResponseObject) -> None:
         self.final = response
@@ -305,13 +303,13 @@ class _Run:
                 previous_response_id=self.body.previous_response_id,
             )
 
-    async def _segment(self, emit: Callable[[ServerEvent], Any]) -> bool:
+    async def _segment(self, sink: EventSink) -> bool:
         boundary = await self.rollout.run_segment(
             segment_id=new_id("resp"),
             request=self.body,
             model=self.model,
             new_items=[*self.history, *self.new_items],
-            emit=emit,
+            sink=sink,
             stream_id=None,
             received_at=self.received_at,
             on_finish=self._persist,
@@ -319,7 +317,7 @@ class _Run:
         return boundary is not None
 
     async def json(self) -> Response:
-        if not await self._segment(self._discard) or self.final is None:
+        if not await self._segment(DiscardSink()) or self.final is None:
             return http_error(
                 RemoteProtocolError(
                     "The server had an error while processing your request.",
@@ -344,18 +342,18 @@ class _Run:
         return response
 
     async def sse(self) -> AsyncIterator[bytes]:
-        queue: asyncio.Queue[object] = asyncio.Queue(SSE_QUEUE_DEPTH)
+        sink = _SSESink(SSE_QUEUE_DEPTH)
 
         async def produce() -> None:
             try:
-                await self._segment(queue.put)
+                await self._segment(sink)
             finally:
-                await queue.put(_END)
+                sink.end()
 
         # Owned here: cancelled with this generator when the client goes away.
         producer = asyncio.get_running_loop().create_task(produce())
         try:
-            while (event := await queue.get()) is not _END:
+            while (event := await sink.next()) is not _END:
                 yield b"event: %s\ndata: %s\n\n" % (
                     _event_type(event),
                     _encoder.encode(event),
@@ -377,6 +375,36 @@ def _event_type(event: object) -> bytes:
         info = msgspec.inspect.type_info(cls)
         tag = _EVENT_TYPES[cls] = str(info.tag).encode()  # type: ignore[attr-defined]
     return tag
+
+
+class _SSESink:
+    """A bounded buffer between a rollout and its SSE response (an :class:`EventSink`)."""
+
+    def __init__(self, depth: int) -> None:
+        self._events: collections.deque[object] = collections.deque()
+        self._depth = depth
+        self._ready = asyncio.Event()
+        self._space = asyncio.Event()
+
+    async def room(self) -> None:
+        while len(self._events) >= self._depth:
+            self._space.clear()
+            await self._space.wait()
+
+    def push(self, event: ServerEvent) -> None:
+        self._events.append(event)
+        self._ready.set()
+
+    def end(self) -> None:
+        self._events.append(_END)
+        self._ready.set()
+
+    async def next(self) -> object:
+        while not self._events:
+            self._ready.clear()
+            await self._ready.wait()
+        self._space.set()
+        return self._events.popleft()
 
 
 def _too_large(size: int, limit: int) -> RemoteProtocolError:

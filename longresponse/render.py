@@ -295,6 +295,19 @@ class TokenCache:
         forked.prefix_length = min(self.prefix_length, length)
         return forked
 
+    def fork_items(self, prefix: Sequence[int], item_tokens: int) -> TokenCache:
+        """A new cache: ``prefix``, then the first ``item_tokens`` of this cache's item tokens.
+
+        For forking at an old boundary whose prefix may differ from this cache's
+        current one. Raises ``ValueError`` if there are not that many item tokens.
+        """
+        available = len(self._tokens) - self.prefix_length
+        if not 0 <= item_tokens <= available:
+            raise ValueError(f"fork of {item_tokens} item tokens outside 0..{available}")
+        forked = TokenCache(prefix)
+        forked._tokens.extend(self._tokens[self.prefix_length : self.prefix_length + item_tokens])
+        return forked
+
     def rebase(self, prefix: Sequence[int]) -> TokenCache:
         """A new cache with ``prefix`` in place of this one's, and the same item tokens.
 

@@ -63,13 +63,11 @@ from protocol.events import ResponseCreated
 
 from .render import TokenCache, render_prefix
 from .sampler import ModelSpec, Sampler, SampleRequest, Stop
-from .stream import StreamBuilder, StreamClosed
+from .stream import EventSink, StreamBuilder, StreamClosed
 
 __all__ = ["Boundary", "Rollout", "TurnTiming"]
 
 log = logging.getLogger(__name__)
-
-Emit = Callable[[ServerEvent], Awaitable[None]]
 
 
 @dataclasses.dataclass(slots=True)
@@ -106,6 +104,10 @@ class Boundary:
     #: ``len(context)`` and ``len(tokens)`` at the end of the segment.
     items: int
     tokens: int
+    #: Tokens of the items alone (after the prefix), and the prefix in effect
+    #: then: a later segment may have swapped the prefix in place.
+    item_tokens: int
+    prefix: tuple[int, ...]
     #: Client tool calls of the segment still waiting for their outputs.
     pending: dict[str, str]
     #: The finished segment's Response object.
@@ -129,7 +131,7 @@ class Rollout:
         response_id: str,
         request: ResponseCreate,
         model: ModelSpec,
-        emit: Emit,
+        sink: EventSink,
         pause_timeout: float,
         send_timing: bool = False,
         shipped: bool = False,
@@ -144,7 +146,7 @@ class Rollout:
         self.sampler: Sampler = model.make_sampler()
         self.pause_timeout = pause_timeout
         self.send_timing = send_timing
-        self._emit = emit
+        self._sink = sink
         self._clock = clock
         self.created_at = int(time.time())
         self.state = ResponseState.IN_PROGRESS
@@ -156,6 +158,7 @@ class Rollout:
         self._wakeup = asyncio.Event()
         self._resume_mark: float | None = clock()
         self._cancel_requested = False
+        self._started = False
         #: The task running :meth:`run`; set by its owner, the Session.
         self.task: asyncio.Task[None] | None = None
         self._incomplete_reason: str | None = None
@@ -190,8 +193,12 @@ class Rollout:
 
     def request_cancel(self) -> None:
         """End the rollout ``cancelled`` now, wherever its loop is waiting."""
-        if self.task is not None and not self.terminal and not self._cancel_requested:
-            self._cancel_requested = True
+        if self.terminal or self._cancel_requested:
+            return
+        self._cancel_requested = True
+        # A task cancelled before its first step never runs a line of run();
+        # one that has not started yet sees the flag there instead.
+        if self.task is not None and self._started:
             self.task.cancel()
 
     @property
@@ -269,7 +276,7 @@ class Rollout:
             response_id=boundary.segment_id,
             request=self.request,
             model=self.model,
-            emit=self._emit,
+            sink=self._sink,
             pause_timeout=self.pause_timeout,
             send_timing=self.send_timing,
             shipped=self.shipped,
@@ -277,12 +284,17 @@ class Rollout:
         )
         child._inbox = []
         child.context = self.context[: boundary.items]
-        child.tokens = self.tokens.fork(boundary.tokens)
+        child.tokens = self.tokens.fork_items(boundary.prefix, boundary.item_tokens)
         child.pending_calls = dict(boundary.pending)
         index = self.boundaries.index(boundary)
         child.boundaries = self.boundaries[: index + 1]
         child.input_tokens, child.cached_tokens = self.input_tokens, self.cached_tokens
-        child.model_seen = min(self.model_seen, boundary.tokens)
+        # A model server's prefix cache is shared by every request, so the
+        # fork's prefix counts as processed, unless the prefix changed since.
+        same_prefix = self.tokens.tokens[: self.tokens.prefix_length].tolist() == list(
+            boundary.prefix
+        )
+        child.model_seen = min(self.model_seen, boundary.tokens) if same_prefix else 0
         return child
 
     async def run_segment(
@@ -292,7 +304,7 @@ class Rollout:
         request: ResponseCreate,
         model: ModelSpec,
         new_items: list[Item],
-        emit: Emit,
+        sink: EventSink,
         stream_id: str | None,
         received_at: float,
         on_finish: Callable[[Response], Awaitable[None]] | None = None,
@@ -309,7 +321,7 @@ class Rollout:
         """
         self.busy = True
         try:
-            self._emit = emit
+            self._sink = sink
             self.request = request
             if model is not self.model:
                 # Another model: nothing it could reuse, but the tokens are
@@ -336,33 +348,36 @@ class Rollout:
                     self.pending_calls.pop(item.call_id, None)
             self._inbox = list(new_items)
             self._resume_mark = received_at
-            await self._emit(self.stream.lifecycle(ResponseCreated, self.snapshot()))
-            await self._emit(self.stream.lifecycle(ResponseInProgress, self.snapshot()))
+            await self._announce(ResponseCreated)
+            await self._announce(ResponseInProgress)
             stop = "stop"
             if request.generate is False:
                 self._take_in_without_sampling(prefix_changed)
             else:
                 stop = await self._turn(prefix_changed=prefix_changed)
+            terminal: Callable[..., ServerEvent] = ResponseCompleted
+            state = ResponseState.COMPLETED
             if stop == "max_output_tokens":
                 self._incomplete_reason = "max_output_tokens"
-                self.state = ResponseState.INCOMPLETE
-                terminal: Callable[..., ServerEvent] = ResponseIncomplete
-            else:
-                self.state = ResponseState.COMPLETED
-                terminal = ResponseCompleted
+                terminal, state = ResponseIncomplete, ResponseState.INCOMPLETE
+            await self._sink.room()
+            self.state = state
             response = self.snapshot()
+            if on_finish is not None:
+                await on_finish(response)
+                await self._sink.room()
             boundary = Boundary(
                 segment_id=segment_id,
                 items=len(self.context),
                 tokens=len(self.tokens),
+                item_tokens=len(self.tokens) - self.tokens.prefix_length,
+                prefix=tuple(prefix),
                 pending=dict(self.pending_calls),
                 response=response,
                 stream_id=stream_id,
             )
             self.boundaries.append(boundary)
-            if on_finish is not None:
-                await on_finish(response)
-            await self._emit(self.stream.lifecycle(terminal, response))
+            self._sink.push(self.stream.lifecycle(terminal, response))
             await self._send_timing()
             return boundary
         except (asyncio.CancelledError, StreamClosed):
@@ -372,9 +387,9 @@ class Rollout:
             log.exception("segment %s failed", segment_id)
             self.broken = True
             self._error = ResponseError(code="server_error", message="The model failed.")
-            self.state = ResponseState.FAILED
             with contextlib.suppress(Exception):
-                await self._emit(self.stream.lifecycle(ResponseFailed, self.snapshot()))
+                await self._announce(ResponseFailed, ResponseState.FAILED)
+            self.state = ResponseState.FAILED
             return None
         finally:
             self.busy = False
@@ -392,9 +407,14 @@ class Rollout:
 
     async def run(self) -> None:
         """The sampling loop. Cancelled from outside only when the connection is gone."""
+        self._started = True
         try:
-            await self._emit(self.stream.lifecycle(ResponseCreated, self.snapshot()))
-            await self._emit(self.stream.lifecycle(ResponseInProgress, self.snapshot()))
+            if self._cancel_requested:
+                await self._finish(ResponseState.CANCELLED)
+                return
+            if self.stream.sequence == 0:
+                await self._announce(ResponseCreated)
+            await self._announce(ResponseInProgress)
             while True:
                 stop = await self._turn()
                 if stop == "max_output_tokens":
@@ -465,8 +485,9 @@ class Rollout:
                 first = False
             if isinstance(chunk, Stop):
                 stop = chunk.reason
-            for event in self.stream.feed(chunk):
-                await self._emit(event)
+            await self._sink.room()
+            for event in self.stream.feed(chunk):  # no await: all of them, or none
+                self._sink.push(event)
         timing.inference = self._clock() - sampling_started
         produced = self.stream.output[first_output:]
         for item in produced:
@@ -487,9 +508,8 @@ class Rollout:
 
     async def _pause(self) -> bool:
         """Block until every pending call has its output. False if the rollout ended."""
-        self.state = ResponseState.REQUIRES_ACTION
         self._wakeup.clear()
-        await self._emit(self.stream.lifecycle(ResponseDone, self.snapshot()))
+        await self._announce(ResponseDone, ResponseState.REQUIRES_ACTION)
         await self._send_timing()
         try:
             async with asyncio.timeout(self.pause_timeout):
@@ -500,19 +520,36 @@ class Rollout:
             self._incomplete_reason = "pause_timeout"
             await self._finish(ResponseState.INCOMPLETE)
             return False
-        self.state = ResponseState.IN_PROGRESS
-        await self._emit(self.stream.lifecycle(ResponseInProgress, self.snapshot()))
+        await self._announce(ResponseInProgress, ResponseState.IN_PROGRESS)
         return True
 
     async def _finish(self, state: ResponseState) -> None:
-        self.state = state
-        await self._emit(self.stream.lifecycle(ResponseDone, self.snapshot()))
+        await self._announce(ResponseDone, state)
         await self._send_timing()
+
+    def announce_created(self) -> None:
+        """Send ``response.created`` now, without waiting (at admission).
+
+        The protocol core learns the response exists in the order of the
+        client's messages, so an append or cancel without ``response_id``
+        that follows this create targets this rollout.
+        """
+        self._sink.push(self.stream.lifecycle(ResponseCreated, self.snapshot()))
+
+    async def _announce(
+        self, cls: Callable[..., ServerEvent], state: ResponseState | None = None
+    ) -> None:
+        """Wait for room, then change state and send a lifecycle event (no gap between)."""
+        await self._sink.room()
+        if state is not None:
+            self.state = state
+        self._sink.push(self.stream.lifecycle(cls, self.snapshot()))
 
     async def _send_timing(self) -> None:
         if self.send_timing and self.timings and self._timed < len(self.timings):
             self._timed = len(self.timings)
-            await self._emit(
+            await self._sink.room()
+            self._sink.push(
                 TimingEvent(
                     timing_metrics=self.timings[-1].as_metrics(),
                     response_id=self.id,

@@ -25,6 +25,8 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
+import msgspec
+
 from protocol import (
     CLOSE_CODES,
     Connection,
@@ -54,6 +56,23 @@ __all__ = ["Session"]
 
 class _SessionOver(Exception):
     """Raised inside the session's task group to end every task it holds."""
+
+
+class _LaneHint(msgspec.Struct):
+    type: str = ""
+    stream_id: str | None = None
+
+
+_lane_hint_decoder = msgspec.json.Decoder(_LaneHint)
+
+
+def _lane_hint(data: str | bytes) -> str | None:
+    """The ``stream_id`` of a create the protocol core refused, if one can be read."""
+    try:
+        hint = _lane_hint_decoder.decode(data)
+    except (msgspec.DecodeError, RecursionError, UnicodeError):
+        return None
+    return hint.stream_id if hint.type == "response.create" else None
 
 
 log = logging.getLogger(__name__)
@@ -103,7 +122,7 @@ class Session:
                 config,
                 models,
                 spawn=self._spawn,
-                emit=self.emit,
+                sink=self,
                 emit_error=self._emit_error,
                 send_timing=send_timing,
                 owner=owner,
@@ -118,14 +137,16 @@ class Session:
 
     # --- output --------------------------------------------------------------
 
-    async def emit(self, event: ServerEvent) -> None:
-        """Queue one event for the socket, waiting while the outbox is full.
+    async def room(self) -> None:
+        """Wait while the outbox is full (the :class:`EventSink` half that may wait).
 
-        Nothing is recorded until there is room, so a cancelled wait loses
-        nothing and leaves no gap in ``sequence_number``. Raises
-        :class:`StreamClosed` if the reader stays too slow or the session ends.
+        Raises :class:`StreamClosed` if the reader stays too slow or the
+        session ends.
         """
-        while len(self._outbox) >= self.config.send_queue_depth:
+        await self._below(self.config.send_queue_depth)
+
+    async def _below(self, limit: int) -> None:
+        while len(self._outbox) >= limit:
             if self._closing is not None:
                 raise StreamClosed("closing")
             self._space.clear()
@@ -139,6 +160,9 @@ class Session:
                 if self._writer is not None:
                     self._writer.cancel()
                 raise StreamClosed("slow_reader") from None
+
+    def push(self, event: ServerEvent) -> None:
+        """Record ``event`` in the protocol state and queue its bytes (never waits)."""
         self._outbox.append(self.connection.send(event))
         self.outbox_high_water = max(self.outbox_high_water, len(self._outbox))
         self._ready.set()
@@ -210,6 +234,11 @@ class Session:
                 return
             if kind != "websocket.receive":
                 continue
+            # Stop reading while the outbox is over twice its depth: TCP then
+            # pushes back on a client that writes without reading (only error
+            # replies can take it there; sampling stops at the depth, so a
+            # paced stream never starves the reader of its turn).
+            await self._below(2 * self.config.send_queue_depth)
             received_at = time.perf_counter()
             data = message.get("text")
             if data is None:
@@ -236,6 +265,8 @@ class Session:
             stream_id = None
             if isinstance(event, ResponseCreate) and isinstance(event.stream_id, str):
                 stream_id = event.stream_id
+            elif event is None:
+                stream_id = _lane_hint(data)
             self._emit_error(error, stream_id)
 
     def _create(self, event: ResponseCreate) -> None:
@@ -259,18 +290,23 @@ class Session:
             response_id=new_id("resp"),
             request=event,
             model=model,
-            emit=self.emit,
+            sink=self,
             pause_timeout=self.config.pause_timeout,
             send_timing=self.send_timing,
         )
         self._forget_finished()
         self.rollouts[rollout.id] = rollout
+        rollout.announce_created()
         assert self._tasks is not None
         rollout.task = self._tasks.create_task(self._run_rollout(rollout))
 
     async def _run_rollout(self, rollout: Rollout) -> None:
-        with contextlib.suppress(StreamClosed):
+        try:
             await rollout.run()
+        except StreamClosed:
+            pass
+        except Exception:  # one rollout's bug must not end the connection
+            log.exception("rollout %s crashed", rollout.id)
 
     def _forget_finished(self) -> None:
         for rollout_id in [rid for rid, r in self.rollouts.items() if r.terminal]:

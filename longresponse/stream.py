@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from protocol import (
     ContentPartAdded,
@@ -32,7 +32,35 @@ from protocol import (
 from .render import encode
 from .sampler import ArgumentsDelta, ItemEnd, SampleChunk, Stop, TextDelta, ToolCallStart
 
-__all__ = ["StreamBuilder", "StreamClosed", "new_id"]
+__all__ = ["DiscardSink", "EventSink", "StreamBuilder", "StreamClosed", "new_id"]
+
+
+class EventSink(Protocol):
+    """Where a response's events go (a socket's outbox, an SSE stream).
+
+    Sending is two steps so that nothing is numbered before it is sure to be
+    sent: :meth:`room` waits (cancellably) until a few more events fit;
+    :meth:`push` records and queues one event and never waits. A rollout calls
+    ``room()``, then builds its next events and pushes them with no ``await``
+    in between, so a cancellation can never leave a gap in ``sequence_number``
+    or half of one chunk's events sent.
+    """
+
+    async def room(self) -> None:
+        """Wait until the sink takes more events; raise :class:`StreamClosed` if it never will."""
+
+    def push(self, event: ServerEvent) -> None:
+        """Record and queue ``event`` now."""
+
+
+class DiscardSink:
+    """A sink for callers that only want the final Response (HTTP JSON)."""
+
+    async def room(self) -> None:
+        return None
+
+    def push(self, event: ServerEvent) -> None:
+        return None
 
 
 class StreamClosed(Exception):
