@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import json
+import signal
+import socket
+import subprocess
+import sys
+import time
 from typing import Any
 
 import httpx
@@ -304,3 +309,78 @@ def test_clean_shutdown_drains_queued_writes(tmp_path: Any) -> None:
             assert f"«number {index}»" in client.responses.retrieve(response_id).output_text
     finally:
         reopened.stop()
+
+
+def serve_process(port: int, *extra: str) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "longresponse", "serve", "--port", str(port),
+         "--log-level", "warning", *extra],
+    )  # fmt: skip
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return proc
+        except OSError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                proc.kill()
+                raise RuntimeError("server process did not start") from None
+            time.sleep(0.05)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_two_processes_share_one_redis(redis_url: str) -> None:
+    ports = [free_port(), free_port()]
+    procs = [serve_process(port, "--store", redis_url) for port in ports]
+    try:
+        one, two = (
+            OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0)
+            for port in ports
+        )
+        first = one.responses.create(model="sim", input="made on one", tools=[TOOL])
+        assert two.responses.retrieve(first.id).id == first.id
+        (call,) = calls_of(first)
+        output = [{"type": "function_call_output", "call_id": call.call_id, "output": "via two"}]
+        # Chain over HTTP through the other process...
+        chained = two.responses.create(
+            model="sim", previous_response_id=first.id, input=output, tools=[TOOL]
+        )
+        assert "«made on one»" in chained.output_text
+        assert "«via two»" in chained.output_text
+        assert one.responses.retrieve(chained.id).output_text == chained.output_text
+        # ...and hydrate over a WebSocket of the other process.
+        with two.responses.connect() as conn:
+            conn.response.create(
+                model="sim", previous_response_id=first.id, input=output, tools=[TOOL]
+            )
+            while (event := conn.recv()).type != "response.completed":
+                assert event.type != "error", event
+            assert "«via two»" in event.response.output_text
+        two.responses.delete(first.id)
+        with pytest.raises(openai.NotFoundError):
+            one.responses.retrieve(first.id)
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=10)
+
+
+def test_retention_ttl_expires_responses(redis_url: str, make_server: Any) -> None:
+    for store in (redis_url, None):
+        overrides: dict[str, Any] = {"store_ttl": 0.3}
+        if store is not None:
+            overrides["store"] = store
+        running = make_server(**overrides)
+        client = sdk(running)
+        response = client.responses.create(model="sim", input="short-lived")
+        assert client.responses.retrieve(response.id).id == response.id
+        time.sleep(0.5)  # real retention is wall-clock time
+        with pytest.raises(openai.NotFoundError):
+            client.responses.retrieve(response.id)
+        with pytest.raises(openai.BadRequestError):
+            client.responses.create(model="sim", previous_response_id=response.id, input="x")
