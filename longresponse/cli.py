@@ -16,6 +16,20 @@ from .config import ServerConfig, SimConfig
 __all__ = ["build_parser", "config_from_args", "main", "uvicorn_config"]
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be greater than 0, not {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="longresponse",
@@ -29,75 +43,77 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     serve.add_argument("--host", default=limits.DEFAULT_HOST, help="address to listen on")
-    serve.add_argument("--port", type=int, default=limits.DEFAULT_PORT, help="TCP port")
+    serve.add_argument(
+        "--port", type=int, default=limits.DEFAULT_PORT, help="TCP port (0: any free one)"
+    )
     serve.add_argument(
         "--max-message-bytes",
-        type=int,
+        type=_positive_int,
         default=MAX_MESSAGE_BYTES,
         help="largest client message answered with an error event; twice this closes 1009",
     )
     serve.add_argument(
         "--max-items-per-event",
-        type=int,
+        type=_positive_int,
         default=MAX_ITEMS_PER_EVENT,
         help="most input items one response.create or response.append may carry",
     )
     serve.add_argument(
         "--max-rollouts-per-connection",
-        type=int,
+        type=_positive_int,
         default=limits.MAX_ROLLOUTS_PER_CONNECTION,
         help="append mode: live rollouts one connection may run at once",
     )
     serve.add_argument(
         "--send-queue-depth",
-        type=int,
+        type=_positive_int,
         default=limits.SEND_QUEUE_DEPTH,
         help="encoded events buffered per connection before sampling waits for the reader",
     )
     serve.add_argument(
         "--slow-reader-timeout",
-        type=float,
+        type=_positive_float,
         default=limits.SLOW_READER_TIMEOUT,
         help="seconds the send queue may stay full before the reader is disconnected",
     )
     serve.add_argument(
         "--pause-timeout",
-        type=float,
+        type=_positive_float,
         default=limits.PAUSE_TIMEOUT,
         help="append mode: seconds a paused rollout waits for tool outputs before ending "
         "incomplete",
     )
     serve.add_argument(
         "--max-in-flight",
-        type=int,
+        type=_positive_int,
         default=limits.MAX_IN_FLIGHT,
         help="shipped shape: responses running at once per connection, across lanes; "
         "further creates wait in their lane's queue",
     )
     serve.add_argument(
         "--max-lanes",
-        type=int,
+        type=_positive_int,
         default=limits.MAX_LANES,
         help="shipped shape: distinct named lanes (stream_id) per connection; "
         "the default lane does not count",
     )
     serve.add_argument(
         "--max-queued",
-        type=int,
+        type=_positive_int,
         default=limits.MAX_QUEUED,
         help="shipped shape: creates waiting to run per connection; beyond it an error "
         "(websocket_queue_limit_reached)",
     )
     serve.add_argument(
         "--connection-cache-bytes",
-        type=int,
+        type=_positive_int,
         default=limits.CONNECTION_CACHE_BYTES,
         help="shipped shape: approximate bytes of rollout state one connection keeps for "
         "previous_response_id (least recently used rollouts are evicted)",
     )
     serve.add_argument(
         "--connection-lifetime",
-        type=float,
+        type=_positive_float,
         default=limits.CONNECTION_LIFETIME,
         help="seconds a connection may live; then an error event "
         "(websocket_connection_limit_reached) and close 1000",
@@ -110,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--store-ttl",
-        type=float,
+        type=_positive_float,
         default=None,
         help="seconds a stored response is kept (default: forever)",
     )

@@ -263,7 +263,9 @@ class Session:
                 pass  # tolerated, never answered
         except ProtocolError as error:
             stream_id = None
-            if isinstance(event, ResponseCreate) and isinstance(event.stream_id, str):
+            if error.code == ErrorCode.INVALID_STREAM_ID:
+                pass  # the refused name is not a lane
+            elif isinstance(event, ResponseCreate) and isinstance(event.stream_id, str):
                 stream_id = event.stream_id
             elif event is None:
                 stream_id = _lane_hint(data)

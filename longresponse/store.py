@@ -15,6 +15,12 @@ Every record belongs to an ``owner`` (a digest of the API key, ``""`` without
 keys): a read, delete or chain by another owner finds nothing. Records older
 than the store's ``ttl`` (seconds; ``None`` = forever) are not found.
 
+Every backend also keeps the usage ledger for billing: one
+:class:`UsageRecord` per finished response, written with
+:meth:`~ResponseStore.put_usage` and listed with :meth:`~ResponseStore.usage`.
+Ledger records never expire: billing must outlive retention, so neither the
+``ttl``, nor ``purge_expired``, nor deleting the response removes them.
+
 Theory of operation
 -------------------
 Every backend keeps the record as one msgpack blob (one reused encoder, one
@@ -38,6 +44,12 @@ server's clock for Redis).
   the owner is checked after ``GET``, and ``delete`` is one Lua script that
   reads the owner out of the blob and deletes only on a match (atomic: no
   other client runs between the check and the ``DEL``).
+
+The ledger sits beside the records, keyed by ``response_id`` so that writing
+the same response twice leaves one entry (the last write wins): a dict for
+memory, a ``usage`` table (``INSERT OR REPLACE``) for SQLite, and one hash,
+:data:`REDIS_USAGE_KEY`, for Redis (``HSET`` of a field replaces it; the hash
+has no expiry). Listing sorts by ``created_at``, then ``response_id``.
 
 Failures of the backend itself (disk, network, a blob that no longer decodes)
 raise :class:`StoreError`; a missing, expired or foreign record is not an
@@ -63,6 +75,7 @@ from protocol import Item, Response
 
 __all__ = [
     "REDIS_KEY_PREFIX",
+    "REDIS_USAGE_KEY",
     "SQLITE_BUSY_TIMEOUT",
     "SQLITE_PURGE_INTERVAL",
     "MemoryStore",
@@ -71,11 +84,14 @@ __all__ = [
     "SQLiteStore",
     "StoreError",
     "StoredResponse",
+    "UsageRecord",
     "open_store",
 ]
 
 #: Redis key of a record: ``longresponse:response:{id}``.
 REDIS_KEY_PREFIX: Final = "longresponse:response:"
+#: Redis hash of the usage ledger: field ``response_id`` -> msgpack UsageRecord.
+REDIS_USAGE_KEY: Final = "longresponse:usage"
 #: Seconds a SQLite writer waits for another connection's lock before failing.
 SQLITE_BUSY_TIMEOUT: Final = 5.0
 #: Seconds between two opportunistic purges of expired SQLite rows.
@@ -94,6 +110,26 @@ class StoredResponse(msgspec.Struct, frozen=True, kw_only=True):
     previous_response_id: str | None = None
 
 
+class UsageRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """One entry of the billing ledger: what one finished response consumed.
+
+    Keyed by ``response_id``: a later record for the same response replaces
+    the earlier one. Never expires with the response (see the module docstring).
+    """
+
+    response_id: str
+    owner: str
+    model: str
+    input_tokens: int
+    #: Of ``input_tokens``, how many came from the prompt cache.
+    cached_tokens: int
+    output_tokens: int
+    #: Seconds since the epoch; the ledger is ordered by it.
+    created_at: float
+    #: How the response was served: ``"append"``, ``"ws"`` or ``"http"``.
+    transport: str
+
+
 class ResponseStore(Protocol):
     async def put(self, record: StoredResponse) -> None:
         """Persist ``record`` (replacing one with the same id)."""
@@ -103,6 +139,16 @@ class ResponseStore(Protocol):
 
     async def delete(self, response_id: str, *, owner: str) -> bool:
         """Delete the record; ``False`` if there was none visible to ``owner``."""
+
+    async def put_usage(self, record: UsageRecord) -> None:
+        """Add ``record`` to the usage ledger, replacing one with the same ``response_id``.
+
+        The entry never expires and is not removed by :meth:`delete`. On
+        :class:`StoreError` it may or may not have been written.
+        """
+
+    async def usage(self, *, owner: str | None = None) -> list[UsageRecord]:
+        """The whole ledger, or ``owner``'s part of it, by ``created_at`` then ``response_id``."""
 
     async def aclose(self) -> None:
         """Release connections and files."""
@@ -118,9 +164,10 @@ class StoreError(Exception):
 
 _encoder: Final = msgspec.msgpack.Encoder()
 _decoder: Final = msgspec.msgpack.Decoder(StoredResponse)
+_usage_decoder: Final = msgspec.msgpack.Decoder(UsageRecord)
 
 
-def _encode(record: StoredResponse) -> bytes:
+def _encode(record: StoredResponse | UsageRecord) -> bytes:
     return _encoder.encode(record)
 
 
@@ -129,6 +176,17 @@ def _decode(blob: bytes) -> StoredResponse:
         return _decoder.decode(blob)
     except msgspec.DecodeError as exc:
         raise StoreError(f"a stored record no longer decodes: {exc}") from exc
+
+
+def _decode_usage(blob: bytes) -> UsageRecord:
+    try:
+        return _usage_decoder.decode(blob)
+    except msgspec.DecodeError as exc:
+        raise StoreError(f"a usage record no longer decodes: {exc}") from exc
+
+
+def _ledger_order(record: UsageRecord) -> tuple[float, str]:
+    return (record.created_at, record.response_id)
 
 
 def _check_ttl(ttl: float | None) -> float | None:
@@ -154,6 +212,8 @@ class MemoryStore:
         self._clock = clock
         #: id -> (owner, expires_at or None, msgpack blob)
         self._records: dict[str, tuple[str, float | None, bytes]] = {}
+        #: response_id -> msgpack UsageRecord (never expires)
+        self._usage: dict[str, bytes] = {}
 
     async def put(self, record: StoredResponse) -> None:
         """Store ``record``; nothing changes if it cannot be encoded."""
@@ -172,8 +232,20 @@ class MemoryStore:
         del self._records[response_id]
         return True
 
+    async def put_usage(self, record: UsageRecord) -> None:
+        """Add ``record`` to the ledger, replacing its ``response_id``; unchanged if unencodable."""
+        self._usage[record.response_id] = _encode(record)
+
+    async def usage(self, *, owner: str | None = None) -> list[UsageRecord]:
+        """The ledger, or ``owner``'s part, by ``created_at`` then ``response_id``."""
+        records = (_decode_usage(blob) for blob in self._usage.values())
+        return sorted(
+            (record for record in records if owner is None or record.owner == owner),
+            key=_ledger_order,
+        )
+
     async def purge_expired(self) -> int:
-        """Drop every expired record; the number dropped."""
+        """Drop every expired record (never a ledger entry); the number dropped."""
         now = self._clock()
         expired = [
             key for key, (_, expires_at, _) in self._records.items() if _expired(expires_at, now)
@@ -183,8 +255,9 @@ class MemoryStore:
         return len(expired)
 
     async def aclose(self) -> None:
-        """Forget every record."""
+        """Forget every record and the ledger."""
         self._records.clear()
+        self._usage.clear()
 
     def _visible(self, response_id: str, owner: str) -> bytes | None:
         entry = self._records.get(response_id)
@@ -213,6 +286,13 @@ CREATE TABLE IF NOT EXISTS responses (
 );
 CREATE INDEX IF NOT EXISTS responses_expires_at
     ON responses (expires_at) WHERE expires_at IS NOT NULL;
+CREATE TABLE IF NOT EXISTS usage (
+    response_id TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    data BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS usage_owner ON usage (owner, created_at, response_id);
 """
 _PUT: Final = (
     "INSERT OR REPLACE INTO responses (id, owner, created_at, expires_at, data)"
@@ -222,6 +302,12 @@ _VISIBLE: Final = "id = ? AND owner = ? AND (expires_at IS NULL OR expires_at > 
 _GET: Final = f"SELECT data FROM responses WHERE {_VISIBLE}"
 _DELETE: Final = f"DELETE FROM responses WHERE {_VISIBLE}"
 _PURGE: Final = "DELETE FROM responses WHERE expires_at IS NOT NULL AND expires_at <= ?"
+_PUT_USAGE: Final = (
+    "INSERT OR REPLACE INTO usage (response_id, owner, created_at, data) VALUES (?, ?, ?, ?)"
+)
+# TEXT compares by its UTF-8 bytes, which orders as Python orders str.
+_USAGE: Final = "SELECT data FROM usage ORDER BY created_at, response_id"
+_USAGE_OF: Final = "SELECT data FROM usage WHERE owner = ? ORDER BY created_at, response_id"
 
 
 class SQLiteStore:
@@ -316,8 +402,23 @@ class SQLiteStore:
         args = (response_id, owner, self._clock())
         return await self._run(lambda: self._db.execute(_DELETE, args).rowcount > 0)
 
+    async def put_usage(self, record: UsageRecord) -> None:
+        """Add ``record`` to the ``usage`` table (one statement: written whole or not at all)."""
+        row = (record.response_id, record.owner, record.created_at, _encode(record))
+        await self._run(lambda: self._db.execute(_PUT_USAGE, row))
+
+    async def usage(self, *, owner: str | None = None) -> list[UsageRecord]:
+        """The ledger, or ``owner``'s part, by ``created_at`` then ``response_id``."""
+
+        def rows() -> list[tuple[bytes]]:
+            if owner is None:
+                return self._db.execute(_USAGE).fetchall()
+            return self._db.execute(_USAGE_OF, (owner,)).fetchall()
+
+        return [_decode_usage(blob) for (blob,) in await self._run(rows)]
+
     async def purge_expired(self) -> int:
-        """Delete every expired row; the number deleted."""
+        """Delete every expired response row (never a ledger row); the number deleted."""
         now = self._clock()
         self._last_purge = now
         return await self._run(lambda: self._db.execute(_PURGE, (now,)).rowcount)
@@ -352,7 +453,8 @@ class RedisStore:
     """Records in Redis (``redis://host:port/db``), shared by every process and host.
 
     One key per record (:data:`REDIS_KEY_PREFIX` + id) holding its msgpack
-    blob, set with ``PX`` so that Redis itself expires it. The client connects
+    blob, set with ``PX`` so that Redis itself expires it; the ledger is one
+    hash without expiry (:data:`REDIS_USAGE_KEY`). The client connects
     lazily: a wrong address shows up as :class:`StoreError` on the first call.
     A store belongs to the event loop it is first used on.
     """
@@ -391,8 +493,33 @@ class RedisStore:
             raise StoreError(f"Redis store: {exc}") from exc
         return bool(deleted)
 
+    async def put_usage(self, record: UsageRecord) -> None:
+        """``HSET`` the ledger field ``response_id`` (replacing it); the hash never expires."""
+        try:
+            await self._redis.hset(REDIS_USAGE_KEY, record.response_id, _encode(record))
+        except redis.exceptions.RedisError as exc:
+            raise StoreError(f"Redis store: {exc}") from exc
+
+    async def usage(self, *, owner: str | None = None) -> list[UsageRecord]:
+        """The ledger, or ``owner``'s part, by ``created_at`` then ``response_id``.
+
+        Reads the whole hash (``HGETALL``) and filters and sorts here: fine
+        for a ledger of thousands of entries, not of millions.
+        """
+        try:
+            entries = await self._redis.hgetall(REDIS_USAGE_KEY)
+        except redis.exceptions.RedisError as exc:
+            raise StoreError(f"Redis store: {exc}") from exc
+        records = []
+        for blob in entries.values():
+            assert isinstance(blob, bytes)  # the client does not decode replies to str
+            record = _decode_usage(blob)
+            if owner is None or record.owner == owner:
+                records.append(record)
+        return sorted(records, key=_ledger_order)
+
     async def purge_expired(self) -> int:
-        """Always 0: Redis expires keys itself."""
+        """Always 0: Redis expires keys itself (and never the ledger)."""
         return 0
 
     async def aclose(self) -> None:

@@ -249,12 +249,13 @@ def test_api_keys_and_ownership(make_server: Any) -> None:
     assert keyed.live_sessions == 0
 
 
-def test_server_refuses_public_address_without_keys() -> None:
+def test_server_refuses_public_address_without_keys(capsys: pytest.CaptureFixture[str]) -> None:
     from longresponse.cli import main
 
     with pytest.raises(SystemExit) as refused:
         main(["serve", "--host", "0.0.0.0", "--port", "0"])
     assert refused.value.code == 2
+    assert "without API keys" in capsys.readouterr().err
 
 
 def test_websocket_hydration_after_reconnect_and_restart(tmp_path: Any) -> None:
