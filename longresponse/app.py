@@ -11,6 +11,7 @@ queue, and drains the queue on shutdown.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator
@@ -18,15 +19,19 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 
 from protocol import APPEND_BETA_HEADER, APPEND_SUBPROTOCOL, Mode
 
 from .auth import ApiKeys, Unauthorized
+from .classifier import Policy
 from .config import ServerConfig
 from .http import ResponsesHTTP
+from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from .metrics import ServerMetrics
 from .persistence import Persistence
+from .pipeline import Pipeline
 from .render import encode
 from .sampler import ModelRegistry
 from .session import ASGIReceive, ASGISend, Session
@@ -65,9 +70,13 @@ class ResponsesEndpoint:
         models: ModelRegistry,
         keys: ApiKeys | None = None,
         services: _Services | None = None,
+        pipeline: Pipeline | None = None,
+        metrics: ServerMetrics | None = None,
     ) -> None:
         self.config = config
         self.models = models
+        self.pipeline = pipeline or Pipeline(config.switches)
+        self.metrics = metrics
         self.keys = keys or ApiKeys()
         self.services = services or _Services()
         self.live_sessions = 0  # for tests and metrics
@@ -120,6 +129,8 @@ class ResponsesEndpoint:
             send_timing=timing,
             owner=owner,
             persistence=self.services.get_persistence,
+            pipeline=self.pipeline,
+            metrics=self.metrics,
         )
         # Counted before the handshake completes, so a client that sees the
         # 101 also sees its session counted.
@@ -137,16 +148,20 @@ def create_app(config: ServerConfig | None = None) -> Starlette:
     config = config or ServerConfig()
     encode("")  # load the tokenizer now, not inside the first request
     models = ModelRegistry(config.sim)
+    pipeline = Pipeline(config.switches, Policy(config.secrets_policy))
+    models.counters = pipeline.counters
+    metrics = ServerMetrics(pipeline.counters)
     keys = ApiKeys.from_env(config.api_keys)
     services = _Services()
-    endpoint = ResponsesEndpoint(config, models, keys, services)
-    http = ResponsesHTTP(config, models, keys, services.get_persistence)
+    endpoint = ResponsesEndpoint(config, models, keys, services, pipeline, metrics)
+    http = ResponsesHTTP(config, models, keys, services.get_persistence, pipeline, metrics)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         store = open_store(config.store, ttl=config.store_ttl)
-        persistence = Persistence(store)
+        persistence = Persistence(store, overlapped=config.switches.overlapped_post_inference)
         persistence.start()
+        app.state.loop = asyncio.get_running_loop()  # for tests that reach into the store
         services.persistence = app.state.persistence = persistence
         try:
             yield
@@ -166,6 +181,9 @@ def create_app(config: ServerConfig | None = None) -> Starlette:
             }
         )
 
+    async def metrics_page(request: Request) -> Response:
+        return Response(metrics.render(), media_type=METRICS_CONTENT_TYPE)
+
     async def health(request: Request) -> JSONResponse:
         return JSONResponse({"status": "ok", "live_sessions": endpoint.live_sessions})
 
@@ -174,6 +192,7 @@ def create_app(config: ServerConfig | None = None) -> Starlette:
             WebSocketRoute("/v1/responses", endpoint),
             *http.routes(),
             Route("/v1/models", list_models),
+            Route("/metrics", metrics_page),
             Route("/healthz", health),
         ],
         lifespan=lifespan,
@@ -182,4 +201,6 @@ def create_app(config: ServerConfig | None = None) -> Starlette:
     app.state.models = models
     app.state.endpoint = endpoint
     app.state.http = http
+    app.state.pipeline = pipeline
+    app.state.metrics = metrics
     return app

@@ -12,6 +12,7 @@ from protocol import MAX_ITEMS_PER_EVENT, MAX_MESSAGE_BYTES
 from . import config as limits
 from .auth import API_KEYS_ENV, ApiKeys, is_loopback
 from .config import ServerConfig, SimConfig
+from .pipeline import Switches
 
 __all__ = ["build_parser", "config_from_args", "main", "uvicorn_config"]
 
@@ -144,6 +145,32 @@ def build_parser() -> argparse.ArgumentParser:
         help="listen on a non-loopback address without API keys (refused otherwise)",
     )
     serve.add_argument(
+        "--secrets-policy",
+        choices=["flag", "redact", "refuse"],
+        default="flag",
+        help="what the secrets classifier does with a credential in new input: record it on "
+        "the response's metadata, redact it before the model sees it, or refuse the input",
+    )
+    for switch, what in (
+        ("incremental-validation", "validate only new input (off: the whole history, every time)"),
+        (
+            "incremental-classification",
+            "classify only new input (off: the whole history, every time)",
+        ),
+        ("token-cache", "render only new items (off: render the whole context every turn)"),
+        ("resolution-reuse", "resolve the model once per rollout (off: every turn)"),
+        (
+            "overlapped-post-inference",
+            "write usage and stored responses after the terminal event (off: before it)",
+        ),
+    ):
+        serve.add_argument(
+            f"--no-{switch}",
+            dest=switch.replace("-", "_"),
+            action="store_false",
+            help=f"turn off reuse: {what}",
+        )
+    serve.add_argument(
         "--sim-ttft-ms",
         type=float,
         default=0.0,
@@ -160,6 +187,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=0.0,
         help="simulated model: prefill rate over uncached input tokens (0 = instant)",
+    )
+    serve.add_argument(
+        "--sim-context-window",
+        type=_positive_int,
+        default=1_000_000,
+        help="simulated models: context window in tokens (longer input: context_length_exceeded, "
+        "or dropped oldest items with truncation=auto)",
     )
     serve.add_argument(
         "--log-level",
@@ -189,10 +223,19 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         store_ttl=args.store_ttl,
         api_keys=tuple(args.api_keys),
         allow_unauthenticated=args.allow_unauthenticated,
+        secrets_policy=args.secrets_policy,
+        switches=Switches(
+            incremental_validation=args.incremental_validation,
+            incremental_classification=args.incremental_classification,
+            token_cache=args.token_cache,
+            resolution_reuse=args.resolution_reuse,
+            overlapped_post_inference=args.overlapped_post_inference,
+        ),
         sim=SimConfig(
             time_to_first_token=args.sim_ttft_ms / 1000,
             tokens_per_second=args.sim_tokens_per_second,
             prefill_tokens_per_second=args.sim_prefill_tokens_per_second,
+            context_window=args.sim_context_window,
         ),
     )
 

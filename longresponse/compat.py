@@ -51,7 +51,9 @@ from protocol import (
 )
 
 from .config import ServerConfig
+from .metrics import ServerMetrics
 from .persistence import Persistence
+from .pipeline import Pipeline, Switches
 from .rollout import Boundary, Rollout
 from .sampler import ModelRegistry, check_sim_metadata
 from .stream import EventSink, StreamClosed, new_id
@@ -134,6 +136,7 @@ class SegmentCache:
 class _Queued:
     request: ResponseCreate
     received_at: float
+    decode: float = 0.0
 
 
 class Lane:
@@ -194,6 +197,8 @@ class ShippedShape:
         send_timing: bool,
         owner: str = "",
         persistence: Callable[[], Persistence] | None = None,
+        pipeline: Pipeline | None = None,
+        metrics: ServerMetrics | None = None,
     ) -> None:
         self.config = config
         self.models = models
@@ -206,6 +211,8 @@ class ShippedShape:
         self._in_flight = asyncio.Semaphore(config.max_in_flight)
         self.owner = owner
         self._persistence = persistence
+        self.pipeline = pipeline or Pipeline(Switches())
+        self.metrics = metrics
         self.queued = 0
         self.segments_run = 0
         self.forks = 0
@@ -213,7 +220,7 @@ class ShippedShape:
 
     # --- admission (synchronous, in the connection's read loop) -------------
 
-    def submit(self, request: ResponseCreate, received_at: float) -> None:
+    def submit(self, request: ResponseCreate, received_at: float, decode: float = 0.0) -> None:
         """Queue ``request`` on its lane. Raises :class:`RemoteProtocolError` if refused."""
         stream_id = request.stream_id if isinstance(request.stream_id, str) else None
         if stream_id is not None and not STREAM_ID_PATTERN.fullmatch(stream_id):
@@ -247,7 +254,7 @@ class ShippedShape:
             )
         if lane is None:
             lane = self.lanes[stream_id] = Lane(stream_id)
-        lane.queue.append(_Queued(request, received_at))
+        lane.queue.append(_Queued(request, received_at, decode))
         self.queued += 1
         if lane.task is None or lane.task.done():
             lane.task = self._spawn(self._serve_lane(lane))
@@ -261,7 +268,7 @@ class ShippedShape:
                 lane.queue.popleft()
                 self.queued -= 1
                 try:
-                    await self._run(queued.request, lane.name, queued.received_at)
+                    await self._run(queued.request, lane.name, queued.received_at, queued.decode)
                 except StreamClosed:
                     return
                 except ProtocolError as error:
@@ -278,13 +285,18 @@ class ShippedShape:
                         lane.name,
                     )
 
-    async def _run(self, request: ResponseCreate, lane: str | None, received_at: float) -> None:
-        model = self.models.resolve(request.model if isinstance(request.model, str) else None)
+    async def _run(
+        self, request: ResponseCreate, lane: str | None, received_at: float, decode: float
+    ) -> None:
         check_sim_metadata(request.metadata)
+        model_name = request.model if isinstance(request.model, str) else "sim"
         new_items = _items(request.input)
-        history: list[Item] = []
+        history: list[Item] = []  # what a hydrated rollout must take in first
+        checked: list[Item] = []  # what the pipeline would re-check without reuse
+        cached = True
         parent_id = request.previous_response_id
         found = self.cache.lookup(parent_id) if parent_id is not None else None
+        parent: Rollout | None = None
         if parent_id is None or found is None:
             if parent_id is not None:
                 # Not on this connection: a stored response hydrates (the
@@ -301,19 +313,12 @@ class ShippedShape:
                         param="previous_response_id",
                     )
                 check_continuation(new_items, conversation.pending)
-                history = conversation.items
+                history = checked = conversation.items
+                cached = False
                 self.hydrations += 1
             else:
                 check_continuation(new_items, {})
-            rollout = Rollout(
-                response_id=new_id("resp"),
-                request=request,
-                model=model,
-                sink=self._sink,
-                pause_timeout=self.config.pause_timeout,
-                send_timing=self.send_timing,
-                shipped=True,
-            )
+            rollout = None
         else:
             parent, boundary = found
             try:
@@ -330,17 +335,54 @@ class ShippedShape:
             else:
                 rollout = parent.fork(boundary)
                 self.forks += 1
+            checked = rollout.context
+        # Model resolution: reused from the rollout unless the name changes.
+        if (
+            parent is not None
+            and self.pipeline.switches.resolution_reuse
+            and parent.model.name == model_name
+        ):
+            model = parent.model
+        else:
+            model = self.models.resolve(model_name)
+        admission = self.pipeline.admit(
+            new_items, history=checked, tools=request.tools, cached=cached
+        )
+        new_items = admission.items
+        if rollout is None:
+            rollout = Rollout(
+                response_id=new_id("resp"),
+                request=request,
+                model=model,
+                sink=self._sink,
+                pause_timeout=self.config.pause_timeout,
+                send_timing=self.send_timing,
+                shipped=True,
+                pipeline=self.pipeline,
+                resolve=self.models.resolve,
+            )
+        rollout.note_admission(
+            admission.verdicts,
+            decode=decode,
+            validate=admission.validate_seconds,
+            classify=admission.classify_seconds,
+        )
+        if self.metrics is not None:
+            metrics = self.metrics
+            rollout.on_timing = lambda timing: metrics.observe_turn("ws", timing)
         segment_id = new_id("resp")
         self.segments_run += 1
-        persist = None
-        if request.store and self._persistence is not None:
-            persistence = self._persistence()
+        persistence = self._persistence() if self._persistence is not None else None
 
-            async def persist(response: Response) -> None:
-                await persistence.persist(
+        async def post_inference(response: Response) -> None:
+            if self.metrics is not None:
+                self.metrics.response_finished("ws", response.status)
+            if persistence is not None:
+                await persistence.post_inference(
                     response,
                     owner=self.owner,
-                    input_items=new_items,
+                    transport="ws",
+                    store_input=new_items if request.store else None,
                     previous_response_id=parent_id,
                 )
 
@@ -352,7 +394,7 @@ class ShippedShape:
             sink=self._sink,
             stream_id=lane,
             received_at=received_at,
-            on_finish=persist,
+            on_finish=post_inference,
         )
         if finished is not None:
             self.cache.add(rollout, finished)

@@ -7,6 +7,8 @@ from typing import Final
 
 from protocol import MAX_ITEMS_PER_EVENT, MAX_MESSAGE_BYTES
 
+from .pipeline import Switches
+
 __all__ = [
     "CONNECTION_CACHE_BYTES",
     "CONNECTION_LIFETIME",
@@ -64,6 +66,8 @@ class SimConfig:
     tokens_per_second: float = 0.0
     #: Prefill rate over UNCACHED input tokens; 0 = instant.
     prefill_tokens_per_second: float = 0.0
+    #: The simulated models' context window, in tokens.
+    context_window: int = 1_000_000
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -88,4 +92,7 @@ class ServerConfig:
     #: ``allow_unauthenticated``).
     api_keys: tuple[str, ...] = ()
     allow_unauthenticated: bool = False
+    #: The pipeline's reuse switches (all on) and the secrets policy.
+    switches: Switches = dataclasses.field(default_factory=Switches)
+    secrets_policy: str = "flag"
     sim: SimConfig = dataclasses.field(default_factory=SimConfig)

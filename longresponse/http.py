@@ -39,8 +39,10 @@ from protocol import Response as ResponseObject
 from .auth import ApiKeys, Unauthorized
 from .compat import check_continuation
 from .config import ServerConfig
+from .metrics import ServerMetrics
 from .persistence import Persistence
-from .rollout import Rollout
+from .pipeline import Pipeline, Switches
+from .rollout import Rollout, TurnTiming
 from .sampler import ModelRegistry, check_sim_metadata
 from .stream import DiscardSink, EventSink, new_id
 
@@ -95,11 +97,15 @@ class ResponsesHTTP:
         models: ModelRegistry,
         keys: ApiKeys,
         persistence: Callable[[], Persistence],
+        pipeline: Pipeline | None = None,
+        metrics: ServerMetrics | None = None,
     ) -> None:
         self.config = config
         self.models = models
         self.keys = keys
         self._persistence = persistence
+        self.pipeline = pipeline or Pipeline(Switches())
+        self.metrics = metrics
         self.requests = 0
 
     @property
@@ -158,6 +164,7 @@ class ResponsesHTTP:
                 )
             model = self.models.resolve(body.model if isinstance(body.model, str) else None)
             check_sim_metadata(body.metadata)
+            decoded = time.perf_counter()
             new_items = _items(body.input)
             history: list[Item] = []
             if body.previous_response_id is not None:
@@ -174,9 +181,22 @@ class ResponsesHTTP:
                 history = conversation.items
             else:
                 check_continuation(new_items, {})
+            # Stateless: the whole history is validated and classified again.
+            admission = self.pipeline.admit(
+                new_items, history=history, tools=body.tools, cached=False
+            )
         except ProtocolError as error:
             return http_error(error)
-        run = _Run(self, body, model, owner, history, new_items, received_at)
+        run = _Run(self, body, model, owner, history, admission.items, received_at)
+        run.rollout.note_admission(
+            admission.verdicts,
+            decode=decoded - received_at,
+            validate=admission.validate_seconds,
+            classify=admission.classify_seconds,
+        )
+        if self.metrics is not None:
+            metrics = self.metrics
+            run.rollout.on_timing = lambda timing: metrics.observe_turn("http", timing)
         if body.stream:
             return StreamingResponse(run.sse(), media_type="text/event-stream")
         return await run.json()
@@ -288,6 +308,8 @@ class _Run:
             sink=DiscardSink(),
             pause_timeout=http.config.pause_timeout,
             shipped=True,
+            pipeline=http.pipeline,
+            resolve=http.models.resolve,
         )
         self.model = model
         self.history = history
@@ -295,13 +317,15 @@ class _Run:
 
     async def _persist(self, response: ResponseObject) -> None:
         self.final = response
-        if self.body.store:
-            await self.http.persistence.persist(
-                response,
-                owner=self.owner,
-                input_items=self.new_items,
-                previous_response_id=self.body.previous_response_id,
-            )
+        if self.http.metrics is not None:
+            self.http.metrics.response_finished("http", response.status)
+        await self.http.persistence.post_inference(
+            response,
+            owner=self.owner,
+            transport="http",
+            store_input=self.new_items if self.body.store else None,
+            previous_response_id=self.body.previous_response_id,
+        )
 
     async def _segment(self, sink: EventSink) -> bool:
         boundary = await self.rollout.run_segment(
@@ -318,6 +342,11 @@ class _Run:
 
     async def json(self) -> Response:
         if not await self._segment(DiscardSink()) or self.final is None:
+            failure = self.rollout.error
+            if failure is not None and failure.code == "context_length_exceeded":
+                return http_error(
+                    RemoteProtocolError(failure.message, code=failure.code, param="input")
+                )
             return http_error(
                 RemoteProtocolError(
                     "The server had an error while processing your request.",
@@ -331,12 +360,10 @@ class _Run:
             # Server-side phase times of this request (RFC Server-Timing).
             timing = self.rollout.timings[-1]
             response.headers["server-timing"] = ", ".join(
-                f"{name};dur={value:.3f}"
+                f"{name};dur={value * 1000:.3f}"
                 for name, value in (
-                    ("resume", timing.resume * 1000),
-                    ("pre_inference", timing.pre_inference * 1000),
-                    ("ttft", timing.time_to_first_token * 1000),
-                    ("inference", timing.inference * 1000),
+                    ("resume", timing.resume),
+                    *((phase, getattr(timing, phase)) for phase in TurnTiming.PHASES),
                 )
             )
         return response

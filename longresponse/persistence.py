@@ -11,8 +11,9 @@ pending entry until its write lands, and every read in this process (GET,
 chaining with ``previous_response_id``, WebSocket hydration) waits for a
 pending write of the id it asks for. Another process sharing the store (Redis)
 sees the record once the write lands, normally within a millisecond of the
-terminal event; a chain lookup that misses retries once after
-:data:`CROSS_PROCESS_GRACE` seconds to cover that window.
+terminal event; there a read that misses keeps looking for up to
+:data:`CROSS_PROCESS_GRACE` seconds to cover that window (so a truly unknown
+id costs that long to report as not found).
 
 Rebuilding a conversation from the store walks ``previous_response_id`` back
 to its start: the whole history is read and rendered again on every request.
@@ -39,11 +40,12 @@ from protocol import (
     Response,
 )
 
-from .store import ResponseStore, StoredResponse
+from .store import ResponseStore, StoredResponse, UsageRecord
 from .stream import new_id
 
 __all__ = [
     "CROSS_PROCESS_GRACE",
+    "CROSS_PROCESS_POLL",
     "MAX_CHAIN_DEPTH",
     "POST_INFERENCE_QUEUE_DEPTH",
     "Conversation",
@@ -55,8 +57,10 @@ log = logging.getLogger(__name__)
 
 #: Writes waiting for the background worker; beyond it, queuing waits.
 POST_INFERENCE_QUEUE_DEPTH: Final = 1024
-#: How long a chain lookup that missed waits before looking once more.
-CROSS_PROCESS_GRACE: Final = 0.05
+#: How long a read that missed on a shared store keeps looking (another
+#: process's write may still be landing), and how often it looks.
+CROSS_PROCESS_GRACE: Final = 0.5
+CROSS_PROCESS_POLL: Final = 0.01
 #: Longest ``previous_response_id`` chain rebuilt from the store.
 MAX_CHAIN_DEPTH: Final = 10_000
 
@@ -97,12 +101,24 @@ class Conversation(msgspec.Struct, frozen=True, kw_only=True):
 class Persistence:
     """A store behind a bounded write-behind queue (see the module docstring)."""
 
-    def __init__(self, store: ResponseStore, *, depth: int = POST_INFERENCE_QUEUE_DEPTH) -> None:
+    def __init__(
+        self,
+        store: ResponseStore,
+        *,
+        depth: int = POST_INFERENCE_QUEUE_DEPTH,
+        overlapped: bool = True,
+    ) -> None:
         self.store = store
-        self._queue: asyncio.Queue[StoredResponse | None] = asyncio.Queue(depth)
+        #: Off: post-inference writes complete before the caller goes on (the
+        #: terminal event waits for them), as without an overlapping queue.
+        self.overlapped = overlapped
+        self._queue: asyncio.Queue[
+            tuple[StoredResponse | UsageRecord, asyncio.Future[None]] | None
+        ] = asyncio.Queue(depth)
         self._pending: dict[str, asyncio.Future[None]] = {}
         self._worker: asyncio.Task[None] | None = None
         self.written = 0
+        self.usage_written = 0
         self.write_seconds = 0.0
 
     # --- lifecycle (owned by the app's lifespan) ------------------------------
@@ -121,20 +137,71 @@ class Persistence:
 
     async def _run(self) -> None:
         while True:
-            record = await self._queue.get()
-            if record is None:
+            entry = await self._queue.get()
+            if entry is None:
                 return
+            record, done = entry
             started = time.perf_counter()
             try:
-                await self.store.put(record)
+                if isinstance(record, UsageRecord):
+                    await self.store.put_usage(record)
+                    self.usage_written += 1
+                else:
+                    await self.store.put(record)
+                    self.written += 1
             except Exception:
-                log.exception("storing response %s failed", record.id)
+                log.exception("post-inference write for %s failed", _record_id(record))
             finally:
                 self.write_seconds += time.perf_counter() - started
-                self.written += 1
-                future = self._pending.pop(record.id, None)
-                if future is not None and not future.done():
-                    future.set_result(None)
+                if isinstance(record, StoredResponse):
+                    self._pending.pop(record.id, None)
+                if not done.done():
+                    done.set_result(None)
+
+    async def _enqueue(self, record: StoredResponse | UsageRecord) -> asyncio.Future[None]:
+        done = asyncio.get_running_loop().create_future()
+        if isinstance(record, StoredResponse):
+            self._pending[record.id] = done
+        self.start()
+        await self._queue.put((record, done))
+        if not self.overlapped:
+            await asyncio.shield(done)
+        return done
+
+    async def post_inference(
+        self,
+        response: Response,
+        *,
+        owner: str,
+        transport: str,
+        store_input: Sequence[Item] | None = None,
+        previous_response_id: str | None = None,
+    ) -> None:
+        """The post-inference work of one finished response.
+
+        Always a usage-ledger record; with ``store_input`` also the stored
+        response. Returns once queued (or, not overlapped, once written).
+        """
+        usage = response.usage
+        await self._enqueue(
+            UsageRecord(
+                response_id=response.id,
+                owner=owner,
+                model=response.model,
+                input_tokens=usage.input_tokens if usage else 0,
+                cached_tokens=usage.input_tokens_details.cached_tokens if usage else 0,
+                output_tokens=usage.output_tokens if usage else 0,
+                created_at=time.time(),
+                transport=transport,
+            )
+        )
+        if store_input is not None:
+            await self.persist(
+                response,
+                owner=owner,
+                input_items=store_input,
+                previous_response_id=previous_response_id,
+            )
 
     # --- writes ----------------------------------------------------------------
 
@@ -147,26 +214,36 @@ class Persistence:
         previous_response_id: str | None,
     ) -> None:
         """Queue ``response`` for writing (waits only if the queue is full)."""
-        record = StoredResponse(
-            id=response.id,
-            owner=owner,
-            created_at=time.time(),
-            response=response,
-            input_items=stored_input_items(input_items),
-            previous_response_id=previous_response_id,
+        await self._enqueue(
+            StoredResponse(
+                id=response.id,
+                owner=owner,
+                created_at=time.time(),
+                response=response,
+                input_items=stored_input_items(input_items),
+                previous_response_id=previous_response_id,
+            )
         )
-        self._pending[record.id] = asyncio.get_running_loop().create_future()
-        self.start()
-        await self._queue.put(record)
 
     # --- reads -----------------------------------------------------------------
 
     async def get(self, response_id: str, *, owner: str) -> StoredResponse | None:
-        """The stored response (after any pending write of it), or ``None``."""
+        """The stored response (after any pending write of it), or ``None``.
+
+        On a store shared with other processes, a miss is looked up again for
+        up to :data:`CROSS_PROCESS_GRACE` seconds: the process that made the
+        response may have sent it a moment before its write landed.
+        """
         pending = self._pending.get(response_id)
         if pending is not None:
             await asyncio.shield(pending)
-        return await self.store.get(response_id, owner=owner)
+        record = await self.store.get(response_id, owner=owner)
+        if record is None and getattr(self.store, "shared", False):
+            deadline = time.monotonic() + CROSS_PROCESS_GRACE
+            while record is None and time.monotonic() < deadline:
+                await asyncio.sleep(CROSS_PROCESS_POLL)
+                record = await self.store.get(response_id, owner=owner)
+        return record
 
     async def delete(self, response_id: str, *, owner: str) -> bool:
         pending = self._pending.get(response_id)
@@ -177,9 +254,6 @@ class Persistence:
     async def conversation(self, response_id: str, *, owner: str) -> Conversation | None:
         """Rebuild the chain ending at ``response_id``; ``None`` if any link is missing."""
         last = await self.get(response_id, owner=owner)
-        if last is None:
-            await asyncio.sleep(CROSS_PROCESS_GRACE)  # another process may be mid-write
-            last = await self.get(response_id, owner=owner)
         if last is None:
             return None
         chain = [last]
@@ -200,3 +274,7 @@ class Persistence:
             if isinstance(item, FunctionCall)
         }
         return Conversation(items=items, last=last, pending=pending)
+
+
+def _record_id(record: StoredResponse | UsageRecord) -> str:
+    return record.id if isinstance(record, StoredResponse) else record.response_id

@@ -61,11 +61,13 @@ from protocol import (
 )
 from protocol.events import ResponseCreated
 
+from .classifier import Finding
+from .pipeline import Pipeline, Switches
 from .render import TokenCache, render_prefix
 from .sampler import ModelSpec, Sampler, SampleRequest, Stop
 from .stream import EventSink, StreamBuilder, StreamClosed
 
-__all__ = ["Boundary", "Rollout", "TurnTiming"]
+__all__ = ["Boundary", "ContextLengthExceeded", "Rollout", "TurnTiming"]
 
 log = logging.getLogger(__name__)
 
@@ -78,9 +80,22 @@ class TurnTiming:
     #: From the decoded append that completed the outputs (or the create) to
     #: the sampler being called: validation, render, tokenize, resolution.
     resume: float = 0.0
+    #: Decoding the client event that started this turn.
+    decode: float = 0.0
+    #: Pre-inference, all stages, and each stage: validation and
+    #: classification (at admission), resolution, render + tokenize.
     pre_inference: float = 0.0
+    validate: float = 0.0
+    classify: float = 0.0
+    resolve: float = 0.0
+    render: float = 0.0
     time_to_first_token: float = 0.0
     inference: float = 0.0
+    #: Encoding and queueing this turn's events for the transport.
+    encode: float = 0.0
+    #: Post-inference work done before the terminal event (the ledger and
+    #: store writes when overlapped post-inference is off; else ~0).
+    post_inference: float = 0.0
     new_tokens: int = 0
     cached_tokens: int = 0
 
@@ -88,12 +103,33 @@ class TurnTiming:
         return {
             "turn": self.turn,
             "resume_ms": self.resume * 1000,
+            "decode_ms": self.decode * 1000,
             "pre_inference_ms": self.pre_inference * 1000,
+            "validate_ms": self.validate * 1000,
+            "classify_ms": self.classify * 1000,
+            "resolve_ms": self.resolve * 1000,
+            "render_ms": self.render * 1000,
             "time_to_first_token_ms": self.time_to_first_token * 1000,
             "inference_ms": self.inference * 1000,
+            "encode_ms": self.encode * 1000,
+            "post_inference_ms": self.post_inference * 1000,
             "new_tokens": self.new_tokens,
             "cached_tokens": self.cached_tokens,
         }
+
+    #: The phases exported on /metrics and in Server-Timing.
+    PHASES = (
+        "decode",
+        "validate",
+        "classify",
+        "resolve",
+        "render",
+        "pre_inference",
+        "time_to_first_token",
+        "inference",
+        "encode",
+        "post_inference",
+    )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -122,6 +158,10 @@ def _input_items(value: str | list[Item]) -> list[Item]:
     return list(value)
 
 
+class ContextLengthExceeded(Exception):
+    """The context is longer than the model's window and truncation is off."""
+
+
 class Rollout:
     """One long-running Response and its sampling loop."""
 
@@ -135,9 +175,27 @@ class Rollout:
         pause_timeout: float,
         send_timing: bool = False,
         shipped: bool = False,
+        pipeline: Pipeline | None = None,
+        resolve: Callable[[str], ModelSpec] | None = None,
+        input_items: list[Item] | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.id = response_id
+        self.pipeline = pipeline or Pipeline(Switches())
+        #: Resolves a model name again every turn when resolution reuse is off.
+        self._resolve = resolve
+        #: Classifier findings of every input item taken in, in arrival order
+        #: (kept so later turns need not read those items again).
+        self.verdicts: list[tuple[Finding, ...]] = []
+        #: What the classifier flagged, recorded on the response's metadata.
+        self.flags: dict[str, str] = {}
+        #: Post-inference work of a finished append-mode rollout (usage ledger),
+        #: run before its terminal event is sent; the Session sets it.
+        self.on_terminal: Callable[[Response], Awaitable[None]] | None = None
+        #: Called with each finished turn's timing (the server's metrics).
+        self.on_timing: Callable[[TurnTiming], None] | None = None
+        #: Stage times measured at admission, for the next turn's timing.
+        self._admission: tuple[float, float, float] = (0.0, 0.0, 0.0)
         #: The shipped shape: one Response per segment, no ``required_action``,
         #: per-segment usage. Otherwise append mode: one Response for everything.
         self.shipped = shipped
@@ -154,7 +212,9 @@ class Rollout:
         self.tokens = TokenCache(render_prefix(request.instructions, request.tools))
         self.stream = StreamBuilder(response_id, tag_response_id=True)
         self.pending_calls: dict[str, str] = {}  # call_id -> name, awaiting output
-        self._inbox: list[Item] = _input_items(request.input)
+        self._inbox: list[Item] = (
+            list(input_items) if input_items is not None else _input_items(request.input)
+        )
         self._wakeup = asyncio.Event()
         self._resume_mark: float | None = clock()
         self._cancel_requested = False
@@ -173,6 +233,9 @@ class Rollout:
         self._timed = 0  # timings already sent
         self._stream_id: str | None = None
         self.boundaries: list[Boundary] = []
+        self.truncated = False
+        self._rendered_seen = 0  # token cache counters already added to the pipeline's
+        self._items_seen = 0
         #: A segment is running (the shipped shape); a second one must fork.
         self.busy = False
         #: A segment failed half-way; the context may hold a partial turn.
@@ -190,6 +253,33 @@ class Rollout:
             if self.state is ResponseState.REQUIRES_ACTION and self._resume_mark is None:
                 self._resume_mark = received_at
             self._wakeup.set()
+
+    def note_admission(
+        self,
+        verdicts: list[tuple[Finding, ...]],
+        *,
+        decode: float,
+        validate: float,
+        classify: float,
+    ) -> None:
+        """Keep an admission's verdicts and stage times (for the next turn).
+
+        The response's flags cover its own input: every admission of an
+        append-mode rollout, or this segment's alone in the shipped shape.
+        """
+        self.verdicts.extend(verdicts)
+        self.flags = Pipeline.flagged(verdicts if self.shipped else self.verdicts)
+        d, v, c = self._admission
+        self._admission = (d + decode, v + validate, c + classify)
+
+    @property
+    def error(self) -> ResponseError | None:
+        """Why the response failed, once it has."""
+        return self._error
+
+    def history(self) -> list[Item]:
+        """Everything taken in so far: the context and what waits in the inbox."""
+        return [*self.context, *self._inbox]
 
     def request_cancel(self) -> None:
         """End the rollout ``cancelled`` now, wherever its loop is waiting."""
@@ -246,7 +336,7 @@ class Rollout:
             truncation=req.truncation or "disabled",
             usage=self.usage(),
             user=req.user,
-            metadata=dict(req.metadata),
+            metadata={**req.metadata, **self.flags} if self.flags else dict(req.metadata),
             **fields,
         )
 
@@ -280,6 +370,8 @@ class Rollout:
             pause_timeout=self.pause_timeout,
             send_timing=self.send_timing,
             shipped=self.shipped,
+            pipeline=self.pipeline,
+            resolve=self._resolve,
             clock=self._clock,
         )
         child._inbox = []
@@ -364,7 +456,10 @@ class Rollout:
             self.state = state
             response = self.snapshot()
             if on_finish is not None:
+                finishing = self._clock()
                 await on_finish(response)
+                if self.timings:
+                    self.timings[-1].post_inference += self._clock() - finishing
                 await self._sink.room()
             boundary = Boundary(
                 segment_id=segment_id,
@@ -383,10 +478,9 @@ class Rollout:
         except (asyncio.CancelledError, StreamClosed):
             self.broken = True
             raise
-        except Exception:
-            log.exception("segment %s failed", segment_id)
+        except Exception as exc:
             self.broken = True
-            self._error = ResponseError(code="server_error", message="The model failed.")
+            self._error = _failure(exc, segment_id)
             with contextlib.suppress(Exception):
                 await self._announce(ResponseFailed, ResponseState.FAILED)
             self.state = ResponseState.FAILED
@@ -438,9 +532,8 @@ class Rollout:
         except StreamClosed:
             self.state = ResponseState.CANCELLED  # nobody is left to tell
             raise
-        except Exception:
-            log.exception("rollout %s failed", self.id)
-            self._error = ResponseError(code="server_error", message="The model failed.")
+        except Exception as exc:
+            self._error = _failure(exc, self.id)
             with contextlib.suppress(Exception):
                 await self._finish(ResponseState.FAILED)
 
@@ -451,11 +544,35 @@ class Rollout:
         prefill the whole context again (the tokenizer work is still reused).
         """
         timing = TurnTiming(turn=len(self.timings) + 1)
+        timing.decode, timing.validate, timing.classify = self._admission
+        self._admission = (0.0, 0.0, 0.0)
         started = self._clock()
+        pipeline = self.pipeline
+        if not pipeline.switches.resolution_reuse and self._resolve is not None:
+            model = self._resolve(self.model.name)  # the work a stateless server repeats
+            if model is not self.model:  # pragma: no cover - the registry is stable
+                self.model, self.sampler = model, model.make_sampler()
+        resolved = self._clock()
         new_items, self._inbox = self._inbox, []
         self.context.extend(new_items)
         cached = 0 if prefix_changed else min(self.model_seen, len(self.tokens))
-        added = self.tokens.extend(new_items)
+        if pipeline.switches.token_cache:
+            added = self.tokens.extend(new_items)
+        else:
+            # No token cache: render and tokenize the whole context again.
+            before = len(self.tokens)
+            rebuilt = TokenCache(render_prefix(self.request.instructions, self.request.tools))
+            rebuilt.extend(self.context)
+            rebuilt.items_rendered += self.tokens.items_rendered
+            rebuilt.tokens_rendered += self.tokens.tokens_rendered
+            self.tokens = rebuilt
+            added = len(self.tokens) - before
+        pipeline.counters.tokens_rendered += self.tokens.tokens_rendered - self._rendered_seen
+        pipeline.counters.items_rendered += self.tokens.items_rendered - self._items_seen
+        self._rendered_seen = self.tokens.tokens_rendered
+        self._items_seen = self.tokens.items_rendered
+        rendered = self._clock()
+        self._check_context_window()
         uncached = len(self.tokens) - cached
         self.input_tokens += cached + uncached
         self.cached_tokens += cached
@@ -472,7 +589,11 @@ class Rollout:
             max_output_tokens=request.max_output_tokens,
         )
         sampling_started = self._clock()
-        timing.pre_inference = sampling_started - started
+        timing.resolve = resolved - started
+        timing.render = rendered - resolved
+        timing.pre_inference = (
+            sampling_started - started + timing.decode + timing.validate + timing.classify
+        )
         if self._resume_mark is not None:
             timing.resume = sampling_started - self._resume_mark
             self._resume_mark = None
@@ -486,8 +607,10 @@ class Rollout:
             if isinstance(chunk, Stop):
                 stop = chunk.reason
             await self._sink.room()
+            pushing = self._clock()
             for event in self.stream.feed(chunk):  # no await: all of them, or none
                 self._sink.push(event)
+            timing.encode += self._clock() - pushing
         timing.inference = self._clock() - sampling_started
         produced = self.stream.output[first_output:]
         for item in produced:
@@ -497,9 +620,39 @@ class Rollout:
         # not new input next turn (a real model already holds it).
         self.context.extend(produced)
         self.tokens.extend(produced)
+        self._rendered_seen = self.tokens.tokens_rendered
+        self._items_seen = self.tokens.items_rendered
         self.model_seen = len(self.tokens)
         self.timings.append(timing)
         return stop
+
+    def _check_context_window(self) -> None:
+        """History + new tokens against the model's window (shipped ``truncation`` rules).
+
+        ``truncation: "auto"`` drops the oldest items until the context fits
+        (the rest is rendered again; the model has to prefill it all);
+        otherwise :class:`ContextLengthExceeded` ends the response ``failed``.
+        """
+        window = self.model.context_window
+        if len(self.tokens) <= window:
+            return
+        if self.request.truncation != "auto":
+            raise ContextLengthExceeded(
+                f"Your input is {len(self.tokens)} tokens; the context window of "
+                f"{self.model.name} is {window}."
+            )
+        prefix = render_prefix(self.request.instructions, self.request.tools)
+        while self.context:
+            self.context.pop(0)
+            rebuilt = TokenCache(prefix)
+            rebuilt.extend(self.context)
+            if len(rebuilt) <= window:
+                break
+        rebuilt.items_rendered += self.tokens.items_rendered
+        rebuilt.tokens_rendered += self.tokens.tokens_rendered
+        self.tokens = rebuilt
+        self.model_seen = 0
+        self.truncated = True
 
     def _answered(self, call_id: str) -> bool:
         return any(
@@ -524,7 +677,16 @@ class Rollout:
         return True
 
     async def _finish(self, state: ResponseState) -> None:
-        await self._announce(ResponseDone, state)
+        await self._sink.room()
+        self.state = state
+        response = self.snapshot()
+        if self.on_terminal is not None:
+            started = self._clock()
+            await self.on_terminal(response)
+            if self.timings:
+                self.timings[-1].post_inference += self._clock() - started
+            await self._sink.room()
+        self._sink.push(self.stream.lifecycle(ResponseDone, response))
         await self._send_timing()
 
     def announce_created(self) -> None:
@@ -546,8 +708,13 @@ class Rollout:
         self._sink.push(self.stream.lifecycle(cls, self.snapshot()))
 
     async def _send_timing(self) -> None:
-        if self.send_timing and self.timings and self._timed < len(self.timings):
-            self._timed = len(self.timings)
+        """Report the finished turn: to the metrics, and as an event if asked for."""
+        if not self.timings or self._timed >= len(self.timings):
+            return
+        self._timed = len(self.timings)
+        if self.on_timing is not None:
+            self.on_timing(self.timings[-1])
+        if self.send_timing:
             await self._sink.room()
             self._sink.push(
                 TimingEvent(
@@ -556,3 +723,11 @@ class Rollout:
                     stream_id=self._stream_id if self._stream_id is not None else msgspec.UNSET,
                 )
             )
+
+
+def _failure(exc: Exception, response_id: str) -> ResponseError:
+    """The ``error`` of a response that failed while running."""
+    if isinstance(exc, ContextLengthExceeded):
+        return ResponseError(code="context_length_exceeded", message=str(exc))
+    log.exception("response %s failed", response_id, exc_info=exc)
+    return ResponseError(code="server_error", message="The model failed.")

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import secrets
+import hashlib
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, Final, Literal, Protocol
@@ -135,13 +135,15 @@ class ModelRegistry:
         self._models: dict[str, ModelSpec] = {
             name: ModelSpec(
                 name=name,
-                context_window=1_000_000,
+                context_window=sim.context_window,
                 max_output_tokens=128_000,
                 make_sampler=lambda: SimSampler(sim),
             )
             for name in ("sim", "sim-alt")
         }
         self.resolutions = 0  # how many times resolve() ran (for measurement)
+        #: Optional shared counters (the pipeline's) that also count resolutions.
+        self.counters: Any = None
 
     def names(self) -> list[str]:
         return sorted(self._models)
@@ -152,6 +154,8 @@ class ModelRegistry:
         Raises :class:`RemoteProtocolError` ``model_not_found`` (param ``model``).
         """
         self.resolutions += 1
+        if self.counters is not None:
+            self.counters.resolutions += 1
         spec = self._models.get(name or "sim")
         if spec is None:
             raise RemoteProtocolError(
@@ -310,7 +314,7 @@ class SimSampler:
         if calls:
             seed = sum(isinstance(item, FunctionCall) for item in request.context)
             for offset, tool in enumerate(calls):
-                yield ToolCallStart(call_id=f"call_{secrets.token_hex(12)}", name=tool.name)
+                yield ToolCallStart(call_id=_call_id(request, offset, tool.name), name=tool.name)
                 arguments = msgspec.json.encode(
                     example_for_schema(tool.parameters or {"type": "object"}, seed + offset)
                 ).decode()
@@ -330,6 +334,15 @@ class SimSampler:
             yield TextDelta(word if index == 0 else " " + word)
         yield ItemEnd()
         yield Stop("stop")
+
+
+def _call_id(request: SampleRequest, offset: int, name: str) -> str:
+    """A call id that depends only on the context (the model is deterministic)."""
+    digest = hashlib.sha256(
+        f"{len(request.context)}:{request.cached_tokens + request.uncached_tokens}:"
+        f"{offset}:{name}".encode()
+    )
+    return f"call_{digest.hexdigest()[:24]}"
 
 
 class _Pacer:

@@ -31,10 +31,12 @@ from protocol import (
     CLOSE_CODES,
     Connection,
     ErrorCode,
+    Item,
     Message,
     Mode,
     ProtocolError,
     RemoteProtocolError,
+    Response,
     ResponseAppend,
     ResponseCancel,
     ResponseCreate,
@@ -46,7 +48,9 @@ from protocol import (
 
 from .compat import ShippedShape
 from .config import ServerConfig
+from .metrics import ServerMetrics
 from .persistence import Persistence
+from .pipeline import Pipeline, Switches
 from .rollout import Rollout
 from .sampler import ModelRegistry, check_sim_metadata
 from .stream import StreamClosed, new_id
@@ -93,10 +97,16 @@ class Session:
         send_timing: bool = False,
         owner: str = "",
         persistence: Callable[[], Persistence] | None = None,
+        pipeline: Pipeline | None = None,
+        metrics: ServerMetrics | None = None,
     ) -> None:
         self.config = config
         self.models = models
         self.send_timing = send_timing
+        self.owner = owner
+        self.pipeline = pipeline or Pipeline(Switches())
+        self.metrics = metrics
+        self._persistence = persistence
         self.connection = Connection(
             Role.SERVER,
             mode,
@@ -127,6 +137,8 @@ class Session:
                 send_timing=send_timing,
                 owner=owner,
                 persistence=persistence,
+                pipeline=self.pipeline,
+                metrics=metrics,
             )
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
@@ -250,13 +262,14 @@ class Session:
         event: object = None
         try:
             self.connection.receive_message(data)
+            decode = time.perf_counter() - received_at
             event = self.connection.next_event()
             if isinstance(event, ResponseCreate) and self.shipped is not None:
-                self.shipped.submit(event, received_at)
+                self.shipped.submit(event, received_at, decode)
             elif isinstance(event, ResponseCreate):
-                self._create(event)
+                self._create(event, decode)
             elif isinstance(event, ResponseAppend):
-                self._append(event, received_at)
+                self._append(event, received_at, decode)
             elif isinstance(event, ResponseCancel):
                 self._cancel(event)
             elif isinstance(event, ResponseProcessed):
@@ -271,7 +284,7 @@ class Session:
                 stream_id = _lane_hint(data)
             self._emit_error(error, stream_id)
 
-    def _create(self, event: ResponseCreate) -> None:
+    def _create(self, event: ResponseCreate, decode: float = 0.0) -> None:
         if event.background:
             raise RemoteProtocolError(
                 "background responses are not supported over WebSocket.",
@@ -288,6 +301,8 @@ class Session:
             )
         model = self.models.resolve(event.model if isinstance(event.model, str) else None)
         check_sim_metadata(event.metadata)
+        items = _as_items(event.input)
+        admission = self.pipeline.admit(items, tools=event.tools)
         rollout = Rollout(
             response_id=new_id("resp"),
             request=event,
@@ -295,7 +310,20 @@ class Session:
             sink=self,
             pause_timeout=self.config.pause_timeout,
             send_timing=self.send_timing,
+            pipeline=self.pipeline,
+            resolve=self.models.resolve,
+            input_items=admission.items,
         )
+        rollout.note_admission(
+            admission.verdicts,
+            decode=decode,
+            validate=admission.validate_seconds,
+            classify=admission.classify_seconds,
+        )
+        rollout.on_terminal = self._post_inference
+        if self.metrics is not None:
+            metrics = self.metrics
+            rollout.on_timing = lambda timing: metrics.observe_turn("append", timing)
         self._forget_finished()
         self.rollouts[rollout.id] = rollout
         rollout.announce_created()
@@ -323,12 +351,35 @@ class Session:
             )
         return rollout
 
-    def _append(self, event: ResponseAppend, received_at: float) -> None:
+    async def _post_inference(self, response: Response) -> None:
+        """An append-mode rollout finished: its usage record (and metrics)."""
+        if self.metrics is not None:
+            self.metrics.response_finished("append", response.status)
+        if self._persistence is not None:
+            await self._persistence().post_inference(response, owner=self.owner, transport="append")
+
+    def _append(self, event: ResponseAppend, received_at: float, decode: float = 0.0) -> None:
         rollout = self._target(event.response_id)
-        items = event.input
-        if isinstance(items, str):
-            items = [Message(role="user", content=items)]
-        rollout.accept(items, received_at)
+        try:
+            admission = self.pipeline.admit(
+                _as_items(event.input), history=rollout.history(), tools=rollout.request.tools
+            )
+        except ProtocolError:
+            self.connection.reject_append(event)  # refused: its calls stay pending
+            raise
+        rollout.note_admission(
+            admission.verdicts,
+            decode=decode,
+            validate=admission.validate_seconds,
+            classify=admission.classify_seconds,
+        )
+        rollout.accept(admission.items, received_at)
 
     def _cancel(self, event: ResponseCancel) -> None:
         self._target(event.response_id).request_cancel()
+
+
+def _as_items(value: str | list[Item]) -> list[Item]:
+    if isinstance(value, str):
+        return [Message(role="user", content=value)]
+    return list(value)

@@ -459,6 +459,9 @@ class RedisStore:
     A store belongs to the event loop it is first used on.
     """
 
+    #: Other processes write here too (see ``Persistence.get``).
+    shared = True
+
     def __init__(self, url: str, *, ttl: float | None = None) -> None:
         self.url = url
         self.ttl = _check_ttl(ttl)

@@ -202,6 +202,7 @@ class Connection:
         self._responses: OrderedDict[str, ResponseTrack] = OrderedDict()
         self._lane_latest: dict[str | None, str] = {}
         self._events: list[ClientEvent | ServerEvent] = []
+        self._call_names: dict[str, str] = {}  # answered call -> tool name (for reject_append)
         self._closed = False
 
     # --- queries -----------------------------------------------------------
@@ -265,6 +266,22 @@ class Connection:
         self._process(self.our_role, event)
         return encode_event(event)
 
+    def reject_append(self, event: ResponseAppend) -> None:
+        """Undo the bookkeeping of an append the application refused after receiving it.
+
+        The protocol accepted ``event`` (its calls were marked answered); the
+        application then refused it (e.g. a policy check), so its outputs are
+        pending again and may be sent once more. Does nothing for an append
+        this connection does not know.
+        """
+        track = self._responses.get(event.response_id or self._lane_latest.get(None) or "")
+        if track is None or not isinstance(event.input, list):
+            return
+        for item in event.input:
+            if isinstance(item, FunctionCallOutput) and item.call_id in track.answered_calls:
+                track.answered_calls.discard(item.call_id)
+                track.pending_calls[item.call_id] = self._call_names.get(item.call_id, "")
+
     # --- the rules ---------------------------------------------------------
 
     def _process(self, role: Role, event: ClientEvent | ServerEvent) -> None:
@@ -295,7 +312,7 @@ class Connection:
                     event.input, track.pending_calls, track.answered_calls, track.response_id
                 )
                 for call_id in answered:
-                    del track.pending_calls[call_id]
+                    self._call_names[call_id] = track.pending_calls.pop(call_id)
                     track.answered_calls.add(call_id)
             track.machine.process(Transition.APPEND)
         elif isinstance(event, ResponseCancel):

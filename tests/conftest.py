@@ -104,3 +104,23 @@ def make_server(tmp_path: Any) -> Iterator[Callable[..., RunningServer]]:
     yield factory
     for running in started:
         running.stop()
+
+
+#: SDK clients made by a test, closed after it (their HTTP pools hold sockets).
+OPEN_CLIENTS: list[Any] = []
+
+
+def openai_client(server: RunningServer, key: str = "test-key") -> Any:
+    """An official ``openai`` client for ``server``, closed when the test ends."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{server.http_url}/v1", api_key=key, max_retries=0)
+    OPEN_CLIENTS.append(client)
+    return client
+
+
+@pytest.fixture(autouse=True)
+def _close_openai_clients() -> Iterator[None]:
+    yield
+    while OPEN_CLIENTS:
+        OPEN_CLIENTS.pop().close()

@@ -19,12 +19,13 @@ import wsproto.events as ws
 from openai import OpenAI
 
 from longresponse.render import render_item, render_prefix
+from tests.conftest import openai_client
 
 SHIPPED_TERMINAL = {"response.completed", "response.incomplete", "response.failed", "error"}
 
 
 def sdk(server: Any) -> OpenAI:
-    return OpenAI(base_url=f"{server.http_url}/v1", api_key="test-key", max_retries=0)
+    return openai_client(server)  # type: ignore[no-any-return]
 
 
 def turn(conn: Any) -> list[Any]:

@@ -18,7 +18,7 @@ from openai import OpenAI
 from openai.types.responses import ResponseStreamEvent
 
 from longresponse.config import ServerConfig
-from tests.conftest import RunningServer
+from tests.conftest import OPEN_CLIENTS, RunningServer, openai_client
 
 STREAM_EVENT = pydantic.TypeAdapter(ResponseStreamEvent)
 TOOL = {
@@ -29,7 +29,7 @@ TOOL = {
 
 
 def sdk(server: Any, key: str = "test-key") -> OpenAI:
-    return OpenAI(base_url=f"{server.http_url}/v1", api_key=key, max_retries=0)
+    return openai_client(server, key)  # type: ignore[no-any-return]
 
 
 def calls_of(response: Any) -> list[Any]:
@@ -343,6 +343,7 @@ def test_two_processes_share_one_redis(redis_url: str) -> None:
             OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0)
             for port in ports
         )
+        OPEN_CLIENTS.extend((one, two))
         first = one.responses.create(model="sim", input="made on one", tools=[TOOL])
         assert two.responses.retrieve(first.id).id == first.id
         (call,) = calls_of(first)

@@ -18,6 +18,8 @@ import websockets
 from openai import AsyncOpenAI, OpenAI
 from openai.types.responses.responses_server_event import ResponsesServerEvent
 
+from tests.conftest import openai_client
+
 STRICT = pydantic.TypeAdapter(ResponsesServerEvent)
 SHIPPED_TYPES = {
     "response.created",
@@ -55,7 +57,7 @@ CLOCK = {
 
 
 def sdk(server: Any) -> OpenAI:
-    return OpenAI(base_url=f"{server.http_url}/v1", api_key="test-key", max_retries=0)
+    return openai_client(server)  # type: ignore[no-any-return]
 
 
 def recv(conn: Any) -> Any:

@@ -4,6 +4,10 @@ Memory and SQLite measure the ttl on a fake clock, so their expiry tests do
 not wait. Redis expires keys on its own clock, so its expiry test waits the
 (short) ttl for real. Redis is a real ``redis-server`` (tests/redis_server.py).
 
+The Redis usage ledger is one hash shared by the whole run, so each ledger
+test writes under owners of its own (:func:`new_owner`) and looks only at its
+own entries when it lists the whole ledger.
+
 The stores are asyncio code while the suite runs in pytest-trio's trio mode:
 each test is a plain function that runs its scenario with ``asyncio.run``.
 """
@@ -15,6 +19,7 @@ import contextlib
 import dataclasses
 import functools
 import math
+import random
 import sqlite3
 import subprocess
 import sys
@@ -31,6 +36,7 @@ from hypothesis import strategies as st
 
 from longresponse.store import (
     REDIS_KEY_PREFIX,
+    REDIS_USAGE_KEY,
     SQLITE_PURGE_INTERVAL,
     MemoryStore,
     RedisStore,
@@ -38,6 +44,7 @@ from longresponse.store import (
     SQLiteStore,
     StoredResponse,
     StoreError,
+    UsageRecord,
     open_store,
 )
 from protocol import (
@@ -172,6 +179,37 @@ def make_record(
     )
 
 
+def new_owner() -> str:
+    return f"acct_{uuid.uuid4().hex}"
+
+
+def make_usage(
+    response_id: str | None = None,
+    *,
+    owner: str,
+    created_at: float = 1_700_000_000.25,
+    input_tokens: int = 11,
+    output_tokens: int = 7,
+    transport: str = "ws",
+) -> UsageRecord:
+    return UsageRecord(
+        response_id=response_id or new_id(),
+        owner=owner,
+        model="sim",
+        input_tokens=input_tokens,
+        cached_tokens=3,
+        output_tokens=output_tokens,
+        created_at=created_at,
+        transport=transport,
+    )
+
+
+def only(records: list[UsageRecord], mine: list[UsageRecord]) -> list[UsageRecord]:
+    """The entries of ``records`` written by this test (the Redis ledger is shared)."""
+    ids = {record.response_id for record in mine}
+    return [record for record in records if record.response_id in ids]
+
+
 # --- the contract, on every backend -----------------------------------------
 
 
@@ -268,6 +306,172 @@ async def test_concurrent_writers_lose_nothing(shared_backend: Backend) -> None:
                 assert await store.get(record.id, owner="alice") == record
 
 
+@on_asyncio
+async def test_usage_round_trip(backend: Backend) -> None:
+    owner = new_owner()
+    records = [
+        make_usage(owner=owner, transport=transport, created_at=1_700_000_000.0 + n)
+        for n, transport in enumerate(["append", "ws", "http"])
+    ]
+    async with contextlib.aclosing(backend.open()) as store:
+        assert await store.usage(owner=owner) == []
+        for record in records:
+            await store.put_usage(record)
+        assert await store.usage(owner=owner) == records
+        assert only(await store.usage(), records) == records
+
+
+@on_asyncio
+async def test_usage_same_response_keeps_one_record(backend: Backend) -> None:
+    owner, other = new_owner(), new_owner()
+    first = make_usage(owner=owner, output_tokens=7, created_at=1_700_000_000.0)
+    latest = make_usage(
+        first.response_id,
+        owner=owner,
+        input_tokens=99,
+        output_tokens=123,
+        created_at=1_700_000_050.0,
+        transport="http",
+    )
+    moved = make_usage(first.response_id, owner=other, output_tokens=5)
+    async with contextlib.aclosing(backend.open()) as store:
+        await store.put_usage(first)
+        await store.put_usage(first)
+        assert await store.usage(owner=owner) == [first]
+        await store.put_usage(latest)
+        assert await store.usage(owner=owner) == [latest]
+        assert only(await store.usage(), [first]) == [latest]
+        # Last write wins, owner included: the entry moves, it is not copied.
+        await store.put_usage(moved)
+        assert await store.usage(owner=owner) == []
+        assert await store.usage(owner=other) == [moved]
+        assert only(await store.usage(), [first]) == [moved]
+
+
+@on_asyncio
+async def test_usage_owner_filter(backend: Backend) -> None:
+    alice, bob = new_owner(), new_owner()
+    alices = [make_usage(owner=alice, created_at=1_700_000_000.0 + 2 * n) for n in range(3)]
+    bobs = [make_usage(owner=bob, created_at=1_700_000_001.0 + 2 * n) for n in range(3)]
+    keyless = make_usage(owner="")  # the owner without API keys is an owner like any other
+    async with contextlib.aclosing(backend.open()) as store:
+        for record in [r for pair in zip(alices, bobs, strict=True) for r in pair] + [keyless]:
+            await store.put_usage(record)
+        assert await store.usage(owner=alice) == alices
+        assert await store.usage(owner=bob) == bobs
+        assert await store.usage(owner=new_owner()) == []
+        empty_owner = await store.usage(owner="")
+        assert {record.owner for record in empty_owner} == {""}
+        assert only(empty_owner, [*alices, *bobs, keyless]) == [keyless]
+        everything = only(await store.usage(), [*alices, *bobs, keyless])
+        assert sorted(everything, key=lambda r: r.response_id) == sorted(
+            [*alices, *bobs, keyless], key=lambda r: r.response_id
+        )
+
+
+@on_asyncio
+async def test_usage_ordered_by_created_at_then_response_id(backend: Backend) -> None:
+    owner = new_owner()
+    # Three instants, three responses at each; ids tie-break within an instant,
+    # and they sort differently from the order of creation.
+    expected = [
+        make_usage(f"resp_{uuid.uuid4().hex[:8]}_{letter}", owner=owner, created_at=at)
+        for at in (-5.5, 0.0, 1_700_000_000.125)
+        for letter in "abc"
+    ]
+    expected.sort(key=lambda record: (record.created_at, record.response_id))
+    written = expected.copy()
+    random.Random(7).shuffle(written)
+    assert written != expected
+    async with contextlib.aclosing(backend.open()) as store:
+        for record in written:
+            await store.put_usage(record)
+        assert await store.usage(owner=owner) == expected
+        assert only(await store.usage(), expected) == expected
+
+
+@on_asyncio
+async def test_usage_outlives_the_response(backend: Backend) -> None:
+    owner = new_owner()
+    expiring, deleted = make_record(owner=owner), make_record(owner=owner)
+    ledger = [
+        make_usage(expiring.id, owner=owner, created_at=1.0),
+        make_usage(deleted.id, owner=owner, created_at=2.0),
+    ]
+    async with contextlib.aclosing(backend.open(ttl=TTL)) as store:
+        for record, usage in zip([expiring, deleted], ledger, strict=True):
+            await store.put(record)
+            await store.put_usage(usage)
+        assert await store.delete(deleted.id, owner=owner) is True
+        await backend.elapse(TTL + 0.05)
+        assert await store.get(expiring.id, owner=owner) is None
+        assert await store.usage(owner=owner) == ledger
+
+
+@on_asyncio
+async def test_two_stores_share_usage(shared_backend: Backend) -> None:
+    owner = new_owner()
+    one, two = make_usage(owner=owner, created_at=1.0), make_usage(owner=owner, created_at=2.0)
+    contested_id = new_id()
+    contested = [
+        make_usage(contested_id, owner=owner, created_at=3.0, output_tokens=n) for n in range(20)
+    ]
+    async with (
+        contextlib.aclosing(shared_backend.open()) as first,
+        contextlib.aclosing(shared_backend.open()) as second,
+    ):
+        await first.put_usage(one)
+        await second.put_usage(two)
+        assert await first.usage(owner=owner) == [one, two]
+        assert await second.usage(owner=owner) == [one, two]
+        # Both write the same response at once: one entry survives, whole.
+        await asyncio.gather(
+            *(first.put_usage(record) for record in contested[0::2]),
+            *(second.put_usage(record) for record in contested[1::2]),
+        )
+        for store in (first, second):
+            ledger = await store.usage(owner=owner)
+            assert ledger[:2] == [one, two]
+            assert len(ledger) == 3
+            assert ledger[2] in contested
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    writes=st.lists(
+        st.builds(
+            make_usage,
+            st.sampled_from(["resp_a", "resp_b", "resp_c", "resp_d"]),
+            owner=st.sampled_from(["", "alice", "bob"]),
+            created_at=st.sampled_from([0.0, 1.5, -3.0]) | st.floats(-1e12, 1e12),
+            input_tokens=st.integers(0, 2**62),
+            output_tokens=st.integers(0, 2**62),
+            transport=st.sampled_from(["append", "ws", "http"]),
+        ),
+        max_size=12,
+    ),
+    owner=st.none() | st.sampled_from(["", "alice", "bob"]),
+)
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+def test_any_usage_ledger_keeps_the_last_write_per_response(
+    kind: str, writes: list[UsageRecord], owner: str | None
+) -> None:
+    latest = {record.response_id: record for record in writes}
+    expected = sorted(
+        (record for record in latest.values() if owner is None or record.owner == owner),
+        key=lambda record: (record.created_at, record.response_id),
+    )
+
+    async def scenario() -> None:
+        store = MemoryStore() if kind == "memory" else SQLiteStore(":memory:")
+        async with contextlib.aclosing(store):
+            for record in writes:
+                await store.put_usage(record)
+            assert await store.usage(owner=owner) == expected
+
+    asyncio.run(scenario())
+
+
 @settings(max_examples=50, deadline=None)
 @given(
     text=st.text(max_size=40),
@@ -358,6 +562,53 @@ async def test_sqlite_survives_reopening_and_uses_wal(tmp_path: Path) -> None:
         assert await store.get(record.id, owner="alice") == record
     with contextlib.closing(sqlite3.connect(path)) as db:
         assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+
+
+@on_asyncio
+async def test_sqlite_usage_survives_reopening(tmp_path: Path) -> None:
+    path = tmp_path / "responses.db"
+    owner = new_owner()
+    first, second = make_usage(owner=owner, created_at=1.0), make_usage(owner=owner, created_at=2.0)
+    async with contextlib.aclosing(SQLiteStore(path, ttl=TTL)) as store:
+        await store.put_usage(second)
+        await store.put_usage(first)
+    async with contextlib.aclosing(SQLiteStore(path)) as store:
+        assert await store.usage(owner=owner) == [first, second]
+        assert await store.usage() == [first, second]
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        rows = db.execute("SELECT response_id, owner, created_at FROM usage ORDER BY created_at")
+        assert rows.fetchall() == [
+            (first.response_id, owner, 1.0),
+            (second.response_id, owner, 2.0),
+        ]
+
+
+@on_asyncio
+async def test_sqlite_file_without_usage_table_gets_one(tmp_path: Path) -> None:
+    path = tmp_path / "responses.db"
+    record, usage = make_record(), make_usage(owner="alice")
+    async with contextlib.aclosing(SQLiteStore(path)) as store:
+        await store.put(record)
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        db.execute("DROP TABLE usage")  # as a file written before the ledger existed
+    async with contextlib.aclosing(SQLiteStore(path)) as store:
+        assert await store.usage() == []
+        await store.put_usage(usage)
+        assert await store.usage() == [usage]
+        assert await store.get(record.id, owner="alice") == record
+
+
+@on_asyncio
+async def test_sqlite_purge_keeps_usage_rows(tmp_path: Path) -> None:
+    clock = FakeClock()
+    record = make_record()
+    usage = make_usage(record.id, owner="alice")
+    async with contextlib.aclosing(SQLiteStore(tmp_path / "r.db", ttl=TTL, clock=clock)) as store:
+        await store.put(record)
+        await store.put_usage(usage)
+        clock.now += TTL
+        assert await store.purge_expired() == 1
+        assert await store.usage() == [usage]
 
 
 @on_asyncio
@@ -469,7 +720,41 @@ async def test_redis_undecodable_record_raises(redis_url: str) -> None:
 
 
 @on_asyncio
+async def test_redis_usage_layout_never_expires(redis_url: str) -> None:
+    usage = make_usage(owner=new_owner())
+    async with (
+        contextlib.aclosing(RedisStore(redis_url, ttl=60)) as store,
+        contextlib.aclosing(redis.asyncio.Redis.from_url(redis_url)) as raw,
+    ):
+        await store.put_usage(usage)
+        assert REDIS_USAGE_KEY == "longresponse:usage"
+        blob = await raw.hget(REDIS_USAGE_KEY, usage.response_id)
+        assert isinstance(blob, bytes)
+        assert msgspec.msgpack.decode(blob, type=UsageRecord) == usage
+        assert await raw.pttl(REDIS_USAGE_KEY) == -1  # the hash has no expiry
+
+
+@on_asyncio
+async def test_redis_undecodable_usage_raises(redis_url: str) -> None:
+    response_id = new_id()
+    async with (
+        contextlib.aclosing(RedisStore(redis_url)) as store,
+        contextlib.aclosing(redis.asyncio.Redis.from_url(redis_url)) as raw,
+    ):
+        await raw.hset(REDIS_USAGE_KEY, response_id, b"\xc1 not msgpack")
+        try:
+            with pytest.raises(StoreError, match="no longer decodes"):
+                await store.usage(owner="alice")
+        finally:
+            await raw.hdel(REDIS_USAGE_KEY, response_id)  # the ledger is shared by the run
+
+
+@on_asyncio
 async def test_redis_unreachable_raises() -> None:
     async with contextlib.aclosing(RedisStore("redis://127.0.0.1:1/0")) as store:
         with pytest.raises(StoreError):
             await store.get(new_id(), owner="alice")
+        with pytest.raises(StoreError):
+            await store.put_usage(make_usage(owner="alice"))
+        with pytest.raises(StoreError):
+            await store.usage()

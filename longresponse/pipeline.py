@@ -1,0 +1,305 @@
+"""The request pipeline: pre-inference stages, each switchable and counted.
+
+Theory of operation
+-------------------
+The shipped design is fast because it reuses connection-scoped state four
+ways. Each reuse is a :class:`Switches` flag, so an ablation can turn any of
+them off and the server then does the full work every turn, as a stateless
+server would, while the responses stay the same:
+
+``incremental_validation``
+    items and tools are checked once, when they arrive; off: the whole
+    history is checked again on every request.
+``incremental_classification``
+    the secrets classifier reads each item once and its verdicts are kept
+    with the rollout; off: the whole history is read again on every request.
+``token_cache``
+    each item is rendered and tokenized once into the rollout's token cache;
+    off: the whole context is rendered again every turn.
+``resolution_reuse``
+    the model is resolved once per rollout and again only when a request
+    names another model; off: resolved on every turn.
+``overlapped_post_inference``
+    usage records and stored responses are written by a background queue
+    after the terminal event; off: written before the terminal event is sent.
+
+Admission (a create, an append, a continuation) runs :meth:`Pipeline.admit`:
+validation and classification of the new input (or of everything, with the
+switch off), before anything is accepted, so a refusal changes nothing. The
+turn itself renders (:meth:`Pipeline.render`) and checks the context window.
+Every stage adds to :class:`Counters` and to the turn's stage times.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import time
+from collections.abc import Sequence
+from typing import Final
+
+import jsonschema
+import msgspec
+
+from protocol import (
+    ErrorCode,
+    FunctionCall,
+    FunctionCallOutput,
+    FunctionTool,
+    InputFile,
+    InputImage,
+    InputText,
+    Item,
+    Message,
+    OutputText,
+    Reasoning,
+    ReasoningText,
+    Refusal,
+    RemoteProtocolError,
+    item_text,
+)
+
+from .classifier import Finding, Policy, redact, scan
+
+__all__ = [
+    "TOOL_NAME_PATTERN",
+    "Admission",
+    "Counters",
+    "Pipeline",
+    "Switches",
+]
+
+#: Function tool names, as the shipped API accepts them.
+TOOL_NAME_PATTERN: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Switches:
+    """One flag per reuse (see the module docstring); all on by default."""
+
+    incremental_validation: bool = True
+    incremental_classification: bool = True
+    token_cache: bool = True
+    resolution_reuse: bool = True
+    overlapped_post_inference: bool = True
+
+
+@dataclasses.dataclass(slots=True)
+class Counters:
+    """Work done by the pipeline since the server started (for tests and /metrics)."""
+
+    items_validated: int = 0
+    tool_schemas_checked: int = 0
+    items_classified: int = 0
+    secrets_found: int = 0
+    tokens_rendered: int = 0
+    items_rendered: int = 0
+    resolutions: int = 0
+
+
+@dataclasses.dataclass(slots=True)
+class Admission:
+    """What admitting new input produced: the items to accept and the stage times."""
+
+    items: list[Item]
+    #: The classifier's findings per accepted item (empty tuples for clean ones).
+    verdicts: list[tuple[Finding, ...]]
+    validate_seconds: float = 0.0
+    classify_seconds: float = 0.0
+
+
+_USER_PARTS: Final = (InputText, InputImage, InputFile)
+_ASSISTANT_PARTS: Final = (OutputText, Refusal)
+
+
+def _tools_key(tools: Sequence[FunctionTool]) -> bytes:
+    return msgspec.json.encode(list(tools))
+
+
+class Pipeline:
+    """The pre-inference stages, shared by every transport of one server."""
+
+    def __init__(self, switches: Switches, policy: Policy = Policy.FLAG) -> None:
+        self.switches = switches
+        self.policy = policy
+        self.counters = Counters()
+        self._checked_tools: dict[bytes, None] = {}
+
+    # --- validation -----------------------------------------------------------
+
+    def check_tools(self, tools: Sequence[FunctionTool], *, cached: bool = True) -> None:
+        """Tool names and parameter schemas (JSON Schema metaschema).
+
+        A tool list already checked is not checked again when ``cached`` and
+        incremental validation is on. Raises :class:`RemoteProtocolError`.
+        """
+        key = _tools_key(tools)
+        if cached and self.switches.incremental_validation and key in self._checked_tools:
+            return
+        names: set[str] = set()
+        for index, tool in enumerate(tools):
+            self.counters.tool_schemas_checked += 1
+            if not TOOL_NAME_PATTERN.fullmatch(tool.name):
+                raise RemoteProtocolError(
+                    f"Invalid 'tools[{index}].name': use 1-64 characters from [A-Za-z0-9_-].",
+                    code=ErrorCode.INVALID_VALUE,
+                    param=f"tools[{index}].name",
+                )
+            if tool.name in names:
+                raise RemoteProtocolError(
+                    f"Duplicate tool name {tool.name!r}.",
+                    code=ErrorCode.INVALID_VALUE,
+                    param=f"tools[{index}].name",
+                )
+            names.add(tool.name)
+            if tool.parameters is not None:
+                try:
+                    jsonschema.Draft202012Validator.check_schema(tool.parameters)
+                except jsonschema.SchemaError as exc:
+                    raise RemoteProtocolError(
+                        f"Invalid schema for function '{tool.name}': {exc.message}.",
+                        code=ErrorCode.INVALID_VALUE,
+                        param=f"tools[{index}].parameters",
+                    ) from None
+        if len(self._checked_tools) > 1024:
+            self._checked_tools.clear()
+        self._checked_tools[key] = None
+
+    def validate_items(self, items: Sequence[Item], *, offset: int = 0) -> None:
+        """Semantic checks the wire decoder cannot make. ``offset`` numbers the params.
+
+        Raises :class:`RemoteProtocolError` naming ``input[i]...``.
+        """
+        self.counters.items_validated += len(items)
+        for position, item in enumerate(items, offset):
+            where = f"input[{position}]"
+            if isinstance(item, Message):
+                if isinstance(item.content, str):
+                    continue
+                allowed = _ASSISTANT_PARTS if item.role == "assistant" else _USER_PARTS
+                for index, part in enumerate(item.content):
+                    if not isinstance(part, allowed):
+                        kind = msgspec.inspect.type_info(type(part)).tag  # type: ignore[attr-defined]
+                        raise RemoteProtocolError(
+                            f"Invalid value: '{kind}'. A {item.role} message cannot carry it.",
+                            code=ErrorCode.INVALID_VALUE,
+                            param=f"{where}.content[{index}].type",
+                        )
+            elif isinstance(item, FunctionCall):
+                if not item.call_id or not item.name:
+                    raise RemoteProtocolError(
+                        "A function_call needs a non-empty call_id and name.",
+                        code=ErrorCode.INVALID_VALUE,
+                        param=f"{where}.call_id" if not item.call_id else f"{where}.name",
+                    )
+            elif isinstance(item, FunctionCallOutput):
+                if not item.call_id:
+                    raise RemoteProtocolError(
+                        "A function_call_output needs a non-empty call_id.",
+                        code=ErrorCode.INVALID_VALUE,
+                        param=f"{where}.call_id",
+                    )
+            elif isinstance(item, Reasoning):
+                for index, part in enumerate(item.content or []):
+                    if not isinstance(part, ReasoningText):  # pragma: no cover - decoder
+                        raise RemoteProtocolError(
+                            "Reasoning content holds reasoning_text parts only.",
+                            code=ErrorCode.INVALID_VALUE,
+                            param=f"{where}.content[{index}]",
+                        )
+
+    # --- classification -------------------------------------------------------
+
+    def classify(self, items: Sequence[Item]) -> list[tuple[Finding, ...]]:
+        """The classifier's findings for each item (user messages and tool outputs)."""
+        self.counters.items_classified += len(items)
+        verdicts: list[tuple[Finding, ...]] = []
+        for item in items:
+            text = _classified_text(item)
+            found = tuple(scan(text)) if text else ()
+            self.counters.secrets_found += len(found)
+            verdicts.append(found)
+        return verdicts
+
+    def apply_policy(
+        self, items: Sequence[Item], verdicts: Sequence[tuple[Finding, ...]], *, offset: int = 0
+    ) -> list[Item]:
+        """Refuse (raise), redact, or keep-and-flag the items with findings."""
+        out: list[Item] = []
+        for position, (item, found) in enumerate(zip(items, verdicts, strict=True), offset):
+            if not found:
+                out.append(item)
+                continue
+            if self.policy is Policy.REFUSE:
+                kinds = ", ".join(sorted({f.kind for f in found}))
+                raise RemoteProtocolError(
+                    f"The input contains what looks like a secret ({kinds}); it was refused. "
+                    "Remove it, or ask the operator for the redact policy.",
+                    code="secret_detected",
+                    param=f"input[{position}]",
+                )
+            if self.policy is Policy.REDACT:
+                item = _redacted(item, found)
+            out.append(item)
+        return out
+
+    # --- admission -------------------------------------------------------------
+
+    def admit(
+        self,
+        new_items: Sequence[Item],
+        *,
+        history: Sequence[Item] = (),
+        tools: Sequence[FunctionTool] = (),
+        cached: bool = True,
+    ) -> Admission:
+        """Validate and classify new input before it is accepted.
+
+        ``cached`` says the checks of ``history`` are kept from earlier turns
+        (a rollout in memory); the HTTP path has no such state and passes
+        ``False``. With incremental validation or classification off, that
+        stage runs over ``history`` again too (the work a stateless server
+        repeats). Raises :class:`RemoteProtocolError`; nothing is accepted then.
+        """
+        started = time.perf_counter()
+        self.check_tools(tools, cached=cached)
+        if not (cached and self.switches.incremental_validation):
+            self.validate_items(history)
+        self.validate_items(new_items, offset=0)
+        validated = time.perf_counter()
+        if not (cached and self.switches.incremental_classification):
+            self.classify(history)
+        found = self.classify(new_items)
+        items = self.apply_policy(new_items, found)
+        classified = time.perf_counter()
+        return Admission(
+            items=items,
+            verdicts=found,
+            validate_seconds=validated - started,
+            classify_seconds=classified - validated,
+        )
+
+    @staticmethod
+    def flagged(verdicts: Sequence[tuple[Finding, ...]]) -> dict[str, str]:
+        """Response metadata recording what the classifier flagged (empty when clean)."""
+        kinds = sorted({f.kind for found in verdicts for f in found})
+        if not kinds:
+            return {}
+        count = sum(len(found) for found in verdicts)
+        return {"secrets_flagged": str(count), "secrets_kinds": ",".join(kinds)[:512]}
+
+
+def _classified_text(item: Item) -> str:
+    if isinstance(item, Message) and item.role != "assistant":
+        return item_text(item.content)
+    if isinstance(item, FunctionCallOutput):
+        return item_text(item.output)
+    return ""
+
+
+def _redacted(item: Item, found: Sequence[Finding]) -> Item:
+    if isinstance(item, Message):
+        return msgspec.structs.replace(item, content=redact(item_text(item.content), found))
+    if isinstance(item, FunctionCallOutput):
+        return msgspec.structs.replace(item, output=redact(item_text(item.output), found))
+    return item  # pragma: no cover - only these two are classified
