@@ -23,11 +23,8 @@ import argparse
 import contextlib
 import os
 import platform
-import socket
 import statistics
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -35,6 +32,7 @@ import httpx
 import trio
 
 from longresponse.client import connect
+from longresponse.server_process import ServerProcess
 from protocol import (
     FunctionCall,
     OutputItemDone,
@@ -165,42 +163,10 @@ async def one_rollout(
             turn += 1
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @contextlib.contextmanager
 def server_process() -> Iterator[str]:
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "longresponse",
-            "serve",
-            "--port",
-            str(port),
-            "--log-level",
-            "warning",
-        ],
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
-        yield f"ws://127.0.0.1:{port}/v1/responses"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    with ServerProcess("--store", "memory://") as server:
+        yield server.url
 
 
 async def measure(

@@ -81,6 +81,7 @@ __all__ = [
     "ENTROPY_MIN_LENGTH",
     "ENTROPY_MIN_RATIO",
     "ENTROPY_MIN_SWITCH_RATE",
+    "ENTROPY_SAMPLE_LENGTH",
     "KINDS",
     "Finding",
     "Policy",
@@ -98,6 +99,8 @@ ENTROPY_MIN_RATIO = 0.75
 ENTROPY_MAX_WORD_LENGTH = 2.3
 #: Single-case cores: the fraction of adjacent pairs switching letter/digit.
 ENTROPY_MIN_SWITCH_RATE = 0.35
+#: Longer runs are judged by this many leading characters (a multiple of 4).
+ENTROPY_SAMPLE_LENGTH = 256
 
 #: Every ``Finding.kind``. On a tie in length, a kind earlier here wins.
 KINDS: tuple[str, ...] = (
@@ -463,7 +466,8 @@ def _decodes_to_text(token: str) -> bool:
 
 
 def _is_random(candidate: str, start: int, text: str) -> bool:
-    token = candidate.rstrip("=")
+    # The head of a long run speaks for all of it; a multiple of 4 keeps base64 aligned.
+    token = candidate[:ENTROPY_SAMPLE_LENGTH].rstrip("=")
     if _HAS_DIGIT.search(token) is None or _HEX.fullmatch(token):
         return False
     if _NOT_SECRET_PREFIX.match(token) or _DIGEST_CONTEXT.search(text, max(0, start - 8), start):
@@ -542,12 +546,18 @@ def _entropy_spans(text: str, found: list[tuple[int, int, str]]) -> Iterator[tup
     image = text.encode("latin-1", "replace").translate(_RUN_IMAGE)
     for run in _CANDIDATE.finditer(image):
         start, end = run.span()
-        if any(a <= start < b for a, b in public):
+        if _HAS_DIGIT.search(text, start, end) is None:  # nor has any piece of it
             continue
+        if public and any(a <= start < b for a, b in public):
+            continue
+        inside = sorted((a, b) for a, b, _ in found if a < end and start < b) if found else []
+        if any(a <= start and end <= b for a, b in inside):
+            continue  # already a finding of its own
         if _is_random(text[start:end], start, text):
             yield start, end, "high_entropy_string"
             continue
-        inside = sorted((a, b) for a, b, _ in found if a < end and start < b)
+        if not inside:
+            continue
         cursor = start
         for a, b in [*inside, (end, end)]:
             for piece in _CANDIDATE.finditer(image, cursor, a) if cursor < a else ():

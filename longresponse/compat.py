@@ -43,11 +43,11 @@ from protocol import (
     FunctionCall,
     FunctionCallOutput,
     Item,
-    Message,
     ProtocolError,
     RemoteProtocolError,
     Response,
     ResponseCreate,
+    as_items,
 )
 
 from .config import ServerConfig
@@ -148,12 +148,6 @@ class Lane:
         self.name = name
         self.queue: collections.deque[_Queued] = collections.deque()
         self.task: asyncio.Task[None] | None = None
-
-
-def _items(value: str | list[Item]) -> list[Item]:
-    if isinstance(value, str):
-        return [Message(role="user", content=value)]
-    return list(value)
 
 
 def check_continuation(new_items: list[Item], pending: dict[str, str]) -> None:
@@ -290,7 +284,7 @@ class ShippedShape:
     ) -> None:
         check_sim_metadata(request.metadata)
         model_name = request.model if isinstance(request.model, str) else "sim"
-        new_items = _items(request.input)
+        new_items = as_items(request.input)
         history: list[Item] = []  # what a hydrated rollout must take in first
         checked: list[Item] = []  # what the pipeline would re-check without reuse
         cached = True

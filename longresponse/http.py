@@ -27,11 +27,11 @@ from starlette.routing import Route
 from protocol import (
     ErrorCode,
     Item,
-    Message,
     ProtocolError,
     RemoteProtocolError,
     ResponseCreate,
     ServerEvent,
+    as_items,
     decode_create_body,
 )
 from protocol import Response as ResponseObject
@@ -76,12 +76,6 @@ def _not_found(response_id: str) -> RemoteProtocolError:
         param="response_id",
         status=404,
     )
-
-
-def _items(value: str | list[Item]) -> list[Item]:
-    if isinstance(value, str):
-        return [Message(role="user", content=value)]
-    return list(value)
 
 
 def _json(obj: Any, status: int = 200) -> Response:
@@ -165,7 +159,7 @@ class ResponsesHTTP:
             model = self.models.resolve(body.model if isinstance(body.model, str) else None)
             check_sim_metadata(body.metadata)
             decoded = time.perf_counter()
-            new_items = _items(body.input)
+            new_items = as_items(body.input)
             history: list[Item] = []
             if body.previous_response_id is not None:
                 conversation = await self.persistence.conversation(

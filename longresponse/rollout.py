@@ -43,7 +43,6 @@ from protocol import (
     IncompleteDetails,
     InputTokensDetails,
     Item,
-    Message,
     OutputTokensDetails,
     RequiredAction,
     Response,
@@ -58,6 +57,7 @@ from protocol import (
     ServerEvent,
     TimingEvent,
     Usage,
+    as_items,
 )
 from protocol.events import ResponseCreated
 
@@ -152,12 +152,6 @@ class Boundary:
     stream_id: str | None = None
 
 
-def _input_items(value: str | list[Item]) -> list[Item]:
-    if isinstance(value, str):
-        return [Message(role="user", content=value)]
-    return list(value)
-
-
 class ContextLengthExceeded(Exception):
     """The context is longer than the model's window and truncation is off."""
 
@@ -213,7 +207,7 @@ class Rollout:
         self.stream = StreamBuilder(response_id, tag_response_id=True)
         self.pending_calls: dict[str, str] = {}  # call_id -> name, awaiting output
         self._inbox: list[Item] = (
-            list(input_items) if input_items is not None else _input_items(request.input)
+            list(input_items) if input_items is not None else as_items(request.input)
         )
         self._wakeup = asyncio.Event()
         self._resume_mark: float | None = clock()

@@ -31,8 +31,6 @@ from protocol import (
     CLOSE_CODES,
     Connection,
     ErrorCode,
-    Item,
-    Message,
     Mode,
     ProtocolError,
     RemoteProtocolError,
@@ -43,6 +41,7 @@ from protocol import (
     ResponseProcessed,
     Role,
     ServerEvent,
+    as_items,
     error_event,
 )
 
@@ -301,7 +300,7 @@ class Session:
             )
         model = self.models.resolve(event.model if isinstance(event.model, str) else None)
         check_sim_metadata(event.metadata)
-        items = _as_items(event.input)
+        items = as_items(event.input)
         admission = self.pipeline.admit(items, tools=event.tools)
         rollout = Rollout(
             response_id=new_id("resp"),
@@ -362,7 +361,7 @@ class Session:
         rollout = self._target(event.response_id)
         try:
             admission = self.pipeline.admit(
-                _as_items(event.input), history=rollout.history(), tools=rollout.request.tools
+                as_items(event.input), history=rollout.history(), tools=rollout.request.tools
             )
         except ProtocolError:
             self.connection.reject_append(event)  # refused: its calls stay pending
@@ -377,9 +376,3 @@ class Session:
 
     def _cancel(self, event: ResponseCancel) -> None:
         self._target(event.response_id).request_cancel()
-
-
-def _as_items(value: str | list[Item]) -> list[Item]:
-    if isinstance(value, str):
-        return [Message(role="user", content=value)]
-    return list(value)

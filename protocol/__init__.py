@@ -83,6 +83,7 @@ from .items import (
     Tool,
     ToolChoice,
     ToolChoiceFunction,
+    as_items,
     item_text,
 )
 from .response import (
@@ -187,6 +188,7 @@ __all__ = [
     "ToolChoiceFunction",
     "Transition",
     "Usage",
+    "as_items",
     "check_append_items",
     "decode_client_event",
     "decode_create_body",

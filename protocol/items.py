@@ -32,6 +32,7 @@ __all__ = [
     "Tool",
     "ToolChoice",
     "ToolChoiceFunction",
+    "as_items",
     "item_text",
 ]
 
@@ -122,6 +123,13 @@ class Reasoning(_Tagged, frozen=True, tag="reasoning"):
 
 
 Item = Message | FunctionCall | FunctionCallOutput | Reasoning
+
+
+def as_items(value: str | list[Item]) -> list[Item]:
+    """An ``input`` as items: a bare string is one user message (shipped rule)."""
+    if isinstance(value, str):
+        return [Message(role="user", content=value)]
+    return list(value)
 
 
 def item_text(content: str | list[ContentPart]) -> str:

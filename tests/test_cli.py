@@ -2,24 +2,17 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
 import subprocess
 import sys
-import time
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from longresponse.cli import build_parser
 from longresponse.client import connect
+from longresponse.server_process import ServerProcess
 from protocol import ResponseDone
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def test_help_documents_every_flag() -> None:
@@ -41,41 +34,13 @@ def test_help_documents_every_flag() -> None:
 
 
 @pytest.fixture
-def server_process() -> object:
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "longresponse",
-            "serve",
-            "--port",
-            str(port),
-            "--log-level",
-            "warning",
-        ],
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            break
-        except OSError:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                proc.kill()
-                raise RuntimeError("server process did not start") from None
-            time.sleep(0.05)
-    yield port
-    proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:  # pragma: no cover
-        proc.kill()
+def server_process(tmp_path: Any) -> Iterator[ServerProcess]:
+    with ServerProcess("--store", f"sqlite:///{tmp_path}/responses.db") as running:
+        yield running
 
 
-async def test_server_process_serves_a_rollout(server_process: int) -> None:
-    async with connect(f"ws://127.0.0.1:{server_process}/v1/responses") as client:
+async def test_server_process_serves_a_rollout(server_process: ServerProcess) -> None:
+    async with connect(server_process.url) as client:
         await client.create(model="sim", input="hello from a real process")
         done = (await client.until_done())[-1]
         assert isinstance(done, ResponseDone)

@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import json
-import signal
-import socket
-import subprocess
-import sys
 import time
 from typing import Any
 
@@ -18,6 +14,7 @@ from openai import OpenAI
 from openai.types.responses import ResponseStreamEvent
 
 from longresponse.config import ServerConfig
+from longresponse.server_process import ServerProcess
 from tests.conftest import OPEN_CLIENTS, RunningServer, openai_client
 
 STREAM_EVENT = pydantic.TypeAdapter(ResponseStreamEvent)
@@ -312,45 +309,23 @@ def test_clean_shutdown_drains_queued_writes(tmp_path: Any) -> None:
         reopened.stop()
 
 
-def serve_process(port: int, *extra: str) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "longresponse", "serve", "--port", str(port),
-         "--log-level", "warning", *extra],
-    )  # fmt: skip
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return proc
-        except OSError:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                proc.kill()
-                raise RuntimeError("server process did not start") from None
-            time.sleep(0.05)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def test_two_processes_share_one_redis(redis_url: str) -> None:
-    ports = [free_port(), free_port()]
-    procs = [serve_process(port, "--store", redis_url) for port in ports]
-    try:
+    with (
+        ServerProcess("--store", redis_url) as first,
+        ServerProcess("--store", redis_url) as second,
+    ):
         one, two = (
-            OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0)
-            for port in ports
+            OpenAI(base_url=f"{server.http_url}/v1", api_key="k", max_retries=0)
+            for server in (first, second)
         )
         OPEN_CLIENTS.extend((one, two))
-        first = one.responses.create(model="sim", input="made on one", tools=[TOOL])
-        assert two.responses.retrieve(first.id).id == first.id
-        (call,) = calls_of(first)
+        made = one.responses.create(model="sim", input="made on one", tools=[TOOL])
+        assert two.responses.retrieve(made.id).id == made.id
+        (call,) = calls_of(made)
         output = [{"type": "function_call_output", "call_id": call.call_id, "output": "via two"}]
         # Chain over HTTP through the other process...
         chained = two.responses.create(
-            model="sim", previous_response_id=first.id, input=output, tools=[TOOL]
+            model="sim", previous_response_id=made.id, input=output, tools=[TOOL]
         )
         assert "«made on one»" in chained.output_text
         assert "«via two»" in chained.output_text
@@ -358,18 +333,14 @@ def test_two_processes_share_one_redis(redis_url: str) -> None:
         # ...and hydrate over a WebSocket of the other process.
         with two.responses.connect() as conn:
             conn.response.create(
-                model="sim", previous_response_id=first.id, input=output, tools=[TOOL]
+                model="sim", previous_response_id=made.id, input=output, tools=[TOOL]
             )
             while (event := conn.recv()).type != "response.completed":
                 assert event.type != "error", event
             assert "«via two»" in event.response.output_text
-        two.responses.delete(first.id)
+        two.responses.delete(made.id)
         with pytest.raises(openai.NotFoundError):
-            one.responses.retrieve(first.id)
-    finally:
-        for proc in procs:
-            proc.send_signal(signal.SIGINT)
-            proc.wait(timeout=10)
+            one.responses.retrieve(made.id)
 
 
 def test_retention_ttl_expires_responses(redis_url: str, make_server: Any) -> None:

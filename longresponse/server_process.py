@@ -1,0 +1,96 @@
+"""A longresponse server in a child process, for benchmarks, examples and tests.
+
+    with ServerProcess("--store", "memory://") as server:
+        ... server.url ...   # ws://127.0.0.1:PORT/v1/responses
+
+The process runs ``python -m longresponse serve`` on a free loopback port; it
+is ready when the port accepts connections, and is stopped with SIGINT (a
+clean stop: queued post-inference writes are drained), killed only if it does
+not stop in time.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+from types import TracebackType
+from typing import Final
+
+__all__ = ["STARTUP_TIMEOUT", "STOP_TIMEOUT", "ServerProcess", "free_port"]
+
+STARTUP_TIMEOUT: Final = 20.0
+STOP_TIMEOUT: Final = 20.0
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class ServerProcess:
+    """``longresponse serve`` with extra ``flags``, as a context manager."""
+
+    def __init__(self, *flags: str, port: int | None = None, log_level: str = "warning") -> None:
+        self.port = port or free_port()
+        self.flags = flags
+        self.log_level = log_level
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/v1/responses"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> ServerProcess:
+        """Start the process and wait until it accepts connections.
+
+        Raises ``RuntimeError`` (the process killed) if it exits or is not
+        ready within :data:`STARTUP_TIMEOUT` seconds.
+        """
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "longresponse", "serve", "--port", str(self.port),
+             "--log-level", self.log_level, *self.flags],
+        )  # fmt: skip
+        deadline = time.monotonic() + STARTUP_TIMEOUT
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return self
+            except OSError:
+                if time.monotonic() > deadline or self.process.poll() is not None:
+                    self.process.kill()
+                    self.process.wait()
+                    raise RuntimeError(
+                        f"server process on port {self.port} did not start"
+                    ) from None
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        """A clean stop (SIGINT); a kill if it takes longer than :data:`STOP_TIMEOUT`."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGINT)
+        try:
+            self.process.wait(timeout=STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+    def __enter__(self) -> ServerProcess:
+        return self.start()
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
