@@ -201,6 +201,7 @@ _WORDLIKE = re.compile(r"[A-Za-z_][A-Za-z_.\-]*")  # a name; no digit
 _DOTTED = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+")  # attribute access
 _PATHLIKE = re.compile(r"(?:~|\.{1,2})?/|[A-Za-z]:\\")
 _BASE64_RUN = re.compile(r"[A-Za-z0-9+/]{40}")
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://")  # `auth: https://...` names a place
 
 
 def _is_placeholder(value: str) -> bool:
@@ -209,7 +210,7 @@ def _is_placeholder(value: str) -> bool:
         or value.startswith(_TEMPLATE_START)
         or _PLACEHOLDER_SHAPE.match(value) is not None
         or _HAS_ALNUM.search(value) is None
-        or "://" in value
+        or _URL.match(value) is not None
     )
 
 
@@ -493,8 +494,23 @@ def _is_random(candidate: str, start: int, text: str) -> bool:
 
 
 def _matches(rule: _Rule, text: str, lowered: str) -> Iterator[re.Match[str]]:
+    """The accepted matches of ``rule``, none starting inside the one before.
+
+    A match that ``check`` rejects does not hide one that starts inside it:
+    ``password=s3_password password = "hunter2"`` still finds the second.
+    """
+
+    def accepted(m: re.Match[str]) -> bool:
+        return rule.check is None or rule.check(m, text)
+
     if not rule.triggers:
-        yield from rule.pattern.finditer(text)
+        at = 0
+        while (m := rule.pattern.search(text, at)) is not None:
+            if accepted(m):
+                yield m
+                at = max(m.end(), m.start() + 1)
+            else:
+                at = m.start() + 1
         return
     positions: set[int] = set()
     for trigger in rule.triggers:
@@ -502,9 +518,11 @@ def _matches(rule: _Rule, text: str, lowered: str) -> Iterator[re.Match[str]]:
         while at != -1:
             positions.add(at)
             at = lowered.find(trigger, at + 1)
-    resume = 0  # as with finditer, no match starts inside the one before
+    resume = 0
     for at in sorted(positions):
-        if at >= resume and (m := rule.pattern.match(text, at)) is not None:
+        if at < resume or (m := rule.pattern.match(text, at)) is None:
+            continue
+        if accepted(m):
             resume = m.end()
             yield m
 
@@ -521,29 +539,30 @@ def scan(text: str) -> list[Finding]:
     spans: list[tuple[int, int, str]] = []
     for rule in _RULES:
         for m in _matches(rule, text, lowered):
-            if rule.check is not None and not rule.check(m, text):
-                continue
             start, end = m.span(rule.group)
             kind = rule.kind
             if rule.variant is not None and m.group(rule.variant[0]) is not None:
                 kind = rule.variant[1]
             if kind == "private_key":
                 end = start + len(m.group().rstrip())
-            spans.append((start, end, kind))
+            elif (armor := text.find("-----", start, end)) != -1:
+                end = armor  # PEM armor is never part of a token: `<token>-----BEGIN ...`
+            if start < end:
+                spans.append((start, end, kind))
     spans.extend(_entropy_spans(text, spans))
     return _merge(spans)
 
 
 def _entropy_spans(text: str, found: list[tuple[int, int, str]]) -> Iterator[tuple[int, int, str]]:
-    """The runs of ``text`` that look random, judged as a rescan after redaction would.
+    """The runs of ``text`` that look random, outside the spans already ``found``.
 
-    A run that is not random as a whole may still hold random pieces beside a
-    finding of another rule (``<stripe key><random>`` glued together); once
-    the finding is redacted those pieces are runs of their own, so each piece
-    outside ``found`` is judged too.
+    Where a finding of another rule covers part of a run, only the pieces
+    left beside it are judged, each as a run of its own: that is what a scan
+    of the redacted text sees, so redacting never exposes a new finding.
     """
     public = [m.span() for m in _PUBLIC_PEM.finditer(text)] if "-----BEGIN" in text else []
-    image = text.encode("latin-1", "replace").translate(_RUN_IMAGE)
+    raw = text.encode("latin-1", "replace").replace(b"-----", b"     ")  # PEM armor ends a run
+    image = raw.translate(_RUN_IMAGE)
     for run in _CANDIDATE.finditer(image):
         start, end = run.span()
         if _HAS_DIGIT.search(text, start, end) is None:  # nor has any piece of it
@@ -551,12 +570,9 @@ def _entropy_spans(text: str, found: list[tuple[int, int, str]]) -> Iterator[tup
         if public and any(a <= start < b for a, b in public):
             continue
         inside = sorted((a, b) for a, b, _ in found if a < end and start < b) if found else []
-        if any(a <= start and end <= b for a, b in inside):
-            continue  # already a finding of its own
-        if _is_random(text[start:end], start, text):
-            yield start, end, "high_entropy_string"
-            continue
         if not inside:
+            if _is_random(text[start:end], start, text):
+                yield start, end, "high_entropy_string"
             continue
         cursor = start
         for a, b in [*inside, (end, end)]:

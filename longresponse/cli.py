@@ -145,6 +145,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="listen on a non-loopback address without API keys (refused otherwise)",
     )
     serve.add_argument(
+        "--http-token-cache",
+        action="store_true",
+        help="HTTP: keep each response's rendered tokens in a process-wide cache, so a "
+        "continuation reads its history from the store but does not render it again",
+    )
+    serve.add_argument(
         "--secrets-policy",
         choices=["flag", "redact", "refuse"],
         default="flag",
@@ -224,6 +230,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         api_keys=tuple(args.api_keys),
         allow_unauthenticated=args.allow_unauthenticated,
         secrets_policy=args.secrets_policy,
+        http_token_cache=args.http_token_cache,
         switches=Switches(
             incremental_validation=args.incremental_validation,
             incremental_classification=args.incremental_classification,

@@ -92,6 +92,9 @@ class ServerConfig:
     #: ``allow_unauthenticated``).
     api_keys: tuple[str, ...] = ()
     allow_unauthenticated: bool = False
+    #: The HTTP path's optional process-wide token cache, and its byte budget.
+    http_token_cache: bool = False
+    http_token_cache_bytes: int = 256 * 1024 * 1024
     #: The pipeline's reuse switches (all on) and the secrets policy.
     switches: Switches = dataclasses.field(default_factory=Switches)
     secrets_policy: str = "flag"

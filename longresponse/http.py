@@ -16,6 +16,7 @@ import asyncio
 import collections
 import contextlib
 import time
+from array import array
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Final
 
@@ -46,7 +47,7 @@ from .rollout import Rollout, TurnTiming
 from .sampler import ModelRegistry, check_sim_metadata
 from .stream import DiscardSink, EventSink, new_id
 
-__all__ = ["SSE_QUEUE_DEPTH", "ResponsesHTTP", "http_error"]
+__all__ = ["SSE_QUEUE_DEPTH", "HTTPTokenCache", "ResponsesHTTP", "http_error"]
 
 #: Events buffered between a streaming rollout and its SSE response.
 SSE_QUEUE_DEPTH: Final = 256
@@ -100,6 +101,10 @@ class ResponsesHTTP:
         self._persistence = persistence
         self.pipeline = pipeline or Pipeline(Switches())
         self.metrics = metrics
+        #: The process-wide token cache, when switched on (the ``http-cached`` design).
+        self.token_cache = (
+            HTTPTokenCache(config.http_token_cache_bytes) if config.http_token_cache else None
+        )
         self.requests = 0
 
     @property
@@ -277,6 +282,44 @@ class ResponsesHTTP:
             return http_error(error)
 
 
+class HTTPTokenCache:
+    """The optional process-wide token cache of the HTTP path (``--http-token-cache``).
+
+    Response id → the rendered tokens of its conversation's items (not the
+    prefix), within a byte budget, least recently used first out. A
+    continuation whose parent is here still reads its history from the store
+    but does not render or tokenize it again. Keys are per owner.
+    """
+
+    def __init__(self, budget_bytes: int) -> None:
+        self.budget_bytes = budget_bytes
+        self._entries: collections.OrderedDict[tuple[str, str], array[int]] = (
+            collections.OrderedDict()
+        )
+        self.nbytes = 0
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, owner: str, response_id: str) -> array[int] | None:
+        tokens = self._entries.get((owner, response_id))
+        if tokens is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        self._entries.move_to_end((owner, response_id))
+        return tokens
+
+    def put(self, owner: str, response_id: str, tokens: array[int]) -> None:
+        size = len(tokens) * tokens.itemsize
+        if size > self.budget_bytes:
+            return
+        self._entries[(owner, response_id)] = tokens
+        self.nbytes += size
+        while self.nbytes > self.budget_bytes:
+            _, old = self._entries.popitem(last=False)
+            self.nbytes -= len(old) * old.itemsize
+
+
 class _Run:
     """One HTTP request's rollout, answered as JSON or as SSE."""
 
@@ -308,9 +351,23 @@ class _Run:
         self.model = model
         self.history = history
         self.final: ResponseObject | None = None
+        cache = http.token_cache
+        parent = body.previous_response_id
+        if cache is not None and parent is not None and history:
+            tokens = cache.get(owner, parent)
+            if tokens is not None:
+                # The history is in the store's items, its tokens in memory:
+                # take both in without rendering anything again.
+                self.rollout.context = list(history)
+                self.rollout.tokens.extend_tokens(tokens)
+                self.history = []
 
     async def _persist(self, response: ResponseObject) -> None:
         self.final = response
+        cache = self.http.token_cache
+        if cache is not None:
+            tokens = self.rollout.tokens
+            cache.put(self.owner, response.id, tokens.tokens[tokens.prefix_length :])
         if self.http.metrics is not None:
             self.http.metrics.response_finished("http", response.status)
         await self.http.persistence.post_inference(

@@ -9,7 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
@@ -82,6 +88,8 @@ class ServerMetrics:
             registry=self.registry,
         )
         self.registry.register(_PipelineWork(counters))
+        # process_cpu_seconds_total and friends, for the bench's CPU figures.
+        ProcessCollector(registry=self.registry)
 
     def observe_turn(self, transport: str, timing: TurnTiming) -> None:
         for phase in TurnTiming.PHASES:

@@ -308,6 +308,10 @@ class TokenCache:
         forked._tokens.extend(self._tokens[self.prefix_length : self.prefix_length + item_tokens])
         return forked
 
+    def extend_tokens(self, tokens: Iterable[int]) -> None:
+        """Append tokens rendered elsewhere (a cache); nothing is rendered or counted."""
+        self._tokens.extend(tokens)
+
     def rebase(self, prefix: Sequence[int]) -> TokenCache:
         """A new cache with ``prefix`` in place of this one's, and the same item tokens.
 

@@ -368,3 +368,34 @@ def test_json_body_unchanged_with_bad_tool_schema(server: Any) -> None:
     error = reply.json()["error"]
     assert error["param"] == "tools[0].parameters"
     assert json.dumps(error)
+
+
+def http_chain(server: Any, turns: int) -> Any:
+    client = openai_client(server)
+    meta = {"sim_tool_calls": str(turns)}
+    response = client.responses.create(model="sim", input="go", tools=[TOOL], metadata=meta)
+    for turn in range(turns):
+        (call,) = [i for i in response.output if i.type == "function_call"]
+        response = client.responses.create(
+            model="sim",
+            previous_response_id=response.id,
+            input=[{"type": "function_call_output", "call_id": call.call_id, "output": f"o{turn}"}],
+            tools=[TOOL],
+            metadata=meta,
+        )
+    return response
+
+
+async def test_http_token_cache_renders_less_and_answers_the_same(make_server: Any) -> None:
+    plain = make_server()
+    cached = make_server(http_token_cache=True)
+    answers = {}
+    for name, running in (("plain", plain), ("cached", cached)):
+        final = await trio.to_thread.run_sync(http_chain, running, 8)
+        answers[name] = (normal(final.output_text), final.usage.model_dump())
+    assert answers["plain"] == answers["cached"]
+    rendered = {
+        name: counters(s)["tokens_rendered"] for name, s in (("plain", plain), ("cached", cached))
+    }
+    assert rendered["plain"] > 2 * rendered["cached"]
+    assert cached.app.state.http.token_cache.hits == 8
