@@ -392,5 +392,11 @@ class ShippedShape:
         )
         if finished is not None:
             self.cache.add(rollout, finished)
+        else:  # failed: still billed and counted, never stored
+            failed = rollout.snapshot()
+            if self.metrics is not None:
+                self.metrics.response_finished("ws", failed.status)
+            if persistence is not None:
+                await persistence.post_inference(failed, owner=self.owner, transport="ws")
         # A failed segment leaves its Rollout broken: no continuation in place,
         # but its earlier boundaries stay valid to fork from.

@@ -389,6 +389,13 @@ class _Run:
             received_at=self.received_at,
             on_finish=self._persist,
         )
+        if boundary is None:  # failed: still billed and counted, never stored
+            failed = self.rollout.snapshot()
+            if self.http.metrics is not None:
+                self.http.metrics.response_finished("http", failed.status)
+            await self.http.persistence.post_inference(
+                failed, owner=self.owner, transport="http"
+            )
         return boundary is not None
 
     async def json(self) -> Response:
