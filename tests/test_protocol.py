@@ -961,3 +961,17 @@ def test_message_limit_counts_utf8_bytes_not_characters() -> None:
         server.receive_message(text)
     assert raised.value.code == ErrorCode.MESSAGE_TOO_LARGE
     server.receive_message('{"type":"response.create","input":"' + "é" * 20 + '"}')
+
+
+def test_longresponse_exports_exist_and_are_complete() -> None:
+    import importlib
+
+    import longresponse
+
+    for name in longresponse.__all__:
+        assert hasattr(longresponse, name), name
+    # every public name a server module lists is reachable from its module
+    for module_name in ("app", "compat", "pipeline", "rollout", "store", "classifier"):
+        module = importlib.import_module(f"longresponse.{module_name}")
+        for name in module.__all__:
+            assert hasattr(module, name), (module_name, name)
