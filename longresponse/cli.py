@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from protocol import MAX_ITEMS_PER_EVENT, MAX_MESSAGE_BYTES
 
@@ -207,7 +209,26 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["critical", "error", "warning", "info", "debug"],
         help="log verbosity",
     )
+    for name, module, summary in (
+        ("bench", "compare", "compare every transport and reuse switch on simulated rollouts"),
+        ("bench-throughput", "throughput", "stream throughput of one connection"),
+        ("bench-scale", "scale", "many concurrent paused rollouts: memory and resume latency"),
+    ):
+        sub = commands.add_parser(
+            name,
+            help=summary,
+            description=f"longresponse {name}: {summary}.",
+            formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        )
+        sub.set_defaults(bench_module=module)
+        _bench_module(module).add_arguments(sub)
     return parser
+
+
+def _bench_module(name: str) -> Any:
+    import importlib
+
+    return importlib.import_module(f"longresponse.bench.{name}")
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
@@ -282,8 +303,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         logging.basicConfig(level=args.log_level.upper())
         server = uvicorn.Server(uvicorn_config(config, log_level=args.log_level))  # type: ignore[arg-type]
-        server.run()
+        # uvicorn shuts down cleanly on SIGINT/SIGTERM (the lifespan drains the
+        # post-inference queue), then re-raises the signal it captured.
+        with contextlib.suppress(KeyboardInterrupt):
+            server.run()
         return 0
+    if getattr(args, "bench_module", None):
+        return int(_bench_module(args.bench_module).main(args))
     return 2  # pragma: no cover - argparse requires a command
 
 

@@ -1,0 +1,251 @@
+"""``longresponse bench`` in a tiny configuration: the outputs' shape and consistency.
+
+One module-scoped run (3 tool calls, small outputs, one speed, one round)
+through the command line; the tests read what it wrote. No timing is asserted:
+only what a run must get right whatever the machine's speed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from longresponse import cli
+from longresponse.bench import compare, report
+
+TOOL_CALLS = 3
+GROWTH_TOOL_CALLS = 4
+TRANSPORTS = ("append", "ws", "http", "http-full", "ws-full", "http-cached")
+ABLATION = "append/no-token-cache"
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+TURN_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "turn": int,
+    "kind": str,
+    "sent_bytes": int,
+    "observed_ms": float,
+    "client_ttft_ms": float,
+    "output_tokens": int,
+    "input_tokens": int,
+    "cached_tokens": int,
+    "uncached_tokens": int,
+    "model_ms": (int, float),
+    "overhead_ms": float,
+    "server_overhead_ms": float,
+    "server": dict,
+    "tool_latency_ms": (int, float),
+    "echo_rtt_ms": (float, type(None)),
+    "overhead_minus_echo_ms": (float, type(None)),
+}
+ROLLOUT_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "scenario": str,
+    "transport": str,
+    "shape": str,
+    "switch_off": (str, type(None)),
+    "tokens_per_second": float,
+    "tool_calls": int,
+    "output_tokens": int,
+    "round": int,
+    "slot": int,
+    "server_flags": list,
+    "batch_cpu_s": float,
+    "cpu_s": float,
+    "error": type(None),
+    "e2e_ms": float,
+    "final_answer": str,
+    "turns": list,
+}
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    out = tmp_path_factory.mktemp("bench")
+    status = cli.main(
+        [
+            "bench",
+            "--tool-calls", str(TOOL_CALLS),
+            "--output-tokens", "40",
+            "--tokens-per-second", "0",
+            "--rollouts", "1",
+            "--transports", ",".join([*TRANSPORTS, ABLATION]),
+            "--no-ablations",
+            "--growth-tool-calls", str(GROWTH_TOOL_CALLS),
+            "--growth-output-tokens", "40",
+            "--no-progress",
+            "--out", str(out),
+        ]
+    )  # fmt: skip
+    assert status == 0
+    return out, json.loads((out / "turns.json").read_text())
+
+
+def _main(document: dict[str, Any]) -> list[dict[str, Any]]:
+    return [r for r in document["rollouts"] if r["scenario"] == "main"]
+
+
+def test_every_transport_ran_once_without_error(run: tuple[Path, dict[str, Any]]) -> None:
+    _, document = run
+    assert sorted(r["transport"] for r in _main(document)) == sorted([*TRANSPORTS, ABLATION])
+    growth = [r["transport"] for r in document["rollouts"] if r["scenario"] == "growth"]
+    assert sorted(growth) == ["append", "http", "ws"]
+    assert [r for r in document["rollouts"] if r["error"]] == []
+
+
+def test_turns_json_schema(run: tuple[Path, dict[str, Any]]) -> None:
+    _, document = run
+    meta = document["meta"]
+    assert meta["knobs"]["tool_calls"] == TOOL_CALLS
+    assert meta["knobs"]["speeds"] == [0.0]
+    assert {"platform", "cpu_count", "python"} <= set(meta["machine"])
+    assert meta["machine"]["cpu_count"] >= 1
+    assert "model_ms" in meta["model_time_formula"]
+    for record in document["rollouts"]:
+        for field, kind in ROLLOUT_FIELDS.items():
+            assert isinstance(record[field], kind), (record["transport"], field)
+        for row in record["turns"]:
+            for field, kind in TURN_FIELDS.items():
+                assert isinstance(row[field], kind), (record["transport"], row["turn"], field)
+            assert row["kind"] == ("create" if row["turn"] == 0 else "continuation")
+            assert {"resume_ms", "pre_inference_ms", "render_ms"} <= set(row["server"])
+            assert row["overhead_ms"] == pytest.approx(row["observed_ms"] - row["model_ms"])
+            assert row["uncached_tokens"] == row["input_tokens"] - row["cached_tokens"]
+            assert row["sent_bytes"] > 0
+            assert row["output_tokens"] > 0
+        assert record["cpu_s"] >= 0
+
+
+def test_final_answers_are_identical_and_turn_counts_match(
+    run: tuple[Path, dict[str, Any]],
+) -> None:
+    _, document = run
+    for scenario, calls in (("main", TOOL_CALLS), ("growth", GROWTH_TOOL_CALLS)):
+        records = [r for r in document["rollouts"] if r["scenario"] == scenario]
+        answers = {r["final_answer"] for r in records}
+        assert len(answers) == 1, {r["transport"]: r["final_answer"] for r in records}
+        assert f"I read {calls} tool outputs" in answers.pop()
+        for record in records:
+            assert [row["turn"] for row in record["turns"]] == list(range(calls + 1))
+
+
+def test_history_and_bytes_follow_the_transport(run: tuple[Path, dict[str, Any]]) -> None:
+    _, document = run
+    by_name = {r["transport"]: r for r in _main(document)}
+    history = [row["input_tokens"] for row in by_name["http"]["turns"]]
+    assert history == sorted(set(history))
+    # Every transport's model sees the same context on every turn.
+    for record in by_name.values():
+        assert [row["input_tokens"] for row in record["turns"]] == history, record["transport"]
+    for name in ("ws-full", "http-full"):  # the whole input again: the requests grow
+        sent = [row["sent_bytes"] for row in by_name[name]["turns"]]
+        assert sent == sorted(set(sent)), name
+    append = [row["sent_bytes"] for row in by_name["append"]["turns"][1:]]
+    full = [row["sent_bytes"] for row in by_name["ws-full"]["turns"][1:]]
+    assert all(a < f for a, f in zip(append, full, strict=True))
+
+
+def test_servers_got_the_transport_flags(run: tuple[Path, dict[str, Any]]) -> None:
+    _, document = run
+    flags = {r["transport"]: r["server_flags"] for r in _main(document)}
+    assert "--http-token-cache" in flags["http-cached"]
+    assert "--no-token-cache" in flags[ABLATION]
+    assert not any(f.startswith("--no-") or f == "--http-token-cache" for f in flags["append"])
+    assert all("--sim-tokens-per-second" in f for f in flags.values())
+
+
+def test_echo_floor_is_recorded_for_websocket_continuations(
+    run: tuple[Path, dict[str, Any]],
+) -> None:
+    _, document = run
+    assert document["echo"] is not None
+    for record in document["rollouts"]:
+        rows = record["turns"]
+        # Ablations send the same frames as their transport: the same floor.
+        floor = record["shape"] in ("append", "ws", "ws-full")
+        assert all((row["echo_rtt_ms"] is not None) == floor for row in rows)
+        for row in rows:
+            if floor:
+                assert row["overhead_minus_echo_ms"] == pytest.approx(
+                    row["overhead_ms"] - row["echo_rtt_ms"]
+                )
+
+
+def test_summary_has_a_row_per_transport_and_the_targets(
+    run: tuple[Path, dict[str, Any]],
+) -> None:
+    out, _ = run
+    summary = (out / "summary.md").read_text()
+    for name in (*TRANSPORTS, ABLATION):
+        assert summary.count(f"| `{name}` |") >= 1, name
+    assert "## unthrottled" in summary
+    assert "## Growth" in summary
+    assert "Target 1" in summary
+    assert "Target 2" in summary
+    # 3 tool calls: target 1 (turn 50) is reported without a verdict.
+    assert "outside the stated parameters" in summary
+
+
+def test_plots_are_png_files(run: tuple[Path, dict[str, Any]]) -> None:
+    out, _ = run
+    for name in report.PLOTS:
+        data = (out / name).read_bytes()
+        assert data.startswith(PNG_SIGNATURE), name
+
+
+def test_transport_names() -> None:
+    assert compare.Transport.parse("append/no-token-cache").server_flags == ("--no-token-cache",)
+    assert compare.Transport.parse("http-cached").server_flags == ("--http-token-cache",)
+    for bad in ("carrier-pigeon", "http/no-token-cache", "append/no-such-switch"):
+        with pytest.raises(ValueError, match=r"transport|ablations"):
+            compare.Transport.parse(bad)
+
+
+def test_model_time_formula() -> None:
+    workload = compare.Workload(
+        tool_calls=1,
+        output_tokens=1,
+        tool_latency_ms=0,
+        tokens_per_second=1000,
+        ttft_ms=20,
+        prefill_tokens_per_second=10_000,
+    )
+    assert workload.model_ms(output_tokens=50, uncached_tokens=2000) == pytest.approx(270)
+    unthrottled = compare.Workload(1, 1, 0, 0, 0, 0)
+    assert unthrottled.model_ms(output_tokens=50, uncached_tokens=2000) == 0
+
+
+def test_websocket_frame_bytes_follow_rfc6455_length_forms() -> None:
+    assert compare.websocket_frame_bytes(125) == 125 + 2 + 4
+    assert compare.websocket_frame_bytes(126) == 126 + 4 + 4
+    assert compare.websocket_frame_bytes(65536) == 65536 + 10 + 4
+
+
+def test_url_mode_keeps_the_transports_that_need_no_flags() -> None:
+    options = compare.BenchOptions(url="ws://127.0.0.1:1/v1/responses", speeds=(1000.0,))
+    blocks, notes = compare._plan(options)
+    names = {t.name for block in blocks for t in block.transports}
+    assert names == set(compare.URL_TRANSPORTS)
+    assert any("http-cached" in note for note in notes)
+
+
+def test_empty_run_still_writes_a_report(tmp_path: Path) -> None:
+    document = {
+        "meta": {
+            "command": None,
+            "knobs": {},
+            "machine": {"platform": "p", "cpu_count": 1, "python": "3", "implementation": "C"},
+            "started": "now",
+            "duration_s": 0.0,
+            "model_time_formula": "",
+            "server_overhead_formula": "",
+            "notes": [],
+        },
+        "echo": None,
+        "rollouts": [],
+    }
+    report.write(document, tmp_path)
+    assert "none of the targets" in (tmp_path / "summary.md").read_text()
+    assert report.targets(document) == []
+    assert (tmp_path / "overhead_per_turn.png").read_bytes().startswith(PNG_SIGNATURE)
