@@ -97,6 +97,7 @@ from .response import (
     TextConfig,
     Usage,
 )
+from .schema import event_schemas
 from .state import (
     TERMINAL_STATES,
     TRANSITIONS,
@@ -195,6 +196,7 @@ __all__ = [
     "decode_server_event",
     "encode_event",
     "error_event",
+    "event_schemas",
     "item_text",
     "json_path_to_param",
 ]

@@ -975,3 +975,28 @@ def test_longresponse_exports_exist_and_are_complete() -> None:
         module = importlib.import_module(f"longresponse.{module_name}")
         for name in module.__all__:
             assert hasattr(module, name), (module_name, name)
+
+
+def test_committed_json_schema_matches_the_structs() -> None:
+    import json
+    from pathlib import Path
+
+    import jsonschema
+
+    from protocol.schema import event_schemas
+
+    committed = json.loads((Path(__file__).parent.parent / "protocol" / "schema.json").read_text())
+    assert committed == event_schemas(), (
+        "regenerate: python -m protocol.schema > protocol/schema.json"
+    )
+    jsonschema.Draft202012Validator.check_schema(committed)
+    # A real event validates against it.
+    from protocol import encode_event
+    from protocol.events import ResponseAppend
+
+    frame = json.loads(encode_event(ResponseAppend(input="hi")))
+    validator = jsonschema.Draft202012Validator(
+        {"$ref": "#/$defs/ClientEvent", "$defs": committed["$defs"]}
+    )
+    validator.validate(frame)
+    assert list(validator.iter_errors({"type": "response.append"}))  # input is required
