@@ -16,10 +16,12 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import TracebackType
-from typing import Final
+from typing import Final, Self
 
-__all__ = ["STARTUP_TIMEOUT", "STOP_TIMEOUT", "ServerProcess", "free_port"]
+__all__ = ["STARTUP_TIMEOUT", "STOP_TIMEOUT", "ServerProcess", "free_port", "server_url"]
 
 STARTUP_TIMEOUT: Final = 20.0
 STOP_TIMEOUT: Final = 20.0
@@ -49,16 +51,18 @@ class ServerProcess:
     def http_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> ServerProcess:
+    def command(self) -> list[str]:
+        """The command line of the child process."""
+        return [sys.executable, "-m", "longresponse", "serve", "--port", str(self.port),
+                "--log-level", self.log_level, *self.flags]  # fmt: skip
+
+    def start(self) -> Self:
         """Start the process and wait until it accepts connections.
 
         Raises ``RuntimeError`` (the process killed) if it exits or is not
         ready within :data:`STARTUP_TIMEOUT` seconds.
         """
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "longresponse", "serve", "--port", str(self.port),
-             "--log-level", self.log_level, *self.flags],
-        )  # fmt: skip
+        self.process = subprocess.Popen(self.command())
         deadline = time.monotonic() + STARTUP_TIMEOUT
         while True:
             try:
@@ -84,7 +88,7 @@ class ServerProcess:
             self.process.kill()
             self.process.wait()
 
-    def __enter__(self) -> ServerProcess:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(
@@ -94,3 +98,13 @@ class ServerProcess:
         traceback: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+@contextmanager
+def server_url(url: str | None, *flags: str) -> Iterator[str]:
+    """``url`` as it is, or the url of a server process started with ``flags``."""
+    if url:
+        yield url
+        return
+    with ServerProcess(*flags) as server:
+        yield server.url

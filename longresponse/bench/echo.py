@@ -23,8 +23,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import socket
-import subprocess
 import sys
 import time
 import urllib.parse
@@ -49,7 +47,7 @@ from wsproto.events import (
     TextMessage,
 )
 
-from ..server_process import STARTUP_TIMEOUT, ServerProcess, free_port
+from ..server_process import ServerProcess, free_port
 
 __all__ = [
     "ECHO_PATH",
@@ -251,30 +249,9 @@ class EchoProcess(ServerProcess):
     def __init__(self, *, port: int | None = None, log_level: str = "warning") -> None:
         super().__init__(port=port or free_port(), log_level=log_level)
 
-    def start(self) -> EchoProcess:
-        """Start the process and wait until it accepts connections.
-
-        Raises ``RuntimeError`` (the process killed) if it exits or is not
-        ready within ``STARTUP_TIMEOUT`` seconds.
-        """
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "longresponse.bench.echo", "--port", str(self.port),
-             "--log-level", self.log_level],
-        )  # fmt: skip
-        deadline = time.monotonic() + STARTUP_TIMEOUT
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return self
-            except OSError:
-                if time.monotonic() > deadline or self.process.poll() is not None:
-                    self.process.kill()
-                    self.process.wait()
-                    raise RuntimeError(f"echo process on port {self.port} did not start") from None
-                time.sleep(0.05)
-
-    def __enter__(self) -> EchoProcess:
-        return self.start()
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "longresponse.bench.echo", "--port", str(self.port),
+                "--log-level", self.log_level]  # fmt: skip
 
     def cpu_seconds(self) -> float | None:
         """The process's CPU time (user + system), or ``None`` where ``/proc`` cannot tell."""

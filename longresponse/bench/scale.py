@@ -38,7 +38,7 @@ import math
 import resource
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final, cast
 
@@ -49,7 +49,7 @@ import trio
 from protocol import APPEND_SUBPROTOCOL
 
 from ..app import TIMING_HEADER
-from ..server_process import ServerProcess
+from ..server_process import server_url
 from .echo import RawConnection
 from .throughput import http_url_of, machine
 
@@ -487,18 +487,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-@contextlib.contextmanager
-def _server(url: str | None) -> Iterator[str]:
-    if url:
-        yield url
-        return
-    with ServerProcess("--store", "memory://") as server:
-        yield server.url
-
-
 def main(args: argparse.Namespace) -> int:
     connections, reason = connection_cap(args.connections)  # before the server starts
-    with _server(args.url) as url:
+    with server_url(args.url, "--store", "memory://") as url:
         record = trio.run(lambda: run(url, connections, batch=args.batch))
     record = {
         "config": {

@@ -18,7 +18,6 @@ least half the echo's rate.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import platform
@@ -26,7 +25,7 @@ import statistics
 import sys
 import time
 import urllib.parse
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
@@ -36,7 +35,7 @@ import trio
 
 from protocol import APPEND_SUBPROTOCOL
 
-from ..server_process import ServerProcess
+from ..server_process import server_url
 from .echo import EchoProcess, RawConnection, stream_command
 
 __all__ = [
@@ -406,22 +405,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-@contextlib.contextmanager
-def _server(url: str | None) -> Iterator[str]:
-    if url:
-        yield url
-        return
-    with ServerProcess("--store", "memory://") as server:
-        yield server.url
-
-
 def main(args: argparse.Namespace) -> int:
     shapes = tuple(s.strip() for s in args.shapes.split(",") if s.strip())
     unknown = set(shapes) - set(SHAPES)
     if unknown or not shapes:
         print(f"--shapes: expected some of {', '.join(SHAPES)}, not {args.shapes!r}")
         return 2
-    with _server(args.url) as url, EchoProcess() as echo:
+    with server_url(args.url, "--store", "memory://") as url, EchoProcess() as echo:
         record = trio.run(
             lambda: run(
                 url,
