@@ -20,6 +20,7 @@ from openai import OpenAI
 
 from longresponse.render import render_item, render_prefix
 from tests.conftest import openai_client
+from tests.raw_ws import handshake, wait_until
 
 SHIPPED_TERMINAL = {"response.completed", "response.incomplete", "response.failed", "error"}
 
@@ -35,38 +36,6 @@ def turn(conn: Any) -> list[Any]:
         events.append(event)
         if event["type"] in SHIPPED_TERMINAL:
             return events
-
-
-async def wait_until(predicate: Any, seconds: float = 10.0) -> None:
-    with trio.fail_after(seconds):
-        while not predicate():  # noqa: ASYNC110 - the condition lives in another thread
-            await trio.sleep(0.01)
-
-
-def handshake(
-    port: int, *, rcvbuf: int | None = None, append: bool = True
-) -> tuple[socket.socket, wsproto.WSConnection]:
-    sock = socket.socket()
-    sock.settimeout(10)
-    if rcvbuf is not None:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
-    sock.connect(("127.0.0.1", port))
-    conn = wsproto.WSConnection(wsproto.ConnectionType.CLIENT)
-    sock.sendall(
-        conn.send(
-            ws.Request(
-                host="127.0.0.1",
-                target="/v1/responses",
-                subprotocols=["longresponse.append.v1"] if append else [],
-            )
-        )
-    )
-    while True:
-        conn.receive_data(sock.recv(65536))
-        for event in conn.events():
-            if isinstance(event, ws.AcceptConnection):
-                return sock, conn
-            raise AssertionError(f"handshake failed: {event!r}")
 
 
 def drain(sock: socket.socket, conn: wsproto.WSConnection, seconds: float) -> tuple[list[Any], Any]:

@@ -7,25 +7,13 @@ import socket
 import time
 from typing import Any
 
-import trio
-import wsproto
 import wsproto.events as ws
 
 from longresponse.client import connect
 from protocol import OutputTextDelta, ResponseDone, ResponseState
+from tests.raw_ws import handshake, wait_until
 
 TOOL = {"type": "function", "name": "read_file", "parameters": {"type": "object"}}
-
-
-async def wait_until(predicate: Any, seconds: float = 10.0) -> None:
-    """Poll a condition owned by the server's thread, with a deadline.
-
-    The server runs on another thread's asyncio loop, so there is no trio
-    Event to wait on; a bounded poll is the honest way to observe it.
-    """
-    with trio.fail_after(seconds):
-        while not predicate():  # noqa: ASYNC110 - the condition lives in another thread
-            await trio.sleep(0.01)
 
 
 def assert_all_rollouts_ended(server: Any) -> None:
@@ -62,31 +50,6 @@ async def test_close_while_paused_frees_the_rollout(make_server: Any) -> None:
         assert done.response.status == "requires_action"
     await wait_until(lambda: running.live_sessions == 0)
     assert_all_rollouts_ended(running)
-
-
-def handshake(
-    port: int, *, rcvbuf: int | None = None
-) -> tuple[socket.socket, wsproto.WSConnection]:
-    """Open a raw socket and complete the upgrade with wsproto (caller closes it)."""
-    sock = socket.socket()
-    sock.settimeout(10)
-    if rcvbuf is not None:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
-    sock.connect(("127.0.0.1", port))
-    conn = wsproto.WSConnection(wsproto.ConnectionType.CLIENT)
-    sock.sendall(
-        conn.send(
-            ws.Request(
-                host="127.0.0.1", target="/v1/responses", subprotocols=["longresponse.append.v1"]
-            )
-        )
-    )
-    while True:
-        conn.receive_data(sock.recv(65536))
-        for event in conn.events():
-            if isinstance(event, ws.AcceptConnection):
-                return sock, conn
-            raise AssertionError(f"handshake failed: {event!r}")
 
 
 async def test_abrupt_tcp_reset_mid_stream(make_server: Any) -> None:

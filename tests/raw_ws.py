@@ -1,0 +1,53 @@
+"""Raw WebSocket peers for tests: a wsproto handshake on a plain socket, and polling.
+
+For the tests that must misbehave as a client (never read, reset the TCP
+connection, send frames the trio client would refuse) and watch the
+server's state from outside its thread.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import trio
+import wsproto
+import wsproto.events as ws
+
+
+async def wait_until(predicate: Any, seconds: float = 10.0) -> None:
+    """Poll a condition owned by the server's thread, with a deadline.
+
+    The server runs on another thread's asyncio loop, so there is no trio
+    Event to wait on; a bounded poll is the honest way to observe it.
+    """
+    with trio.fail_after(seconds):
+        while not predicate():  # noqa: ASYNC110 - the condition lives in another thread
+            await trio.sleep(0.01)
+
+
+def handshake(
+    port: int, *, rcvbuf: int | None = None, append: bool = True
+) -> tuple[socket.socket, wsproto.WSConnection]:
+    """Open a raw socket and complete the upgrade with wsproto (the caller closes it)."""
+    sock = socket.socket()
+    sock.settimeout(10)
+    if rcvbuf is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.connect(("127.0.0.1", port))
+    conn = wsproto.WSConnection(wsproto.ConnectionType.CLIENT)
+    sock.sendall(
+        conn.send(
+            ws.Request(
+                host="127.0.0.1",
+                target="/v1/responses",
+                subprotocols=["longresponse.append.v1"] if append else [],
+            )
+        )
+    )
+    while True:
+        conn.receive_data(sock.recv(65536))
+        for event in conn.events():
+            if isinstance(event, ws.AcceptConnection):
+                return sock, conn
+            raise AssertionError(f"handshake failed: {event!r}")
