@@ -204,6 +204,11 @@ class Rollout:
         self.state = ResponseState.IN_PROGRESS
         self.context: list[Item] = []
         self.tokens = TokenCache(render_prefix(request.instructions, request.tools))
+        #: What the token cache's prefix was rendered from (instructions, tools).
+        self._prefix_key: tuple[str | None, bytes] = (
+            request.instructions,
+            msgspec.json.encode(request.tools),
+        )
         self.stream = StreamBuilder(response_id, tag_response_id=True)
         self.pending_calls: dict[str, str] = {}  # call_id -> name, awaiting output
         self._inbox: list[Item] = (
@@ -371,6 +376,7 @@ class Rollout:
         child._inbox = []
         child.context = self.context[: boundary.items]
         child.tokens = self.tokens.fork_items(boundary.prefix, boundary.item_tokens)
+        child._prefix_key = (None, b"")  # unknown: the next segment compares the tokens
         child.pending_calls = dict(boundary.pending)
         index = self.boundaries.index(boundary)
         child.boundaries = self.boundaries[: index + 1]
@@ -414,8 +420,14 @@ class Rollout:
                 # the same (one tokenizer for every model here).
                 self.model, self.sampler = model, model.make_sampler()
                 self.model_seen = 0
-            prefix = render_prefix(request.instructions, request.tools)
-            prefix_changed = self.tokens.tokens[: self.tokens.prefix_length].tolist() != prefix
+            # Clients resend instructions and tools every turn: compare their
+            # encoding first, and render the prefix only when it changed.
+            key = (request.instructions, msgspec.json.encode(request.tools))
+            prefix_changed = False
+            if key != self._prefix_key:
+                prefix = render_prefix(request.instructions, request.tools)
+                prefix_changed = self.tokens.tokens[: self.tokens.prefix_length].tolist() != prefix
+                self._prefix_key = key
             if prefix_changed:
                 # Instructions or tools changed: the prefix is re-rendered and
                 # the items' tokens reused; nothing before them is a valid
@@ -460,7 +472,7 @@ class Rollout:
                 items=len(self.context),
                 tokens=len(self.tokens),
                 item_tokens=len(self.tokens) - self.tokens.prefix_length,
-                prefix=tuple(prefix),
+                prefix=tuple(self.tokens.tokens[: self.tokens.prefix_length]),
                 pending=dict(self.pending_calls),
                 response=response,
                 stream_id=stream_id,

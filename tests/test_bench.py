@@ -1,7 +1,8 @@
 """``longresponse bench`` in a tiny configuration: the outputs' shape and consistency.
 
 One module-scoped run (3 tool calls, small outputs, one speed, one round)
-through the command line; the tests read what it wrote. No timing is asserted:
+through the command line, every transport (the official-SDK ones too); the
+tests read what it wrote. No timing is asserted:
 only what a run must get right whatever the machine's speed.
 """
 
@@ -18,7 +19,7 @@ from longresponse.bench import compare, report
 
 TOOL_CALLS = 3
 GROWTH_TOOL_CALLS = 4
-TRANSPORTS = ("append", "ws", "http", "http-full", "ws-full", "http-cached")
+TRANSPORTS = ("append", "ws", "http", "http-full", "ws-full", "http-cached", "ws-sdk", "http-sdk")
 ABLATION = "append/no-token-cache"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -125,9 +126,45 @@ def test_final_answers_are_identical_and_turn_counts_match(
         records = [r for r in document["rollouts"] if r["scenario"] == scenario]
         answers = {r["final_answer"] for r in records}
         assert len(answers) == 1, {r["transport"]: r["final_answer"] for r in records}
+        if scenario == "main":  # the SDK-driven transports are among them
+            assert {"ws-sdk", "http-sdk"} <= {r["transport"] for r in records}
         assert f"I read {calls} tool outputs" in answers.pop()
         for record in records:
             assert [row["turn"] for row in record["turns"]] == list(range(calls + 1))
+    assert report.inconsistencies(document) == []
+
+
+def test_inconsistencies_name_the_disagreeing_transports() -> None:
+    def record(transport: str, answer: str, turns: int) -> dict[str, Any]:
+        return {
+            "scenario": "main",
+            "tokens_per_second": 1000.0,
+            "transport": transport,
+            "error": None,
+            "final_answer": answer,
+            "turns": [{}] * turns,
+        }
+
+    document = {"rollouts": [record("ws", "a", 4), record("ws-sdk", "b", 4)]}
+    (problem,) = report.inconsistencies(document)
+    assert "2 different final answers" in problem
+    assert "ws-sdk" in problem
+    document = {"rollouts": [record("http", "a", 4), record("http-sdk", "a", 5)]}
+    (problem,) = report.inconsistencies(document)
+    assert "turn counts differ" in problem
+
+
+def test_sdk_transports_are_measured_like_their_twins(run: tuple[Path, dict[str, Any]]) -> None:
+    _, document = run
+    by_name = {r["transport"]: r for r in _main(document)}
+    for sdk, twin in report.SDK_PAIRS:
+        assert compare.Transport.parse(sdk).sdk
+        assert not compare.Transport.parse(twin).sdk
+        rows, twin_rows = by_name[sdk]["turns"], by_name[twin]["turns"]
+        assert [r["output_tokens"] for r in rows] == [r["output_tokens"] for r in twin_rows]
+        assert [r["cached_tokens"] > 0 for r in rows] == [r["cached_tokens"] > 0 for r in twin_rows]
+        for row in rows:  # phases from the timing event / Server-Timing, like the twin's
+            assert set(twin_rows[0]["server"]) - {"turn"} <= set(row["server"]), sdk
 
 
 def test_history_and_bytes_follow_the_transport(run: tuple[Path, dict[str, Any]]) -> None:
@@ -163,7 +200,7 @@ def test_echo_floor_is_recorded_for_websocket_continuations(
     for record in document["rollouts"]:
         rows = record["turns"]
         # Ablations send the same frames as their transport: the same floor.
-        floor = record["shape"] in ("append", "ws", "ws-full")
+        floor = record["shape"] in compare.ECHO_SHAPES
         assert all((row["echo_rtt_ms"] is not None) == floor for row in rows)
         for row in rows:
             if floor:
@@ -182,6 +219,9 @@ def test_summary_has_a_row_per_transport_and_the_targets(
     assert "## unthrottled" in summary
     assert "## Growth" in summary
     assert "Target 1" in summary
+    assert "| `ws-sdk` vs `ws` |" in summary
+    assert "| `http-sdk` vs `http` |" in summary
+    assert "same final answer" in summary
     assert "Target 2" in summary
     # 3 tool calls: target 1 (turn 50) is reported without a verdict.
     assert "outside the stated parameters" in summary

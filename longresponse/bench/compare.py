@@ -18,6 +18,21 @@ transport:
 ``ws``           the shipped WebSocket shape with ``previous_response_id``
                  (``store: false``; the connection-scoped cache).
 ``append``       one long-running Response continued with ``response.append``.
+``ws-sdk``       ``ws`` driven by the official ``openai`` SDK, unchanged:
+                 ``client.responses.connect()``, ``conn.response.create(...)``,
+                 every frame read with ``conn.recv_bytes()`` (the SDK's
+                 ``recv()`` does not know the timing event) and ``json``.
+``http-sdk``     ``http`` driven by the official SDK:
+                 ``client.responses.with_raw_response.create(...)``, then
+                 ``.parse()`` (the raw response carries ``Server-Timing``).
+
+The SDK is synchronous: each SDK rollout runs whole in a worker thread
+(``trio.to_thread.run_sync``), with its own ``openai.OpenAI`` client
+(``max_retries=0``), so the rest of the bench is unchanged; the other
+transports are driven by the trio client (:mod:`longresponse.client`) or a
+small h11 client. The SDK transports' end-to-end time includes making the
+client and the thread hand-off; their per-turn figures are taken the same
+way as the others'.
 
 and, with ``--ablations``, ``append`` and ``ws`` with each reuse switch of the
 pipeline turned off (``append/no-token-cache``, ...).
@@ -60,6 +75,8 @@ import argparse
 import concurrent.futures
 import contextlib
 import dataclasses
+import functools
+import json
 import math
 import os
 import platform
@@ -110,7 +127,20 @@ __all__ = [
     "run_bench",
 ]
 
-BASE_TRANSPORTS: Final = ("http", "http-full", "http-cached", "ws-full", "ws", "append")
+BASE_TRANSPORTS: Final = (
+    "http",
+    "http-full",
+    "http-cached",
+    "ws-full",
+    "ws",
+    "append",
+    "http-sdk",
+    "ws-sdk",
+)
+#: Transports driven by the official ``openai`` SDK (its sync client, in a worker thread).
+SDK_TRANSPORTS: Final = ("http-sdk", "ws-sdk")
+#: Transports whose continuation frames get an echo floor (WebSocket, shipped or append).
+ECHO_SHAPES: Final = ("append", "ws", "ws-full", "ws-sdk")
 #: The pipeline's reuse switches, as ``longresponse serve --no-<switch>`` flags.
 ABLATION_SWITCHES: Final = (
     "incremental-validation",
@@ -124,7 +154,7 @@ ABLATED: Final = ("append", "ws")
 #: The transports of the growth scenario (targets 1 and 2).
 GROWTH_TRANSPORTS: Final = ("append", "ws", "http")
 #: Transports that need no server flag of their own (usable with ``--url``).
-URL_TRANSPORTS: Final = ("http", "http-full", "ws-full", "ws", "append")
+URL_TRANSPORTS: Final = ("http", "http-full", "ws-full", "ws", "append", "http-sdk", "ws-sdk")
 
 MODEL_TIME_FORMULA: Final = (
     "model_ms = ttft_ms + 1000 * output_tokens / tokens_per_second "
@@ -141,6 +171,18 @@ SERVER_OVERHEAD_FORMULA: Final = (
 )
 
 TIMING_HEADER: Final = ("x-responsesapi-include-timing-metrics", "true")
+#: The SDK clients' API key (the bench's own servers take none).
+SDK_API_KEY: Final = "longresponse-bench"
+#: Event types whose arrival is a turn's first output (client-side TTFT).
+FIRST_OUTPUT_EVENTS: Final = frozenset(
+    {
+        "response.output_item.added",
+        "response.output_text.delta",
+        "response.function_call_arguments.delta",
+    }
+)
+#: Worker threads for SDK rollouts (at most one per concurrent rollout).
+SDK_THREADS: Final = 1000
 TASK: Final = "Run the test suite until it passes."
 TOOL: Final = {
     "type": "function",
@@ -187,7 +229,11 @@ class Transport:
 
     @property
     def websocket(self) -> bool:
-        return self.shape in ("append", "ws", "ws-full")
+        return self.shape in ("append", "ws", "ws-full", "ws-sdk")
+
+    @property
+    def sdk(self) -> bool:
+        return self.shape in SDK_TRANSPORTS
 
     @property
     def resends_history(self) -> bool:
@@ -195,7 +241,7 @@ class Transport:
 
     @property
     def store(self) -> bool:
-        return self.shape in ("http", "http-cached")
+        return self.shape in ("http", "http-cached", "http-sdk")
 
     @property
     def server_flags(self) -> tuple[str, ...]:
@@ -276,6 +322,10 @@ class Endpoint:
             raise ValueError(f"expected ws://host:port[/v1/responses], not {url!r}")
         port = parts.port or 80
         return cls(f"ws://{parts.hostname}:{port}/v1/responses", parts.hostname, port, flags)
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
 
 
 # --- wire helpers: a small HTTP/1.1 client (h11), frame sizes ---
@@ -559,6 +609,171 @@ async def _http_rollout(
     raise RuntimeError(f"{transport.name}: the model was still calling tools after the last turn")
 
 
+# --- the official SDK (sync, in a worker thread) ----------------------------------------
+
+
+def _sdk_client(endpoint: Endpoint) -> Any:
+    import openai
+
+    return openai.OpenAI(
+        base_url=endpoint.http_url + "/v1",
+        api_key=SDK_API_KEY,
+        max_retries=0,
+        timeout=TURN_TIMEOUT,
+    )
+
+
+def _sdk_frame(body: dict[str, Any]) -> bytes:
+    """What the SDK sends for ``conn.response.create(**body)`` (``json.dumps`` of the event)."""
+    return json.dumps({"type": "response.create", **body}).encode()
+
+
+def _request_bytes(request: Any) -> int:
+    """Wire bytes of an HTTP/1.1 request the SDK sent (request line, headers, body)."""
+    line = len(request.method) + len(request.url.raw_path) + len(" HTTP/1.1\r\n") + 1
+    headers = sum(len(name) + len(value) + 4 for name, value in request.headers.raw)
+    return line + headers + 2 + len(request.content)
+
+
+def _ws_sdk_rollout(
+    endpoint: Endpoint, transport: Transport, workload: Workload, *, via_url: bool
+) -> tuple[list[_Turn], str]:
+    """The shipped WebSocket shape through ``client.responses.connect()`` (blocking)."""
+    state = _RolloutState(transport, workload, via_url=via_url)
+    turns: list[_Turn] = []
+    client = _sdk_client(endpoint)
+    with client, client.responses.connect(extra_headers=dict([TIMING_HEADER])) as conn:
+        body = state.first_body()
+        latency = 0.0
+        for index in range(workload.tool_calls + 1):
+            frame = _sdk_frame(body)
+            started = time.perf_counter()
+            conn.response.create(**body)
+            first: float | None = None
+            calls: list[tuple[str, str, str]] = []
+            answer: str | None = None
+            while True:
+                # Every frame as bytes: recv() would not parse the timing event.
+                event = json.loads(conn.recv_bytes())
+                kind = event.get("type")
+                if first is None and kind in FIRST_OUTPUT_EVENTS:
+                    first = time.perf_counter()
+                if kind == "response.output_item.done":
+                    item = event["item"]
+                    if item["type"] == "function_call":
+                        calls.append((item["call_id"], item["name"], item["arguments"]))
+                    elif item["type"] == "message":
+                        answer = "".join(part.get("text", "") for part in item["content"])
+                elif kind == "error":
+                    raise RuntimeError(f"{transport.name} turn {index}: {event['error']}")
+                elif kind in ("response.incomplete", "response.failed"):
+                    raise RuntimeError(f"{transport.name} turn {index}: {kind}")
+                elif kind == "response.completed":
+                    break
+            ended = time.perf_counter()
+            response = event["response"]
+            timing = json.loads(conn.recv_bytes())
+            if timing.get("type") != "responsesapi.websocket_timing":
+                raise RuntimeError(f"{transport.name}: expected a timing event, got {timing!r}")
+            usage = response.get("usage") or {}
+            turns.append(
+                _Turn(
+                    index=index,
+                    sent_bytes=websocket_frame_bytes(len(frame)),
+                    observed_ms=(ended - started) * 1000,
+                    client_ttft_ms=((first or ended) - started) * 1000,
+                    output_tokens=_output_tokens(calls, answer),
+                    input_tokens=usage.get("input_tokens", 0),
+                    cached_tokens=usage.get("input_tokens_details", {}).get("cached_tokens", 0),
+                    server={k: float(v) for k, v in timing["timing_metrics"].items()},
+                    tool_latency_ms=latency,
+                    frame=frame,
+                )
+            )
+            if not calls:
+                return turns, answer or ""
+            state.previous_id = response["id"]
+            latency = _run_tools_blocking(workload)
+            body = state.next_body(calls, index)
+    raise RuntimeError(f"{transport.name}: the model was still calling tools after the last turn")
+
+
+def _http_sdk_rollout(
+    endpoint: Endpoint, transport: Transport, workload: Workload, *, via_url: bool
+) -> tuple[list[_Turn], str]:
+    """``http`` through ``client.responses.with_raw_response.create()`` (blocking)."""
+    state = _RolloutState(transport, workload, via_url=via_url)
+    turns: list[_Turn] = []
+    with _sdk_client(endpoint) as client:
+        body = state.first_body()
+        latency = 0.0
+        for index in range(workload.tool_calls + 1):
+            # Encoding the body and parsing the reply count, as in ``http``.
+            started = time.perf_counter()
+            raw = client.responses.with_raw_response.create(**body)
+            response = raw.parse()
+            ended = time.perf_counter()
+            calls = [
+                (item.call_id, item.name, item.arguments)
+                for item in response.output
+                if item.type == "function_call"
+            ]
+            texts = [
+                "".join(getattr(part, "text", "") for part in item.content)
+                for item in response.output
+                if item.type == "message"
+            ]
+            answer = texts[-1] if texts else None
+            usage = response.usage
+            turns.append(
+                _Turn(
+                    index=index,
+                    sent_bytes=_request_bytes(raw.http_request),
+                    observed_ms=(ended - started) * 1000,
+                    client_ttft_ms=(ended - started) * 1000,  # not streamed
+                    output_tokens=_output_tokens(calls, answer),
+                    input_tokens=usage.input_tokens if usage else 0,
+                    cached_tokens=usage.input_tokens_details.cached_tokens if usage else 0,
+                    server=_server_timing(raw.headers.get("server-timing", "")),
+                    tool_latency_ms=latency,
+                )
+            )
+            if not calls:
+                return turns, answer or ""
+            state.previous_id = response.id
+            latency = _run_tools_blocking(workload)
+            body = state.next_body(calls, index)
+    raise RuntimeError(f"{transport.name}: the model was still calling tools after the last turn")
+
+
+_sdk_threads: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("sdk_threads")
+
+
+async def _sdk_rollout(
+    endpoint: Endpoint, transport: Transport, workload: Workload, *, via_url: bool
+) -> tuple[list[_Turn], str]:
+    """An SDK rollout, whole, in a worker thread (trio's default limit is 40 threads)."""
+    try:
+        limiter = _sdk_threads.get()
+    except LookupError:
+        limiter = trio.CapacityLimiter(SDK_THREADS)
+        _sdk_threads.set(limiter)
+    drive = _ws_sdk_rollout if transport.shape == "ws-sdk" else _http_sdk_rollout
+    return await trio.to_thread.run_sync(
+        functools.partial(drive, endpoint, transport, workload, via_url=via_url),
+        limiter=limiter,
+    )
+
+
+def _run_tools_blocking(workload: Workload) -> float:
+    """:func:`_run_tools` for the SDK's worker threads."""
+    if workload.tool_latency_ms <= 0:
+        return 0.0
+    started = time.perf_counter()
+    time.sleep(workload.tool_latency_ms / 1000)
+    return (time.perf_counter() - started) * 1000
+
+
 async def _run_tools(workload: Workload) -> float:
     """The client "runs" the tools: sleeps ``tool_latency_ms``; returns the time it took."""
     if workload.tool_latency_ms <= 0:
@@ -609,7 +824,7 @@ async def run_rollout(
     endpoint: Endpoint, transport: Transport, workload: Workload, *, via_url: bool = False
 ) -> dict[str, Any]:
     """Drive one rollout; return its ``turns.json`` record (``error`` set if it failed)."""
-    drive = _ws_rollout if transport.websocket else _http_rollout
+    drive = _sdk_rollout if transport.sdk else _ws_rollout if transport.websocket else _http_rollout
     started = time.perf_counter()
     try:
         turns, answer = await drive(endpoint, transport, workload, via_url=via_url)
@@ -813,7 +1028,7 @@ def _echo_floor(
         name = record["transport"]
         key = f"{record['scenario']}:{name}"
         if record["switch_off"] is None and record["frames"] and key not in frames:
-            if record["shape"] in ("append", "ws", "ws-full"):
+            if record["shape"] in ECHO_SHAPES:
                 frames[key] = record["frames"]
     if not frames:
         return None
@@ -961,7 +1176,8 @@ def _non_negative(text: str) -> float:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the ``longresponse bench`` flags on ``parser``."""
     parser.description = (
-        "Compare every transport (http, http-full, http-cached, ws-full, ws, append) and each "
+        "Compare every transport (http, http-full, http-cached, ws-full, ws, append; http-sdk "
+        "and ws-sdk through the official openai SDK) and each "
         "reuse switch on simulated agent rollouts, side by side, in one run: end-to-end time, "
         "time to first token, server phase times, client-observed overhead, server CPU, bytes "
         "per turn. Writes turns.json, summary.md and PNG plots to --out."
@@ -1103,9 +1319,11 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Run the bench from parsed flags; 0 if every rollout finished, else 1."""
+    """Run the bench from parsed flags; 0 if every rollout finished with the same
+    answer as the other transports, else 1."""
     from . import report
 
     document = run_bench(options_from_args(args))
     print(report.console_summary(document, args.out))
-    return 1 if any(r["error"] for r in document["rollouts"]) else 0
+    failed = any(r["error"] for r in document["rollouts"])
+    return 1 if failed or report.inconsistencies(document) else 0

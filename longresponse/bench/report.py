@@ -22,7 +22,9 @@ from typing import Any, Final
 
 __all__ = [
     "PLOTS",
+    "SDK_PAIRS",
     "console_summary",
+    "inconsistencies",
     "summary_markdown",
     "targets",
     "write",
@@ -37,6 +39,8 @@ PLOTS: Final = (
     "ablation.png",
     "growth.png",
 )
+#: Each transport driven by the official ``openai`` SDK, and its trio/h11 twin.
+SDK_PAIRS: Final = (("ws-sdk", "ws"), ("http-sdk", "http"))
 #: Server phases stacked in the phase breakdown, in the order they happen.
 PHASES: Final = ("decode", "validate", "classify", "resolve", "render")
 
@@ -254,6 +258,60 @@ def targets(document: dict[str, Any]) -> list[dict[str, Any]]:
     return found
 
 
+def inconsistencies(document: dict[str, Any]) -> list[str]:
+    """Where transports disagree: the sim is deterministic, so for one scenario and speed
+    every successful rollout must end with the same final answer after the same number of
+    turns. Empty when consistent."""
+    found = []
+    groups: dict[tuple[str, float], list[Record]] = {}
+    for record in document["rollouts"]:
+        if not record["error"]:
+            groups.setdefault((record["scenario"], record["tokens_per_second"]), []).append(record)
+    for (scenario, speed), records in groups.items():
+        answers = {r["final_answer"] for r in records}
+        lengths = {len(r["turns"]) for r in records}
+        if len(answers) > 1:
+            by_answer: dict[str, set[str]] = {}
+            for r in records:
+                by_answer.setdefault(r["final_answer"], set()).add(r["transport"])
+            found.append(
+                f"{scenario} at {speed:g} tok/s: {len(answers)} different final answers ("
+                + "; ".join(", ".join(sorted(names)) for names in by_answer.values())
+                + ")"
+            )
+        if len(lengths) > 1:
+            found.append(f"{scenario} at {speed:g} tok/s: turn counts differ {sorted(lengths)}")
+    return found
+
+
+def _sdk_rows(grouped: dict[str, list[Record]]) -> list[str]:
+    """The official SDK against the trio/h11 client, same shape, same server flags."""
+    rows = []
+    for sdk, twin in SDK_PAIRS:
+        if sdk not in grouped or twin not in grouped:
+            continue
+        cells = []
+        for key in ("overhead_ms", "client_ttft_ms", "server_overhead_ms"):
+            a = _continuations(grouped[sdk], key, skip_last=True)
+            b = _continuations(grouped[twin], key, skip_last=True)
+            cells += [_fmt(a, 3), _fmt(b, 3), _fmt(a - b, 3)]
+        e2e_sdk, e2e_twin = _e2e_s(grouped[sdk]), _e2e_s(grouped[twin])
+        cells += [_fmt(e2e_sdk, 3), _fmt(e2e_twin, 3)]
+        rows.append(f"| `{sdk}` vs `{twin}` | " + " | ".join(cells) + " |")
+    if rows:
+        rows[:0] = [
+            "",
+            "Official `openai` SDK vs the trio/h11 client (medians over continuation turns "
+            "before the final answer; SDK - client in the third column of each group):",
+            "",
+            "| pair | overhead SDK (ms) | overhead client (ms) | diff | TTFT SDK (ms) "
+            "| TTFT client (ms) | diff | server overhead SDK (ms) | server overhead client "
+            "(ms) | diff | e2e SDK (s) | e2e client (s) |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+    return rows
+
+
 def _output_tokens(grouped: dict[str, list[Record]]) -> int:
     return min((r["output_tokens"] for rs in grouped.values() for r in rs), default=0)
 
@@ -328,7 +386,9 @@ def summary_markdown(document: dict[str, Any]) -> str:
         "to its first output item or delta (HTTP is not streamed: the whole response). "
         "Server CPU is per server process (one per transport and speed), read from "
         "`process_cpu_seconds_total`. Bytes are client→server wire bytes per turn. Medians "
-        "over rollouts; turn 1 = the first tool output, last = the final turn.",
+        "over rollouts; turn 1 = the first tool output, last = the final turn. `ws-sdk` and "
+        "`http-sdk` are `ws` and `http` driven by the official `openai` SDK (its sync client, "
+        "one rollout per worker thread); their bytes are what the SDK sends.",
     ]
     for note in meta["notes"]:
         lines += ["", f"Note: {note}"]
@@ -351,6 +411,7 @@ def summary_markdown(document: dict[str, Any]) -> str:
         ]
         if savings and "http" in grouped:
             lines += ["", "End-to-end saving vs `http`: " + ", ".join(savings) + "."]
+        lines += _sdk_rows(grouped)
     growth = _by_transport(_ok(document, "growth"))
     if growth:
         sample = next(iter(growth.values()))[0]
@@ -377,6 +438,16 @@ def summary_markdown(document: dict[str, Any]) -> str:
                 f"| {_fmt(_continuations(records, 'echo_rtt_ms', skip_last=True), 3)} "
                 f"| {_fmt(_continuations(records, 'overhead_minus_echo_ms', skip_last=True), 3)} |"
             )
+    lines += ["", "## Consistency", ""]
+    problems = inconsistencies(document)
+    if problems:
+        lines += [f"- **inconsistent**: {problem}" for problem in problems]
+    elif document["rollouts"]:
+        names = sorted({r["transport"] for r in document["rollouts"] if not r["error"]})
+        lines.append(
+            f"Every successful rollout of a scenario and speed ended with the same final answer "
+            f"after the same number of turns, across all {len(names)} transports."
+        )
     lines += ["", "## Targets", ""]
     found = targets(document)
     if not found:
@@ -400,6 +471,7 @@ def console_summary(document: dict[str, Any], out: Path) -> str:
     failed = sum(1 for r in document["rollouts"] if r["error"])
     if failed:
         lines.append(f"{failed} rollouts failed (see summary.md)")
+    lines += [f"inconsistent: {problem}" for problem in inconsistencies(document)]
     lines.append(f"results: {out / 'summary.md'}, {out / 'turns.json'}, plots in {out}")
     return "\n".join(lines)
 
