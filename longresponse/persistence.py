@@ -113,7 +113,7 @@ class Persistence:
         #: terminal event waits for them), as without an overlapping queue.
         self.overlapped = overlapped
         self._queue: asyncio.Queue[
-            tuple[StoredResponse | UsageRecord, asyncio.Future[None]] | None
+            tuple[StoredResponse | UsageRecord, asyncio.Future[None] | None] | None
         ] = asyncio.Queue(depth)
         self._pending: dict[str, asyncio.Future[None]] = {}
         self._worker: asyncio.Task[None] | None = None
@@ -155,18 +155,21 @@ class Persistence:
                 self.write_seconds += time.perf_counter() - started
                 if isinstance(record, StoredResponse):
                     self._pending.pop(record.id, None)
-                if not done.done():
+                if done is not None and not done.done():
                     done.set_result(None)
 
-    async def _enqueue(self, record: StoredResponse | UsageRecord) -> asyncio.Future[None]:
-        done = asyncio.get_running_loop().create_future()
-        if isinstance(record, StoredResponse):
+    async def _enqueue(self, record: StoredResponse | UsageRecord) -> None:
+        # A future only where someone waits: readers of a stored response, or
+        # the caller when post-inference is not overlapped.
+        done: asyncio.Future[None] | None = None
+        if isinstance(record, StoredResponse) or not self.overlapped:
+            done = asyncio.get_running_loop().create_future()
+        if isinstance(record, StoredResponse) and done is not None:
             self._pending[record.id] = done
         self.start()
         await self._queue.put((record, done))
-        if not self.overlapped:
+        if done is not None and not self.overlapped:
             await asyncio.shield(done)
-        return done
 
     async def post_inference(
         self,
