@@ -117,6 +117,7 @@ class Persistence:
         ] = asyncio.Queue(depth)
         self._pending: dict[str, asyncio.Future[None]] = {}
         self._worker: asyncio.Task[None] | None = None
+        self._stragglers: set[asyncio.Task[None]] = set()
         self.written = 0
         self.usage_written = 0
         self.write_seconds = 0.0
@@ -171,6 +172,20 @@ class Persistence:
         if done is not None and not self.overlapped:
             await asyncio.shield(done)
 
+    def usage_nowait(self, response: Response, *, owner: str, transport: str) -> None:
+        """Queue a usage record without waiting (from cleanup code that must not block).
+
+        With the queue full the record is written by a task of its own instead.
+        """
+        record = _usage_record(response, owner=owner, transport=transport)
+        try:
+            self._queue.put_nowait((record, None))
+            self.start()
+        except asyncio.QueueFull:
+            task = asyncio.get_running_loop().create_task(self.store.put_usage(record))
+            self._stragglers.add(task)
+            task.add_done_callback(self._stragglers.discard)
+
     async def post_inference(
         self,
         response: Response,
@@ -185,19 +200,7 @@ class Persistence:
         Always a usage-ledger record; with ``store_input`` also the stored
         response. Returns once queued (or, not overlapped, once written).
         """
-        usage = response.usage
-        await self._enqueue(
-            UsageRecord(
-                response_id=response.id,
-                owner=owner,
-                model=response.model,
-                input_tokens=usage.input_tokens if usage else 0,
-                cached_tokens=usage.input_tokens_details.cached_tokens if usage else 0,
-                output_tokens=usage.output_tokens if usage else 0,
-                created_at=time.time(),
-                transport=transport,
-            )
-        )
+        await self._enqueue(_usage_record(response, owner=owner, transport=transport))
         if store_input is not None:
             await self.persist(
                 response,
@@ -281,3 +284,17 @@ class Persistence:
 
 def _record_id(record: StoredResponse | UsageRecord) -> str:
     return record.id if isinstance(record, StoredResponse) else record.response_id
+
+
+def _usage_record(response: Response, *, owner: str, transport: str) -> UsageRecord:
+    usage = response.usage
+    return UsageRecord(
+        response_id=response.id,
+        owner=owner,
+        model=response.model,
+        input_tokens=usage.input_tokens if usage else 0,
+        cached_tokens=usage.input_tokens_details.cached_tokens if usage else 0,
+        output_tokens=usage.output_tokens if usage else 0,
+        created_at=time.time(),
+        transport=transport,
+    )

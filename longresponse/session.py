@@ -113,6 +113,7 @@ class Session:
             max_items_per_event=config.max_items_per_event,
         )
         self.rollouts: dict[str, Rollout] = {}
+        self._billed: set[str] = set()  # rollouts whose usage record is written
         self._outbox: collections.deque[bytes] = collections.deque()
         self._ready = asyncio.Event()
         self._space = asyncio.Event()
@@ -336,6 +337,16 @@ class Session:
             pass
         except Exception:  # one rollout's bug must not end the connection
             log.exception("rollout %s crashed", rollout.id)
+        finally:
+            if rollout.id not in self._billed:
+                # Cut off (the connection went away): the tokens it used are
+                # still billed. Nothing may wait here, so the record is queued
+                # without waiting for room.
+                self._billed.add(rollout.id)
+                if self._persistence is not None:
+                    self._persistence().usage_nowait(
+                        rollout.snapshot(), owner=self.owner, transport="append"
+                    )
 
     def _forget_finished(self) -> None:
         for rollout_id in [rid for rid, r in self.rollouts.items() if r.terminal]:
@@ -352,6 +363,7 @@ class Session:
 
     async def _post_inference(self, response: Response) -> None:
         """An append-mode rollout finished: its usage record (and metrics)."""
+        self._billed.add(response.id)
         if self.metrics is not None:
             self.metrics.response_finished("append", response.status)
         if self._persistence is not None:

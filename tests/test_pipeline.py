@@ -26,6 +26,7 @@ from protocol import (
     ErrorEvent,
     FunctionCall,
     OutputItemDone,
+    OutputTextDelta,
     ResponseDone,
     ResponseState,
     TimingEvent,
@@ -399,3 +400,29 @@ async def test_http_token_cache_renders_less_and_answers_the_same(make_server: A
     }
     assert rendered["plain"] > 2 * rendered["cached"]
     assert cached.app.state.http.token_cache.hits == 8
+
+
+async def test_a_rollout_cut_off_by_a_disconnect_is_still_billed(make_server: Any) -> None:
+    running = make_server()
+    store = running.app.state.persistence.store
+    loop = running.app.state.loop
+    async with connect(running.url) as client:
+        await client.create(
+            model="sim",
+            input="long answer",
+            metadata={"sim_output_tokens": "100000", "sim_tokens_per_second": "500"},
+        )
+        created = await client.next_event()
+        rid = created.response.id  # type: ignore[union-attr]
+        while not isinstance(await client.next_event(), OutputTextDelta):
+            pass
+    # The socket is gone mid-stream; the usage record still lands.
+    with trio.fail_after(10):
+        while True:
+            records = asyncio.run_coroutine_threadsafe(store.usage(), loop).result(5)
+            if rid in [r.response_id for r in records]:
+                break
+            await trio.sleep(0.01)
+    (record,) = [r for r in records if r.response_id == rid]
+    assert record.transport == "append"
+    assert record.input_tokens > 0
