@@ -30,7 +30,7 @@ The SDK is synchronous: each SDK rollout runs whole in a worker thread
 (``trio.to_thread.run_sync``), with its own ``openai.OpenAI`` client
 (``max_retries=0``), so the rest of the bench is unchanged; the other
 transports are driven by the trio client (:mod:`longresponse.client`) or a
-small h11 client. The SDK transports' end-to-end time includes making the
+small httpx client. The SDK transports' end-to-end time includes making the
 client and the thread hand-off; their per-turn figures are taken the same
 way as the others'.
 
@@ -89,7 +89,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-import h11
+import httpx
 import msgspec
 import trio
 
@@ -113,6 +113,8 @@ from protocol import (
     item_text,
 )
 from protocol import Message as MessageItem
+
+from . import throughput
 
 __all__ = [
     "ABLATION_SWITCHES",
@@ -197,7 +199,6 @@ ARGUMENT_CHUNK_CHARS: Final = 8
 TURN_TIMEOUT: Final = 300.0
 #: Round trips per frame against the echo endpoint (the median is kept).
 ECHO_REPEATS: Final = 7
-RECEIVE_BYTES: Final = 64 * 1024
 
 
 def tool_output(turn: int, tokens: int) -> str:
@@ -328,66 +329,23 @@ class Endpoint:
         return f"http://{self.host}:{self.port}"
 
 
-# --- wire helpers: a small HTTP/1.1 client (h11), frame sizes ---
-
-
-class _HTTPConnection:
-    """One keep-alive HTTP/1.1 connection (h11 over a trio stream)."""
-
-    def __init__(self, stream: trio.SocketStream, host: str, port: int) -> None:
-        self._stream = stream
-        self._h11 = h11.Connection(h11.CLIENT)
-        self._host = f"{host}:{port}".encode()
-
-    @classmethod
-    @contextlib.asynccontextmanager
-    async def open(cls, host: str, port: int) -> Any:
-        stream = await trio.open_tcp_stream(host, port)
-        try:
-            yield cls(stream, host, port)
-        finally:
-            await trio.aclose_forcefully(stream)
-
-    async def request(
-        self, method: str, target: str, body: bytes = b""
-    ) -> tuple[int, dict[str, str], bytes, int]:
-        """Send one request; return (status, headers, body, request bytes written)."""
-        conn = self._h11
-        if conn.our_state is h11.DONE and conn.their_state is h11.DONE:
-            conn.start_next_cycle()
-        headers = [(b"host", self._host), (b"content-length", str(len(body)).encode())]
-        if body:
-            headers.append((b"content-type", b"application/json"))
-        data = conn.send(h11.Request(method=method, target=target, headers=headers)) or b""
-        if body:
-            data += conn.send(h11.Data(data=body)) or b""
-        data += conn.send(h11.EndOfMessage()) or b""
-        await self._stream.send_all(data)
-        status, reply_headers, chunks = 0, {}, []
-        while True:
-            event = conn.next_event()
-            if event is h11.NEED_DATA:
-                conn.receive_data(bytes(await self._stream.receive_some(RECEIVE_BYTES)))
-            elif isinstance(event, h11.Response):
-                status = event.status_code
-                reply_headers = {k.decode().lower(): v.decode() for k, v in event.headers}
-            elif isinstance(event, h11.Data):
-                chunks.append(bytes(event.data))
-            elif isinstance(event, h11.EndOfMessage):
-                return status, reply_headers, b"".join(chunks), len(data)
-            elif isinstance(event, h11.ConnectionClosed):
-                raise ConnectionError(f"{method} {target}: the server closed the connection")
+# --- wire helpers: server CPU, request and frame sizes ---
 
 
 async def server_cpu_seconds(endpoint: Endpoint) -> float:
-    """``process_cpu_seconds_total`` of the server process behind ``endpoint``."""
-    async with _HTTPConnection.open(endpoint.host, endpoint.port) as http:
-        status, _, body, _ = await http.request("GET", "/metrics")
-    if status == 200:
-        for line in body.decode().splitlines():
-            if line.startswith("process_cpu_seconds_total "):
-                return float(line.split()[1])
-    return math.nan
+    """``process_cpu_seconds_total`` of the server process behind ``endpoint`` (NaN if absent)."""
+    async with httpx.AsyncClient(timeout=30.0) as http:
+        try:
+            return await throughput.server_cpu_seconds(http, endpoint.http_url)
+        except (httpx.HTTPError, RuntimeError):
+            return math.nan
+
+
+def http_request_bytes(request: httpx.Request) -> int:
+    """Bytes on the wire of an HTTP/1.1 request: request line, headers, body."""
+    line = len(request.method) + 1 + len(request.url.raw_path) + len(b" HTTP/1.1\r\n")
+    head = sum(len(name) + 2 + len(value) + 2 for name, value in request.headers.raw)
+    return line + head + 2 + len(request.content)
 
 
 def websocket_frame_bytes(payload_bytes: int) -> int:
@@ -562,7 +520,7 @@ async def _http_rollout(
 ) -> tuple[list[_Turn], str]:
     state = _RolloutState(transport, workload, via_url=via_url)
     turns: list[_Turn] = []
-    async with _HTTPConnection.open(endpoint.host, endpoint.port) as http:
+    async with httpx.AsyncClient(base_url=endpoint.http_url, timeout=120.0) as http:
         body = state.first_body()
         latency = 0.0
         for index in range(workload.tool_calls + 1):
@@ -570,10 +528,21 @@ async def _http_rollout(
             # client's encoding and decoding of events do.
             started = time.perf_counter()
             payload = msgspec.json.encode(body)
-            status, headers, reply, sent = await http.request("POST", "/v1/responses", payload)
-            if status != 200:
-                raise RuntimeError(f"{transport.name} turn {index}: HTTP {status}: {reply[:300]!r}")
-            response = msgspec.json.decode(reply)
+            request = http.build_request(
+                "POST",
+                "/v1/responses",
+                content=payload,
+                headers={"content-type": "application/json"},
+            )
+            reply = await http.send(request)
+            if reply.status_code != 200:
+                raise RuntimeError(
+                    f"{transport.name} turn {index}: HTTP {reply.status_code}: "
+                    f"{reply.content[:300]!r}"
+                )
+            sent = http_request_bytes(request)
+            headers = reply.headers
+            response = msgspec.json.decode(reply.content)
             ended = time.perf_counter()
             calls = [
                 (item["call_id"], item["name"], item["arguments"])
