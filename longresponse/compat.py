@@ -58,7 +58,14 @@ from .rollout import Boundary, Rollout
 from .sampler import ModelRegistry, check_sim_metadata
 from .stream import EventSink, StreamClosed, new_id
 
-__all__ = ["STREAM_ID_PATTERN", "Lane", "SegmentCache", "ShippedShape"]
+__all__ = [
+    "STREAM_ID_PATTERN",
+    "Lane",
+    "SegmentCache",
+    "ShippedShape",
+    "check_continuation",
+    "stored_history",
+]
 
 #: What a ``stream_id`` may be: 1-256 characters of ``[A-Za-z0-9_.-]``.
 log = logging.getLogger(__name__)
@@ -175,6 +182,29 @@ def check_continuation(new_items: list[Item], pending: dict[str, str]) -> None:
             code=ErrorCode.MISSING_TOOL_OUTPUT,
             param="input",
         )
+
+
+async def stored_history(
+    persistence: Persistence | None, parent_id: str, *, owner: str, new_items: list[Item]
+) -> list[Item]:
+    """The conversation of a stored response, to continue from (the slow path).
+
+    The chain is read back from the store; ``new_items`` must answer its last
+    response's pending calls. Raises :class:`RemoteProtocolError`
+    ``previous_response_not_found`` (param ``previous_response_id``), or the
+    errors of :func:`check_continuation`.
+    """
+    conversation = None
+    if persistence is not None:
+        conversation = await persistence.conversation(parent_id, owner=owner)
+    if conversation is None:
+        raise RemoteProtocolError(
+            f"Previous response with id {parent_id!r} not found.",
+            code=ErrorCode.PREVIOUS_RESPONSE_NOT_FOUND,
+            param="previous_response_id",
+        )
+    check_continuation(new_items, conversation.pending)
+    return conversation.items
 
 
 class ShippedShape:
@@ -295,19 +325,10 @@ class ShippedShape:
             if parent_id is not None:
                 # Not on this connection: a stored response hydrates (the
                 # slow path: the whole chain is read and rendered again).
-                conversation = None
-                if self._persistence is not None:
-                    conversation = await self._persistence().conversation(
-                        parent_id, owner=self.owner
-                    )
-                if conversation is None:
-                    raise RemoteProtocolError(
-                        f"Previous response with id {parent_id!r} not found.",
-                        code=ErrorCode.PREVIOUS_RESPONSE_NOT_FOUND,
-                        param="previous_response_id",
-                    )
-                check_continuation(new_items, conversation.pending)
-                history = checked = conversation.items
+                persistence = self._persistence() if self._persistence is not None else None
+                history = checked = await stored_history(
+                    persistence, parent_id, owner=self.owner, new_items=new_items
+                )
                 cached = False
                 self.hydrations += 1
             else:

@@ -38,7 +38,7 @@ from protocol import (
 from protocol import Response as ResponseObject
 
 from .auth import ApiKeys, Unauthorized
-from .compat import check_continuation
+from .compat import check_continuation, stored_history
 from .config import ServerConfig
 from .metrics import ServerMetrics
 from .persistence import Persistence
@@ -167,17 +167,9 @@ class ResponsesHTTP:
             new_items = as_items(body.input)
             history: list[Item] = []
             if body.previous_response_id is not None:
-                conversation = await self.persistence.conversation(
-                    body.previous_response_id, owner=owner
+                history = await stored_history(
+                    self.persistence, body.previous_response_id, owner=owner, new_items=new_items
                 )
-                if conversation is None:
-                    raise RemoteProtocolError(
-                        f"Previous response with id '{body.previous_response_id}' not found.",
-                        code=ErrorCode.PREVIOUS_RESPONSE_NOT_FOUND,
-                        param="previous_response_id",
-                    )
-                check_continuation(new_items, conversation.pending)
-                history = conversation.items
             else:
                 check_continuation(new_items, {})
             # Stateless: the whole history is validated and classified again.
@@ -393,9 +385,7 @@ class _Run:
             failed = self.rollout.snapshot()
             if self.http.metrics is not None:
                 self.http.metrics.response_finished("http", failed.status)
-            await self.http.persistence.post_inference(
-                failed, owner=self.owner, transport="http"
-            )
+            await self.http.persistence.post_inference(failed, owner=self.owner, transport="http")
         return boundary is not None
 
     async def json(self) -> Response:

@@ -312,6 +312,19 @@ class TokenCache:
         """Append tokens rendered elsewhere (a cache); nothing is rendered or counted."""
         self._tokens.extend(tokens)
 
+    def rerendered(self, prefix: Sequence[int], items: Iterable[Item]) -> TokenCache:
+        """A new cache: ``prefix`` and ``items`` rendered again from scratch.
+
+        For when the cache cannot be reused (it is switched off, or items were
+        dropped from the front); this cache's work counters carry over, plus
+        the new rendering.
+        """
+        fresh = TokenCache(prefix)
+        fresh.extend(items)
+        fresh.items_rendered += self.items_rendered
+        fresh.tokens_rendered += self.tokens_rendered
+        return fresh
+
     def rebase(self, prefix: Sequence[int]) -> TokenCache:
         """A new cache with ``prefix`` in place of this one's, and the same item tokens.
 

@@ -63,7 +63,7 @@ from protocol.events import ResponseCreated
 
 from .classifier import Finding
 from .pipeline import Pipeline, Switches
-from .render import TokenCache, render_prefix
+from .render import TokenCache, render_item, render_prefix
 from .sampler import ModelSpec, Sampler, SampleRequest, Stop
 from .stream import EventSink, StreamBuilder, StreamClosed
 
@@ -567,11 +567,8 @@ class Rollout:
         else:
             # No token cache: render and tokenize the whole context again.
             before = len(self.tokens)
-            rebuilt = TokenCache(render_prefix(self.request.instructions, self.request.tools))
-            rebuilt.extend(self.context)
-            rebuilt.items_rendered += self.tokens.items_rendered
-            rebuilt.tokens_rendered += self.tokens.tokens_rendered
-            self.tokens = rebuilt
+            prefix = render_prefix(self.request.instructions, self.request.tools)
+            self.tokens = self.tokens.rerendered(prefix, self.context)
             added = len(self.tokens) - before
         pipeline.counters.tokens_rendered += self.tokens.tokens_rendered - self._rendered_seen
         pipeline.counters.items_rendered += self.tokens.items_rendered - self._items_seen
@@ -648,15 +645,15 @@ class Rollout:
                 f"{self.model.name} is {window}."
             )
         prefix = render_prefix(self.request.instructions, self.request.tools)
-        while self.context:
-            self.context.pop(0)
-            rebuilt = TokenCache(prefix)
-            rebuilt.extend(self.context)
-            if len(rebuilt) <= window:
-                break
-        rebuilt.items_rendered += self.tokens.items_rendered
-        rebuilt.tokens_rendered += self.tokens.tokens_rendered
-        self.tokens = rebuilt
+        # Each item's length once, then drop from the front until the rest fits.
+        lengths = [len(render_item(item)) for item in self.context]
+        total = len(prefix) + sum(lengths)
+        dropped = 0
+        while dropped < len(lengths) and total > window:
+            total -= lengths[dropped]
+            dropped += 1
+        del self.context[:dropped]
+        self.tokens = self.tokens.rerendered(prefix, self.context)
         self.model_seen = 0
         self.truncated = True
 
