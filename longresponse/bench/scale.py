@@ -43,7 +43,6 @@ from pathlib import Path
 from typing import Any, Final, cast
 
 import httpx
-import msgspec
 import trio
 
 from protocol import APPEND_SUBPROTOCOL
@@ -51,7 +50,7 @@ from protocol import APPEND_SUBPROTOCOL
 from ..app import TIMING_HEADER
 from ..server_process import server_url
 from .echo import RawConnection
-from .throughput import http_url_of, machine
+from .throughput import http_url_of, machine, write_results
 
 __all__ = [
     "DEFAULT_BATCH",
@@ -502,10 +501,5 @@ def main(args: argparse.Namespace) -> int:
         "machine": machine(),
         **record,
     }
-    text = markdown(record)
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "scale.json").write_bytes(msgspec.json.format(msgspec.json.encode(record)))
-        (args.out / "scale.md").write_text(text)
-    print(text, end="")
+    write_results(args.out, "scale", record, markdown(record))
     return 0 if not record["counts"]["failed"] else 1

@@ -313,6 +313,15 @@ def _record(streams: list[StreamRun], echoes: list[EchoRun], frame: str) -> dict
     }
 
 
+def write_results(out: Path | None, name: str, record: dict[str, Any], text: str) -> None:
+    """Print the markdown; with ``out``, also write ``name``.json and ``name``.md there."""
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"{name}.json").write_bytes(msgspec.json.format(msgspec.json.encode(record)))
+        (out / f"{name}.md").write_text(text)
+    print(text, end="")
+
+
 def machine() -> dict[str, Any]:
     """What the figures were measured on."""
     import os
@@ -432,10 +441,5 @@ def main(args: argparse.Namespace) -> int:
         "machine": machine(),
         **record,
     }
-    text = markdown(record)
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "throughput.json").write_bytes(msgspec.json.format(msgspec.json.encode(record)))
-        (args.out / "throughput.md").write_text(text)
-    print(text, end="")
+    write_results(args.out, "throughput", record, markdown(record))
     return 0
