@@ -112,8 +112,6 @@ _USER_PARTS: Final = (InputText, InputImage, InputFile)
 _ASSISTANT_PARTS: Final = (OutputText, Refusal)
 
 
-def _tools_key(tools: Sequence[FunctionTool]) -> bytes:
-    return msgspec.json.encode(list(tools))
 
 
 class Pipeline:
@@ -124,6 +122,17 @@ class Pipeline:
         self.policy = policy
         self.counters = Counters()
         self._checked_tools: dict[bytes, None] = {}
+        self._last_tools: tuple[Sequence[FunctionTool], bytes] | None = None
+
+    def tools_key(self, tools: Sequence[FunctionTool]) -> bytes:
+        """The tool list's encoding, computed once per request (admission and the
+        prefix check of the turn both need it, for the same list object)."""
+        last = self._last_tools
+        if last is not None and last[0] is tools:
+            return last[1]
+        key = msgspec.json.encode(list(tools))
+        self._last_tools = (tools, key)
+        return key
 
     # --- validation -----------------------------------------------------------
 
@@ -133,7 +142,7 @@ class Pipeline:
         A tool list already checked is not checked again when ``cached`` and
         incremental validation is on. Raises :class:`RemoteProtocolError`.
         """
-        key = _tools_key(tools)
+        key = self.tools_key(tools)
         if cached and self.switches.incremental_validation and key in self._checked_tools:
             return
         names: set[str] = set()

@@ -207,7 +207,7 @@ class Rollout:
         #: What the token cache's prefix was rendered from (instructions, tools).
         self._prefix_key: tuple[str | None, bytes] = (
             request.instructions,
-            msgspec.json.encode(request.tools),
+            self.pipeline.tools_key(request.tools),
         )
         self.stream = StreamBuilder(response_id, tag_response_id=True)
         self.pending_calls: dict[str, str] = {}  # call_id -> name, awaiting output
@@ -422,7 +422,7 @@ class Rollout:
                 self.model_seen = 0
             # Clients resend instructions and tools every turn: compare their
             # encoding first, and render the prefix only when it changed.
-            key = (request.instructions, msgspec.json.encode(request.tools))
+            key = (request.instructions, self.pipeline.tools_key(request.tools))
             prefix_changed = False
             if key != self._prefix_key:
                 prefix = render_prefix(request.instructions, request.tools)

@@ -42,7 +42,6 @@ class ErrorCode(enum.StrEnum):
     UNKNOWN_CALL_ID = "unknown_call_id"
     DUPLICATE_CALL_ID = "duplicate_call_id"
     TOO_MANY_ROLLOUTS = "too_many_rollouts"
-    MODE_NOT_SUPPORTED = "mode_not_supported"
     SERVER_ERROR = "server_error"
     # The shipped shape (compat layer).
     PREVIOUS_RESPONSE_NOT_FOUND = "previous_response_not_found"
@@ -70,7 +69,6 @@ class CloseCode(enum.IntEnum):
 CLOSE_CODES: Final[dict[str, CloseCode]] = {
     "client_closed": CloseCode.NORMAL_CLOSURE,
     "server_shutdown": CloseCode.GOING_AWAY,
-    "mode_not_supported": CloseCode.POLICY_VIOLATION,
     "connection_limit_reached": CloseCode.NORMAL_CLOSURE,
     "slow_reader": CloseCode.POLICY_VIOLATION,
     "frame_too_big": CloseCode.MESSAGE_TOO_BIG,
