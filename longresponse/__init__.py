@@ -7,20 +7,20 @@ the trio client (``longresponse.client``). The wire protocol lives in the
 sibling package ``protocol`` (sans-IO).
 """
 
-from .app import ResponsesEndpoint, create_app
-from .auth import ApiKeys
-from .classifier import Finding, Policy, redact, scan
-from .compat import SegmentCache, ShippedShape
-from .config import ServerConfig, SimConfig
-from .http import HTTPTokenCache, ResponsesHTTP
-from .persistence import Persistence
-from .pipeline import Counters, Pipeline, Switches
-from .render import TokenCache
-from .rollout import Boundary, Rollout, TurnTiming
-from .sampler import ModelRegistry, ModelSpec, Sampler, SampleRequest, SimSampler
+from .config import ServerConfig, SimConfig, Switches
+from .engine.admission import Counters, Pipeline
+from .engine.classifier import Finding, Policy, redact, scan
+from .engine.models import ModelRegistry, ModelSpec, Sampler, SampleRequest, SimSampler
+from .engine.render import TokenCache
+from .engine.rollout import Boundary, Rollout, TurnTiming
+from .serve.app import ResponsesEndpoint, create_app
+from .serve.http import HTTPTokenCache, ResponsesHTTP
+from .serve.shipped import SegmentCache, ShippedShape
+from .serve.ws import Session
 from .server_process import ServerProcess
-from .session import Session
-from .store import ResponseStore, StoredResponse, UsageRecord, open_store
+from .storage.backends import ResponseStore, StoredResponse, UsageRecord, open_store
+from .storage.keys import ApiKeys
+from .storage.persistence import Persistence
 
 __all__ = [
     "ApiKeys",

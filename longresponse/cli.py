@@ -12,9 +12,8 @@ from typing import Any
 from protocol import MAX_ITEMS_PER_EVENT, MAX_MESSAGE_BYTES
 
 from . import config as limits
-from .auth import API_KEYS_ENV, ApiKeys, is_loopback
-from .config import ServerConfig, SimConfig
-from .pipeline import Switches
+from .config import ServerConfig, SimConfig, Switches
+from .storage.keys import API_KEYS_ENV, ApiKeys, is_loopback
 
 __all__ = ["build_parser", "config_from_args", "main", "uvicorn_config"]
 
@@ -272,7 +271,7 @@ def uvicorn_config(config: ServerConfig, *, log_level: str = "info") -> object:
     """The uvicorn configuration that serves ``config`` (wsproto WebSockets)."""
     import uvicorn
 
-    from .app import create_app
+    from .serve.app import create_app
 
     return uvicorn.Config(
         create_app(config),

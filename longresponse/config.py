@@ -7,8 +7,6 @@ from typing import Final
 
 from protocol import MAX_ITEMS_PER_EVENT, MAX_MESSAGE_BYTES
 
-from .pipeline import Switches
-
 __all__ = [
     "CONNECTION_CACHE_BYTES",
     "CONNECTION_LIFETIME",
@@ -24,6 +22,7 @@ __all__ = [
     "SLOW_READER_TIMEOUT",
     "ServerConfig",
     "SimConfig",
+    "Switches",
 ]
 
 DEFAULT_HOST: Final = "127.0.0.1"
@@ -48,11 +47,22 @@ CONNECTION_CACHE_BYTES: Final = 256 * 1024 * 1024
 #: Connection lifetime in seconds, as shipped (60 minutes).
 CONNECTION_LIFETIME: Final = 3600.0
 #: Where stored responses go: ``sqlite:///path``, ``redis://host:port/db``
-#: or ``memory://`` (see ``longresponse.store``).
+#: or ``memory://`` (see ``longresponse.storage.backends``).
 DEFAULT_STORE: Final = "sqlite://longresponse-data/responses.db"
 #: How long a paused rollout waits for its tool outputs before it ends
 #: ``incomplete`` with reason ``pause_timeout``.
 PAUSE_TIMEOUT: Final = 600.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Switches:
+    """One flag per reuse (see the module docstring); all on by default."""
+
+    incremental_validation: bool = True
+    incremental_classification: bool = True
+    token_cache: bool = True
+    resolution_reuse: bool = True
+    overlapped_post_inference: bool = True
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import uvicorn
 
-from longresponse.app import create_app
 from longresponse.config import ServerConfig
+from longresponse.serve.app import create_app
 from tests.redis_server import redis_server_fixture
 
 

@@ -19,8 +19,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from longresponse import classifier
-from longresponse.classifier import KINDS, Finding, Policy, redact, scan
+from longresponse.engine import classifier
+from longresponse.engine.classifier import KINDS, Finding, Policy, redact, scan
 
 B62 = string.ascii_letters + string.digits
 B64 = B62 + "+/"

@@ -18,7 +18,7 @@ import wsproto
 import wsproto.events as ws
 from openai import OpenAI
 
-from longresponse.render import render_item, render_prefix
+from longresponse.engine.render import render_item, render_prefix
 from tests.conftest import openai_client
 from tests.raw_ws import handshake, wait_until
 

@@ -19,9 +19,8 @@ import trio
 from prometheus_client.parser import text_string_to_metric_families
 
 from longresponse.client import connect
-from longresponse.config import ServerConfig, SimConfig
-from longresponse.pipeline import Switches
-from longresponse.store import SQLiteStore
+from longresponse.config import ServerConfig, SimConfig, Switches
+from longresponse.storage.backends import SQLiteStore
 from protocol import (
     ErrorEvent,
     FunctionCall,

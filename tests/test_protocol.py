@@ -971,7 +971,14 @@ def test_longresponse_exports_exist_and_are_complete() -> None:
     for name in longresponse.__all__:
         assert hasattr(longresponse, name), name
     # every public name a server module lists is reachable from its module
-    for module_name in ("app", "compat", "pipeline", "rollout", "store", "classifier"):
+    for module_name in (
+        "serve.app",
+        "serve.shipped",
+        "engine.admission",
+        "engine.rollout",
+        "storage.backends",
+        "engine.classifier",
+    ):
         module = importlib.import_module(f"longresponse.{module_name}")
         for name in module.__all__:
             assert hasattr(module, name), (module_name, name)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from longresponse.render import (
+from longresponse.engine.render import (
     END,
     MESSAGE,
     START,
@@ -202,7 +202,7 @@ def test_token_cache_counts_only_new_work() -> None:
 def test_token_cache_extend_is_atomic_when_rendering_fails(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import longresponse.render as render
+    import longresponse.engine.render as render
 
     real = render.render_item
 
@@ -340,7 +340,7 @@ def test_rebase_swaps_the_prefix_without_rendering_items() -> None:
 
 
 def test_long_text_is_encoded_in_pieces_with_the_same_tokens() -> None:
-    from longresponse.render import ENCODE_CHUNK_CHARS
+    from longresponse.engine.render import ENCODE_CHUNK_CHARS
 
     words = " ".join(f"word{i % 1000}" for i in range(60_000))  # ~5 chunks
     assert len(words) > 3 * ENCODE_CHUNK_CHARS

@@ -34,7 +34,7 @@ import redis.asyncio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from longresponse.store import (
+from longresponse.storage.backends import (
     REDIS_KEY_PREFIX,
     REDIS_USAGE_KEY,
     SQLITE_PURGE_INTERVAL,
@@ -639,7 +639,7 @@ async def test_sqlite_purges_expired_rows(tmp_path: Path) -> None:
 _CHILD_WRITER = """
 import asyncio, sys
 import msgspec
-from longresponse.store import SQLiteStore, StoredResponse
+from longresponse.storage.backends import SQLiteStore, StoredResponse
 
 records = msgspec.msgpack.decode(sys.stdin.buffer.read(), type=list[StoredResponse])
 

@@ -114,7 +114,7 @@ from protocol import (
 )
 from protocol import Message as MessageItem
 
-from . import throughput
+from ..bench import throughput
 
 __all__ = [
     "ABLATION_SWITCHES",
@@ -1036,7 +1036,7 @@ def run_bench(options: BenchOptions) -> dict[str, Any]:
     """
     from tqdm import tqdm  # type: ignore[import-untyped]
 
-    from . import report
+    from ..bench import report
 
     blocks, notes = _plan(options)
     total = (
@@ -1290,7 +1290,7 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
 def main(args: argparse.Namespace) -> int:
     """Run the bench from parsed flags; 0 if every rollout finished with the same
     answer as the other transports, else 1."""
-    from . import report
+    from ..bench import report
 
     document = run_bench(options_from_args(args))
     print(report.console_summary(document, args.out))

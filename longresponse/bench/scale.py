@@ -47,7 +47,7 @@ import trio
 
 from protocol import APPEND_SUBPROTOCOL
 
-from ..app import TIMING_HEADER
+from ..serve.app import TIMING_HEADER
 from ..server_process import server_url
 from .echo import RawConnection
 from .throughput import http_url_of, machine, write_results

@@ -40,8 +40,8 @@ from protocol import (
     Response,
 )
 
-from .store import ResponseStore, StoredResponse, UsageRecord
-from .stream import new_id
+from ..ids import new_id
+from .backends import ResponseStore, StoredResponse, UsageRecord
 
 __all__ = [
     "CROSS_PROCESS_GRACE",

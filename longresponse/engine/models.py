@@ -46,7 +46,7 @@ from protocol import (
     item_text,
 )
 
-from .config import SimConfig
+from ..config import SimConfig
 
 __all__ = [
     "QUOTE_CHARS",

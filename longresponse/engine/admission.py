@@ -59,6 +59,7 @@ from protocol import (
     item_text,
 )
 
+from ..config import Switches
 from .classifier import Finding, Policy, redact, scan
 
 __all__ = [
@@ -71,17 +72,6 @@ __all__ = [
 
 #: Function tool names, as the shipped API accepts them.
 TOOL_NAME_PATTERN: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Switches:
-    """One flag per reuse (see the module docstring); all on by default."""
-
-    incremental_validation: bool = True
-    incremental_classification: bool = True
-    token_cache: bool = True
-    resolution_reuse: bool = True
-    overlapped_post_inference: bool = True
 
 
 @dataclasses.dataclass(slots=True)

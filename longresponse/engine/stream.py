@@ -8,7 +8,6 @@ what it returns.
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -29,10 +28,11 @@ from protocol import (
     ServerEvent,
 )
 
+from ..ids import new_id
+from .models import ArgumentsDelta, ItemEnd, SampleChunk, Stop, TextDelta, ToolCallStart
 from .render import encode
-from .sampler import ArgumentsDelta, ItemEnd, SampleChunk, Stop, TextDelta, ToolCallStart
 
-__all__ = ["DiscardSink", "EventSink", "StreamBuilder", "StreamClosed", "new_id"]
+__all__ = ["DiscardSink", "EventSink", "StreamBuilder", "StreamClosed"]
 
 
 class EventSink(Protocol):
@@ -69,10 +69,6 @@ class StreamClosed(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}_{secrets.token_hex(16)}"
 
 
 class StreamBuilder:

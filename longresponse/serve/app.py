@@ -5,7 +5,7 @@
 created), picks the connection's mode from the handshake (append mode when
 asked for by subprotocol or beta header, the shipped shape otherwise) and
 hands the socket to a :class:`Session`. The HTTP endpoints live in
-``longresponse.http``. The app's lifespan opens the store and its write-behind
+``longresponse.serve.http``. The app's lifespan opens the store and its write-behind
 queue, and drains the queue on shutdown.
 """
 
@@ -24,18 +24,18 @@ from starlette.routing import Route, WebSocketRoute
 
 from protocol import APPEND_BETA_HEADER, APPEND_SUBPROTOCOL, Mode
 
-from .auth import ApiKeys, Unauthorized
-from .classifier import Policy
-from .config import ServerConfig
+from ..config import ServerConfig
+from ..engine.admission import Pipeline
+from ..engine.classifier import Policy
+from ..engine.models import ModelRegistry
+from ..engine.render import encode
+from ..storage.backends import open_store
+from ..storage.keys import ApiKeys, Unauthorized
+from ..storage.persistence import Persistence
 from .http import ResponsesHTTP
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import ServerMetrics
-from .persistence import Persistence
-from .pipeline import Pipeline
-from .render import encode
-from .sampler import ModelRegistry
-from .session import ASGIReceive, ASGISend, Session
-from .store import open_store
+from .ws import ASGIReceive, ASGISend, Session
 
 __all__ = ["TIMING_HEADER", "ResponsesEndpoint", "create_app"]
 

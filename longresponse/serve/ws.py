@@ -45,14 +45,15 @@ from protocol import (
     error_event,
 )
 
-from .compat import ShippedShape
-from .config import ServerConfig
+from ..config import ServerConfig, Switches
+from ..engine.admission import Pipeline
+from ..engine.models import ModelRegistry, check_sim_metadata
+from ..engine.rollout import Rollout
+from ..engine.stream import StreamClosed
+from ..ids import new_id
+from ..storage.persistence import Persistence
 from .metrics import ServerMetrics
-from .persistence import Persistence
-from .pipeline import Pipeline, Switches
-from .rollout import Rollout
-from .sampler import ModelRegistry, check_sim_metadata
-from .stream import StreamClosed, new_id
+from .shipped import ShippedShape
 
 __all__ = ["Session"]
 

@@ -61,10 +61,11 @@ from protocol import (
 )
 from protocol.events import ResponseCreated
 
+from ..config import Switches
+from .admission import Pipeline
 from .classifier import Finding
-from .pipeline import Pipeline, Switches
+from .models import ModelSpec, Sampler, SampleRequest, Stop
 from .render import TokenCache, render_item, render_prefix
-from .sampler import ModelSpec, Sampler, SampleRequest, Stop
 from .stream import EventSink, StreamBuilder, StreamClosed
 
 __all__ = ["Boundary", "ContextLengthExceeded", "Rollout", "TurnTiming"]

@@ -37,15 +37,16 @@ from protocol import (
 )
 from protocol import Response as ResponseObject
 
-from .auth import ApiKeys, Unauthorized
-from .compat import check_continuation, stored_history
-from .config import ServerConfig
+from ..config import ServerConfig, Switches
+from ..engine.admission import Pipeline
+from ..engine.models import ModelRegistry, check_sim_metadata
+from ..engine.rollout import Rollout, TurnTiming
+from ..engine.stream import DiscardSink, EventSink
+from ..ids import new_id
+from ..storage.keys import ApiKeys, Unauthorized
+from ..storage.persistence import Persistence
 from .metrics import ServerMetrics
-from .persistence import Persistence
-from .pipeline import Pipeline, Switches
-from .rollout import Rollout, TurnTiming
-from .sampler import ModelRegistry, check_sim_metadata
-from .stream import DiscardSink, EventSink, new_id
+from .shipped import check_continuation, stored_history
 
 __all__ = ["SSE_QUEUE_DEPTH", "HTTPTokenCache", "ResponsesHTTP", "http_error"]
 

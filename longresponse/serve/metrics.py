@@ -19,8 +19,8 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
-from .pipeline import Counters
-from .rollout import TurnTiming
+from ..engine.admission import Counters
+from ..engine.rollout import TurnTiming
 
 __all__ = ["CONTENT_TYPE", "ServerMetrics"]
 

@@ -50,13 +50,14 @@ from protocol import (
     as_items,
 )
 
-from .config import ServerConfig
+from ..config import ServerConfig, Switches
+from ..engine.admission import Pipeline
+from ..engine.models import ModelRegistry, check_sim_metadata
+from ..engine.rollout import Boundary, Rollout
+from ..engine.stream import EventSink, StreamClosed
+from ..ids import new_id
+from ..storage.persistence import Persistence
 from .metrics import ServerMetrics
-from .persistence import Persistence
-from .pipeline import Pipeline, Switches
-from .rollout import Boundary, Rollout
-from .sampler import ModelRegistry, check_sim_metadata
-from .stream import EventSink, StreamClosed, new_id
 
 __all__ = [
     "STREAM_ID_PATTERN",
