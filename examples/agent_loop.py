@@ -27,15 +27,8 @@ from typing import Any
 import trio
 
 from longresponse.client import connect
-from protocol import (
-    FunctionCall,
-    FunctionCallArgumentsDone,
-    Message,
-    OutputItemDone,
-    OutputText,
-    OutputTextDelta,
-    ResponseDone,
-)
+from protocol.events import FunctionCallArgumentsDone, OutputItemDone, OutputTextDelta, ResponseDone
+from protocol.items import FunctionCall, Message, OutputText
 
 MAX_OUTPUT_CHARS = 4000
 

@@ -33,13 +33,8 @@ import trio
 
 from longresponse.client import connect
 from longresponse.server_process import ServerProcess
-from protocol import (
-    FunctionCall,
-    OutputItemDone,
-    ResponseCompleted,
-    ResponseDone,
-    TimingEvent,
-)
+from protocol.events import OutputItemDone, ResponseCompleted, ResponseDone, TimingEvent
+from protocol.items import FunctionCall
 
 SHAPES = ("append", "ws", "http")
 

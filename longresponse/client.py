@@ -58,17 +58,20 @@ from wsproto.utilities import RemoteProtocolError as WSRemoteProtocolError
 
 from protocol import (
     APPEND_SUBPROTOCOL,
+    CLOSED,
     MAX_MESSAGE_BYTES,
-    ClientEvent,
+    NEED_DATA,
     CloseCode,
-    Closed,
     Connection,
-    ErrorEvent,
-    Item,
     LocalProtocolError,
     Mode,
-    NeedData,
     RemoteProtocolError,
+    Role,
+    decode_client_event,
+)
+from protocol.events import (
+    ClientEvent,
+    ErrorEvent,
     ResponseAppend,
     ResponseCancel,
     ResponseCompleted,
@@ -76,10 +79,9 @@ from protocol import (
     ResponseDone,
     ResponseFailed,
     ResponseIncomplete,
-    Role,
     ServerEvent,
-    decode_client_event,
 )
+from protocol.items import Item
 
 __all__ = [
     "CLOSE_TIMEOUT",
@@ -425,7 +427,7 @@ class AppendClient:
         except RemoteProtocolError as exc:
             await self._deliver(exc)
             return
-        while not isinstance(received := self.connection.next_event(), NeedData | Closed):
+        while (received := self.connection.next_event()) not in (NEED_DATA, CLOSED):
             await self._deliver(cast("ServerEvent", received))
 
     async def _take_close(self, event: CloseConnection) -> None:

@@ -19,6 +19,7 @@ from typing import Any, Final
 
 import msgspec
 
+from ._wire import wire_type
 from .errors import ErrorCode, LocalProtocolError, ProtocolError, RemoteProtocolError
 from .events import (
     CLIENT_EVENT_TYPES,
@@ -31,13 +32,13 @@ from .events import (
 )
 
 __all__ = [
-    "ResponseCreateBody",
     "decode_client_event",
     "decode_create_body",
     "decode_server_event",
     "encode_event",
     "error_event",
     "json_path_to_param",
+    "wire_type",
 ]
 
 _client_decoder: Final = msgspec.json.Decoder(ClientEvent)
@@ -120,7 +121,20 @@ def _fill_message_tags(data: bytes | str) -> Any:
 
 
 def decode_client_event(data: bytes | str) -> ClientEvent:
-    """Decode one client frame. Raises :class:`RemoteProtocolError` on bad input."""
+    """Decode one client frame. Raises :class:`RemoteProtocolError` on bad input.
+
+    The error of a ``response.create`` that fails to decode still names its
+    lane (``stream_id``) when that much of the frame can be read, so the
+    error event goes to the lane that asked.
+    """
+    try:
+        return _decode_client(data)
+    except RemoteProtocolError as error:
+        error.stream_id = _lane_hint(data)
+        raise
+
+
+def _decode_client(data: bytes | str) -> ClientEvent:
     try:
         return _client_decoder.decode(data)
     except msgspec.ValidationError as exc:
@@ -137,6 +151,23 @@ def decode_client_event(data: bytes | str) -> ClientEvent:
         raise _invalid_json(exc) from exc
 
 
+class _LaneHint(msgspec.Struct):
+    type: str = ""
+    stream_id: str | None = None
+
+
+_lane_hint_decoder: Final = msgspec.json.Decoder(_LaneHint)
+
+
+def _lane_hint(data: bytes | str) -> str | None:
+    """The ``stream_id`` of a create that did not decode, if one can be read."""
+    try:
+        hint = _lane_hint_decoder.decode(data)
+    except (*_NOT_JSON, msgspec.ValidationError):
+        return None
+    return hint.stream_id if hint.type == "response.create" else None
+
+
 def _decode_tolerant(data: bytes | str) -> ClientEvent:
     # The typed pass stopped at the untyped item, so the rest of the frame is
     # unchecked: the generic pass can still find malformed JSON.
@@ -149,12 +180,12 @@ def _decode_tolerant(data: bytes | str) -> ClientEvent:
         raise _invalid_json(exc) from exc
 
 
-class ResponseCreateBody(ResponseCreate, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class _ResponseCreateBody(ResponseCreate, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """The body of ``POST /v1/responses``: a ``response.create`` without ``type``,
     whose unknown top-level parameters are refused (as the shipped HTTP API does)."""
 
 
-_body_decoder: Final = msgspec.json.Decoder(ResponseCreateBody)
+_body_decoder: Final = msgspec.json.Decoder(_ResponseCreateBody)
 _UNKNOWN_FIELD = re.compile(r"^Object contains unknown field `(?P<field>[^`]+)`$")
 
 
@@ -171,7 +202,8 @@ def decode_create_body(data: bytes | str) -> ResponseCreate:
                 and _ITEM_PATH.match(match["path"])
                 and (match["what"] == "Object missing required field `type`")
             ):
-                body: ResponseCreate = msgspec.convert(_fill_message_tags(data), ResponseCreateBody)
+                raw = _fill_message_tags(data)
+                body: ResponseCreate = msgspec.convert(raw, _ResponseCreateBody)
                 return body
             raise
     except msgspec.ValidationError as exc:
@@ -208,8 +240,15 @@ def encode_event(event: ClientEvent | ServerEvent) -> bytes:
         ) from exc
 
 
+def encode_sse(event: ClientEvent | ServerEvent) -> bytes:
+    """Encode one event as a Server-Sent Events record (``event:`` line, ``data:`` line)."""
+    return b"event: %s\ndata: %s\n\n" % (wire_type(event).encode(), encode_event(event))
+
+
 def error_event(error: ProtocolError, *, stream_id: str | None = None) -> ErrorEvent:
-    """The WebSocket error envelope for ``error``."""
+    """The WebSocket error envelope for ``error``, on ``stream_id`` or the error's own lane."""
+    if stream_id is None:
+        stream_id = error.stream_id
     return ErrorEvent(
         status=error.status,
         error=ErrorBody(

@@ -2,19 +2,30 @@
 
 Theory of operation
 -------------------
-A :class:`Connection` holds one side's view of a WebSocket conversation at
-the level of whole messages (framing is the WebSocket library's job). The
-I/O layer feeds every text message it receives to :meth:`receive_message`,
-signals the end of input with :meth:`receive_closed`, and drains decoded
-events with :meth:`next_event`. To send, it calls :meth:`send`, which checks
-the event against the protocol and returns the bytes to put in one frame.
+A :class:`Connection` holds one side's view of a conversation at the level of
+whole messages (framing of a WebSocket is the WebSocket library's job). The
+I/O layer feeds every message it receives to :meth:`receive_message`, signals
+the end of input with :meth:`receive_closed`, and drains decoded events with
+:meth:`next_event`. To send, it calls :meth:`send`, which checks the event
+against the protocol and returns the bytes to write: a WebSocket text-frame
+payload, a Server-Sent Events record, or nothing at all (:class:`Framing`),
+so every transport's events are checked by this same core.
 
-Both peers track the same thing: every response the connection has seen, its
-state (``protocol.state``), its next ``sequence_number`` and its client tool
-calls (pending / answered). So a client that would send an output for an
-unknown call gets :class:`LocalProtocolError` before anything leaves, and a
-server gets :class:`RemoteProtocolError` for the same frame; in both cases
-nothing changes (request-level errors never damage the connection).
+Both peers track the same thing for every response the connection has seen
+(a :class:`ResponseTrack`): its state machine (``protocol.state``), its next
+``sequence_number`` and its client tool calls (pending / answered). The
+rules for which event may do what come from the one table in
+``protocol.state``; this module finds the response an event concerns, checks
+what the table cannot (sequence numbers, call ids, limits) and records the
+result. So a client that would send an output for an unknown call gets
+:class:`LocalProtocolError` before anything leaves, and a server gets
+:class:`RemoteProtocolError` for the same frame; in both cases nothing
+changes (request-level errors never damage the connection).
+
+Receiving is two steps for the server: an event is checked, then handed to
+the ``admit`` callback given to :meth:`receive_message` (the application's
+own checks, e.g. validation and a secrets policy), and only then recorded. A
+refusal by the application therefore needs no undoing.
 
 Checks that need the application's knowledge (models, the rollout's items)
 live in the server; checks that follow from the events alone live here.
@@ -24,9 +35,11 @@ from __future__ import annotations
 
 import enum
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Final
 
-from .codec import decode_client_event, decode_server_event, encode_event
+from ._wire import wire_type
+from .codec import decode_client_event, decode_server_event, encode_event, encode_sse
 from .errors import ErrorCode, LocalProtocolError, ProtocolError, RemoteProtocolError
 from .events import (
     ClientEvent,
@@ -34,31 +47,25 @@ from .events import (
     OutputItemDone,
     ResponseAppend,
     ResponseCancel,
-    ResponseCompleted,
     ResponseCreate,
     ResponseCreated,
     ResponseDone,
-    ResponseFailed,
-    ResponseIncomplete,
-    ResponseInProgress,
     ResponseQueued,
     ServerEvent,
     TimingEvent,
 )
 from .items import FunctionCall, FunctionCallOutput, Item, Message
-from .state import ResponseState, ResponseStateMachine, Transition
+from .state import ResponseState, ResponseStateMachine, Role
 
 __all__ = [
+    "CLOSED",
     "MAX_ITEMS_PER_EVENT",
     "MAX_MESSAGE_BYTES",
-    "MAX_TRACKED_RESPONSES",
-    "Closed",
+    "NEED_DATA",
     "Connection",
+    "Framing",
     "Mode",
-    "NeedData",
     "ResponseTrack",
-    "Role",
-    "check_append_items",
 ]
 
 #: Largest message accepted, in bytes (checked before decoding).
@@ -66,12 +73,7 @@ MAX_MESSAGE_BYTES: Final = 16 * 1024 * 1024
 #: Most items one ``response.create`` or ``response.append`` may carry.
 MAX_ITEMS_PER_EVENT: Final = 4096
 #: Finished responses remembered per connection (older ones are forgotten).
-MAX_TRACKED_RESPONSES: Final = 1024
-
-
-class Role(enum.StrEnum):
-    CLIENT = "client"
-    SERVER = "server"
+_MAX_TRACKED_RESPONSES: Final = 1024
 
 
 class Mode(enum.StrEnum):
@@ -81,34 +83,42 @@ class Mode(enum.StrEnum):
     SHIPPED = "shipped"
 
 
-class NeedData:
-    """Returned by :meth:`Connection.next_event` when no event is waiting."""
+class Framing(enum.StrEnum):
+    """What :meth:`Connection.send` returns for an event."""
+
+    WEBSOCKET = "websocket"  # the JSON payload of one text frame
+    SSE = "sse"  # one ``event:``/``data:`` record of a text/event-stream
+    NONE = "none"  # nothing: the events are checked and recorded only (HTTP JSON)
+
+
+class _Sentinel:
+    __slots__ = ("_name",)
+
+    def __init__(self, name: str) -> None:
+        self._name = name
 
     def __repr__(self) -> str:
-        return "NEED_DATA"
+        return self._name
 
 
-class Closed:
-    """Returned by :meth:`Connection.next_event` once input has ended."""
+#: Returned by :meth:`Connection.next_event` when no event is waiting.
+NEED_DATA: Final = _Sentinel("NEED_DATA")
+#: Returned by :meth:`Connection.next_event` once input has ended.
+CLOSED: Final = _Sentinel("CLOSED")
 
-    def __repr__(self) -> str:
-        return "CLOSED"
+#: The application's admission of a received client event: it returns the
+#: event to record (possibly rewritten, e.g. redacted) or raises
+#: :class:`ProtocolError` to refuse it. The track is the response an append
+#: or cancel targets, ``None`` for other events.
+Admit = Callable[[ClientEvent, "ResponseTrack | None"], ClientEvent]
 
-
-NEED_DATA: Final = NeedData()
-CLOSED: Final = Closed()
-
-_DONE_TRANSITIONS: Final = {
-    "requires_action": Transition.PAUSE,
-    "completed": Transition.COMPLETE,
-    "incomplete": Transition.EXPIRE,
-    "failed": Transition.FAIL,
-    "cancelled": Transition.CANCEL,
-}
+_DONE_STATUSES: Final = frozenset(
+    {"requires_action", "completed", "incomplete", "failed", "cancelled"}
+)
 
 
 class ResponseTrack:
-    """One response as the connection has seen it."""
+    """One response as the connection has seen it: the one record of its state."""
 
     __slots__ = ("answered_calls", "machine", "next_sequence", "pending_calls", "stream_id")
 
@@ -127,28 +137,31 @@ class ResponseTrack:
     def state(self) -> ResponseState:
         return self.machine.state
 
+    @property
+    def terminal(self) -> bool:
+        return self.machine.terminal
 
-def check_append_items(
-    items: list[Item], pending: dict[str, str], answered: set[str], response_id: str
-) -> list[str]:
-    """Check the items of an append against a response's calls.
+    def __repr__(self) -> str:
+        return f"ResponseTrack({self.response_id!r}, {self.state.value}, seq={self.next_sequence})"
 
-    Returns the call ids the append answers. Raises :class:`LocalProtocolError`
-    (nothing recorded) for an item type an append cannot carry, or a
-    ``function_call_output`` whose ``call_id`` is unknown or already answered.
-    """
+
+def _check_append_items(items: list[Item], track: ResponseTrack) -> list[str]:
+    """The call ids an append's items answer; raises :class:`LocalProtocolError`
+    (nothing recorded) for an item an append cannot carry, or an output whose
+    ``call_id`` is unknown or already answered."""
+    response_id = track.response_id
     seen: list[str] = []
     for index, item in enumerate(items):
         if isinstance(item, FunctionCallOutput):
             call_id = item.call_id
-            if call_id in answered or call_id in seen:
+            if call_id in track.answered_calls or call_id in seen:
                 raise LocalProtocolError(
                     f"Tool call {call_id!r} of response {response_id!r} already has an output.",
                     code=ErrorCode.DUPLICATE_CALL_ID,
                     param=f"input[{index}].call_id",
                     response_id=response_id,
                 )
-            if call_id not in pending:
+            if call_id not in track.pending_calls:
                 raise LocalProtocolError(
                     f"No tool call with call_id {call_id!r} is pending in response "
                     f"{response_id!r}.",
@@ -168,7 +181,7 @@ def check_append_items(
         else:
             raise LocalProtocolError(
                 "An append carries message and function_call_output items, "
-                f"not {item_kind(item)!r}.",
+                f"not {wire_type(item)!r}.",
                 code=ErrorCode.INVALID_VALUE,
                 param=f"input[{index}].type",
                 response_id=response_id,
@@ -176,33 +189,44 @@ def check_append_items(
     return seen
 
 
-def item_kind(item: Item | ClientEvent | ServerEvent) -> str:
-    """The wire ``type`` of an item or event (a tag field is not an attribute)."""
-    return type(item).__struct_config__.tag  # type: ignore[return-value]
+def _event_key(event: ServerEvent | ClientEvent) -> str:
+    """The key of ``event`` in ``protocol.state.RULES``."""
+    if isinstance(event, ResponseDone):
+        return f"response.done:{event.response.status}"
+    return wire_type(event)
+
+
+#: What :meth:`Connection._check` returns: how to record an event that passed.
+_Commit = Callable[[], None]
+
+
+def _nothing() -> None:
+    return None
 
 
 class Connection:
-    """One side of a longresponse WebSocket conversation, without I/O."""
+    """One side of a longresponse conversation, without I/O."""
 
     def __init__(
         self,
         our_role: Role,
         mode: Mode = Mode.APPEND,
         *,
+        framing: Framing = Framing.WEBSOCKET,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
         max_items_per_event: int = MAX_ITEMS_PER_EVENT,
-        max_tracked_responses: int = MAX_TRACKED_RESPONSES,
+        max_tracked_responses: int = _MAX_TRACKED_RESPONSES,
     ) -> None:
         self.our_role = our_role
         self.their_role = Role.SERVER if our_role is Role.CLIENT else Role.CLIENT
         self.mode = mode
+        self.framing = framing
         self.max_message_bytes = max_message_bytes
         self.max_items_per_event = max_items_per_event
         self.max_tracked_responses = max_tracked_responses
         self._responses: OrderedDict[str, ResponseTrack] = OrderedDict()
         self._lane_latest: dict[str | None, str] = {}
         self._events: list[ClientEvent | ServerEvent] = []
-        self._call_names: dict[str, str] = {}  # answered call -> tool name (for reject_append)
         self._closed = False
 
     # --- queries -----------------------------------------------------------
@@ -219,12 +243,14 @@ class Connection:
 
     # --- input -------------------------------------------------------------
 
-    def receive_message(self, data: bytes | str) -> None:
+    def receive_message(self, data: bytes | str, *, admit: Admit | None = None) -> None:
         """Take in one whole message from the peer.
 
+        The event is checked against the protocol, then (for client events)
+        passed to ``admit``, then recorded and queued for :meth:`next_event`.
         Raises :class:`RemoteProtocolError` if the message is too large, not an
-        event, or breaks the protocol; the connection is then unchanged and
-        stays usable.
+        event, or breaks the protocol, and lets what ``admit`` raises through;
+        the connection is then unchanged and stays usable.
         """
         if self._closed:
             raise LocalProtocolError("receive_message() after receive_closed()", code="closed")
@@ -240,17 +266,31 @@ class Connection:
             event = decode_client_event(data)
         else:
             event = decode_server_event(data)
+        lane = (
+            event.stream_id
+            if isinstance(event, ResponseCreate) and isinstance(event.stream_id, str)
+            else None
+        )
         try:
-            self._process(self.their_role, event)
+            commit, track = self._check(self.their_role, event)
         except LocalProtocolError as exc:
-            raise _as_remote(exc) from exc
+            raise _as_remote(exc, lane) from exc
+        if admit is not None and self.their_role is Role.CLIENT:
+            try:
+                event = admit(event, track)  # type: ignore[arg-type]
+            except ProtocolError as error:
+                if error.stream_id is None:
+                    error.stream_id = lane
+                raise
+        commit()
         self._events.append(event)
 
     def receive_closed(self) -> None:
         """The peer's input has ended (the socket closed); no more messages come."""
         self._closed = True
 
-    def next_event(self) -> ClientEvent | ServerEvent | NeedData | Closed:
+    def next_event(self) -> ClientEvent | ServerEvent | _Sentinel:
+        """The next received event, :data:`NEED_DATA`, or :data:`CLOSED` at the end."""
         if self._events:
             return self._events.pop(0)
         return CLOSED if self._closed else NEED_DATA
@@ -263,69 +303,59 @@ class Connection:
         Raises :class:`LocalProtocolError` (nothing recorded) if sending it
         would break the protocol.
         """
-        self._process(self.our_role, event)
-        return encode_event(event)
-
-    def reject_append(self, event: ResponseAppend) -> None:
-        """Undo the bookkeeping of an append the application refused after receiving it.
-
-        The protocol accepted ``event`` (its calls were marked answered); the
-        application then refused it (e.g. a policy check), so its outputs are
-        pending again and may be sent once more. Does nothing for an append
-        this connection does not know.
-        """
-        track = self._responses.get(event.response_id or self._lane_latest.get(None) or "")
-        if track is None or not isinstance(event.input, list):
-            return
-        for item in event.input:
-            if isinstance(item, FunctionCallOutput) and item.call_id in track.answered_calls:
-                track.answered_calls.discard(item.call_id)
-                track.pending_calls[item.call_id] = self._call_names.get(item.call_id, "")
+        commit, _ = self._check(self.our_role, event)
+        commit()
+        if self.framing is Framing.WEBSOCKET:
+            return encode_event(event)
+        if self.framing is Framing.SSE:
+            return encode_sse(event)
+        return b""
 
     # --- the rules ---------------------------------------------------------
 
-    def _process(self, role: Role, event: ClientEvent | ServerEvent) -> None:
+    def _check(
+        self, role: Role, event: ClientEvent | ServerEvent
+    ) -> tuple[_Commit, ResponseTrack | None]:
+        """Check ``event`` from ``role``; return how to record it (nothing is changed yet)."""
         if role is Role.CLIENT:
-            self._process_client(event)  # type: ignore[arg-type]
-        else:
-            self._process_server(event)  # type: ignore[arg-type]
+            return self._check_client(event)  # type: ignore[arg-type]
+        return self._check_server(event), None  # type: ignore[arg-type]
 
-    def _process_client(self, event: ClientEvent) -> None:
+    def _check_client(self, event: ClientEvent) -> tuple[_Commit, ResponseTrack | None]:
         if isinstance(event, ResponseCreate):
             if isinstance(event.input, list) and len(event.input) > self.max_items_per_event:
                 raise _too_many_items(len(event.input), self.max_items_per_event)
-        elif isinstance(event, ResponseAppend):
-            if self.mode is not Mode.APPEND:
-                raise LocalProtocolError(
-                    "response.append is part of append mode; this connection speaks the "
-                    "shipped shape (continue with response.create and previous_response_id).",
-                    code=ErrorCode.UNKNOWN_EVENT_TYPE,
-                    param="type",
-                )
-            track = self._target(event.response_id)
-            if not track.machine.allows(Transition.APPEND):
-                raise _already_completed(track)
-            if isinstance(event.input, list):
-                if len(event.input) > self.max_items_per_event:
-                    raise _too_many_items(len(event.input), self.max_items_per_event)
-                answered = check_append_items(
-                    event.input, track.pending_calls, track.answered_calls, track.response_id
-                )
-                for call_id in answered:
-                    self._call_names[call_id] = track.pending_calls.pop(call_id)
-                    track.answered_calls.add(call_id)
-            track.machine.process(Transition.APPEND)
-        elif isinstance(event, ResponseCancel):
-            if self.mode is not Mode.APPEND:
-                raise LocalProtocolError(
-                    "response.cancel is part of append mode; the shipped WebSocket shape has "
-                    "no cancel event.",
-                    code=ErrorCode.UNKNOWN_EVENT_TYPE,
-                    param="type",
-                )
-            track = self._target(event.response_id)
-            if not track.machine.allows(Transition.CANCEL):
-                raise _already_completed(track)
+            return _nothing, None
+        if not isinstance(event, ResponseAppend | ResponseCancel):
+            return _nothing, None  # response.processed: tolerated, never answered
+        if self.mode is not Mode.APPEND:
+            raise LocalProtocolError(
+                "response.append is part of append mode; this connection speaks the shipped "
+                "shape (continue with response.create and previous_response_id)."
+                if isinstance(event, ResponseAppend)
+                else "response.cancel is part of append mode; the shipped WebSocket shape has "
+                "no cancel event.",
+                code=ErrorCode.UNKNOWN_EVENT_TYPE,
+                param="type",
+            )
+        track = self._target(event.response_id)
+        try:
+            transition, _ = track.machine.move(Role.CLIENT, wire_type(event))
+        except LocalProtocolError:
+            raise _already_completed(track) from None
+        if isinstance(event, ResponseCancel) or not isinstance(event.input, list):
+            return _nothing, track
+        if len(event.input) > self.max_items_per_event:
+            raise _too_many_items(len(event.input), self.max_items_per_event)
+        answered = _check_append_items(event.input, track)
+
+        def commit() -> None:
+            for call_id in answered:
+                del track.pending_calls[call_id]
+                track.answered_calls.add(call_id)
+            track.machine.process(transition)
+
+        return commit, track
 
     def _target(self, response_id: str | None) -> ResponseTrack:
         if response_id is None:
@@ -349,73 +379,69 @@ class Connection:
             )
         return track
 
-    def _process_server(self, event: ServerEvent) -> None:
+    def _check_server(self, event: ServerEvent) -> _Commit:
         if isinstance(event, ErrorEvent | TimingEvent):
-            return
+            return _nothing  # about the connection or a request, not a response's state
         stream_id = event.stream_id if isinstance(event.stream_id, str) else None
         if isinstance(event, ResponseCreated | ResponseQueued) and (
             event.response.id not in self._responses
         ):
-            state = (
-                ResponseState.QUEUED
-                if event.response.status == "queued"
-                else (ResponseState.IN_PROGRESS)
-            )
-            self._check_sequence_start(event.sequence_number, event.response.id)
-            track = ResponseTrack(event.response.id, state, stream_id)
-            self._remember(track)
-            track.next_sequence = event.sequence_number + 1
-            return
+            return self._check_opening(event, stream_id)
         track = self._track_of(event, stream_id)
         if event.sequence_number != track.next_sequence:
             raise LocalProtocolError(
-                f"Event {item_kind(event)!r} of response {track.response_id!r} has sequence_number "
-                f"{event.sequence_number}; expected {track.next_sequence}.",
+                f"Event {wire_type(event)!r} of response {track.response_id!r} has "
+                f"sequence_number {event.sequence_number}; expected {track.next_sequence}.",
                 code=ErrorCode.INVALID_VALUE,
                 param="sequence_number",
             )
-        if isinstance(event, ResponseInProgress):
-            if track.state is ResponseState.REQUIRES_ACTION:
-                track.machine.process(Transition.RESUME)
-            elif track.state is ResponseState.QUEUED:
-                track.machine.process(Transition.START)
-            elif track.state is not ResponseState.IN_PROGRESS:
-                track.machine.process(Transition.RESUME)  # raises: terminal
-        elif isinstance(
-            event, ResponseDone | ResponseCompleted | ResponseIncomplete | ResponseFailed
-        ):
-            transition = _DONE_TRANSITIONS.get(event.response.status)
-            if transition is None:
-                raise LocalProtocolError(
-                    f"{item_kind(event)} cannot carry status {event.response.status!r}.",
-                    code=ErrorCode.INVALID_VALUE,
-                    param="response.status",
-                )
-            track.machine.process(transition)
-        elif isinstance(event, ResponseCreated | ResponseQueued):
+        if isinstance(event, ResponseCreated | ResponseQueued):
             raise LocalProtocolError(
                 f"Response {track.response_id!r} was already created.",
                 code=ErrorCode.INVALID_VALUE,
                 param="response.id",
             )
-        elif track.machine.terminal:
+        if isinstance(event, ResponseDone) and event.response.status not in _DONE_STATUSES:
             raise LocalProtocolError(
-                f"Response {track.response_id!r} is {track.state.value}; it emits nothing more.",
-                code=ErrorCode.RESPONSE_ALREADY_COMPLETED,
+                f"response.done cannot carry status {event.response.status!r}.",
+                code=ErrorCode.INVALID_VALUE,
+                param="response.status",
             )
-        elif isinstance(event, OutputItemDone) and isinstance(event.item, FunctionCall):
-            call_id = event.item.call_id
-            if call_id not in track.answered_calls:
-                track.pending_calls[call_id] = event.item.name
-        track.next_sequence += 1
+        transition, _ = track.machine.move(Role.SERVER, _event_key(event))
+        call = (
+            event.item
+            if isinstance(event, OutputItemDone) and isinstance(event.item, FunctionCall)
+            else None
+        )
 
-    def _check_sequence_start(self, sequence_number: int, response_id: str) -> None:
-        if sequence_number != 0:
+        def commit() -> None:
+            track.machine.process(transition)
+            if call is not None and call.call_id not in track.answered_calls:
+                track.pending_calls[call.call_id] = call.name
+            track.next_sequence += 1
+
+        return commit
+
+    def _check_opening(
+        self, event: ResponseCreated | ResponseQueued, stream_id: str | None
+    ) -> _Commit:
+        if event.sequence_number != 0:
             raise LocalProtocolError(
-                f"Response {response_id!r} must start at sequence_number 0, not {sequence_number}.",
+                f"Response {event.response.id!r} must start at sequence_number 0, "
+                f"not {event.sequence_number}.",
                 code=ErrorCode.INVALID_VALUE,
                 param="sequence_number",
             )
+        state = (
+            ResponseState.QUEUED if event.response.status == "queued" else ResponseState.IN_PROGRESS
+        )
+
+        def commit() -> None:
+            track = ResponseTrack(event.response.id, state, stream_id)
+            track.next_sequence = 1
+            self._remember(track)
+
+        return commit
 
     def _track_of(self, event: ServerEvent, stream_id: str | None) -> ResponseTrack:
         response = getattr(event, "response", None)
@@ -428,7 +454,7 @@ class Connection:
         track = self._responses.get(response_id) if response_id is not None else None
         if track is None:
             raise LocalProtocolError(
-                f"Event {item_kind(event)!r} names no response this connection has seen.",
+                f"Event {wire_type(event)!r} names no response this connection has seen.",
                 code=ErrorCode.RESPONSE_NOT_FOUND,
                 param="response_id",
             )
@@ -439,7 +465,7 @@ class Connection:
         self._lane_latest[track.stream_id] = track.response_id
         while len(self._responses) > self.max_tracked_responses:
             for old_id, old in self._responses.items():
-                if old.machine.terminal:
+                if old.terminal:
                     del self._responses[old_id]
                     break
             else:
@@ -453,7 +479,7 @@ def _byte_size(data: bytes | str, limit: int) -> int:
     return len(data.encode("utf-8", "surrogatepass"))
 
 
-def _as_remote(exc: ProtocolError) -> RemoteProtocolError:
+def _as_remote(exc: ProtocolError, stream_id: str | None) -> RemoteProtocolError:
     return RemoteProtocolError(
         exc.message,
         code=exc.code,
@@ -461,6 +487,7 @@ def _as_remote(exc: ProtocolError) -> RemoteProtocolError:
         status=exc.status,
         error_type=exc.error_type,
         response_id=exc.response_id,
+        stream_id=stream_id,
     )
 
 
@@ -480,3 +507,4 @@ def _already_completed(track: ResponseTrack) -> LocalProtocolError:
         status=409,
         response_id=track.response_id,
     )
+

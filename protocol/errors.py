@@ -83,7 +83,7 @@ class ProtocolError(Exception):
     its ``error.type`` (``invalid_request_error`` unless a server fault),
     ``code`` its ``error.code`` and ``param`` the path of the offending field
     or ``None``. ``response_id`` names the response the error concerns, when
-    there is one.
+    there is one; ``stream_id`` the lane of the request that caused it.
     """
 
     def __init__(
@@ -95,6 +95,7 @@ class ProtocolError(Exception):
         status: int = 400,
         error_type: str = "invalid_request_error",
         response_id: str | None = None,
+        stream_id: str | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -103,6 +104,7 @@ class ProtocolError(Exception):
         self.status = status
         self.error_type = error_type
         self.response_id = response_id
+        self.stream_id = stream_id
 
     def __repr__(self) -> str:
         return (

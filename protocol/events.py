@@ -16,6 +16,7 @@ from typing import Any, Literal
 import msgspec
 from msgspec import UNSET, Struct, UnsetType
 
+from ._wire import wire_type
 from .items import ContentPart, FunctionTool, Item, OutputText, Refusal, ToolChoice
 from .response import Response
 
@@ -265,10 +266,7 @@ ServerEvent = (
 )
 
 CLIENT_EVENT_TYPES: frozenset[str] = frozenset(
-    str(cls.__struct_config__.tag)
-    for cls in (ResponseCreate, ResponseAppend, ResponseCancel, ResponseProcessed)
+    wire_type(cls) for cls in (ResponseCreate, ResponseAppend, ResponseCancel, ResponseProcessed)
 )
 
-SERVER_EVENT_TYPES: frozenset[str] = frozenset(
-    cls.__struct_config__.tag for cls in ServerEvent.__args__
-)
+SERVER_EVENT_TYPES: frozenset[str] = frozenset(wire_type(cls) for cls in ServerEvent.__args__)

@@ -1,4 +1,4 @@
-"""The per-response state machine, as one transition table.
+"""Every transition rule of a Response, in one table keyed by (role, state, event type).
 
 Theory of operation
 -------------------
@@ -12,15 +12,25 @@ terminal states::
          │                       │
          └── complete | incomplete | fail | cancel ──▶ (terminal)
 
-Both peers run the same machine over the events they see, so this module does
-not know which side it is on: the server drives it with the events it sends,
-the client with the events it receives. ``append`` is a self-loop, legal in
-every live state (outputs and steering input may arrive while sampling) and
-illegal once the response is terminal.
+:data:`RULES` is the one table: for each (role that sends the event, state of
+the response) it maps the event's key (its wire ``type``; for
+``response.done``, the type and the status it carries, such as
+``response.done:requires_action``) to the :class:`Transition` it makes and
+the state it leads to. A pair that is absent is illegal. Both peers run the
+same table over the events they see, so this module does not know which side
+it is on: the server drives it with the events it sends, the client with the
+events it receives.
 
-An illegal (state, transition) pair raises :class:`LocalProtocolError` naming
-both and leaves the state unchanged; callers that are checking the *peer's*
-behaviour convert it to :class:`RemoteProtocolError` at their boundary.
+:data:`TRANSITIONS` is the same table seen from the response alone
+(``{state: {transition: next_state}}``, whoever sent the event), derived
+from :data:`RULES`; :class:`ResponseStateMachine` walks it. An illegal move
+raises :class:`LocalProtocolError` naming the move and the state and leaves
+the state unchanged; callers that are checking the *peer's* behaviour convert
+it to :class:`RemoteProtocolError` at their boundary.
+
+Events that open a response (``response.created``, ``response.queued``) are
+not transitions: they create its machine in ``in_progress`` or ``queued``.
+Connection-level events (``error``, timing) concern no response's state.
 """
 
 from __future__ import annotations
@@ -31,12 +41,21 @@ from typing import Final
 from .errors import ErrorCode, LocalProtocolError
 
 __all__ = [
+    "RULES",
     "TERMINAL_STATES",
     "TRANSITIONS",
     "ResponseState",
     "ResponseStateMachine",
+    "Role",
     "Transition",
 ]
+
+
+class Role(enum.StrEnum):
+    """Which peer sends an event."""
+
+    CLIENT = "client"
+    SERVER = "server"
 
 
 class ResponseState(enum.StrEnum):
@@ -52,12 +71,14 @@ class ResponseState(enum.StrEnum):
 
 
 class Transition(enum.StrEnum):
-    """What can happen to a Response."""
+    """What an event does to a Response."""
 
     START = "start"  # leaves the queue and starts sampling
+    EMIT = "emit"  # an output event while sampling (no change)
     PAUSE = "pause"  # the turn ended in client tool calls
     RESUME = "resume"  # every pending call has its output; sampling resumes
     APPEND = "append"  # input accepted into the response's inbox
+    ASK_CANCEL = "ask_cancel"  # the client asks; the server's terminal event follows
     COMPLETE = "complete"
     EXPIRE = "expire"  # ends incomplete (pause timeout, token limit)
     FAIL = "fail"
@@ -66,37 +87,86 @@ class Transition(enum.StrEnum):
 
 _S = ResponseState
 _T = Transition
+_C = Role.CLIENT
+_V = Role.SERVER
 
-#: ``{state: {transition: next_state}}``; a pair that is absent is illegal.
-TRANSITIONS: Final[dict[ResponseState, dict[Transition, ResponseState]]] = {
-    _S.QUEUED: {
-        _T.START: _S.IN_PROGRESS,
-        _T.APPEND: _S.QUEUED,
-        _T.FAIL: _S.FAILED,
-        _T.CANCEL: _S.CANCELLED,
-    },
-    _S.IN_PROGRESS: {
-        _T.APPEND: _S.IN_PROGRESS,
-        _T.PAUSE: _S.REQUIRES_ACTION,
-        _T.COMPLETE: _S.COMPLETED,
-        _T.EXPIRE: _S.INCOMPLETE,
-        _T.FAIL: _S.FAILED,
-        _T.CANCEL: _S.CANCELLED,
-    },
-    _S.REQUIRES_ACTION: {
-        _T.APPEND: _S.REQUIRES_ACTION,
-        _T.RESUME: _S.IN_PROGRESS,
-        # A finished shipped-shape segment whose rollout is released.
-        _T.COMPLETE: _S.COMPLETED,
-        _T.EXPIRE: _S.INCOMPLETE,
-        _T.FAIL: _S.FAILED,
-        _T.CANCEL: _S.CANCELLED,
-    },
-    _S.COMPLETED: {},
-    _S.INCOMPLETE: {},
-    _S.FAILED: {},
-    _S.CANCELLED: {},
+#: The server events that stream a response's output (legal while sampling).
+OUTPUT_EVENTS: Final = (
+    "response.output_item.added",
+    "response.output_item.done",
+    "response.content_part.added",
+    "response.content_part.done",
+    "response.output_text.delta",
+    "response.output_text.done",
+    "response.function_call_arguments.delta",
+    "response.function_call_arguments.done",
+)
+
+#: How a live response can end, from the server: ``response.done`` with a
+#: terminal status (append mode) or the shipped shape's own terminal events.
+_ENDINGS: Final[dict[str, tuple[Transition, ResponseState]]] = {
+    "response.done:completed": (_T.COMPLETE, _S.COMPLETED),
+    "response.completed": (_T.COMPLETE, _S.COMPLETED),
+    "response.done:incomplete": (_T.EXPIRE, _S.INCOMPLETE),
+    "response.incomplete": (_T.EXPIRE, _S.INCOMPLETE),
+    "response.done:failed": (_T.FAIL, _S.FAILED),
+    "response.failed": (_T.FAIL, _S.FAILED),
+    "response.done:cancelled": (_T.CANCEL, _S.CANCELLED),
 }
+
+
+def _client_moves(state: ResponseState) -> dict[str, tuple[Transition, ResponseState]]:
+    # Input is legal in every live state (outputs and steering may arrive
+    # while sampling); cancelling is only asked for: the server ends it.
+    return {"response.append": (_T.APPEND, state), "response.cancel": (_T.ASK_CANCEL, state)}
+
+
+def _emits(state: ResponseState) -> dict[str, tuple[Transition, ResponseState]]:
+    # Output events change no state; the protocol tolerates them in every live
+    # state (the server may finish streaming an item as a pause is decided).
+    return {key: (_T.EMIT, state) for key in OUTPUT_EVENTS}
+
+
+#: ``{(sender, state): {event key: (transition, next state)}}``; absent = illegal.
+RULES: Final[dict[tuple[Role, ResponseState], dict[str, tuple[Transition, ResponseState]]]] = {
+    (_C, _S.QUEUED): _client_moves(_S.QUEUED),
+    (_C, _S.IN_PROGRESS): _client_moves(_S.IN_PROGRESS),
+    (_C, _S.REQUIRES_ACTION): _client_moves(_S.REQUIRES_ACTION),
+    (_V, _S.QUEUED): {
+        "response.in_progress": (_T.START, _S.IN_PROGRESS),
+        **_emits(_S.QUEUED),
+        "response.done:failed": (_T.FAIL, _S.FAILED),
+        "response.failed": (_T.FAIL, _S.FAILED),
+        "response.done:cancelled": (_T.CANCEL, _S.CANCELLED),
+    },
+    (_V, _S.IN_PROGRESS): {
+        "response.in_progress": (_T.EMIT, _S.IN_PROGRESS),
+        **_emits(_S.IN_PROGRESS),
+        "response.done:requires_action": (_T.PAUSE, _S.REQUIRES_ACTION),
+        **_ENDINGS,
+    },
+    (_V, _S.REQUIRES_ACTION): {
+        "response.in_progress": (_T.RESUME, _S.IN_PROGRESS),
+        **_emits(_S.REQUIRES_ACTION),
+        # The rollout may end while it waits (pause timeout, cancel, a
+        # finished shipped-shape segment whose rollout is released).
+        **_ENDINGS,
+    },
+}
+
+
+def _derive() -> dict[ResponseState, dict[Transition, ResponseState]]:
+    table: dict[ResponseState, dict[Transition, ResponseState]] = {s: {} for s in ResponseState}
+    for (_, state), moves in RULES.items():
+        for transition, target in moves.values():
+            known = table[state].setdefault(transition, target)
+            if known is not target:  # pragma: no cover - a contradiction in RULES
+                raise AssertionError(f"{state} --{transition}--> {known} and {target}")
+    return table
+
+
+#: ``{state: {transition: next_state}}``: :data:`RULES` without the senders.
+TRANSITIONS: Final[dict[ResponseState, dict[Transition, ResponseState]]] = _derive()
 
 TERMINAL_STATES: Final[frozenset[ResponseState]] = frozenset(
     state for state, moves in TRANSITIONS.items() if not moves
@@ -104,7 +174,7 @@ TERMINAL_STATES: Final[frozenset[ResponseState]] = frozenset(
 
 
 class ResponseStateMachine:
-    """The state of one Response, advanced only through :data:`TRANSITIONS`."""
+    """The state of one Response, advanced only through the table."""
 
     __slots__ = ("response_id", "state")
 
@@ -128,16 +198,26 @@ class ResponseStateMachine:
         try:
             self.state = TRANSITIONS[self.state][transition]
         except KeyError:
-            code = (
-                ErrorCode.RESPONSE_ALREADY_COMPLETED if self.terminal else ErrorCode.INVALID_VALUE
-            )
-            raise LocalProtocolError(
-                f"Cannot {transition.value} response {self.response_id!r}: "
-                f"it is {self.state.value}.",
-                code=code,
-                response_id=self.response_id,
-            ) from None
+            raise self._illegal(transition.value) from None
         return self.state
+
+    def move(self, sender: Role, key: str) -> tuple[Transition, ResponseState]:
+        """The move the event ``key`` sent by ``sender`` makes, without making it.
+
+        Raises :class:`LocalProtocolError` (nothing changes) when it is illegal.
+        """
+        move = RULES.get((sender, self.state), {}).get(key)
+        if move is None:
+            raise self._illegal(key)
+        return move
+
+    def _illegal(self, what: str) -> LocalProtocolError:
+        code = ErrorCode.RESPONSE_ALREADY_COMPLETED if self.terminal else ErrorCode.INVALID_VALUE
+        return LocalProtocolError(
+            f"Cannot {what} response {self.response_id!r}: it is {self.state.value}.",
+            code=code,
+            response_id=self.response_id,
+        )
 
     def __repr__(self) -> str:
         return f"ResponseStateMachine({self.response_id!r}, {self.state.value})"

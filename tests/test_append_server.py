@@ -9,19 +9,17 @@ import pytest
 import trio
 
 from longresponse.client import AppendClient, connect
-from protocol import (
+from protocol import ResponseState
+from protocol.events import (
     ErrorEvent,
-    FunctionCall,
-    Message,
     OutputItemDone,
-    OutputText,
     OutputTextDelta,
     ResponseCreated,
     ResponseDone,
     ResponseInProgress,
-    ResponseState,
     TimingEvent,
 )
+from protocol.items import FunctionCall, Message, OutputText
 
 LS_TOOL = {
     "type": "function",

@@ -8,7 +8,9 @@ from typing import Any
 import pytest
 
 from longresponse.client import ConnectionClosedError, connect
-from protocol import ErrorEvent, FunctionCall, OutputItemDone, ResponseDone, ResponseState
+from protocol import ResponseState
+from protocol.events import ErrorEvent, OutputItemDone, ResponseDone
+from protocol.items import FunctionCall
 
 TOOL = {
     "type": "function",

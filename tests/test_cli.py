@@ -12,7 +12,7 @@ import pytest
 from longresponse.cli import build_parser
 from longresponse.client import connect
 from longresponse.server_process import ServerProcess
-from protocol import ResponseDone
+from protocol.events import ResponseDone
 
 
 def test_help_documents_every_flag() -> None:

@@ -10,7 +10,8 @@ from typing import Any
 import wsproto.events as ws
 
 from longresponse.client import connect
-from protocol import OutputTextDelta, ResponseDone, ResponseState
+from protocol import ResponseState
+from protocol.events import OutputTextDelta, ResponseDone
 from tests.raw_ws import handshake, wait_until
 
 TOOL = {"type": "function", "name": "read_file", "parameters": {"type": "object"}}

@@ -21,15 +21,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from longresponse.client import connect
 from longresponse.config import ServerConfig, SimConfig, Switches
 from longresponse.storage.backends import SQLiteStore
-from protocol import (
-    ErrorEvent,
-    FunctionCall,
-    OutputItemDone,
-    OutputTextDelta,
-    ResponseDone,
-    ResponseState,
-    TimingEvent,
-)
+from protocol import ResponseState
+from protocol.events import ErrorEvent, OutputItemDone, OutputTextDelta, ResponseDone, TimingEvent
+from protocol.items import FunctionCall
 from tests.conftest import RunningServer, openai_client
 
 TOOL = {

@@ -28,20 +28,26 @@ from protocol import (
     TRANSITIONS,
     Connection,
     ErrorCode,
+    LocalProtocolError,
+    Mode,
+    RemoteProtocolError,
+    ResponseState,
+    ResponseStateMachine,
+    Role,
+    Transition,
+    decode_client_event,
+    decode_server_event,
+    encode_event,
+    error_event,
+    json_path_to_param,
+)
+from protocol.events import (
     ErrorEvent,
-    FunctionCall,
     FunctionCallArgumentsDelta,
     FunctionCallArgumentsDone,
-    FunctionCallOutput,
-    LocalProtocolError,
-    Message,
-    Mode,
     OutputItemAdded,
     OutputItemDone,
     OutputTextDelta,
-    RemoteProtocolError,
-    RequiredAction,
-    Response,
     ResponseAppend,
     ResponseCancel,
     ResponseCreate,
@@ -50,17 +56,10 @@ from protocol import (
     ResponseInProgress,
     ResponseProcessed,
     ResponseQueued,
-    ResponseState,
-    ResponseStateMachine,
-    Role,
     TimingEvent,
-    Transition,
-    decode_client_event,
-    decode_server_event,
-    encode_event,
-    error_event,
-    json_path_to_param,
 )
+from protocol.items import FunctionCall, FunctionCallOutput, Message
+from protocol.response import RequiredAction, Response
 
 PROTOCOL_DIR = pathlib.Path(protocol.__file__).parent
 RID = "resp_1"
@@ -320,7 +319,7 @@ def test_error_timing_and_processed_events_touch_no_state(pair: ConnectionPair) 
     pair.start()
     before = snapshot(pair.client)
     error = ErrorEvent(
-        error=protocol.ErrorBody(type="invalid_request_error", code="x", message="m")
+        error=protocol.events.ErrorBody(type="invalid_request_error", code="x", message="m")
     )
     pair.send(Role.SERVER, error)
     pair.send(Role.SERVER, TimingEvent(timing_metrics={"inference_ms": 1.5}, response_id=RID))
@@ -443,7 +442,7 @@ def test_append_or_cancel_without_such_a_response(pair: ConnectionPair, event: A
     [
         (Message(role="assistant", content="I said so"), "input[0].role"),
         (function_call("c9"), "input[0].type"),
-        (protocol.Reasoning(summary=[]), "input[0].type"),
+        (protocol.items.Reasoning(summary=[]), "input[0].type"),
     ],
     ids=["assistant-message", "function-call", "reasoning"],
 )
@@ -698,7 +697,7 @@ def test_input_messages_without_type_are_tolerated(pair: ConnectionPair) -> None
     )
     pair.server.receive_message(append)
     (event,) = drain(pair.server)
-    assert event.input[0] == Message(role="user", content=[protocol.InputText(text="steer")])
+    assert event.input[0] == Message(role="user", content=[protocol.items.InputText(text="steer")])
     track = pair.server.response(RID)
     assert track is not None
     assert track.answered_calls == {"c1"}
@@ -781,15 +780,15 @@ def test_decoders_accept_str_and_bytes() -> None:
 
 
 def test_item_text_joins_the_readable_parts() -> None:
-    assert protocol.item_text("plain") == "plain"
-    parts: list[protocol.ContentPart] = [
-        protocol.InputText(text="a"),
-        protocol.OutputText(text="b"),
-        protocol.Refusal(refusal="c"),
-        protocol.ReasoningText(text="d"),
-        protocol.InputImage(image_url="https://example.com/x.png"),
+    assert protocol.items.item_text("plain") == "plain"
+    parts: list[protocol.items.ContentPart] = [
+        protocol.items.InputText(text="a"),
+        protocol.items.OutputText(text="b"),
+        protocol.items.Refusal(refusal="c"),
+        protocol.items.ReasoningText(text="d"),
+        protocol.items.InputImage(image_url="https://example.com/x.png"),
     ]
-    assert protocol.item_text(parts) == "abcd"
+    assert protocol.items.item_text(parts) == "abcd"
 
 
 def test_sentinels_name_themselves() -> None:
@@ -934,13 +933,40 @@ def test_package_exports_exist_once() -> None:
     assert missing == []
 
 
+#: The wire vocabulary: exported as namespaces (``protocol.events.ResponseDone``),
+#: not name by name, so the package's own API stays small.
+VOCABULARY = ("protocol.events", "protocol.items", "protocol.response")
+#: Run as a command (``python -m protocol.schema``), not imported by the package.
+TOOLS = ("protocol.schema",)
+
+
 @pytest.mark.parametrize("module_name", public_modules())
 def test_every_public_module_is_reexported(module_name: str) -> None:
     module = importlib.import_module(module_name)
     assert hasattr(module, "__all__"), f"{module_name} has no __all__"
+    short = module_name.removeprefix("protocol.")
+    if module_name in VOCABULARY:
+        assert short in protocol.__all__
+        assert getattr(protocol, short) is module
+        return
+    if module_name in TOOLS:
+        assert short not in protocol.__all__
+        return
     for name in module.__all__:
         assert name in protocol.__all__, f"{module_name}.{name} is not re-exported"
         assert getattr(protocol, name) is getattr(module, name)
+
+
+def test_the_public_api_is_small_and_internals_are_private() -> None:
+    assert len(protocol.__all__) <= 35
+    for internal in ("ResponseCreateBody", "check_append_items", "NeedData", "Closed"):
+        assert internal not in protocol.__all__
+    assert set(VOCABULARY) | set(TOOLS) | {
+        "protocol.codec",
+        "protocol.connection",
+        "protocol.errors",
+        "protocol.state",
+    } == set(public_modules())
 
 
 def test_public_modules_are_found() -> None:

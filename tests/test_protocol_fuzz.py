@@ -31,8 +31,6 @@ from msgspec import UNSET
 
 import protocol as p
 from protocol import (
-    CLIENT_EVENT_TYPES,
-    SERVER_EVENT_TYPES,
     TERMINAL_STATES,
     TRANSITIONS,
     Connection,
@@ -47,6 +45,7 @@ from protocol import (
     decode_server_event,
     encode_event,
 )
+from protocol.events import CLIENT_EVENT_TYPES, SERVER_EVENT_TYPES
 
 FUZZ = settings(
     derandomize=True,
@@ -86,32 +85,32 @@ def none_or(strategy: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
 
 item_status = st.sampled_from(["in_progress", "completed", "incomplete"])
 content_parts = st.one_of(
-    st.builds(p.InputText, text=texts),
+    st.builds(p.items.InputText, text=texts),
     st.builds(
-        p.OutputText,
+        p.items.OutputText,
         text=texts,
         annotations=st.lists(json_values, max_size=2),
         logprobs=unset_or(st.lists(json_values, max_size=2)),
     ),
-    st.builds(p.Refusal, refusal=texts),
+    st.builds(p.items.Refusal, refusal=texts),
     st.builds(
-        p.InputImage,
+        p.items.InputImage,
         detail=st.sampled_from(["auto", "low", "high"]),
         image_url=unset_or(none_or(texts)),
         file_id=unset_or(none_or(ids)),
     ),
     st.builds(
-        p.InputFile,
+        p.items.InputFile,
         file_id=unset_or(none_or(ids)),
         file_data=unset_or(texts),
         file_url=unset_or(texts),
         filename=unset_or(texts),
     ),
-    st.builds(p.ReasoningText, text=texts),
+    st.builds(p.items.ReasoningText, text=texts),
 )
 contents = texts | st.lists(content_parts, max_size=3)
 messages = st.builds(
-    p.Message,
+    p.items.Message,
     role=st.sampled_from(["user", "assistant", "system", "developer"]),
     content=contents,
     id=unset_or(ids),
@@ -119,7 +118,7 @@ messages = st.builds(
     phase=unset_or(none_or(st.sampled_from(["commentary", "final_answer"]))),
 )
 function_calls = st.builds(
-    p.FunctionCall,
+    p.items.FunctionCall,
     call_id=ids,
     name=ids,
     arguments=texts,
@@ -128,53 +127,55 @@ function_calls = st.builds(
     namespace=unset_or(none_or(ids)),
 )
 function_call_outputs = st.builds(
-    p.FunctionCallOutput,
+    p.items.FunctionCallOutput,
     call_id=ids,
     output=contents,
     id=unset_or(ids),
     status=unset_or(item_status),
 )
 reasonings = st.builds(
-    p.Reasoning,
+    p.items.Reasoning,
     id=unset_or(ids),
-    summary=st.lists(st.builds(p.SummaryText, text=texts), max_size=2),
-    content=unset_or(st.lists(st.builds(p.ReasoningText, text=texts), max_size=2)),
+    summary=st.lists(st.builds(p.items.SummaryText, text=texts), max_size=2),
+    content=unset_or(st.lists(st.builds(p.items.ReasoningText, text=texts), max_size=2)),
     encrypted_content=unset_or(none_or(texts)),
     status=unset_or(item_status),
 )
 items = st.one_of(messages, function_calls, function_call_outputs, reasonings)
 tools = st.builds(
-    p.FunctionTool,
+    p.items.FunctionTool,
     name=ids,
     parameters=none_or(json_objects),
     strict=none_or(st.booleans()),
     description=none_or(texts),
 )
 tool_choices = st.sampled_from(["auto", "none", "required"]) | st.builds(
-    p.ToolChoiceFunction, type=st.just("function"), name=ids
+    p.items.ToolChoiceFunction, type=st.just("function"), name=ids
 )
-statuses = st.sampled_from(typing.get_args(p.ResponseStatus))
+statuses = st.sampled_from(typing.get_args(p.response.ResponseStatus))
 usages = st.builds(
-    p.Usage,
+    p.response.Usage,
     input_tokens=st.integers(0, 10**9),
     input_tokens_details=st.builds(
-        p.InputTokensDetails,
+        p.response.InputTokensDetails,
         cached_tokens=st.integers(0, 10**9),
         cache_write_tokens=st.integers(0, 10**9),
     ),
     output_tokens=st.integers(0, 10**9),
-    output_tokens_details=st.builds(p.OutputTokensDetails, reasoning_tokens=st.integers(0, 10**9)),
+    output_tokens_details=st.builds(
+        p.response.OutputTokensDetails, reasoning_tokens=st.integers(0, 10**9)
+    ),
     total_tokens=st.integers(0, 10**9),
 )
 responses = st.builds(
-    p.Response,
+    p.response.Response,
     id=ids,
     created_at=st.integers(0, 2**40),
     status=statuses,
     background=st.booleans(),
     completed_at=none_or(st.integers(0, 2**40)),
-    error=none_or(st.builds(p.ResponseError, code=ids, message=texts)),
-    incomplete_details=none_or(st.builds(p.IncompleteDetails, reason=ids)),
+    error=none_or(st.builds(p.response.ResponseError, code=ids, message=texts)),
+    incomplete_details=none_or(st.builds(p.response.IncompleteDetails, reason=ids)),
     instructions=none_or(texts),
     max_output_tokens=none_or(st.integers(1, 10**6)),
     model=ids,
@@ -182,20 +183,22 @@ responses = st.builds(
     previous_response_id=none_or(ids),
     reasoning=none_or(json_objects),
     temperature=none_or(finite_floats),
-    text=st.builds(p.TextConfig, verbosity=unset_or(ids)),
+    text=st.builds(p.response.TextConfig, verbosity=unset_or(ids)),
     tool_choice=tool_choices,
     tools=st.lists(tools, max_size=2),
     truncation=st.sampled_from(["auto", "disabled"]),
     usage=none_or(usages),
     metadata=st.dictionaries(texts, texts, max_size=2),
-    required_action=unset_or(st.builds(p.RequiredAction, call_ids=st.lists(ids, max_size=3))),
+    required_action=unset_or(
+        st.builds(p.response.RequiredAction, call_ids=st.lists(ids, max_size=3))
+    ),
 )
 sequence_numbers = st.integers(0, 2**53)
 stream_ids = unset_or(ids)
 
 CLIENT_EVENTS: dict[type[msgspec.Struct], st.SearchStrategy[Any]] = {
-    p.ResponseCreate: st.builds(
-        p.ResponseCreate,
+    p.events.ResponseCreate: st.builds(
+        p.events.ResponseCreate,
         model=unset_or(ids),
         input=texts | st.lists(items, max_size=3),
         instructions=none_or(texts),
@@ -215,11 +218,11 @@ CLIENT_EVENTS: dict[type[msgspec.Struct], st.SearchStrategy[Any]] = {
         stream_id=stream_ids,
         generate=none_or(st.booleans()),
     ),
-    p.ResponseAppend: st.builds(
-        p.ResponseAppend, input=texts | st.lists(items, max_size=3), response_id=none_or(ids)
+    p.events.ResponseAppend: st.builds(
+        p.events.ResponseAppend, input=texts | st.lists(items, max_size=3), response_id=none_or(ids)
     ),
-    p.ResponseCancel: st.builds(p.ResponseCancel, response_id=none_or(ids)),
-    p.ResponseProcessed: st.builds(p.ResponseProcessed, response_id=none_or(ids)),
+    p.events.ResponseCancel: st.builds(p.events.ResponseCancel, response_id=none_or(ids)),
+    p.events.ResponseProcessed: st.builds(p.events.ResponseProcessed, response_id=none_or(ids)),
 }
 
 
@@ -242,7 +245,9 @@ def item_event(
 
 
 parts = st.one_of(
-    st.builds(p.OutputText, text=texts), st.builds(p.Refusal, refusal=texts), content_parts
+    st.builds(p.items.OutputText, text=texts),
+    st.builds(p.items.Refusal, refusal=texts),
+    content_parts,
 )
 text_position = {
     "item_id": ids,
@@ -250,41 +255,45 @@ text_position = {
     "content_index": st.integers(0, 10**2),
 }
 SERVER_EVENTS: dict[type[msgspec.Struct], st.SearchStrategy[Any]] = {
-    p.ResponseCreated: lifecycle(p.ResponseCreated),
-    p.ResponseQueued: lifecycle(p.ResponseQueued),
-    p.ResponseInProgress: lifecycle(p.ResponseInProgress),
-    p.ResponseDone: lifecycle(p.ResponseDone),
-    p.ResponseCompleted: lifecycle(p.ResponseCompleted),
-    p.ResponseIncomplete: lifecycle(p.ResponseIncomplete),
-    p.ResponseFailed: lifecycle(p.ResponseFailed),
-    p.OutputItemAdded: item_event(p.OutputItemAdded, output_index=st.integers(0, 99), item=items),
-    p.OutputItemDone: item_event(p.OutputItemDone, output_index=st.integers(0, 99), item=items),
-    p.ContentPartAdded: item_event(p.ContentPartAdded, **text_position, part=parts),
-    p.ContentPartDone: item_event(p.ContentPartDone, **text_position, part=parts),
-    p.OutputTextDelta: item_event(
-        p.OutputTextDelta,
+    p.events.ResponseCreated: lifecycle(p.events.ResponseCreated),
+    p.events.ResponseQueued: lifecycle(p.events.ResponseQueued),
+    p.events.ResponseInProgress: lifecycle(p.events.ResponseInProgress),
+    p.events.ResponseDone: lifecycle(p.events.ResponseDone),
+    p.events.ResponseCompleted: lifecycle(p.events.ResponseCompleted),
+    p.events.ResponseIncomplete: lifecycle(p.events.ResponseIncomplete),
+    p.events.ResponseFailed: lifecycle(p.events.ResponseFailed),
+    p.events.OutputItemAdded: item_event(
+        p.events.OutputItemAdded, output_index=st.integers(0, 99), item=items
+    ),
+    p.events.OutputItemDone: item_event(
+        p.events.OutputItemDone, output_index=st.integers(0, 99), item=items
+    ),
+    p.events.ContentPartAdded: item_event(p.events.ContentPartAdded, **text_position, part=parts),
+    p.events.ContentPartDone: item_event(p.events.ContentPartDone, **text_position, part=parts),
+    p.events.OutputTextDelta: item_event(
+        p.events.OutputTextDelta,
         **text_position,
         delta=texts,
         logprobs=st.lists(json_values, max_size=2),
     ),
-    p.OutputTextDone: item_event(p.OutputTextDone, **text_position, text=texts),
-    p.FunctionCallArgumentsDelta: item_event(
-        p.FunctionCallArgumentsDelta,
+    p.events.OutputTextDone: item_event(p.events.OutputTextDone, **text_position, text=texts),
+    p.events.FunctionCallArgumentsDelta: item_event(
+        p.events.FunctionCallArgumentsDelta,
         item_id=ids,
         output_index=st.integers(0, 99),
         delta=texts,
     ),
-    p.FunctionCallArgumentsDone: item_event(
-        p.FunctionCallArgumentsDone,
+    p.events.FunctionCallArgumentsDone: item_event(
+        p.events.FunctionCallArgumentsDone,
         item_id=ids,
         output_index=st.integers(0, 99),
         name=ids,
         arguments=texts,
     ),
-    p.ErrorEvent: st.builds(
-        p.ErrorEvent,
+    p.events.ErrorEvent: st.builds(
+        p.events.ErrorEvent,
         error=st.builds(
-            p.ErrorBody,
+            p.events.ErrorBody,
             type=ids,
             code=none_or(ids),
             message=texts,
@@ -295,8 +304,8 @@ SERVER_EVENTS: dict[type[msgspec.Struct], st.SearchStrategy[Any]] = {
         stream_id=stream_ids,
         response_id=unset_or(ids),
     ),
-    p.TimingEvent: st.builds(
-        p.TimingEvent,
+    p.events.TimingEvent: st.builds(
+        p.events.TimingEvent,
         timing_metrics=st.dictionaries(ids, finite_floats, max_size=3),
         response_id=unset_or(ids),
         stream_id=stream_ids,
@@ -312,8 +321,8 @@ def tag(event_or_class: msgspec.Struct | type[msgspec.Struct]) -> str:
 
 
 def test_strategies_cover_every_event_type() -> None:
-    assert set(CLIENT_EVENTS) == set(typing.get_args(p.ClientEvent))
-    assert set(SERVER_EVENTS) == set(typing.get_args(p.ServerEvent))
+    assert set(CLIENT_EVENTS) == set(typing.get_args(p.events.ClientEvent))
+    assert set(SERVER_EVENTS) == set(typing.get_args(p.events.ServerEvent))
     assert {tag(cls) for cls in CLIENT_EVENTS} == CLIENT_EVENT_TYPES
     assert {tag(cls) for cls in SERVER_EVENTS} == SERVER_EVENT_TYPES
 
@@ -342,7 +351,7 @@ def test_server_events_round_trip(event: Any) -> None:
 @FUZZ
 @given(
     event=st.builds(
-        p.ResponseAppend,
+        p.events.ResponseAppend,
         input=st.lists(messages | function_call_outputs, min_size=1, max_size=3),
         response_id=none_or(ids),
     )
@@ -370,15 +379,15 @@ def busy_connection(role: Role) -> Connection:
     """A connection with one paused response (call ``c1`` pending) and one finished."""
     conn = Connection(role)
     server = Connection(Role.SERVER)
-    paused = p.Response(id="resp_1", created_at=0, status="in_progress", model="m")
-    done = p.Response(id="resp_2", created_at=0, status="completed", model="m")
-    call = p.FunctionCall(call_id="c1", name="add", arguments="{}")
+    paused = p.response.Response(id="resp_1", created_at=0, status="in_progress", model="m")
+    done = p.response.Response(id="resp_2", created_at=0, status="completed", model="m")
+    call = p.items.FunctionCall(call_id="c1", name="add", arguments="{}")
     script: list[Any] = [
-        p.ResponseCreated(sequence_number=0, response=done),
-        p.ResponseDone(sequence_number=1, response=done),
-        p.ResponseCreated(sequence_number=0, response=paused),
-        p.OutputItemDone(sequence_number=1, response_id="resp_1", output_index=0, item=call),
-        p.ResponseDone(
+        p.events.ResponseCreated(sequence_number=0, response=done),
+        p.events.ResponseDone(sequence_number=1, response=done),
+        p.events.ResponseCreated(sequence_number=0, response=paused),
+        p.events.OutputItemDone(sequence_number=1, response_id="resp_1", output_index=0, item=call),
+        p.events.ResponseDone(
             sequence_number=2,
             response=msgspec.structs.replace(paused, status="requires_action"),
         ),
@@ -564,7 +573,7 @@ class Conversation(RuleBasedStateMachine):
         return track
 
     def lifecycle(self, cls: type[msgspec.Struct], track: p.ResponseTrack, status: str) -> Any:
-        response = p.Response(id=track.response_id, created_at=0, status=status, model="m")  # type: ignore[arg-type]
+        response = p.response.Response(id=track.response_id, created_at=0, status=status, model="m")  # type: ignore[arg-type]
         return cls(sequence_number=track.next_sequence, response=response)
 
     # server moves
@@ -573,17 +582,17 @@ class Conversation(RuleBasedStateMachine):
     @rule(queued=st.booleans())
     def create(self, queued: bool) -> None:
         response_id = f"resp_{len(self.response_ids)}"
-        response = p.Response(
+        response = p.response.Response(
             id=response_id, created_at=0, status="queued" if queued else "in_progress", model="m"
         )
-        self.carry(Role.SERVER, p.ResponseCreated(sequence_number=0, response=response))
+        self.carry(Role.SERVER, p.events.ResponseCreated(sequence_number=0, response=response))
         self.response_ids.append(response_id)
 
     @precondition(lambda self: self.response_ids)
     @rule(index=st.integers(0, 2))
     def in_progress(self, index: int) -> None:
         track = self.track(index)
-        event = self.lifecycle(p.ResponseInProgress, track, "in_progress")
+        event = self.lifecycle(p.events.ResponseInProgress, track, "in_progress")
         if track.state in TERMINAL_STATES:
             self.refuse(Role.SERVER, event)
         else:
@@ -593,7 +602,7 @@ class Conversation(RuleBasedStateMachine):
     @rule(index=st.integers(0, 2), delta=texts)
     def text(self, index: int, delta: str) -> None:
         track = self.track(index)
-        event = p.OutputTextDelta(
+        event = p.events.OutputTextDelta(
             sequence_number=track.next_sequence,
             response_id=track.response_id,
             item_id="msg",
@@ -613,8 +622,8 @@ class Conversation(RuleBasedStateMachine):
         if track.state in TERMINAL_STATES:
             return
         self.calls += 1
-        call = p.FunctionCall(call_id=f"call_{self.calls}", name="add", arguments="{}")
-        event = p.OutputItemDone(
+        call = p.items.FunctionCall(call_id=f"call_{self.calls}", name="add", arguments="{}")
+        event = p.events.OutputItemDone(
             sequence_number=track.next_sequence,
             response_id=track.response_id,
             output_index=self.calls,
@@ -627,7 +636,7 @@ class Conversation(RuleBasedStateMachine):
     @rule(index=st.integers(0, 2), status=statuses)
     def done(self, index: int, status: str) -> None:
         track = self.track(index)
-        event = self.lifecycle(p.ResponseDone, track, status)
+        event = self.lifecycle(p.events.ResponseDone, track, status)
         legal = {
             "requires_action": Transition.PAUSE,
             "completed": Transition.COMPLETE,
@@ -644,7 +653,7 @@ class Conversation(RuleBasedStateMachine):
     @rule(index=st.integers(0, 2), skip=st.integers(1, 3))
     def out_of_order(self, index: int, skip: int) -> None:
         track = self.track(index)
-        event = p.OutputTextDelta(
+        event = p.events.OutputTextDelta(
             sequence_number=track.next_sequence + skip,
             response_id=track.response_id,
             item_id="msg",
@@ -661,8 +670,8 @@ class Conversation(RuleBasedStateMachine):
     def answer(self, index: int, how_many: int) -> None:
         track = self.track(index)
         call_ids = sorted(track.pending_calls)[:how_many]
-        event = p.ResponseAppend(
-            input=[p.FunctionCallOutput(call_id=c, output="ok") for c in call_ids],
+        event = p.events.ResponseAppend(
+            input=[p.items.FunctionCallOutput(call_id=c, output="ok") for c in call_ids],
             response_id=track.response_id,
         )
         if track.state in TERMINAL_STATES:
@@ -680,8 +689,8 @@ class Conversation(RuleBasedStateMachine):
             call_id = sorted(track.answered_calls)[0]
         else:
             call_id = "call_never"
-        event = p.ResponseAppend(
-            input=[p.FunctionCallOutput(call_id=call_id, output="?")],
+        event = p.events.ResponseAppend(
+            input=[p.items.FunctionCallOutput(call_id=call_id, output="?")],
             response_id=track.response_id,
         )
         self.refuse(Role.CLIENT, event)
@@ -694,8 +703,8 @@ class Conversation(RuleBasedStateMachine):
             latest = self.client.latest_response_id()
             assert latest is not None
             track = self.track(self.response_ids.index(latest))
-        event = p.ResponseAppend(
-            input=[p.Message(role="user", content="also")],
+        event = p.events.ResponseAppend(
+            input=[p.items.Message(role="user", content="also")],
             response_id=None if use_latest else track.response_id,
         )
         if track.state in TERMINAL_STATES:
@@ -707,7 +716,7 @@ class Conversation(RuleBasedStateMachine):
     @rule(index=st.integers(0, 2))
     def cancel(self, index: int) -> None:
         track = self.track(index)
-        event = p.ResponseCancel(response_id=track.response_id)
+        event = p.events.ResponseCancel(response_id=track.response_id)
         if track.state in TERMINAL_STATES:
             self.refuse(Role.CLIENT, event)
         else:

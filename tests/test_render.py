@@ -19,7 +19,7 @@ from longresponse.engine.render import (
     render_text,
     tokenize_text,
 )
-from protocol import (
+from protocol.items import (
     FunctionCall,
     FunctionCallOutput,
     FunctionTool,

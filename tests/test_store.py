@@ -47,7 +47,7 @@ from longresponse.storage.backends import (
     UsageRecord,
     open_store,
 )
-from protocol import (
+from protocol.items import (
     FunctionCall,
     FunctionCallOutput,
     FunctionTool,
@@ -55,11 +55,9 @@ from protocol import (
     Message,
     OutputText,
     Reasoning,
-    Response,
     SummaryText,
-    Usage,
 )
-from protocol.response import InputTokensDetails, OutputTokensDetails
+from protocol.response import InputTokensDetails, OutputTokensDetails, Response, Usage
 
 P = ParamSpec("P")
 

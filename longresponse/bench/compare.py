@@ -95,10 +95,9 @@ import trio
 
 from longresponse.client import connect
 from longresponse.server_process import ServerProcess
-from protocol import (
-    APPEND_SUBPROTOCOL,
+from protocol import APPEND_SUBPROTOCOL, decode_client_event, encode_event
+from protocol.events import (
     ErrorEvent,
-    FunctionCall,
     FunctionCallArgumentsDelta,
     OutputItemAdded,
     OutputItemDone,
@@ -108,11 +107,9 @@ from protocol import (
     ResponseFailed,
     ResponseIncomplete,
     TimingEvent,
-    decode_client_event,
-    encode_event,
-    item_text,
 )
-from protocol import Message as MessageItem
+from protocol.items import FunctionCall, item_text
+from protocol.items import Message as MessageItem
 
 from ..bench import throughput
 

@@ -41,8 +41,8 @@ from typing import Final
 import jsonschema
 import msgspec
 
-from protocol import (
-    ErrorCode,
+from protocol import ErrorCode, RemoteProtocolError
+from protocol.items import (
     FunctionCall,
     FunctionCallOutput,
     FunctionTool,
@@ -55,7 +55,6 @@ from protocol import (
     Reasoning,
     ReasoningText,
     Refusal,
-    RemoteProtocolError,
     item_text,
 )
 

@@ -33,14 +33,13 @@ from typing import Any, Final, Literal, Protocol
 
 import msgspec
 
-from protocol import (
-    ErrorCode,
+from protocol import ErrorCode, RemoteProtocolError
+from protocol.items import (
     FunctionCall,
     FunctionCallOutput,
     FunctionTool,
     Item,
     Message,
-    RemoteProtocolError,
     ToolChoice,
     ToolChoiceFunction,
     item_text,

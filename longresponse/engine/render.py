@@ -48,7 +48,7 @@ from array import array
 from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
-from protocol import (
+from protocol.items import (
     FunctionCall,
     FunctionCallOutput,
     FunctionTool,

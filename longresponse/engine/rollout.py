@@ -37,29 +37,28 @@ from typing import Any
 
 import msgspec
 
-from protocol import (
-    FunctionCall,
-    FunctionCallOutput,
-    IncompleteDetails,
-    InputTokensDetails,
-    Item,
-    OutputTokensDetails,
-    RequiredAction,
-    Response,
+from protocol import ResponseState
+from protocol.events import (
     ResponseCompleted,
     ResponseCreate,
+    ResponseCreated,
     ResponseDone,
-    ResponseError,
     ResponseFailed,
     ResponseIncomplete,
     ResponseInProgress,
-    ResponseState,
     ServerEvent,
     TimingEvent,
-    Usage,
-    as_items,
 )
-from protocol.events import ResponseCreated
+from protocol.items import FunctionCall, FunctionCallOutput, Item, as_items
+from protocol.response import (
+    IncompleteDetails,
+    InputTokensDetails,
+    OutputTokensDetails,
+    RequiredAction,
+    Response,
+    ResponseError,
+    Usage,
+)
 
 from ..config import Switches
 from .admission import Pipeline

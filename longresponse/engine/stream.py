@@ -11,22 +11,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from protocol import (
+from protocol.events import (
     ContentPartAdded,
     ContentPartDone,
-    FunctionCall,
     FunctionCallArgumentsDelta,
     FunctionCallArgumentsDone,
-    Item,
-    Message,
     OutputItemAdded,
     OutputItemDone,
-    OutputText,
     OutputTextDelta,
     OutputTextDone,
-    Response,
     ServerEvent,
 )
+from protocol.items import FunctionCall, Item, Message, OutputText
+from protocol.response import Response
 
 from ..ids import new_id
 from .models import ArgumentsDelta, ItemEnd, SampleChunk, Stop, TextDelta, ToolCallStart

@@ -25,17 +25,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from protocol import (
-    ErrorCode,
-    Item,
-    ProtocolError,
-    RemoteProtocolError,
-    ResponseCreate,
-    ServerEvent,
-    as_items,
-    decode_create_body,
-)
-from protocol import Response as ResponseObject
+from protocol import ErrorCode, ProtocolError, RemoteProtocolError, decode_create_body
+from protocol.events import ResponseCreate, ServerEvent
+from protocol.items import Item, as_items
+from protocol.response import Response as ResponseObject
 
 from ..config import ServerConfig, Switches
 from ..engine.admission import Pipeline

@@ -38,17 +38,10 @@ import re
 from collections.abc import Callable, Coroutine
 from typing import Any, Final
 
-from protocol import (
-    ErrorCode,
-    FunctionCall,
-    FunctionCallOutput,
-    Item,
-    ProtocolError,
-    RemoteProtocolError,
-    Response,
-    ResponseCreate,
-    as_items,
-)
+from protocol import ErrorCode, ProtocolError, RemoteProtocolError
+from protocol.events import ResponseCreate
+from protocol.items import FunctionCall, FunctionCallOutput, Item, as_items
+from protocol.response import Response
 
 from ..config import ServerConfig, Switches
 from ..engine.admission import Pipeline

@@ -34,16 +34,20 @@ from protocol import (
     Mode,
     ProtocolError,
     RemoteProtocolError,
-    Response,
+    ResponseTrack,
+    Role,
+    error_event,
+)
+from protocol.events import (
+    ClientEvent,
     ResponseAppend,
     ResponseCancel,
     ResponseCreate,
     ResponseProcessed,
-    Role,
     ServerEvent,
-    as_items,
-    error_event,
 )
+from protocol.items import as_items
+from protocol.response import Response
 
 from ..config import ServerConfig, Switches
 from ..engine.admission import Pipeline
@@ -60,23 +64,6 @@ __all__ = ["Session"]
 
 class _SessionOver(Exception):
     """Raised inside the session's task group to end every task it holds."""
-
-
-class _LaneHint(msgspec.Struct):
-    type: str = ""
-    stream_id: str | None = None
-
-
-_lane_hint_decoder = msgspec.json.Decoder(_LaneHint)
-
-
-def _lane_hint(data: str | bytes) -> str | None:
-    """The ``stream_id`` of a create the protocol core refused, if one can be read."""
-    try:
-        hint = _lane_hint_decoder.decode(data)
-    except (msgspec.DecodeError, RecursionError, UnicodeError):
-        return None
-    return hint.stream_id if hint.type == "response.create" else None
 
 
 log = logging.getLogger(__name__)
@@ -259,11 +246,12 @@ class Session:
             self.handle_message(data, received_at)
 
     def handle_message(self, data: str | bytes, received_at: float) -> None:
-        """Decode, check and act on one client message; errors become error events."""
+        """Decode, check, admit and act on one client message; errors become error events."""
+        self._decoded_at = received_at
         event: object = None
         try:
-            self.connection.receive_message(data)
-            decode = time.perf_counter() - received_at
+            self.connection.receive_message(data, admit=self._admit)
+            decode = self._decoded_at - received_at
             event = self.connection.next_event()
             if isinstance(event, ResponseCreate) and self.shipped is not None:
                 self.shipped.submit(event, received_at, decode)
@@ -276,14 +264,23 @@ class Session:
             elif isinstance(event, ResponseProcessed):
                 pass  # tolerated, never answered
         except ProtocolError as error:
-            stream_id = None
             if error.code == ErrorCode.INVALID_STREAM_ID:
-                pass  # the refused name is not a lane
+                error.stream_id = None  # the refused name is not a lane
             elif isinstance(event, ResponseCreate) and isinstance(event.stream_id, str):
-                stream_id = event.stream_id
-            elif event is None:
-                stream_id = _lane_hint(data)
-            self._emit_error(error, stream_id)
+                error.stream_id = event.stream_id
+            self._emit_error(error)
+
+    def _admit(self, event: ClientEvent, track: ResponseTrack | None) -> ClientEvent:
+        """Validate and classify an append's items before the protocol records it."""
+        self._decoded_at = time.perf_counter()
+        if not isinstance(event, ResponseAppend) or track is None:
+            return event
+        rollout = self.rollouts[track.response_id]
+        admission = self.pipeline.admit(
+            as_items(event.input), history=rollout.history(), tools=rollout.request.tools
+        )
+        self._admitted = admission
+        return msgspec.structs.replace(event, input=admission.items)
 
     def _create(self, event: ResponseCreate, decode: float = 0.0) -> None:
         if event.background:
@@ -372,13 +369,7 @@ class Session:
 
     def _append(self, event: ResponseAppend, received_at: float, decode: float = 0.0) -> None:
         rollout = self._target(event.response_id)
-        try:
-            admission = self.pipeline.admit(
-                as_items(event.input), history=rollout.history(), tools=rollout.request.tools
-            )
-        except ProtocolError:
-            self.connection.reject_append(event)  # refused: its calls stay pending
-            raise
+        admission = self._admitted
         rollout.note_admission(
             admission.verdicts,
             decode=decode,

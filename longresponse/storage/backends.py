@@ -71,7 +71,8 @@ import msgspec
 import redis.asyncio
 import redis.exceptions
 
-from protocol import Item, Response
+from protocol.items import Item
+from protocol.response import Response
 
 __all__ = [
     "REDIS_KEY_PREFIX",

@@ -30,15 +30,8 @@ from typing import Final
 
 import msgspec
 
-from protocol import (
-    FunctionCall,
-    FunctionCallOutput,
-    InputText,
-    Item,
-    Message,
-    Reasoning,
-    Response,
-)
+from protocol.items import FunctionCall, FunctionCallOutput, InputText, Item, Message, Reasoning
+from protocol.response import Response
 
 from ..ids import new_id
 from .backends import ResponseStore, StoredResponse, UsageRecord
