@@ -12,7 +12,9 @@ from .engine.admission import Counters, Pipeline
 from .engine.classifier import Finding, Policy, redact, scan
 from .engine.models import ModelRegistry, ModelSpec, Sampler, SampleRequest, SimSampler
 from .engine.render import TokenCache
-from .engine.rollout import Boundary, Rollout, TurnTiming
+from .engine.rollout import Rollout
+from .engine.segment import Boundary, Segment
+from .engine.timing import TurnTiming
 from .serve.app import ResponsesEndpoint, create_app
 from .serve.http import HTTPTokenCache, ResponsesHTTP
 from .serve.shipped import SegmentCache, ShippedShape
@@ -39,6 +41,7 @@ __all__ = [
     "Rollout",
     "SampleRequest",
     "Sampler",
+    "Segment",
     "SegmentCache",
     "ServerConfig",
     "ServerProcess",

@@ -1,9 +1,21 @@
-"""StreamBuilder: sampler chunks in, ordered server events out.
+"""The event stream of a response: where its events go, and how they are built.
 
-One builder per response. It owns the response's ``sequence_number`` and
-``output_index`` counters, so in append mode both keep counting across pauses,
-and it keeps the finished output items. It does no I/O: the rollout sends
-what it returns.
+:class:`EventSink` is the engine's only view of a transport. A sink wraps a
+server-role protocol ``Connection`` (a WebSocket's outbox, an SSE stream, or
+an HTTP JSON request that keeps only the final Response), so every event the
+engine produces is checked and recorded by the protocol core; the protocol's
+record of a response (its ``ResponseTrack``: state, pending calls, next
+``sequence_number``) is the only one, and the engine reads it from the sink.
+
+:class:`StreamBuilder` turns sampler chunks into one response's ordered
+events. It numbers them from the track's ``next_sequence`` (so in append mode
+numbering keeps counting across pauses), counts ``output_index`` and keeps
+the finished output items. It does no I/O: the rollout sends what it returns.
+
+A stream ends early in one of two ways, told apart by type:
+:class:`ServerClosed` (we closed it: a slow reader, the connection's
+lifetime, shutdown) and :class:`PeerGone` (the peer left or its socket
+failed). Both are :class:`StreamClosed`.
 """
 
 from __future__ import annotations
@@ -11,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from protocol import ResponseTrack
 from protocol.events import (
     ContentPartAdded,
     ContentPartDone,
@@ -29,43 +42,44 @@ from ..ids import new_id
 from .models import ArgumentsDelta, ItemEnd, SampleChunk, Stop, TextDelta, ToolCallStart
 from .render import encode
 
-__all__ = ["DiscardSink", "EventSink", "StreamBuilder", "StreamClosed"]
+__all__ = ["EventSink", "PeerGone", "ServerClosed", "StreamBuilder", "StreamClosed"]
 
 
 class EventSink(Protocol):
-    """Where a response's events go (a socket's outbox, an SSE stream).
+    """Where a response's events go, through a server-role protocol ``Connection``.
 
     Sending is two steps so that nothing is numbered before it is sure to be
     sent: :meth:`room` waits (cancellably) until a few more events fit;
-    :meth:`push` records and queues one event and never waits. A rollout calls
-    ``room()``, then builds its next events and pushes them with no ``await``
-    in between, so a cancellation can never leave a gap in ``sequence_number``
-    or half of one chunk's events sent.
+    :meth:`push` checks, records and queues one event and never waits. A
+    rollout calls ``room()``, then builds its next events and pushes them with
+    no ``await`` in between, so a cancellation can never leave a gap in
+    ``sequence_number`` or half of one chunk's events sent.
     """
 
     async def room(self) -> None:
         """Wait until the sink takes more events; raise :class:`StreamClosed` if it never will."""
 
     def push(self, event: ServerEvent) -> None:
-        """Record and queue ``event`` now."""
+        """Check, record and queue ``event`` now (raises ``LocalProtocolError`` on a bug)."""
 
-
-class DiscardSink:
-    """A sink for callers that only want the final Response (HTTP JSON)."""
-
-    async def room(self) -> None:
-        return None
-
-    def push(self, event: ServerEvent) -> None:
-        return None
+    def track(self, response_id: str) -> ResponseTrack:
+        """The protocol's record of a response this sink has announced."""
 
 
 class StreamClosed(Exception):
-    """The stream's consumer is gone (the peer left, or the server closed it)."""
+    """The stream's consumer is gone; see :class:`ServerClosed` and :class:`PeerGone`."""
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class ServerClosed(StreamClosed):
+    """We closed the stream (slow reader, connection lifetime, shutdown)."""
+
+
+class PeerGone(StreamClosed):
+    """The peer went away: it disconnected, or writing to it failed."""
 
 
 class StreamBuilder:
@@ -73,7 +87,9 @@ class StreamBuilder:
 
     def __init__(self, response_id: str, *, tag_response_id: bool, stream_id: str | None = None):
         self.response_id = response_id
-        self.sequence = 0
+        #: The protocol's record of the response, once ``response.created`` is out.
+        self.track: ResponseTrack | None = None
+        self._batch = 0  # events built since the track last counted
         self.output: list[Item] = []
         self.output_tokens = 0
         self._extra: dict[str, Any] = {}
@@ -88,15 +104,18 @@ class StreamBuilder:
         self._pieces: list[str] = []
 
     def _next(self) -> int:
-        sequence = self.sequence
-        self.sequence += 1
+        sequence = (self.track.next_sequence if self.track is not None else 0) + self._batch
+        self._batch += 1
         return sequence
 
     def lifecycle(self, cls: Callable[..., ServerEvent], response: Response) -> ServerEvent:
+        """One lifecycle event; push it before building the next."""
+        self._batch = 0
         return cls(sequence_number=self._next(), response=response, **self._lifecycle_extra)
 
     def feed(self, chunk: SampleChunk) -> list[ServerEvent]:
-        """The events ``chunk`` produces (possibly none)."""
+        """The events ``chunk`` produces (possibly none); push them all before the next call."""
+        self._batch = 0
         index = len(self.output)
         extra = self._extra
         if isinstance(chunk, TextDelta):

@@ -25,27 +25,37 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from protocol import ErrorCode, ProtocolError, RemoteProtocolError, decode_create_body
+from protocol import (
+    Connection,
+    ErrorCode,
+    Framing,
+    Mode,
+    ProtocolError,
+    RemoteProtocolError,
+    ResponseTrack,
+    Role,
+    decode_create_body,
+)
 from protocol.events import ResponseCreate, ServerEvent
 from protocol.items import Item, as_items
 from protocol.response import Response as ResponseObject
 
-from ..config import ServerConfig, Switches
-from ..engine.admission import Pipeline
-from ..engine.models import ModelRegistry, check_sim_metadata
-from ..engine.rollout import Rollout, TurnTiming
-from ..engine.stream import DiscardSink, EventSink
+from ..config import ServerConfig
+from ..engine.models import ModelSpec
+from ..engine.rollout import Rollout
+from ..engine.timing import TurnTiming
 from ..ids import new_id
 from ..storage.keys import ApiKeys, Unauthorized
 from ..storage.persistence import Persistence
-from .metrics import ServerMetrics
-from .shipped import check_continuation, stored_history
+from .continuation import continue_from
+from .turns import Started, Turns
 
 __all__ = ["SSE_QUEUE_DEPTH", "HTTPTokenCache", "ResponsesHTTP", "http_error"]
 
+TRANSPORT = "http"
+
 #: Events buffered between a streaming rollout and its SSE response.
 SSE_QUEUE_DEPTH: Final = 256
-_END: Final = object()
 _encoder = msgspec.json.Encoder()
 
 
@@ -83,18 +93,14 @@ class ResponsesHTTP:
     def __init__(
         self,
         config: ServerConfig,
-        models: ModelRegistry,
+        turns: Turns,
         keys: ApiKeys,
         persistence: Callable[[], Persistence],
-        pipeline: Pipeline | None = None,
-        metrics: ServerMetrics | None = None,
     ) -> None:
         self.config = config
-        self.models = models
+        self.turns = turns
         self.keys = keys
         self._persistence = persistence
-        self.pipeline = pipeline or Pipeline(Switches())
-        self.metrics = metrics
         #: The process-wide token cache, when switched on (the ``http-cached`` design).
         self.token_cache = (
             HTTPTokenCache(config.http_token_cache_bytes) if config.http_token_cache else None
@@ -149,39 +155,35 @@ class ResponsesHTTP:
                         code=ErrorCode.UNKNOWN_PARAMETER,
                         param=name,
                     )
-            if body.background:
-                raise RemoteProtocolError(
-                    "background responses are not supported by this server.",
-                    code=ErrorCode.INVALID_VALUE,
-                    param="background",
-                )
-            model = self.models.resolve(body.model if isinstance(body.model, str) else None)
-            check_sim_metadata(body.metadata)
+            self.turns.check(body, transport=TRANSPORT)
+            model = self.turns.resolve(body)
             decoded = time.perf_counter()
             new_items = as_items(body.input)
-            history: list[Item] = []
-            if body.previous_response_id is not None:
-                history = await stored_history(
-                    self.persistence, body.previous_response_id, owner=owner, new_items=new_items
-                )
-            else:
-                check_continuation(new_items, {})
+            continuation = await continue_from(
+                body.previous_response_id,
+                new_items,
+                lookup=_nothing_cached,
+                evict=_nothing_cached,
+                lane=None,
+                persistence=self.persistence,
+                owner=owner,
+            )
+            run = _Run(self, body, model, owner, continuation.history, received_at)
             # Stateless: the whole history is validated and classified again.
-            admission = self.pipeline.admit(
-                new_items, history=history, tools=body.tools, cached=False
+            run.started = self.turns.start_turn(
+                body,
+                transport=TRANSPORT,
+                response_id=new_id("resp"),
+                sink=run.sink(body.stream),
+                new_items=new_items,
+                history=continuation.history,
+                cached=False,
+                rollout=run.rollout,
+                model=model,
+                decode=decoded - received_at,
             )
         except ProtocolError as error:
             return http_error(error)
-        run = _Run(self, body, model, owner, history, admission.items, received_at)
-        run.rollout.note_admission(
-            admission.verdicts,
-            decode=decoded - received_at,
-            validate=admission.validate_seconds,
-            classify=admission.classify_seconds,
-        )
-        if self.metrics is not None:
-            metrics = self.metrics
-            run.rollout.on_timing = lambda timing: metrics.observe_turn("http", timing)
         if body.stream:
             return StreamingResponse(run.sse(), media_type="text/event-stream")
         return await run.json()
@@ -306,6 +308,10 @@ class HTTPTokenCache:
             self.nbytes -= len(old) * old.itemsize
 
 
+def _nothing_cached(response_id: str) -> None:
+    return None  # HTTP keeps no connection cache: every parent comes from the store
+
+
 class _Run:
     """One HTTP request's rollout, answered as JSON or as SSE."""
 
@@ -313,30 +319,22 @@ class _Run:
         self,
         http: ResponsesHTTP,
         body: ResponseCreate,
-        model: Any,
+        model: ModelSpec,
         owner: str,
         history: list[Item],
-        new_items: list[Item],
         received_at: float,
     ) -> None:
         self.http = http
         self.body = body
         self.owner = owner
-        self.new_items = new_items
         self.received_at = received_at
-        self.rollout = Rollout(
-            response_id=new_id("resp"),
-            request=body,
-            model=model,
-            sink=DiscardSink(),
-            pause_timeout=http.config.pause_timeout,
-            shipped=True,
-            pipeline=http.pipeline,
-            resolve=http.models.resolve,
-        )
-        self.model = model
         self.history = history
+        self.started: Started | None = None
         self.final: ResponseObject | None = None
+        self._sse = _SSESink(SSE_QUEUE_DEPTH)
+        self._json = _RecordingSink()
+        #: A rollout seeded from the token cache, or ``None`` for a fresh one.
+        self.rollout: Rollout | None = None
         cache = http.token_cache
         parent = body.previous_response_id
         if cache is not None and parent is not None and history:
@@ -344,47 +342,38 @@ class _Run:
             if tokens is not None:
                 # The history is in the store's items, its tokens in memory:
                 # take both in without rendering anything again.
-                self.rollout.context = list(history)
-                self.rollout.tokens.extend_tokens(tokens)
+                rollout = http.turns.new_rollout(body, model)
+                rollout.context = list(history)
+                rollout.tokens.extend_tokens(tokens)
+                self.rollout = rollout
                 self.history = []
 
-    async def _persist(self, response: ResponseObject) -> None:
-        self.final = response
+    def sink(self, stream: bool | None) -> _RecordingSink | _SSESink:
+        return self._sse if stream else self._json
+
+    async def _segment(self) -> bool:
+        assert self.started is not None
+        rollout = self.started.rollout
+        boundary = await self.http.turns.run_segment(
+            self.started,
+            owner=self.owner,
+            transport=TRANSPORT,
+            history=self.history,
+            received_at=self.received_at,
+        )
+        if boundary is None:
+            return False
+        self.final = boundary.response
         cache = self.http.token_cache
         if cache is not None:
-            tokens = self.rollout.tokens
-            cache.put(self.owner, response.id, tokens.tokens[tokens.prefix_length :])
-        if self.http.metrics is not None:
-            self.http.metrics.response_finished("http", response.status)
-        await self.http.persistence.post_inference(
-            response,
-            owner=self.owner,
-            transport="http",
-            store_input=self.new_items if self.body.store else None,
-            previous_response_id=self.body.previous_response_id,
-        )
-
-    async def _segment(self, sink: EventSink) -> bool:
-        boundary = await self.rollout.run_segment(
-            segment_id=new_id("resp"),
-            request=self.body,
-            model=self.model,
-            new_items=[*self.history, *self.new_items],
-            sink=sink,
-            stream_id=None,
-            received_at=self.received_at,
-            on_finish=self._persist,
-        )
-        if boundary is None:  # failed: still billed and counted, never stored
-            failed = self.rollout.snapshot()
-            if self.http.metrics is not None:
-                self.http.metrics.response_finished("http", failed.status)
-            await self.http.persistence.post_inference(failed, owner=self.owner, transport="http")
-        return boundary is not None
+            tokens = rollout.tokens
+            cache.put(self.owner, boundary.segment_id, tokens.tokens[tokens.prefix_length :])
+        return True
 
     async def json(self) -> Response:
-        if not await self._segment(DiscardSink()) or self.final is None:
-            failure = self.rollout.error
+        assert self.started is not None
+        if not await self._segment() or self.final is None:
+            failure = self.started.reply.error
             if failure is not None and failure.code == "context_length_exceeded":
                 return http_error(
                     RemoteProtocolError(failure.message, code=failure.code, param="input")
@@ -398,9 +387,10 @@ class _Run:
                 )
             )
         response = _json(self.final)
-        if self.rollout.timings:
+        timings = self.started.rollout.timings
+        if timings:
             # Server-side phase times of this request (RFC Server-Timing).
-            timing = self.rollout.timings[-1]
+            timing = timings[-1]
             response.headers["server-timing"] = ", ".join(
                 f"{name};dur={value * 1000:.3f}"
                 for name, value in (
@@ -411,69 +401,74 @@ class _Run:
         return response
 
     async def sse(self) -> AsyncIterator[bytes]:
-        sink = _SSESink(SSE_QUEUE_DEPTH)
+        sink = self._sse
 
         async def produce() -> None:
             try:
-                await self._segment(sink)
+                await self._segment()
             finally:
                 sink.end()
 
         # Owned here: cancelled with this generator when the client goes away.
         producer = asyncio.get_running_loop().create_task(produce())
         try:
-            while (event := await sink.next()) is not _END:
-                yield b"event: %s\ndata: %s\n\n" % (
-                    _event_type(event),
-                    _encoder.encode(event),
-                )
+            while (record := await sink.next()) is not None:
+                yield record
         finally:
             producer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await producer
 
 
-_EVENT_TYPES: dict[type, bytes] = {}
+class _RecordingSink:
+    """The sink of an HTTP JSON request: the protocol core checks and records
+    every event, nothing is encoded (only the final Response is sent)."""
+
+    def __init__(self) -> None:
+        self.connection = Connection(Role.SERVER, Mode.SHIPPED, framing=Framing.NONE)
+
+    async def room(self) -> None:
+        return None
+
+    def push(self, event: ServerEvent) -> None:
+        self.connection.send(event)
+
+    def track(self, response_id: str) -> ResponseTrack:
+        track = self.connection.response(response_id)
+        assert track is not None  # asked only after response.created
+        return track
 
 
-def _event_type(event: object) -> bytes:
-    """The wire ``type`` of an event (its msgspec tag), for the SSE ``event:`` line."""
-    cls = type(event)
-    tag = _EVENT_TYPES.get(cls)
-    if tag is None:
-        info = msgspec.inspect.type_info(cls)
-        tag = _EVENT_TYPES[cls] = str(info.tag).encode()  # type: ignore[attr-defined]
-    return tag
-
-
-class _SSESink:
-    """A bounded buffer between a rollout and its SSE response (an :class:`EventSink`)."""
+class _SSESink(_RecordingSink):
+    """A bounded buffer of SSE records between a rollout and its streaming response."""
 
     def __init__(self, depth: int) -> None:
-        self._events: collections.deque[object] = collections.deque()
+        self.connection = Connection(Role.SERVER, Mode.SHIPPED, framing=Framing.SSE)
+        self._records: collections.deque[bytes | None] = collections.deque()
         self._depth = depth
         self._ready = asyncio.Event()
         self._space = asyncio.Event()
 
     async def room(self) -> None:
-        while len(self._events) >= self._depth:
+        while len(self._records) >= self._depth:
             self._space.clear()
             await self._space.wait()
 
     def push(self, event: ServerEvent) -> None:
-        self._events.append(event)
+        self._records.append(self.connection.send(event))
         self._ready.set()
 
     def end(self) -> None:
-        self._events.append(_END)
+        self._records.append(None)
         self._ready.set()
 
-    async def next(self) -> object:
-        while not self._events:
+    async def next(self) -> bytes | None:
+        """The next SSE record, or ``None`` at the end of the stream."""
+        while not self._records:
             self._ready.clear()
             await self._ready.wait()
         self._space.set()
-        return self._events.popleft()
+        return self._records.popleft()
 
 
 def _too_large(size: int, limit: int) -> RemoteProtocolError:

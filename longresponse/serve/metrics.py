@@ -20,7 +20,7 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from ..engine.admission import Counters
-from ..engine.rollout import TurnTiming
+from ..engine.timing import TurnTiming
 
 __all__ = ["CONTENT_TYPE", "ServerMetrics"]
 

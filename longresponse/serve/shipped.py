@@ -1,31 +1,22 @@
-"""The compat layer: the shipped WebSocket shape, translated onto Rollouts.
+"""The shipped WebSocket shape: lanes and the connection cache, onto rollouts.
 
 Theory of operation
 -------------------
 A shipped-shape client sends ``response.create`` with the body of
 ``POST /v1/responses`` and continues with ``previous_response_id``. Each
-shipped Response is one **segment** of a :class:`Rollout` (one run of its loop
-between pauses). The connection keeps a :class:`SegmentCache`: segment id →
-(Rollout, :class:`Boundary`). A continuation that names
-
-- the latest segment of an idle Rollout → the new input is appended and the
-  loop resumes in place: O(new input) work (instructions or tools that changed
-  re-render only the prefix; the items' tokens are reused);
-- an older segment, or one whose Rollout is busy on another lane → a fork: a
-  new Rollout sharing the context and tokens up to that boundary;
-- an id the cache does not hold → hydrated from the store when it was stored
-  (``store=true``, same owner): the chain is rebuilt and rendered in full;
-  otherwise ``previous_response_not_found``.
-
-A continuation whose input does not answer every pending call of its parent,
-or answers a call that is not pending, fails with a 400 and evicts the parent
-(when both are on the same lane, as shipped).
+shipped Response is one segment of a :class:`Rollout`
+(``longresponse.engine.segment``). The connection keeps a
+:class:`SegmentCache`: segment id → (Rollout, Boundary), within a byte budget;
+where a continuation's parent is found decides whether it continues in place,
+forks or hydrates from the store (``longresponse.serve.continuation``).
 
 Requests run on **lanes** named by ``stream_id`` (absent = the default lane):
 FIFO within a lane, lanes in parallel, at most ``max_in_flight`` responses
 running at once across lanes (the rest wait, queued), at most ``max_lanes``
 named lanes and ``max_queued`` waiting requests per connection. Every event of
-a named lane carries its ``stream_id``.
+a named lane carries its ``stream_id``. A create is checked when it arrives
+(lane, queue, ``background``); the rest of its turn (continuation, model,
+admission: ``longresponse.serve.turns``) runs when its lane reaches it.
 """
 
 from __future__ import annotations
@@ -36,37 +27,35 @@ import dataclasses
 import logging
 import re
 from collections.abc import Callable, Coroutine
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
-from protocol import ErrorCode, ProtocolError, RemoteProtocolError
-from protocol.events import ResponseCreate
-from protocol.items import FunctionCall, FunctionCallOutput, Item, as_items
-from protocol.response import Response
+from protocol import ErrorCode, ProtocolError, RemoteProtocolError, ResponseTrack
+from protocol.events import ClientEvent, ResponseCreate
+from protocol.items import as_items
 
-from ..config import ServerConfig, Switches
-from ..engine.admission import Pipeline
-from ..engine.models import ModelRegistry, check_sim_metadata
-from ..engine.rollout import Boundary, Rollout
+from ..config import ServerConfig
+from ..engine.rollout import Rollout
+from ..engine.segment import Boundary
 from ..engine.stream import EventSink, StreamClosed
 from ..ids import new_id
-from ..storage.persistence import Persistence
-from .metrics import ServerMetrics
+from .continuation import continue_from
+from .turns import Turns
 
-__all__ = [
-    "STREAM_ID_PATTERN",
-    "Lane",
-    "SegmentCache",
-    "ShippedShape",
-    "check_continuation",
-    "stored_history",
-]
+__all__ = ["STREAM_ID_PATTERN", "Lane", "SegmentCache", "ShippedShape"]
 
-#: What a ``stream_id`` may be: 1-256 characters of ``[A-Za-z0-9_.-]``.
 log = logging.getLogger(__name__)
 
+#: What a ``stream_id`` may be: 1-256 characters of ``[A-Za-z0-9_.-]``.
 STREAM_ID_PATTERN: Final = re.compile(r"[A-Za-z0-9_.\-]{1,256}")
 
-EmitError = Callable[[ProtocolError, "str | None"], None]
+TRANSPORT = "ws"
+
+
+class _Sink(EventSink, Protocol):
+    """What the shipped shape needs of the session's outbox: a sink that also
+    takes error replies."""
+
+    def error(self, error: ProtocolError, stream_id: str | None = None) -> None: ...
 
 
 class SegmentCache:
@@ -151,90 +140,40 @@ class Lane:
         self.task: asyncio.Task[None] | None = None
 
 
-def check_continuation(new_items: list[Item], pending: dict[str, str]) -> None:
-    """Check tool outputs against the parent's pending calls (and the new input's own calls).
-
-    Raises :class:`RemoteProtocolError` (400, param ``input``/``input[i].call_id``).
-    """
-    open_calls = dict(pending)
-    answered: set[str] = set()
-    for index, item in enumerate(new_items):
-        if isinstance(item, FunctionCall):
-            open_calls[item.call_id] = item.name
-        elif isinstance(item, FunctionCallOutput):
-            if item.call_id not in open_calls or item.call_id in answered:
-                raise RemoteProtocolError(
-                    f"No tool call found for function call output with call_id {item.call_id!r}.",
-                    code=ErrorCode.UNKNOWN_CALL_ID,
-                    param=f"input[{index}].call_id",
-                )
-            answered.add(item.call_id)
-    missing = [call_id for call_id in pending if call_id not in answered]
-    if missing:
-        raise RemoteProtocolError(
-            f"No tool output found for function call {missing[0]!r}.",
-            code=ErrorCode.MISSING_TOOL_OUTPUT,
-            param="input",
-        )
-
-
-async def stored_history(
-    persistence: Persistence | None, parent_id: str, *, owner: str, new_items: list[Item]
-) -> list[Item]:
-    """The conversation of a stored response, to continue from (the slow path).
-
-    The chain is read back from the store; ``new_items`` must answer its last
-    response's pending calls. Raises :class:`RemoteProtocolError`
-    ``previous_response_not_found`` (param ``previous_response_id``), or the
-    errors of :func:`check_continuation`.
-    """
-    conversation = None
-    if persistence is not None:
-        conversation = await persistence.conversation(parent_id, owner=owner)
-    if conversation is None:
-        raise RemoteProtocolError(
-            f"Previous response with id {parent_id!r} not found.",
-            code=ErrorCode.PREVIOUS_RESPONSE_NOT_FOUND,
-            param="previous_response_id",
-        )
-    check_continuation(new_items, conversation.pending)
-    return conversation.items
-
-
 class ShippedShape:
-    """Serves shipped-shape ``response.create`` events of one connection."""
+    """Serves one shipped-shape connection's ``response.create`` events."""
 
     def __init__(
         self,
         config: ServerConfig,
-        models: ModelRegistry,
+        turns: Turns,
+        sink: _Sink,
         *,
         spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]],
-        sink: EventSink,
-        emit_error: EmitError,
-        send_timing: bool,
+        send_timing: bool = False,
         owner: str = "",
-        persistence: Callable[[], Persistence] | None = None,
-        pipeline: Pipeline | None = None,
-        metrics: ServerMetrics | None = None,
     ) -> None:
         self.config = config
-        self.models = models
+        self.turns = turns
+        self.sink = sink
         self.cache = SegmentCache(config.connection_cache_bytes)
         self.lanes: dict[str | None, Lane] = {}
         self._spawn = spawn
-        self._sink = sink
-        self._emit_error = emit_error
         self.send_timing = send_timing
         self._in_flight = asyncio.Semaphore(config.max_in_flight)
         self.owner = owner
-        self._persistence = persistence
-        self.pipeline = pipeline or Pipeline(Switches())
-        self.metrics = metrics
         self.queued = 0
         self.segments_run = 0
         self.forks = 0
         self.hydrations = 0
+
+    def admit(self, event: ClientEvent, track: ResponseTrack | None) -> ClientEvent:
+        return event  # a create is admitted when its lane runs it (after its continuation)
+
+    def handle(self, event: ClientEvent, received_at: float, decode: float) -> None:
+        if isinstance(event, ResponseCreate):
+            self.submit(event, received_at, decode)
+        # response.processed: tolerated, never answered
 
     # --- admission (synchronous, in the connection's read loop) -------------
 
@@ -258,11 +197,7 @@ class ShippedShape:
                     param="stream_id",
                 )
         if request.background:
-            raise RemoteProtocolError(
-                "background responses are not supported over WebSocket.",
-                code=ErrorCode.INVALID_VALUE,
-                param="background",
-            )
+            self.turns.check(request, transport=TRANSPORT)
         if self.queued >= self.config.max_queued:
             raise RemoteProtocolError(
                 f"{self.queued} requests are already waiting on this connection; the limit is "
@@ -290,10 +225,10 @@ class ShippedShape:
                 except StreamClosed:
                     return
                 except ProtocolError as error:
-                    self._emit_error(error, lane.name)
+                    self.sink.error(error, lane.name)
                 except Exception:  # a bug in one request must not end the connection
                     log.exception("request on lane %r failed", lane.name)
-                    self._emit_error(
+                    self.sink.error(
                         RemoteProtocolError(
                             "The server had an error while processing your request.",
                             code=ErrorCode.SERVER_ERROR,
@@ -306,112 +241,42 @@ class ShippedShape:
     async def _run(
         self, request: ResponseCreate, lane: str | None, received_at: float, decode: float
     ) -> None:
-        check_sim_metadata(request.metadata)
-        model_name = request.model if isinstance(request.model, str) else "sim"
+        self.turns.check(request, transport=TRANSPORT)
         new_items = as_items(request.input)
-        history: list[Item] = []  # what a hydrated rollout must take in first
-        checked: list[Item] = []  # what the pipeline would re-check without reuse
-        cached = True
-        parent_id = request.previous_response_id
-        found = self.cache.lookup(parent_id) if parent_id is not None else None
-        parent: Rollout | None = None
-        if parent_id is None or found is None:
-            if parent_id is not None:
-                # Not on this connection: a stored response hydrates (the
-                # slow path: the whole chain is read and rendered again).
-                persistence = self._persistence() if self._persistence is not None else None
-                history = checked = await stored_history(
-                    persistence, parent_id, owner=self.owner, new_items=new_items
-                )
-                cached = False
-                self.hydrations += 1
-            else:
-                check_continuation(new_items, {})
-            rollout = None
-        else:
-            parent, boundary = found
-            try:
-                check_continuation(new_items, boundary.pending)
-            except ProtocolError:
-                # A failed continuation evicts its parent; a failed fork from
-                # another lane leaves the shared parent alone.
-                if boundary.stream_id == lane:
-                    self.cache.evict(parent_id)
-                raise
-            latest = parent.boundaries and parent.boundaries[-1] is boundary
-            if latest and not parent.busy and not parent.broken:
-                rollout = parent
-            else:
-                rollout = parent.fork(boundary)
-                self.forks += 1
-            checked = rollout.context
-        # Model resolution: reused from the rollout unless the name changes.
-        if (
-            parent is not None
-            and self.pipeline.switches.resolution_reuse
-            and parent.model.name == model_name
-        ):
-            model = parent.model
-        else:
-            model = self.models.resolve(model_name)
-        admission = self.pipeline.admit(
-            new_items, history=checked, tools=request.tools, cached=cached
+        continuation = await continue_from(
+            request.previous_response_id,
+            new_items,
+            lookup=self.cache.lookup,
+            evict=self.cache.evict,
+            lane=lane,
+            persistence=self.turns.persistence,
+            owner=self.owner,
         )
-        new_items = admission.items
-        if rollout is None:
-            rollout = Rollout(
-                response_id=new_id("resp"),
-                request=request,
-                model=model,
-                sink=self._sink,
-                pause_timeout=self.config.pause_timeout,
-                send_timing=self.send_timing,
-                shipped=True,
-                pipeline=self.pipeline,
-                resolve=self.models.resolve,
-            )
-        rollout.note_admission(
-            admission.verdicts,
-            decode=decode,
-            validate=admission.validate_seconds,
-            classify=admission.classify_seconds,
-        )
-        if self.metrics is not None:
-            metrics = self.metrics
-            rollout.on_timing = lambda timing: metrics.observe_turn("ws", timing)
-        segment_id = new_id("resp")
-        self.segments_run += 1
-        persistence = self._persistence() if self._persistence is not None else None
-
-        async def post_inference(response: Response) -> None:
-            if self.metrics is not None:
-                self.metrics.response_finished("ws", response.status)
-            if persistence is not None:
-                await persistence.post_inference(
-                    response,
-                    owner=self.owner,
-                    transport="ws",
-                    store_input=new_items if request.store else None,
-                    previous_response_id=parent_id,
-                )
-
-        finished = await rollout.run_segment(
-            segment_id=segment_id,
-            request=request,
-            model=model,
-            new_items=[*history, *new_items],
-            sink=self._sink,
+        self.hydrations += continuation.hydrated
+        self.forks += continuation.forked
+        started = self.turns.start_turn(
+            request,
+            transport=TRANSPORT,
+            response_id=new_id("resp"),
+            sink=self.sink,
+            new_items=new_items,
+            history=continuation.checked,
+            cached=continuation.cached,
+            rollout=continuation.rollout,
+            parent=continuation.parent,
             stream_id=lane,
-            received_at=received_at,
-            on_finish=post_inference,
+            send_timing=self.send_timing,
+            decode=decode,
         )
-        if finished is not None:
-            self.cache.add(rollout, finished)
-        else:  # failed: still billed and counted, never stored
-            failed = rollout.snapshot()
-            if self.metrics is not None:
-                self.metrics.response_finished("ws", failed.status)
-            if persistence is not None:
-                await persistence.post_inference(failed, owner=self.owner, transport="ws")
+        self.segments_run += 1
+        boundary = await self.turns.run_segment(
+            started,
+            owner=self.owner,
+            transport=TRANSPORT,
+            history=continuation.history,
+            received_at=received_at,
+        )
         # A failed segment leaves its Rollout broken: no continuation in place,
         # but its earlier boundaries stay valid to fork from.
+        if boundary is not None:
+            self.cache.add(started.rollout, boundary)

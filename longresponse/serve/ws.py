@@ -1,17 +1,27 @@
-"""Session: one WebSocket connection's state and tasks.
+"""The WebSocket seam: one pure-ASGI endpoint, a bounded outbox, a session of tasks.
 
-The Session owns the sans-IO :class:`protocol.Connection`, the connection's
-Rollouts and every task that serves them, in one :class:`asyncio.TaskGroup`:
-the writer (drains the bounded outbox to the socket) and one sampling loop per
-Rollout. The ASGI endpoint calls :meth:`Session.serve` with its receive and
-send callables and returns when the Session is over.
+Theory of operation
+-------------------
+``GET /v1/responses`` upgraded to a WebSocket reaches :class:`ResponsesEndpoint`,
+which checks the API key (401 before any state is created), picks the
+connection's mode from the handshake (append mode when asked for by
+subprotocol or beta header, the shipped shape otherwise) and runs a
+:class:`Session`.
 
-Back-pressure: events go into a bounded outbox. A sampling loop that finds it
-full waits (a slow reader slows the stream); if it stays full for
-``slow_reader_timeout`` the reader is disconnected (close 1008). The outbox
-never holds more than ``send_queue_depth`` encoded events.
+The :class:`Outbox` is the connection's :class:`EventSink`: it owns the
+server-role protocol ``Connection`` (every event is checked and recorded
+there, then encoded) and a bounded queue of encoded events. A sampling loop
+that finds it full waits (a slow reader slows the stream); if it stays full
+for ``slow_reader_timeout`` the reader is disconnected (close 1008) and the
+socket abandoned. Error replies may go past the bound: at most one per client
+message, and the reader is what limits client messages.
 
-Request errors (bad JSON, unknown type, bad items, unknown call ids…) become
+The :class:`Session` owns tasks only, in one :class:`asyncio.TaskGroup`: the
+reader (messages into the protocol core, then to the shape), the writer (the
+outbox to the socket), the lifetime timer, and whatever the shape spawns
+(one sampling loop per rollout, one task per lane). The shape is
+:class:`~longresponse.serve.append.AppendShape` or
+:class:`~longresponse.serve.shipped.ShippedShape`. Request errors become
 one ``error`` event; nothing changes and the connection stays usable.
 """
 
@@ -20,14 +30,15 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any
-
-import msgspec
+from typing import Any, Protocol
 
 from protocol import (
+    APPEND_BETA_HEADER,
+    APPEND_SUBPROTOCOL,
     CLOSE_CODES,
     Connection,
     ErrorCode,
@@ -38,117 +49,92 @@ from protocol import (
     Role,
     error_event,
 )
-from protocol.events import (
-    ClientEvent,
-    ResponseAppend,
-    ResponseCancel,
-    ResponseCreate,
-    ResponseProcessed,
-    ServerEvent,
-)
-from protocol.items import as_items
-from protocol.response import Response
+from protocol.events import ClientEvent, ResponseCreate, ServerEvent
 
-from ..config import ServerConfig, Switches
-from ..engine.admission import Pipeline
-from ..engine.models import ModelRegistry, check_sim_metadata
-from ..engine.rollout import Rollout
-from ..engine.stream import StreamClosed
-from ..ids import new_id
-from ..storage.persistence import Persistence
-from .metrics import ServerMetrics
+from ..config import ServerConfig
+from ..engine.stream import PeerGone, ServerClosed, StreamClosed
+from ..storage.keys import ApiKeys, Unauthorized
+from .append import AppendShape
 from .shipped import ShippedShape
+from .turns import Turns
 
-__all__ = ["Session"]
-
-
-class _SessionOver(Exception):
-    """Raised inside the session's task group to end every task it holds."""
-
+__all__ = ["TIMING_HEADER", "ASGIReceive", "ASGISend", "Outbox", "ResponsesEndpoint", "Session"]
 
 log = logging.getLogger(__name__)
 
 ASGIReceive = Callable[[], Awaitable[dict[str, Any]]]
 ASGISend = Callable[[dict[str, Any]], Awaitable[None]]
 
+#: Upgrade header asking for ``responsesapi.websocket_timing`` events.
+TIMING_HEADER = "x-responsesapi-include-timing-metrics"
 
-class Session:
-    """One connection: its protocol state, its Rollouts, its tasks."""
 
-    def __init__(
-        self,
-        config: ServerConfig,
-        models: ModelRegistry,
-        *,
-        mode: Mode = Mode.APPEND,
-        send_timing: bool = False,
-        owner: str = "",
-        persistence: Callable[[], Persistence] | None = None,
-        pipeline: Pipeline | None = None,
-        metrics: ServerMetrics | None = None,
-    ) -> None:
+class Shape(Protocol):
+    """What a connection speaks, given decoded, checked and admitted client events."""
+
+    def admit(self, event: ClientEvent, track: ResponseTrack | None) -> ClientEvent: ...
+
+    def handle(self, event: ClientEvent, received_at: float, decode: float) -> None: ...
+
+
+class _SessionOver(Exception):
+    """Raised inside the session's task group to end every task it holds."""
+
+
+class Outbox:
+    """The connection's protocol core and its bounded queue of encoded events."""
+
+    def __init__(self, config: ServerConfig, mode: Mode) -> None:
         self.config = config
-        self.models = models
-        self.send_timing = send_timing
-        self.owner = owner
-        self.pipeline = pipeline or Pipeline(Switches())
-        self.metrics = metrics
-        self._persistence = persistence
         self.connection = Connection(
             Role.SERVER,
             mode,
             max_message_bytes=config.max_message_bytes,
             max_items_per_event=config.max_items_per_event,
         )
-        self.rollouts: dict[str, Rollout] = {}
-        self._billed: set[str] = set()  # rollouts whose usage record is written
-        self._outbox: collections.deque[bytes] = collections.deque()
+        self._queue: collections.deque[bytes] = collections.deque()
         self._ready = asyncio.Event()
         self._space = asyncio.Event()
-        self._closing: tuple[int, str] | None = None
-        #: Most encoded events ever waiting in the outbox (never above the depth
-        #: except for error replies, one per client message).
-        self.outbox_high_water = 0
-        #: Why the server closed this session, if it did.
-        self.close_reason: str | None = None
-        self._tasks: asyncio.TaskGroup | None = None
-        self._writer: asyncio.Task[None] | None = None
-        #: The shipped shape's lanes and segment cache (shipped mode only).
-        self.shipped: ShippedShape | None = None
-        if mode is Mode.SHIPPED:
-            self.shipped = ShippedShape(
-                config,
-                models,
-                spawn=self._spawn,
-                sink=self,
-                emit_error=self._emit_error,
-                send_timing=send_timing,
-                owner=owner,
-                persistence=persistence,
-                pipeline=self.pipeline,
-                metrics=metrics,
-            )
+        self.closing: tuple[int, str] | None = None
+        #: Most encoded events ever waiting (never above the depth except for
+        #: error replies, one per client message).
+        self.high_water = 0
+        #: Cancelled when a slow reader is abandoned (it is stuck in a send).
+        self.writer: asyncio.Task[None] | None = None
 
-    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
-        """Start a task owned by this session (it ends when the session does)."""
-        if self._tasks is None:  # pragma: no cover - only called while serving
-            raise RuntimeError("the session is not serving")
-        return self._tasks.create_task(coroutine)
+    def __len__(self) -> int:
+        return len(self._queue)
 
-    # --- output --------------------------------------------------------------
+    # --- the EventSink --------------------------------------------------------
 
     async def room(self) -> None:
-        """Wait while the outbox is full (the :class:`EventSink` half that may wait).
+        """Wait while the queue is full. Raises :class:`ServerClosed` if the
+        reader stays too slow or the session is closing."""
+        await self.below(self.config.send_queue_depth)
 
-        Raises :class:`StreamClosed` if the reader stays too slow or the
-        session ends.
-        """
-        await self._below(self.config.send_queue_depth)
+    def push(self, event: ServerEvent) -> None:
+        """Check and record ``event`` in the protocol core, queue its bytes (never waits)."""
+        self._queue.append(self.connection.send(event))
+        self.high_water = max(self.high_water, len(self._queue))
+        self._ready.set()
 
-    async def _below(self, limit: int) -> None:
-        while len(self._outbox) >= limit:
-            if self._closing is not None:
-                raise StreamClosed("closing")
+    def track(self, response_id: str) -> ResponseTrack:
+        track = self.connection.response(response_id)
+        if track is None:  # pragma: no cover - only asked after response.created
+            raise KeyError(response_id)
+        return track
+
+    def error(self, error: ProtocolError, stream_id: str | None = None) -> None:
+        """Queue an ``error`` event, even past the bound."""
+        self._queue.append(self.connection.send(error_event(error, stream_id=stream_id)))
+        self._ready.set()
+
+    # --- flow ----------------------------------------------------------------
+
+    async def below(self, limit: int) -> None:
+        while len(self._queue) >= limit:
+            if self.closing is not None:
+                raise ServerClosed("closing")
             self._space.clear()
             try:
                 async with asyncio.timeout(self.config.slow_reader_timeout):
@@ -157,55 +143,100 @@ class Session:
                 # The writer is stuck in a send the reader does not drain, so
                 # it cannot flush a close frame: abandon the socket instead.
                 self.close(CLOSE_CODES["slow_reader"], "slow_reader")
-                if self._writer is not None:
-                    self._writer.cancel()
-                raise StreamClosed("slow_reader") from None
-
-    def push(self, event: ServerEvent) -> None:
-        """Record ``event`` in the protocol state and queue its bytes (never waits)."""
-        self._outbox.append(self.connection.send(event))
-        self.outbox_high_water = max(self.outbox_high_water, len(self._outbox))
-        self._ready.set()
-
-    def _emit_error(self, error: ProtocolError, stream_id: str | None = None) -> None:
-        # Error events go out even past the bound: at most one per client
-        # message, and the reader is what limits client messages.
-        self._outbox.append(self.connection.send(error_event(error, stream_id=stream_id)))
-        self._ready.set()
+                if self.writer is not None:
+                    self.writer.cancel()
+                raise ServerClosed("slow_reader") from None
 
     def close(self, code: int, reason: str) -> None:
         """Ask the writer to flush and close the socket with ``code``."""
-        if self._closing is None:
-            self._closing = (code, reason)
-            self.close_reason = reason
+        if self.closing is None:
+            self.closing = (code, reason)
             self._ready.set()
             self._space.set()
 
-    async def _write_loop(self, send: ASGISend) -> None:
+    async def write_to(self, send: ASGISend) -> None:
+        """Drain the queue to the socket until the session closes it or the peer is gone."""
         while True:
             await self._ready.wait()
             self._ready.clear()
-            while self._outbox:
-                data = self._outbox.popleft()
+            while self._queue:
+                data = self._queue.popleft()
                 self._space.set()
                 try:
                     await send({"type": "websocket.send", "text": data.decode()})
                 except Exception as exc:  # the server side of the socket is gone
-                    raise StreamClosed("send failed") from exc
-            if self._closing is not None:
-                code, reason = self._closing
+                    raise PeerGone("send failed") from exc
+            if self.closing is not None:
+                code, reason = self.closing
                 with contextlib.suppress(Exception):
                     await send({"type": "websocket.close", "code": code, "reason": reason})
-                raise StreamClosed("closed by server")
+                raise ServerClosed("closed by server")
 
-    # --- input ---------------------------------------------------------------
+
+class Session:
+    """One connection's tasks; its protocol state is in the outbox, its rollouts in the shape."""
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        turns: Turns,
+        *,
+        mode: Mode = Mode.APPEND,
+        send_timing: bool = False,
+        owner: str = "",
+    ) -> None:
+        self.config = config
+        self.outbox = Outbox(config, mode)
+        self._tasks: asyncio.TaskGroup | None = None
+        #: The shipped shape's lanes and segment cache (shipped mode only).
+        self.shipped: ShippedShape | None = None
+        #: Append mode's rollouts (append mode only).
+        self.append: AppendShape | None = None
+        self.shape: Shape
+        if mode is Mode.SHIPPED:
+            self.shape = self.shipped = ShippedShape(
+                config, turns, self.outbox, spawn=self.spawn, send_timing=send_timing, owner=owner
+            )
+        else:
+            self.shape = self.append = AppendShape(
+                config, turns, self.outbox, spawn=self.spawn, send_timing=send_timing, owner=owner
+            )
+        self._decoded_at = 0.0
+
+    # what tests and operators look at
+    @property
+    def connection(self) -> Connection:
+        return self.outbox.connection
+
+    @property
+    def rollouts(self) -> dict[str, Any]:
+        return self.append.rollouts if self.append is not None else {}
+
+    @property
+    def _outbox(self) -> Outbox:
+        return self.outbox
+
+    @property
+    def outbox_high_water(self) -> int:
+        return self.outbox.high_water
+
+    @property
+    def close_reason(self) -> str | None:
+        """Why the server closed this session, if it did."""
+        return self.outbox.closing[1] if self.outbox.closing is not None else None
+
+    def spawn(self, coroutine: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """Start a task owned by this session (it ends when the session does)."""
+        if self._tasks is None:  # pragma: no cover - only called while serving
+            raise RuntimeError("the session is not serving")
+        return self._tasks.create_task(coroutine)
 
     async def serve(self, receive: ASGIReceive, send: ASGISend) -> None:
         """Run the session until the peer leaves or we close it."""
         try:
             async with asyncio.TaskGroup() as tasks:
                 self._tasks = tasks
-                writer = self._writer = tasks.create_task(self._write_loop(send))
+                writer = self.outbox.writer = tasks.create_task(self.outbox.write_to(send))
                 reader = tasks.create_task(self._read_loop(receive))
                 tasks.create_task(self._expire())
                 await asyncio.wait({writer, reader}, return_when=asyncio.FIRST_COMPLETED)
@@ -217,13 +248,13 @@ class Session:
         """The connection lifetime limit: an error event, then a normal close."""
         await asyncio.sleep(self.config.connection_lifetime)
         minutes = self.config.connection_lifetime / 60
-        self._emit_error(
+        self.outbox.error(
             RemoteProtocolError(
                 f"The connection reached its {minutes:g}-minute limit; open a new one to go on.",
                 code=ErrorCode.WEBSOCKET_CONNECTION_LIMIT_REACHED,
             )
         )
-        self.close(int(CLOSE_CODES["connection_limit_reached"]), "connection limit reached")
+        self.outbox.close(int(CLOSE_CODES["connection_limit_reached"]), "connection limit reached")
 
     async def _read_loop(self, receive: ASGIReceive) -> None:
         while True:
@@ -238,7 +269,7 @@ class Session:
             # pushes back on a client that writes without reading (only error
             # replies can take it there; sampling stops at the depth, so a
             # paced stream never starves the reader of its turn).
-            await self._below(2 * self.config.send_queue_depth)
+            await self.outbox.below(2 * self.config.send_queue_depth)
             received_at = time.perf_counter()
             data = message.get("text")
             if data is None:
@@ -251,132 +282,85 @@ class Session:
         event: object = None
         try:
             self.connection.receive_message(data, admit=self._admit)
-            decode = self._decoded_at - received_at
             event = self.connection.next_event()
-            if isinstance(event, ResponseCreate) and self.shipped is not None:
-                self.shipped.submit(event, received_at, decode)
-            elif isinstance(event, ResponseCreate):
-                self._create(event, decode)
-            elif isinstance(event, ResponseAppend):
-                self._append(event, received_at, decode)
-            elif isinstance(event, ResponseCancel):
-                self._cancel(event)
-            elif isinstance(event, ResponseProcessed):
-                pass  # tolerated, never answered
+            decode = self._decoded_at - received_at
+            self.shape.handle(event, received_at, decode)  # type: ignore[arg-type]
         except ProtocolError as error:
             if error.code == ErrorCode.INVALID_STREAM_ID:
                 error.stream_id = None  # the refused name is not a lane
             elif isinstance(event, ResponseCreate) and isinstance(event.stream_id, str):
                 error.stream_id = event.stream_id
-            self._emit_error(error)
+            self.outbox.error(error)
 
     def _admit(self, event: ClientEvent, track: ResponseTrack | None) -> ClientEvent:
-        """Validate and classify an append's items before the protocol records it."""
-        self._decoded_at = time.perf_counter()
-        if not isinstance(event, ResponseAppend) or track is None:
-            return event
-        rollout = self.rollouts[track.response_id]
-        admission = self.pipeline.admit(
-            as_items(event.input), history=rollout.history(), tools=rollout.request.tools
-        )
-        self._admitted = admission
-        return msgspec.structs.replace(event, input=admission.items)
+        self._decoded_at = time.perf_counter()  # decoded and checked: admission starts
+        return self.shape.admit(event, track)
 
-    def _create(self, event: ResponseCreate, decode: float = 0.0) -> None:
-        if event.background:
-            raise RemoteProtocolError(
-                "background responses are not supported over WebSocket.",
-                code=ErrorCode.INVALID_VALUE,
-                param="background",
-            )
-        live = sum(1 for r in self.rollouts.values() if not r.terminal)
-        if live >= self.config.max_rollouts_per_connection:
-            raise RemoteProtocolError(
-                f"This connection already runs {live} rollouts; the limit is "
-                f"{self.config.max_rollouts_per_connection}.",
-                code=ErrorCode.TOO_MANY_ROLLOUTS,
-                status=429,
-            )
-        model = self.models.resolve(event.model if isinstance(event.model, str) else None)
-        check_sim_metadata(event.metadata)
-        items = as_items(event.input)
-        admission = self.pipeline.admit(items, tools=event.tools)
-        rollout = Rollout(
-            response_id=new_id("resp"),
-            request=event,
-            model=model,
-            sink=self,
-            pause_timeout=self.config.pause_timeout,
-            send_timing=self.send_timing,
-            pipeline=self.pipeline,
-            resolve=self.models.resolve,
-            input_items=admission.items,
-        )
-        rollout.note_admission(
-            admission.verdicts,
-            decode=decode,
-            validate=admission.validate_seconds,
-            classify=admission.classify_seconds,
-        )
-        rollout.on_terminal = self._post_inference
-        if self.metrics is not None:
-            metrics = self.metrics
-            rollout.on_timing = lambda timing: metrics.observe_turn("append", timing)
-        self._forget_finished()
-        self.rollouts[rollout.id] = rollout
-        rollout.announce_created()
-        assert self._tasks is not None
-        rollout.task = self._tasks.create_task(self._run_rollout(rollout))
 
-    async def _run_rollout(self, rollout: Rollout) -> None:
+class ResponsesEndpoint:
+    """The WebSocket endpoint of ``/v1/responses`` (pure ASGI)."""
+
+    def __init__(self, config: ServerConfig, turns: Turns, keys: ApiKeys | None = None) -> None:
+        self.config = config
+        self.turns = turns
+        self.keys = keys or ApiKeys()
+        self.live_sessions = 0  # for tests and metrics
+        self.last_session: Session | None = None
+
+    def wants_append(self, scope: dict[str, Any], headers: dict[str, list[str]]) -> bool:
+        if APPEND_SUBPROTOCOL in scope.get("subprotocols", []):
+            return True
+        betas = ",".join(headers.get("openai-beta", []))
+        return APPEND_BETA_HEADER in (b.strip() for b in betas.split(","))
+
+    async def _refuse(self, scope: dict[str, Any], send: ASGISend, message: str) -> None:
+        body = json.dumps(
+            {
+                "error": {
+                    "message": message,
+                    "type": "invalid_request_error",
+                    "param": None,
+                    "code": "invalid_api_key",
+                }
+            }
+        ).encode()
+        if "websocket.http.response" in scope.get("extensions", {}):
+            headers = [(b"content-type", b"application/json")]
+            await send({"type": "websocket.http.response.start", "status": 401, "headers": headers})
+            await send({"type": "websocket.http.response.body", "body": body})
+        else:  # pragma: no cover - servers without the denial extension answer 403
+            await send({"type": "websocket.close", "code": 1008})
+
+    async def __call__(self, scope: dict[str, Any], receive: ASGIReceive, send: ASGISend) -> None:
+        message = await receive()
+        if message["type"] != "websocket.connect":  # pragma: no cover - ASGI contract
+            return
+        headers = _headers(scope)
         try:
-            await rollout.run()
-        except StreamClosed:
-            pass
-        except Exception:  # one rollout's bug must not end the connection
-            log.exception("rollout %s crashed", rollout.id)
-        finally:
-            if rollout.id not in self._billed:
-                # Cut off (the connection went away): the tokens it used are
-                # still billed. Nothing may wait here, so the record is queued
-                # without waiting for room.
-                self._billed.add(rollout.id)
-                if self._persistence is not None:
-                    self._persistence().usage_nowait(
-                        rollout.snapshot(), owner=self.owner, transport="append"
-                    )
-
-    def _forget_finished(self) -> None:
-        for rollout_id in [rid for rid, r in self.rollouts.items() if r.terminal]:
-            del self.rollouts[rollout_id]
-
-    def _target(self, response_id: str | None) -> Rollout:
-        rid = response_id or self.connection.latest_response_id()
-        rollout = self.rollouts.get(rid) if rid else None
-        if rollout is None:  # pragma: no cover - the protocol core checked it
-            raise RemoteProtocolError(
-                f"Response {rid!r} not found.", code=ErrorCode.RESPONSE_NOT_FOUND, status=404
-            )
-        return rollout
-
-    async def _post_inference(self, response: Response) -> None:
-        """An append-mode rollout finished: its usage record (and metrics)."""
-        self._billed.add(response.id)
-        if self.metrics is not None:
-            self.metrics.response_finished("append", response.status)
-        if self._persistence is not None:
-            await self._persistence().post_inference(response, owner=self.owner, transport="append")
-
-    def _append(self, event: ResponseAppend, received_at: float, decode: float = 0.0) -> None:
-        rollout = self._target(event.response_id)
-        admission = self._admitted
-        rollout.note_admission(
-            admission.verdicts,
-            decode=decode,
-            validate=admission.validate_seconds,
-            classify=admission.classify_seconds,
+            authorization = headers.get("authorization", [])
+            owner = self.keys.owner(authorization[0] if authorization else None)
+        except Unauthorized as exc:
+            await self._refuse(scope, send, str(exc))
+            return
+        subprotocol = (
+            APPEND_SUBPROTOCOL if APPEND_SUBPROTOCOL in scope.get("subprotocols", []) else None
         )
-        rollout.accept(admission.items, received_at)
+        timing = any(v.strip().lower() == "true" for v in headers.get(TIMING_HEADER, []))
+        mode = Mode.APPEND if self.wants_append(scope, headers) else Mode.SHIPPED
+        session = Session(self.config, self.turns, mode=mode, send_timing=timing, owner=owner)
+        # Counted before the handshake completes, so a client that sees the
+        # 101 also sees its session counted.
+        self.live_sessions += 1
+        self.last_session = session
+        try:
+            await send({"type": "websocket.accept", "subprotocol": subprotocol})
+            await session.serve(receive, send)
+        finally:
+            self.live_sessions -= 1
 
-    def _cancel(self, event: ResponseCancel) -> None:
-        self._target(event.response_id).request_cancel()
+
+def _headers(scope: dict[str, Any]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for key, value in scope.get("headers", []):
+        out.setdefault(key.decode("latin-1").lower(), []).append(value.decode("latin-1"))
+    return out

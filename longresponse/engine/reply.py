@@ -1,0 +1,209 @@
+"""Reply: one Response a rollout is writing, as its client sees it.
+
+Theory of operation
+-------------------
+A :class:`~longresponse.engine.rollout.Rollout` holds a conversation; the
+Responses it produces are Replies. In append mode one Reply spans the whole
+rollout (one id, ``sequence_number`` and ``output_index`` counting across
+pauses). In the shipped shape every segment is a Reply of its own, with its
+own id, its own events from ``sequence_number`` 0, its own output and its own
+usage.
+
+A Reply owns a Response's identity (id, ``created_at``, the request fields
+the Response object echoes, its lane), its :class:`StreamBuilder` and its
+sink. It never sets its own state: it sends lifecycle events through the sink,
+whose protocol ``Connection`` applies them to the response's track through
+the one transition table, and it reads its state, pending calls and next
+sequence number back from that track.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import msgspec
+
+from protocol import TERMINAL_STATES, ResponseState, ResponseTrack, Transition
+from protocol.events import ResponseCreate, ResponseCreated, ServerEvent, TimingEvent
+from protocol.response import (
+    IncompleteDetails,
+    InputTokensDetails,
+    OutputTokensDetails,
+    RequiredAction,
+    Response,
+    ResponseError,
+    Usage,
+)
+
+from .stream import EventSink, StreamBuilder
+
+__all__ = ["Reply"]
+
+
+class _Counts(Protocol):
+    """What a Reply reads of its rollout: the input it has processed so far."""
+
+    input_tokens: int
+    cached_tokens: int
+
+
+class Reply:
+    """One Response: its identity, its events and the protocol's record of its state."""
+
+    def __init__(
+        self,
+        response_id: str,
+        request: ResponseCreate,
+        *,
+        model: str,
+        sink: EventSink,
+        counts: _Counts,
+        append: bool,
+        stream_id: str | None = None,
+        send_timing: bool = False,
+    ) -> None:
+        self.id = response_id
+        self.request = request
+        self.model = model
+        self.sink = sink
+        #: Append mode: ``required_action`` on a pause, ``response_id`` on every
+        #: event, usage of the whole rollout. Otherwise the shipped shape.
+        self.append = append
+        self.stream_id = stream_id
+        #: The client asked for ``responsesapi.websocket_timing`` events.
+        self.wants_timing = send_timing
+        self.created_at = int(time.time())
+        self.builder = StreamBuilder(response_id, tag_response_id=append, stream_id=stream_id)
+        self.error: ResponseError | None = None
+        self.incomplete_reason: str | None = None
+        #: What the classifier flagged in this Response's input (its metadata).
+        self.flags: dict[str, str] = {}
+        self._counts = counts
+        #: The rollout's (input, cached) tokens when this Response began.
+        self._usage_base = (counts.input_tokens, counts.cached_tokens)
+
+    # --- state, read from the protocol's track --------------------------------
+
+    @property
+    def track(self) -> ResponseTrack | None:
+        return self.builder.track
+
+    @property
+    def state(self) -> ResponseState:
+        track = self.builder.track
+        return track.state if track is not None else ResponseState.IN_PROGRESS
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+    @property
+    def pending_calls(self) -> dict[str, str]:
+        """Client tool calls of this Response still waiting for their outputs."""
+        track = self.builder.track
+        return track.pending_calls if track is not None else {}
+
+    def abandon(self) -> None:
+        """Nobody is left to tell (the stream is gone): the response ends cancelled."""
+        track = self.builder.track
+        if track is not None and not track.terminal:
+            track.machine.process(Transition.CANCEL)
+
+    # --- the Response object --------------------------------------------------
+
+    def snapshot(self, status: ResponseState | None = None) -> Response:
+        """The Response object now, or as it will be once ``status`` is sent."""
+        state = status or self.state
+        req = self.request
+        fields: dict[str, Any] = {}
+        if state is ResponseState.REQUIRES_ACTION and self.append:
+            fields["required_action"] = RequiredAction(call_ids=list(self.pending_calls))
+        return Response(
+            id=self.id,
+            created_at=self.created_at,
+            status=state.value,
+            completed_at=int(time.time()) if state in TERMINAL_STATES else None,
+            error=self.error,
+            incomplete_details=(
+                IncompleteDetails(reason=self.incomplete_reason)
+                if self.incomplete_reason
+                else None
+            ),
+            instructions=req.instructions,
+            max_output_tokens=req.max_output_tokens,
+            max_tool_calls=req.max_tool_calls,
+            model=self.model,
+            output=list(self.builder.output),
+            parallel_tool_calls=req.parallel_tool_calls,
+            previous_response_id=req.previous_response_id,
+            prompt_cache_key=req.prompt_cache_key,
+            reasoning=req.reasoning,
+            safety_identifier=req.safety_identifier,
+            store=req.store,
+            temperature=req.temperature if req.temperature is not None else 1.0,
+            tool_choice=req.tool_choice,
+            tools=list(req.tools),
+            top_p=req.top_p if req.top_p is not None else 1.0,
+            truncation=req.truncation or "disabled",
+            usage=self.usage(),
+            user=req.user,
+            metadata={**req.metadata, **self.flags} if self.flags else dict(req.metadata),
+            **fields,
+        )
+
+    def usage(self) -> Usage:
+        """This Response's usage: the rollout's counts since it began, its own output."""
+        output = self.builder.output_tokens
+        input_tokens = self._counts.input_tokens - self._usage_base[0]
+        cached = self._counts.cached_tokens - self._usage_base[1]
+        return Usage(
+            input_tokens=input_tokens,
+            input_tokens_details=InputTokensDetails(cached_tokens=cached),
+            output_tokens=output,
+            output_tokens_details=OutputTokensDetails(),
+            total_tokens=input_tokens + output,
+        )
+
+    # --- sending ----------------------------------------------------------------
+
+    def push(self, event: ServerEvent) -> None:
+        """Push one event now (the caller made room)."""
+        self.sink.push(event)
+        if self.builder.track is None and isinstance(event, ResponseCreated):
+            self.builder.track = self.sink.track(self.id)
+
+    def announce_created(self) -> None:
+        """Send ``response.created`` now, without waiting (at admission).
+
+        The protocol core learns the response exists in the order of the
+        client's messages, so an append or cancel without ``response_id``
+        that follows the create targets this response.
+        """
+        self.push(self.builder.lifecycle(ResponseCreated, self.snapshot()))
+
+    async def announce(
+        self, cls: Callable[..., ServerEvent], status: ResponseState | None = None
+    ) -> Response:
+        """Wait for room, then send a lifecycle event carrying ``status`` (no gap between).
+
+        Returns the Response object the event carried.
+        """
+        await self.sink.room()
+        response = self.snapshot(status)
+        self.push(self.builder.lifecycle(cls, response))
+        return response
+
+    async def send_timing(self, metrics: dict[str, float]) -> None:
+        """A ``responsesapi.websocket_timing`` event, if the client asked for them."""
+        if not self.wants_timing:
+            return
+        await self.sink.room()
+        self.sink.push(
+            TimingEvent(
+                timing_metrics=metrics,
+                response_id=self.id,
+                stream_id=self.stream_id if self.stream_id is not None else msgspec.UNSET,
+            )
+        )

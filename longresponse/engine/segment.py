@@ -1,0 +1,182 @@
+"""Segment: the shipped shape's view of a rollout, one Response at a time.
+
+Theory of operation
+-------------------
+A shipped-shape client continues with ``previous_response_id``; each of its
+Responses is one **segment** of a :class:`Rollout`: one model turn, under a
+:class:`~longresponse.engine.reply.Reply` of its own (its own id, events from
+``sequence_number`` 0, only its own output and usage). The context, the token
+cache and the sampler stay with the Rollout between segments, so a
+continuation costs the new input only.
+
+:meth:`Segment.run` emits ``response.created``, ``response.in_progress``,
+the output, and one terminal event (``response.completed``, or
+``response.incomplete`` at the token limit), and leaves a :class:`Boundary`:
+where the segment ended, enough to continue in place or to :func:`fork` a new
+Rollout from it later. A segment that fails sends ``response.failed`` and
+leaves its Rollout ``broken`` (its earlier boundaries stay valid to fork from).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from collections.abc import Awaitable, Callable
+
+from protocol import ResponseState
+from protocol.events import (
+    ResponseCompleted,
+    ResponseCreate,
+    ResponseCreated,
+    ResponseFailed,
+    ResponseIncomplete,
+    ResponseInProgress,
+    ServerEvent,
+)
+from protocol.items import Item
+from protocol.response import Response
+
+from .models import ModelSpec
+from .reply import Reply
+from .rollout import Rollout, failure
+from .stream import EventSink, StreamClosed
+
+__all__ = ["Boundary", "Segment", "fork"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Boundary:
+    """Where a shipped-shape segment ended: enough to continue or fork from it."""
+
+    segment_id: str
+    #: ``len(context)`` and ``len(tokens)`` at the end of the segment.
+    items: int
+    tokens: int
+    #: Tokens of the items alone (after the prefix), and the prefix in effect
+    #: then: a later segment may have swapped the prefix in place.
+    item_tokens: int
+    prefix: tuple[int, ...]
+    #: Client tool calls of the segment still waiting for their outputs.
+    pending: dict[str, str]
+    #: The finished segment's Response object.
+    response: Response
+    #: The lane (``stream_id``) the segment ran on; ``None`` = the default lane.
+    stream_id: str | None = None
+
+
+class Segment:
+    """One shipped-shape Response over ``rollout`` (see the module docstring)."""
+
+    def __init__(
+        self,
+        rollout: Rollout,
+        *,
+        segment_id: str,
+        request: ResponseCreate,
+        model: ModelSpec,
+        sink: EventSink,
+        stream_id: str | None = None,
+        send_timing: bool = False,
+    ) -> None:
+        self.rollout = rollout
+        self.id = segment_id
+        self.request = request
+        self.model = model
+        self.stream_id = stream_id
+        self._prefix_changed = rollout.configure(request, model)
+        self.reply: Reply = rollout.open_reply(
+            segment_id, sink, append=False, stream_id=stream_id, send_timing=send_timing
+        )
+
+    async def run(
+        self,
+        new_items: list[Item],
+        *,
+        received_at: float,
+        on_finish: Callable[[Response], Awaitable[None]] | None = None,
+    ) -> Boundary | None:
+        """Run the segment over ``new_items``; return its boundary, or ``None`` if it failed.
+
+        With ``generate: false`` the input is taken in (rendered, cached)
+        without sampling. ``on_finish`` gets the finished Response before its
+        terminal event is sent (persistence registers it there, so it is
+        readable by the time a client can name it).
+        """
+        rollout, reply = self.rollout, self.reply
+        rollout.busy = True
+        try:
+            rollout.take_in(new_items, received_at)
+            await reply.announce(ResponseCreated)
+            await reply.announce(ResponseInProgress)
+            stop = "stop"
+            if self.request.generate is False:
+                rollout.take_in_without_sampling(self._prefix_changed)
+            else:
+                stop = await rollout.turn(prefix_changed=self._prefix_changed)
+            terminal: Callable[..., ServerEvent] = ResponseCompleted
+            state = ResponseState.COMPLETED
+            if stop == "max_output_tokens":
+                reply.incomplete_reason = "max_output_tokens"
+                terminal, state = ResponseIncomplete, ResponseState.INCOMPLETE
+            await reply.sink.room()
+            response = reply.snapshot(state)
+            if on_finish is not None:
+                finishing = rollout.clock()
+                await on_finish(response)
+                if rollout.timings:
+                    rollout.timings[-1].post_inference += rollout.clock() - finishing
+                await reply.sink.room()
+            tokens = rollout.tokens
+            boundary = Boundary(
+                segment_id=self.id,
+                items=len(rollout.context),
+                tokens=len(tokens),
+                item_tokens=len(tokens) - tokens.prefix_length,
+                prefix=tuple(tokens.tokens[: tokens.prefix_length]),
+                pending=dict(reply.pending_calls),
+                response=response,
+                stream_id=self.stream_id,
+            )
+            rollout.boundaries.append(boundary)
+            reply.push(reply.builder.lifecycle(terminal, response))
+            await rollout.report_timing()
+            return boundary
+        except (asyncio.CancelledError, StreamClosed):
+            rollout.broken = True
+            reply.abandon()
+            raise
+        except Exception as exc:
+            rollout.broken = True
+            reply.error = failure(exc, self.id)
+            with contextlib.suppress(Exception):
+                await reply.announce(ResponseFailed, ResponseState.FAILED)
+            return None
+        finally:
+            rollout.busy = False
+
+
+def fork(parent: Rollout, boundary: Boundary) -> Rollout:
+    """A new Rollout holding ``parent``'s context up to ``boundary`` (shared prefix)."""
+    child = Rollout(
+        request=parent.request,
+        model=parent.model,
+        pause_timeout=parent.pause_timeout,
+        pipeline=parent.pipeline,
+        resolve=parent.resolve_model,
+        input_items=[],
+        clock=parent.clock,
+    )
+    child.context = parent.context[: boundary.items]
+    child.tokens = parent.tokens.fork_items(boundary.prefix, boundary.item_tokens)
+    child._prefix_key = (None, b"")  # unknown: the next segment compares the tokens
+    index = parent.boundaries.index(boundary)
+    child.boundaries = parent.boundaries[: index + 1]
+    child.input_tokens, child.cached_tokens = parent.input_tokens, parent.cached_tokens
+    # A model server's prefix cache is shared by every request, so the fork's
+    # prefix counts as processed, unless the prefix changed since.
+    same_prefix = parent.tokens.tokens[: parent.tokens.prefix_length].tolist() == list(
+        boundary.prefix
+    )
+    child.model_seen = min(parent.model_seen, boundary.tokens) if same_prefix else 0
+    return child

@@ -1,0 +1,73 @@
+"""TurnTiming: where one sampling turn's server time went, phase by phase.
+
+A rollout records one :class:`TurnTiming` per model turn. The serve layer
+exports them on ``/metrics`` (histograms by phase and transport), in the HTTP
+``Server-Timing`` header, and as ``responsesapi.websocket_timing`` events to
+clients that asked for them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+__all__ = ["TurnTiming"]
+
+
+@dataclasses.dataclass(slots=True)
+class TurnTiming:
+    """Server-side times of one sampling turn, in seconds."""
+
+    turn: int
+    #: From the decoded append that completed the outputs (or the create) to
+    #: the sampler being called: validation, render, tokenize, resolution.
+    resume: float = 0.0
+    #: Decoding the client event that started this turn.
+    decode: float = 0.0
+    #: Pre-inference, all stages, and each stage: validation and
+    #: classification (at admission), resolution, render + tokenize.
+    pre_inference: float = 0.0
+    validate: float = 0.0
+    classify: float = 0.0
+    resolve: float = 0.0
+    render: float = 0.0
+    time_to_first_token: float = 0.0
+    inference: float = 0.0
+    #: Encoding and queueing this turn's events for the transport.
+    encode: float = 0.0
+    #: Post-inference work done before the terminal event (the ledger and
+    #: store writes when overlapped post-inference is off; else ~0).
+    post_inference: float = 0.0
+    new_tokens: int = 0
+    cached_tokens: int = 0
+
+    def as_metrics(self) -> dict[str, float]:
+        return {
+            "turn": self.turn,
+            "resume_ms": self.resume * 1000,
+            "decode_ms": self.decode * 1000,
+            "pre_inference_ms": self.pre_inference * 1000,
+            "validate_ms": self.validate * 1000,
+            "classify_ms": self.classify * 1000,
+            "resolve_ms": self.resolve * 1000,
+            "render_ms": self.render * 1000,
+            "time_to_first_token_ms": self.time_to_first_token * 1000,
+            "inference_ms": self.inference * 1000,
+            "encode_ms": self.encode * 1000,
+            "post_inference_ms": self.post_inference * 1000,
+            "new_tokens": self.new_tokens,
+            "cached_tokens": self.cached_tokens,
+        }
+
+    #: The phases exported on /metrics and in Server-Timing.
+    PHASES = (
+        "decode",
+        "validate",
+        "classify",
+        "resolve",
+        "render",
+        "pre_inference",
+        "time_to_first_token",
+        "inference",
+        "encode",
+        "post_inference",
+    )

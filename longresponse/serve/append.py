@@ -1,0 +1,174 @@
+"""Append mode: a whole rollout as ONE long-running Response on one connection.
+
+Theory of operation
+-------------------
+``response.create`` starts a :class:`Rollout` whose sampling loop runs as a
+task of the session; its ``response.created`` goes out at once, so an append
+or cancel without ``response_id`` that follows targets it. When the model
+asks for client tools the loop pauses (``response.done`` with
+``requires_action``); ``response.append`` brings the outputs (or steering
+input) and the loop resumes in place. ``response.cancel`` ends it.
+
+An append is admitted (validated, classified, redacted or refused by the
+secrets policy) by :meth:`AppendShape.admit`, which the protocol core calls
+after its own checks and before it records the append: a refused append
+changes nothing, and its calls stay pending.
+
+A rollout that finishes bills its usage before its terminal event; one cut
+off by a disconnect is billed without waiting.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import msgspec
+
+from protocol import ErrorCode, RemoteProtocolError, ResponseTrack
+from protocol.events import (
+    ClientEvent,
+    ResponseAppend,
+    ResponseCancel,
+    ResponseCreate,
+)
+from protocol.items import as_items
+from protocol.response import Response
+
+from ..config import ServerConfig
+from ..engine.admission import Admission
+from ..engine.rollout import Rollout
+from ..engine.stream import EventSink, StreamClosed
+from ..ids import new_id
+from .turns import Turns
+
+__all__ = ["AppendShape"]
+
+log = logging.getLogger(__name__)
+
+TRANSPORT = "append"
+
+
+class AppendShape:
+    """Serves one append-mode connection's client events."""
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        turns: Turns,
+        sink: EventSink,
+        *,
+        spawn: Callable[[Coroutine[Any, Any, None]], Any],
+        send_timing: bool = False,
+        owner: str = "",
+    ) -> None:
+        self.config = config
+        self.turns = turns
+        self.sink = sink
+        self._spawn = spawn
+        self.send_timing = send_timing
+        self.owner = owner
+        #: Response id → its rollout (finished ones are forgotten at the next create).
+        self.rollouts: dict[str, Rollout] = {}
+        self._billed: set[str] = set()  # rollouts whose usage record is written
+        self._admitted: Admission | None = None
+        #: The response the event being handled targets, as the protocol core found it.
+        self._target_id: str | None = None
+
+    # --- admission, before the protocol core records the event ----------------
+
+    def admit(self, event: ClientEvent, track: ResponseTrack | None) -> ClientEvent:
+        """Validate and classify an append's items; return it with the admitted items.
+
+        Raises :class:`ProtocolError` to refuse it (the protocol core then
+        records nothing).
+        """
+        self._target_id = track.response_id if track is not None else None
+        if not isinstance(event, ResponseAppend) or track is None:
+            return event
+        rollout = self.rollouts[track.response_id]
+        admission = self.turns.pipeline.admit(
+            as_items(event.input), history=rollout.history(), tools=rollout.request.tools
+        )
+        self._admitted = admission
+        return msgspec.structs.replace(event, input=admission.items)
+
+    # --- recorded events --------------------------------------------------------
+
+    def handle(self, event: ClientEvent, received_at: float, decode: float) -> None:
+        if isinstance(event, ResponseCreate):
+            self._create(event, decode)
+        elif isinstance(event, ResponseAppend):
+            self._append(event, received_at, decode)
+        elif isinstance(event, ResponseCancel):
+            self._target().request_cancel()
+        # response.processed: tolerated, never answered
+
+    def _create(self, event: ResponseCreate, decode: float) -> None:
+        live = sum(1 for r in self.rollouts.values() if not r.terminal)
+        if live >= self.config.max_rollouts_per_connection:
+            raise RemoteProtocolError(
+                f"This connection already runs {live} rollouts; the limit is "
+                f"{self.config.max_rollouts_per_connection}.",
+                code=ErrorCode.TOO_MANY_ROLLOUTS,
+                status=429,
+            )
+        started = self.turns.start_turn(
+            event,
+            transport=TRANSPORT,
+            response_id=new_id("resp"),
+            sink=self.sink,
+            new_items=as_items(event.input),
+            send_timing=self.send_timing,
+            decode=decode,
+        )
+        rollout, reply = started.rollout, started.reply
+        rollout.on_terminal = self._post_inference
+        self._forget_finished()
+        self.rollouts[reply.id] = rollout
+        reply.announce_created()
+        rollout.task = self._spawn(self._run(rollout, reply.id))
+
+    async def _run(self, rollout: Rollout, response_id: str) -> None:
+        try:
+            await rollout.run()
+        except StreamClosed:
+            pass
+        except Exception:  # one rollout's bug must not end the connection
+            log.exception("rollout %s crashed", response_id)
+        finally:
+            if response_id not in self._billed:
+                # Cut off (the connection went away): the tokens it used are
+                # still billed. Nothing may wait here, so the record is queued
+                # without waiting for room.
+                self._billed.add(response_id)
+                self.turns.bill_nowait(rollout.snapshot(), owner=self.owner, transport=TRANSPORT)
+
+    async def _post_inference(self, response: Response) -> None:
+        """A rollout finished: its usage record (and metrics), before its terminal event."""
+        self._billed.add(response.id)
+        await self.turns.bill(response, owner=self.owner, transport=TRANSPORT)
+
+    def _forget_finished(self) -> None:
+        for rollout_id in [rid for rid, r in self.rollouts.items() if r.terminal]:
+            del self.rollouts[rollout_id]
+
+    def _target(self) -> Rollout:
+        """The rollout the append or cancel being handled targets."""
+        assert self._target_id is not None  # the protocol core found it before admit()
+        return self.rollouts[self._target_id]
+
+    def _append(self, event: ResponseAppend, received_at: float, decode: float) -> None:
+        rollout = self._target()
+        admission = self._admitted
+        assert admission is not None  # admit() ran for this append
+        self._admitted = None
+        rollout.note_admission(
+            admission.verdicts,
+            decode=decode,
+            validate=admission.validate_seconds,
+            classify=admission.classify_seconds,
+        )
+        rollout.accept(admission.items, received_at)
+

@@ -1,0 +1,143 @@
+"""Continuation rules, shared by the shipped WebSocket shape and HTTP.
+
+Theory of operation
+-------------------
+A ``response.create`` (or ``POST /v1/responses``) with
+``previous_response_id`` continues a conversation. Where its parent is found
+decides what the turn costs:
+
+- on this connection, the latest segment of an idle rollout: the new input
+  is appended and the rollout continues in place, O(new input);
+- on this connection, an older segment, or one whose rollout is busy on
+  another lane or broken: a fork, a new rollout sharing the context and
+  tokens up to that boundary;
+- not on this connection (or over HTTP, which keeps nothing): hydrated from
+  the store when it was stored (``store=true``, same owner), the whole chain
+  read back and rendered again; otherwise ``previous_response_not_found``.
+
+In every case the new input must answer each pending call of the parent, and
+only those (:func:`check_continuation`). A failed continuation evicts its
+parent when both are on the same lane, as shipped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from protocol import ErrorCode, ProtocolError, RemoteProtocolError
+from protocol.items import FunctionCall, FunctionCallOutput, Item
+
+from ..engine.rollout import Rollout
+from ..engine.segment import Boundary, fork
+from ..storage.persistence import Persistence
+
+__all__ = ["Continuation", "check_continuation", "continue_from", "stored_history"]
+
+
+@dataclasses.dataclass(slots=True)
+class Continuation:
+    """Where a turn continues from."""
+
+    #: The rollout to run the turn on (in place or a fork); ``None``: a new one.
+    rollout: Rollout | None = None
+    #: The parent's rollout, whose model resolution may be reused.
+    parent: Rollout | None = None
+    #: What a hydrated rollout must take in before the new input.
+    history: list[Item] = dataclasses.field(default_factory=list)
+    #: What admission checks again when nothing is kept (the whole history).
+    checked: list[Item] = dataclasses.field(default_factory=list)
+    #: Whether the history's checks are kept from earlier turns.
+    cached: bool = True
+    forked: bool = False
+    hydrated: bool = False
+
+
+def check_continuation(new_items: list[Item], pending: dict[str, str]) -> None:
+    """Check tool outputs against the parent's pending calls (and the new input's own calls).
+
+    Raises :class:`RemoteProtocolError` (400, param ``input``/``input[i].call_id``).
+    """
+    open_calls = dict(pending)
+    answered: set[str] = set()
+    for index, item in enumerate(new_items):
+        if isinstance(item, FunctionCall):
+            open_calls[item.call_id] = item.name
+        elif isinstance(item, FunctionCallOutput):
+            if item.call_id not in open_calls or item.call_id in answered:
+                raise RemoteProtocolError(
+                    f"No tool call found for function call output with call_id {item.call_id!r}.",
+                    code=ErrorCode.UNKNOWN_CALL_ID,
+                    param=f"input[{index}].call_id",
+                )
+            answered.add(item.call_id)
+    missing = [call_id for call_id in pending if call_id not in answered]
+    if missing:
+        raise RemoteProtocolError(
+            f"No tool output found for function call {missing[0]!r}.",
+            code=ErrorCode.MISSING_TOOL_OUTPUT,
+            param="input",
+        )
+
+
+async def stored_history(
+    persistence: Persistence | None, parent_id: str, *, owner: str, new_items: list[Item]
+) -> list[Item]:
+    """The conversation of a stored response, to continue from (the slow path).
+
+    The chain is read back from the store; ``new_items`` must answer its last
+    response's pending calls. Raises :class:`RemoteProtocolError`
+    ``previous_response_not_found`` (param ``previous_response_id``), or the
+    errors of :func:`check_continuation`.
+    """
+    conversation = None
+    if persistence is not None:
+        conversation = await persistence.conversation(parent_id, owner=owner)
+    if conversation is None:
+        raise RemoteProtocolError(
+            f"Previous response with id {parent_id!r} not found.",
+            code=ErrorCode.PREVIOUS_RESPONSE_NOT_FOUND,
+            param="previous_response_id",
+        )
+    check_continuation(new_items, conversation.pending)
+    return conversation.items
+
+
+async def continue_from(
+    parent_id: str | None,
+    new_items: list[Item],
+    *,
+    lookup: Callable[[str], tuple[Rollout, Boundary] | None],
+    evict: Callable[[str], None],
+    lane: str | None,
+    persistence: Persistence | None,
+    owner: str,
+) -> Continuation:
+    """Find where a turn with ``previous_response_id=parent_id`` continues from.
+
+    ``lookup``/``evict`` are the connection's segment cache (HTTP has none).
+    Raises :class:`RemoteProtocolError` (the rules above).
+    """
+    found = lookup(parent_id) if parent_id is not None else None
+    if parent_id is None:
+        check_continuation(new_items, {})
+        return Continuation()
+    if found is None:
+        # Not on this connection: a stored response hydrates (the slow path:
+        # the whole chain is read and rendered again).
+        history = await stored_history(persistence, parent_id, owner=owner, new_items=new_items)
+        return Continuation(history=history, checked=history, cached=False, hydrated=True)
+    parent, boundary = found
+    try:
+        check_continuation(new_items, boundary.pending)
+    except ProtocolError:
+        # A failed continuation evicts its parent; a failed fork from another
+        # lane leaves the shared parent alone.
+        if boundary.stream_id == lane:
+            evict(parent_id)
+        raise
+    latest = bool(parent.boundaries) and parent.boundaries[-1] is boundary
+    if latest and not parent.busy and not parent.broken:
+        return Continuation(rollout=parent, parent=parent, checked=parent.context)
+    child = fork(parent, boundary)
+    return Continuation(rollout=child, parent=parent, checked=child.context, forked=True)

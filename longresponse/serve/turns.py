@@ -1,0 +1,239 @@
+"""Starting a turn, the same way for every shape: append, shipped WebSocket, HTTP.
+
+Theory of operation
+-------------------
+Whatever the transport, a request that starts model work goes through the
+same steps, in :meth:`Turns.start_turn`:
+
+1. the request's own checks (``background``, the simulated model's
+   ``sim_*`` metadata);
+2. model resolution, reused from the parent rollout when the name is the
+   same and the resolution-reuse switch is on;
+3. admission: validation and classification of the new input (and of the
+   history, when nothing was kept from earlier turns), before anything is
+   accepted, so a refusal changes nothing;
+4. the rollout: the one given (a continuation in place or a fork), or a new
+   one; its Reply (append mode) or its :class:`Segment` (the shipped shape),
+   the admission's verdicts and stage times, and the timing observer that
+   feeds ``/metrics`` under the transport's label.
+
+After the turn, :meth:`Turns.bill` does the post-inference work of a finished
+response (the usage ledger, the stored response, the metrics); a segment
+that failed is billed and counted too, and never stored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Final
+
+from protocol import ErrorCode, RemoteProtocolError
+from protocol.events import ResponseCreate
+from protocol.items import Item
+from protocol.response import Response
+
+from ..config import ServerConfig
+from ..engine.admission import Pipeline
+from ..engine.models import ModelRegistry, ModelSpec, check_sim_metadata
+from ..engine.reply import Reply
+from ..engine.rollout import Rollout
+from ..engine.segment import Boundary, Segment
+from ..engine.stream import EventSink
+from ..storage.persistence import Persistence
+from .metrics import ServerMetrics
+
+__all__ = ["TRANSPORTS", "Started", "Turns"]
+
+#: The transports, as labelled on ``/metrics`` and in the usage ledger.
+TRANSPORTS: Final = ("append", "ws", "http")
+
+
+@dataclasses.dataclass(slots=True)
+class Started:
+    """A turn ready to run: its rollout and either its Reply or its Segment."""
+
+    rollout: Rollout
+    model: ModelSpec
+    #: The admitted new input (redacted when the policy says so).
+    items: list[Item]
+    reply: Reply
+    segment: Segment | None = None
+
+
+class Turns:
+    """The steps every shape shares (see the module docstring); one per server."""
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        models: ModelRegistry,
+        pipeline: Pipeline,
+        *,
+        metrics: ServerMetrics | None = None,
+        persistence: Callable[[], Persistence] | None = None,
+    ) -> None:
+        self.config = config
+        self.models = models
+        self.pipeline = pipeline
+        self.metrics = metrics
+        self._persistence = persistence
+
+    @property
+    def persistence(self) -> Persistence | None:
+        return self._persistence() if self._persistence is not None else None
+
+    # --- the steps -------------------------------------------------------------
+
+    def check(self, request: ResponseCreate, *, transport: str) -> None:
+        """The request's own checks. Raises :class:`RemoteProtocolError`."""
+        if request.background:
+            where = "by this server" if transport == "http" else "over WebSocket"
+            raise RemoteProtocolError(
+                f"background responses are not supported {where}.",
+                code=ErrorCode.INVALID_VALUE,
+                param="background",
+            )
+        check_sim_metadata(request.metadata)
+
+    def resolve(self, request: ResponseCreate, parent: Rollout | None = None) -> ModelSpec:
+        """The request's model, reused from ``parent`` when the name is unchanged."""
+        name = request.model if isinstance(request.model, str) else None
+        if (
+            parent is not None
+            and self.pipeline.switches.resolution_reuse
+            and parent.model.name == (name or "sim")
+        ):
+            return parent.model
+        return self.models.resolve(name)
+
+    def start_turn(
+        self,
+        request: ResponseCreate,
+        *,
+        transport: str,
+        response_id: str,
+        sink: EventSink,
+        new_items: list[Item],
+        history: Sequence[Item] = (),
+        cached: bool = True,
+        rollout: Rollout | None = None,
+        parent: Rollout | None = None,
+        model: ModelSpec | None = None,
+        stream_id: str | None = None,
+        send_timing: bool = False,
+        decode: float = 0.0,
+    ) -> Started:
+        """Checks, model, admission and the rollout of one turn (nothing runs yet).
+
+        Append mode (``transport="append"``) gets a new rollout writing one
+        Reply for all its turns; the shipped shapes get a :class:`Segment` of
+        ``rollout`` (a continuation or a fork), or of a new rollout. ``model``
+        is the model when the caller resolved it already. Raises
+        :class:`RemoteProtocolError`; nothing is accepted then.
+        """
+        self.check(request, transport=transport)
+        if model is None:
+            model = self.resolve(request, parent)
+        admission = self.pipeline.admit(
+            new_items, history=history, tools=request.tools, cached=cached
+        )
+        append = transport == "append"
+        if rollout is None:
+            rollout = self.new_rollout(request, model, admission.items if append else [])
+        segment: Segment | None = None
+        if append:
+            reply = rollout.open_reply(response_id, sink, append=True, send_timing=send_timing)
+        else:
+            segment = Segment(
+                rollout,
+                segment_id=response_id,
+                request=request,
+                model=model,
+                sink=sink,
+                stream_id=stream_id,
+                send_timing=send_timing,
+            )
+            reply = segment.reply
+        rollout.note_admission(
+            admission.verdicts,
+            decode=decode,
+            validate=admission.validate_seconds,
+            classify=admission.classify_seconds,
+        )
+        if self.metrics is not None:
+            metrics = self.metrics
+            rollout.on_timing = lambda timing: metrics.observe_turn(transport, timing)
+        return Started(rollout, model, admission.items, reply, segment)
+
+    def new_rollout(
+        self, request: ResponseCreate, model: ModelSpec, input_items: list[Item] | None = None
+    ) -> Rollout:
+        """A fresh rollout for ``request`` (``input_items``: what its first turn takes in)."""
+        return Rollout(
+            request=request,
+            model=model,
+            pause_timeout=self.config.pause_timeout,
+            pipeline=self.pipeline,
+            resolve=self.models.resolve,
+            input_items=input_items if input_items is not None else [],
+        )
+
+    async def run_segment(
+        self,
+        started: Started,
+        *,
+        owner: str,
+        transport: str,
+        history: Sequence[Item] = (),
+        received_at: float,
+    ) -> Boundary | None:
+        """Run a shipped-shape turn and bill it, finished or failed."""
+        assert started.segment is not None
+        request = started.segment.request
+
+        async def finished(response: Response) -> None:
+            await self.bill(
+                response,
+                owner=owner,
+                transport=transport,
+                store_input=started.items if request.store else None,
+                previous_response_id=request.previous_response_id,
+            )
+
+        boundary = await started.segment.run(
+            [*history, *started.items], received_at=received_at, on_finish=finished
+        )
+        if boundary is None:  # failed: still billed and counted, never stored
+            await self.bill(started.reply.snapshot(), owner=owner, transport=transport)
+        return boundary
+
+    # --- post-inference ------------------------------------------------------------
+
+    async def bill(
+        self,
+        response: Response,
+        *,
+        owner: str,
+        transport: str,
+        store_input: Sequence[Item] | None = None,
+        previous_response_id: str | None = None,
+    ) -> None:
+        """A finished response's post-inference work: metrics, usage ledger, store."""
+        if self.metrics is not None:
+            self.metrics.response_finished(transport, response.status)
+        persistence = self.persistence
+        if persistence is not None:
+            await persistence.post_inference(
+                response,
+                owner=owner,
+                transport=transport,
+                store_input=store_input,
+                previous_response_id=previous_response_id,
+            )
+
+    def bill_nowait(self, response: Response, *, owner: str, transport: str) -> None:
+        """The usage record of a rollout cut off by a disconnect (nothing may wait)."""
+        persistence = self.persistence
+        if persistence is not None:
+            persistence.usage_nowait(response, owner=owner, transport=transport)
