@@ -114,7 +114,7 @@ from protocol import (
 )
 from protocol import Message as MessageItem
 
-from ..bench import throughput
+from .scrape import server_cpu_seconds as read_server_cpu_seconds
 
 __all__ = [
     "ABLATION_SWITCHES",
@@ -336,7 +336,7 @@ async def server_cpu_seconds(endpoint: Endpoint) -> float:
     """``process_cpu_seconds_total`` of the server process behind ``endpoint`` (NaN if absent)."""
     async with httpx.AsyncClient(timeout=30.0) as http:
         try:
-            return await throughput.server_cpu_seconds(http, endpoint.http_url)
+            return await read_server_cpu_seconds(http, endpoint.http_url)
         except (httpx.HTTPError, RuntimeError):
             return math.nan
 
