@@ -50,6 +50,8 @@ __all__ = [
     "RolloutState",
     "Turn",
     "http_request_bytes",
+    "json_message_text",
+    "json_usage",
     "paced_tokens",
     "run_tools",
     "run_tools_blocking",
@@ -151,6 +153,18 @@ def _metadata(workload: Workload, *, via_url: bool) -> dict[str, str]:
         meta["sim_tokens_per_second"] = str(workload.tokens_per_second)
         meta["sim_ttft_ms"] = str(workload.ttft_ms)
     return meta
+
+
+def json_usage(response: dict[str, Any]) -> tuple[int, int]:
+    """``(input_tokens, cached_tokens)`` of a response decoded as JSON (zeros without usage)."""
+    usage = response.get("usage") or {}
+    details = usage.get("input_tokens_details", {})
+    return usage.get("input_tokens", 0), details.get("cached_tokens", 0)
+
+
+def json_message_text(item: dict[str, Any]) -> str:
+    """The text of a ``message`` output item decoded as JSON."""
+    return "".join(part.get("text", "") for part in item["content"])
 
 
 def server_timing(header: str) -> dict[str, float]:

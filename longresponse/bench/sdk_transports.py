@@ -39,6 +39,8 @@ from .conversation import (
     RolloutState,
     Turn,
     http_request_bytes,
+    json_message_text,
+    json_usage,
     paced_tokens,
     run_tools_blocking,
     server_timing,
@@ -107,7 +109,7 @@ def _ws_sdk_rollout(
                     if item["type"] == "function_call":
                         calls.append((item["call_id"], item["name"], item["arguments"]))
                     elif item["type"] == "message":
-                        answer = "".join(part.get("text", "") for part in item["content"])
+                        answer = json_message_text(item)
                 elif kind == "error":
                     raise RuntimeError(f"{transport.name} turn {index}: {event['error']}")
                 elif kind in ("response.incomplete", "response.failed"):
@@ -119,7 +121,7 @@ def _ws_sdk_rollout(
             timing = json.loads(conn.recv_bytes())
             if timing.get("type") != "responsesapi.websocket_timing":
                 raise RuntimeError(f"{transport.name}: expected a timing event, got {timing!r}")
-            usage = response.get("usage") or {}
+            input_tokens, cached_tokens = json_usage(response)
             turns.append(
                 Turn(
                     index=index,
@@ -127,8 +129,8 @@ def _ws_sdk_rollout(
                     observed_ms=(ended - started) * 1000,
                     client_ttft_ms=((first or ended) - started) * 1000,
                     output_tokens=paced_tokens(calls, answer),
-                    input_tokens=usage.get("input_tokens", 0),
-                    cached_tokens=usage.get("input_tokens_details", {}).get("cached_tokens", 0),
+                    input_tokens=input_tokens,
+                    cached_tokens=cached_tokens,
                     server={k: float(v) for k, v in timing["timing_metrics"].items()},
                     tool_latency_ms=latency,
                     frame=frame,

@@ -58,6 +58,8 @@ from .conversation import (
     RolloutState,
     Turn,
     http_request_bytes,
+    json_message_text,
+    json_usage,
     paced_tokens,
     run_tools,
     server_timing,
@@ -179,12 +181,10 @@ async def http_rollout(
                 if item["type"] == "function_call"
             ]
             texts = [
-                "".join(part.get("text", "") for part in item["content"])
-                for item in response["output"]
-                if item["type"] == "message"
+                json_message_text(item) for item in response["output"] if item["type"] == "message"
             ]
             answer = texts[-1] if texts else None
-            usage = response.get("usage") or {}
+            input_tokens, cached_tokens = json_usage(response)
             turns.append(
                 Turn(
                     index=index,
@@ -193,8 +193,8 @@ async def http_rollout(
                     # Not streamed: the first output arrives with the whole response.
                     client_ttft_ms=(ended - started) * 1000,
                     output_tokens=paced_tokens(calls, answer),
-                    input_tokens=usage.get("input_tokens", 0),
-                    cached_tokens=usage.get("input_tokens_details", {}).get("cached_tokens", 0),
+                    input_tokens=input_tokens,
+                    cached_tokens=cached_tokens,
                     server=server_timing(headers.get("server-timing", "")),
                     tool_latency_ms=latency,
                 )
