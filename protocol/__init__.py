@@ -55,6 +55,8 @@ from .state import (
 APPEND_SUBPROTOCOL = "longresponse.append.v1"
 #: The historical beta header value that also selects append mode.
 APPEND_BETA_HEADER = "responses_websockets=2026-02-04"
+#: Upgrade header (value ``true``) asking for ``responsesapi.websocket_timing`` events.
+TIMING_HEADER = "x-responsesapi-include-timing-metrics"
 
 __all__ = [
     "APPEND_BETA_HEADER",
@@ -66,6 +68,7 @@ __all__ = [
     "NEED_DATA",
     "RULES",
     "TERMINAL_STATES",
+    "TIMING_HEADER",
     "TRANSITIONS",
     "CloseCode",
     "Connection",

@@ -6,9 +6,31 @@
 ``longresponse bench-throughput``  :mod:`.throughput`: one connection, model unthrottled.
 ``longresponse bench-scale``       :mod:`.scale`: many concurrent paused rollouts.
 
+Under :mod:`.compare`, each module importing only those before it:
+:mod:`.options` (transports, workload, flags), :mod:`.conversation` (request
+bodies, turn records, wire sizes), :mod:`.trio_transports` and
+:mod:`.sdk_transports` (driving one rollout), :mod:`.measure` (rows, batches,
+the echo floor). Under :mod:`.report`: :mod:`.analysis` (medians, targets)
+and :mod:`.plots`. :mod:`.scrape` reads the server's ``/metrics`` for all
+three commands.
+
 :mod:`.echo` is the floor all of them compare against: a bare WebSocket echo
 endpoint on the same stack. The submodules are imported on use (by the
 command line), so serving the echo endpoint does not import the others.
 """
 
-__all__ = ["compare", "echo", "report", "scale", "throughput"]
+__all__ = [
+    "analysis",
+    "compare",
+    "conversation",
+    "echo",
+    "measure",
+    "options",
+    "plots",
+    "report",
+    "scale",
+    "scrape",
+    "sdk_transports",
+    "throughput",
+    "trio_transports",
+]

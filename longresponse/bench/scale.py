@@ -45,11 +45,11 @@ from typing import Any, Final, cast
 import httpx
 import trio
 
-from protocol import APPEND_SUBPROTOCOL
+from protocol import APPEND_SUBPROTOCOL, TIMING_HEADER
 
-from ..serve.app import TIMING_HEADER
 from ..server_process import server_url
 from .echo import RawConnection
+from .scrape import PROCESS_CPU_SECONDS, PROCESS_RESIDENT_BYTES, read_samples
 from .throughput import http_url_of, machine, write_results
 
 __all__ = [
@@ -238,16 +238,8 @@ async def _hold_rollout(url: str, fleet: _Fleet, limiter: trio.CapacityLimiter) 
 
 async def _process_metrics(http: httpx.AsyncClient, http_url: str) -> tuple[int, float]:
     """The server's resident bytes and CPU seconds, from ``/metrics``."""
-    response = await http.get(f"{http_url}/metrics")
-    response.raise_for_status()
-    values: dict[str, float] = {}
-    for line in response.text.splitlines():
-        name, _, value = line.partition(" ")
-        if name in ("process_resident_memory_bytes", "process_cpu_seconds_total"):
-            values[name] = float(value)
-    if len(values) < 2:
-        raise RuntimeError(f"{http_url}/metrics lacks the process_* metrics")
-    return int(values["process_resident_memory_bytes"]), values["process_cpu_seconds_total"]
+    samples = await read_samples(http, http_url, PROCESS_RESIDENT_BYTES, PROCESS_CPU_SECONDS)
+    return int(samples[PROCESS_RESIDENT_BYTES]), samples[PROCESS_CPU_SECONDS]
 
 
 async def _warm_up(url: str) -> None:

@@ -37,6 +37,7 @@ from protocol import APPEND_SUBPROTOCOL
 
 from ..server_process import server_url
 from .echo import EchoProcess, RawConnection, stream_command
+from .scrape import server_cpu_seconds
 
 __all__ = [
     "DEFAULT_OUTPUT_TOKENS",
@@ -50,7 +51,6 @@ __all__ = [
     "http_url_of",
     "main",
     "run",
-    "server_cpu_seconds",
     "stream_once",
 ]
 
@@ -111,16 +111,6 @@ def http_url_of(ws_url: str) -> str:
     """``ws://host:port/path`` -> ``http://host:port``."""
     parts = urllib.parse.urlsplit(ws_url)
     return f"{'https' if parts.scheme == 'wss' else 'http'}://{parts.netloc}"
-
-
-async def server_cpu_seconds(http: httpx.AsyncClient, http_url: str) -> float:
-    """The server process's ``process_cpu_seconds_total`` from ``/metrics``."""
-    response = await http.get(f"{http_url}/metrics")
-    response.raise_for_status()
-    for line in response.text.splitlines():
-        if line.startswith("process_cpu_seconds_total "):
-            return float(line.split()[1])
-    raise RuntimeError(f"{http_url}/metrics has no process_cpu_seconds_total")
 
 
 def _request(output_tokens: int) -> str:

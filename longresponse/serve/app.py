@@ -30,9 +30,9 @@ from .http import ResponsesHTTP
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import ServerMetrics
 from .turns import Turns
-from .ws import TIMING_HEADER, ResponsesEndpoint
+from .ws import ResponsesEndpoint
 
-__all__ = ["TIMING_HEADER", "ResponsesEndpoint", "create_app"]
+__all__ = ["ResponsesEndpoint", "create_app"]
 
 
 class _Services:

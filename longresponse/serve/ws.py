@@ -40,6 +40,7 @@ from protocol import (
     APPEND_BETA_HEADER,
     APPEND_SUBPROTOCOL,
     CLOSE_CODES,
+    TIMING_HEADER,
     Connection,
     ErrorCode,
     Mode,
@@ -58,15 +59,12 @@ from .append import AppendShape
 from .shipped import ShippedShape
 from .turns import Turns
 
-__all__ = ["TIMING_HEADER", "ASGIReceive", "ASGISend", "Outbox", "ResponsesEndpoint", "Session"]
+__all__ = ["ASGIReceive", "ASGISend", "Outbox", "ResponsesEndpoint", "Session"]
 
 log = logging.getLogger(__name__)
 
 ASGIReceive = Callable[[], Awaitable[dict[str, Any]]]
 ASGISend = Callable[[dict[str, Any]], Awaitable[None]]
-
-#: Upgrade header asking for ``responsesapi.websocket_timing`` events.
-TIMING_HEADER = "x-responsesapi-include-timing-metrics"
 
 
 class Shape(Protocol):

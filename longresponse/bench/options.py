@@ -1,0 +1,397 @@
+"""What ``longresponse bench`` compares, with which knobs, and the flags that set them.
+
+Theory of operation
+-------------------
+A rollout is one simulated agent loop: the client sends the task, the model
+(the deterministic ``sim``) asks for ``--tool-calls`` tool calls one at a
+time, the client "runs" each (sleeping ``--tool-latency-ms``) and sends back a
+tool output of about ``--output-tokens`` tokens, and the model ends with an
+answer that quotes every tool output. The same rollout is driven through each
+transport (a :class:`Transport`: a client shape and the server flags it needs):
+
+``http``         ``POST /v1/responses`` chained with ``previous_response_id``
+                 (``store: true``): the server rebuilds the history from the
+                 store on every turn. The stateless baseline.
+``http-full``    HTTP resending the whole input every turn (``store: false``).
+``http-cached``  ``http`` against a server with ``--http-token-cache``.
+``ws-full``      the shipped WebSocket shape resending the whole input.
+``ws``           the shipped WebSocket shape with ``previous_response_id``
+                 (``store: false``; the connection-scoped cache).
+``append``       one long-running Response continued with ``response.append``.
+``ws-sdk``       ``ws`` driven by the official ``openai`` SDK, unchanged.
+``http-sdk``     ``http`` driven by the official SDK.
+
+and, with ``--ablations``, ``append`` and ``ws`` with each reuse switch of the
+pipeline turned off (``append/no-token-cache``, ...; :data:`ABLATION_SWITCHES`).
+
+A :class:`Workload` is the knobs of one rollout; the simulated model's own
+time for a turn follows from them (:data:`MODEL_TIME_FORMULA`).
+:class:`BenchOptions` is one whole run, as :func:`add_arguments` registers
+its flags and :func:`options_from_args` reads them back; the flag parsers
+reject a bad value with argparse's usage error, before anything starts.
+
+This module imports nothing else of the bench: the other modules of
+``longresponse bench`` build on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+from typing import Final
+
+__all__ = [
+    "ABLATED",
+    "ABLATION_SWITCHES",
+    "BASE_TRANSPORTS",
+    "ECHO_SHAPES",
+    "GROWTH_TRANSPORTS",
+    "MODEL_TIME_FORMULA",
+    "SDK_TRANSPORTS",
+    "SERVER_OVERHEAD_FORMULA",
+    "URL_TRANSPORTS",
+    "BenchOptions",
+    "Transport",
+    "Workload",
+    "add_arguments",
+    "options_from_args",
+]
+
+#: Every transport without an ablated switch, in the order they are listed and run.
+BASE_TRANSPORTS: Final = (
+    "http",
+    "http-full",
+    "http-cached",
+    "ws-full",
+    "ws",
+    "append",
+    "http-sdk",
+    "ws-sdk",
+)
+#: Transports driven by the official ``openai`` SDK (its sync client, in a worker thread).
+SDK_TRANSPORTS: Final = ("http-sdk", "ws-sdk")
+#: Transports whose continuation frames get an echo floor (WebSocket, shipped or append).
+ECHO_SHAPES: Final = ("append", "ws", "ws-full", "ws-sdk")
+#: The pipeline's reuse switches, as ``longresponse serve --no-<switch>`` flags.
+ABLATION_SWITCHES: Final = (
+    "incremental-validation",
+    "incremental-classification",
+    "token-cache",
+    "resolution-reuse",
+    "overlapped-post-inference",
+)
+#: The transports whose reuse switches are ablated.
+ABLATED: Final = ("append", "ws")
+#: The transports of the growth scenario (targets 1 and 2).
+GROWTH_TRANSPORTS: Final = ("append", "ws", "http")
+#: Transports that need no server flag of their own (usable with ``--url``).
+URL_TRANSPORTS: Final = ("http", "http-full", "ws-full", "ws", "append", "http-sdk", "ws-sdk")
+
+#: How the simulated model's own time for a turn is computed (:meth:`Workload.model_ms`).
+MODEL_TIME_FORMULA: Final = (
+    "model_ms = ttft_ms + 1000 * output_tokens / tokens_per_second "
+    "+ 1000 * uncached_input_tokens / prefill_tokens_per_second "
+    "(a term is 0 when its rate is 0 = unthrottled; output_tokens counts the sim's paced "
+    "chunks: one per answer word, one per 8 characters of call arguments)"
+)
+#: What a turn's ``server_overhead_ms`` adds up.
+SERVER_OVERHEAD_FORMULA: Final = (
+    "server_overhead_ms = resume_ms + post_inference_ms (resume: from the decoded request "
+    "to the sampler being called, incl. store reads, validation, classification, resolution, "
+    "render; post_inference: work done before the terminal event). Encoding the model's "
+    "output events (encode_ms) is left out: it scales with the output, the same in every "
+    "transport."
+)
+
+
+# --- what is compared ----------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Transport:
+    """One column of the comparison: a client shape and the server flags it needs."""
+
+    name: str
+    shape: str  # one of BASE_TRANSPORTS
+    switch_off: str | None = None
+
+    @classmethod
+    def parse(cls, name: str) -> Transport:
+        """``shape`` or ``shape/no-<switch>``; ``ValueError`` for an unknown one."""
+        shape, _, switch = name.partition("/no-")
+        if shape not in BASE_TRANSPORTS or (switch and switch not in ABLATION_SWITCHES):
+            raise ValueError(f"unknown transport {name!r}")
+        if switch and shape not in ABLATED:
+            raise ValueError(f"ablations exist for {' and '.join(ABLATED)} only, not {name!r}")
+        return cls(name=name, shape=shape, switch_off=switch or None)
+
+    @property
+    def websocket(self) -> bool:
+        return self.shape in ("append", "ws", "ws-full", "ws-sdk")
+
+    @property
+    def sdk(self) -> bool:
+        return self.shape in SDK_TRANSPORTS
+
+    @property
+    def resends_history(self) -> bool:
+        return self.shape in ("ws-full", "http-full")
+
+    @property
+    def store(self) -> bool:
+        return self.shape in ("http", "http-cached", "http-sdk")
+
+    @property
+    def server_flags(self) -> tuple[str, ...]:
+        flags: list[str] = []
+        if self.shape == "http-cached":
+            flags.append("--http-token-cache")
+        if self.switch_off:
+            flags.append(f"--no-{self.switch_off}")
+        return tuple(flags)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Workload:
+    """The knobs of one rollout."""
+
+    tool_calls: int
+    output_tokens: int
+    tool_latency_ms: float
+    tokens_per_second: float
+    ttft_ms: float
+    prefill_tokens_per_second: float
+
+    def model_ms(self, output_tokens: int, uncached_tokens: int) -> float:
+        """The simulated model's own time for one turn (:data:`MODEL_TIME_FORMULA`)."""
+        ms = self.ttft_ms
+        if self.tokens_per_second > 0:
+            ms += 1000 * output_tokens / self.tokens_per_second
+        if self.prefill_tokens_per_second > 0:
+            ms += 1000 * uncached_tokens / self.prefill_tokens_per_second
+        return ms
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BenchOptions:
+    """One run of ``longresponse bench``: its flags, with their defaults."""
+
+    tool_calls: int = 25
+    output_tokens: int = 2000
+    tool_latency_ms: float = 0.0
+    concurrency: int = 1
+    speeds: tuple[float, ...] = (65.0, 1000.0, 4000.0)
+    ttft_ms: float = 0.0
+    prefill_tokens_per_second: float = 0.0
+    rollouts: int = 5
+    transports: tuple[str, ...] = BASE_TRANSPORTS
+    ablations: bool = True
+    ablation_speed: float = 1000.0
+    growth_tool_calls: int = 50
+    growth_output_tokens: int = 2000
+    url: str | None = None
+    store: str = "sqlite"
+    out: Path = Path("bench-results")
+    echo: bool = True
+    progress: bool = True
+
+    def workload(self, speed: float, *, growth: bool = False) -> Workload:
+        """The knobs of one rollout at ``speed`` (of the growth scenario with ``growth``)."""
+        return Workload(
+            tool_calls=self.growth_tool_calls if growth else self.tool_calls,
+            output_tokens=self.growth_output_tokens if growth else self.output_tokens,
+            tool_latency_ms=self.tool_latency_ms,
+            tokens_per_second=speed,
+            ttft_ms=self.ttft_ms,
+            prefill_tokens_per_second=self.prefill_tokens_per_second,
+        )
+
+
+# --- the command line -----------------------------------------------------------------
+
+
+def _speeds(text: str) -> tuple[float, ...]:
+    try:
+        speeds = tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected numbers separated by commas, not {text!r}"
+        ) from None
+    if not speeds or any(s < 0 for s in speeds):
+        raise argparse.ArgumentTypeError("expected one or more speeds >= 0 (0 = unthrottled)")
+    return speeds
+
+
+def _transports(text: str) -> tuple[str, ...]:
+    names = tuple(part.strip() for part in text.split(",") if part.strip())
+    for name in names:
+        try:
+            Transport.parse(name)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return names
+
+
+def _bounded_int(low: int, high: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        value = int(text)
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be from {low} to {high}, not {value}")
+        return value
+
+    return parse
+
+
+def _non_negative(text: str) -> float:
+    value = float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, not {text}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register the ``longresponse bench`` flags on ``parser``."""
+    parser.description = (
+        "Compare every transport (http, http-full, http-cached, ws-full, ws, append; http-sdk "
+        "and ws-sdk through the official openai SDK) and each "
+        "reuse switch on simulated agent rollouts, side by side, in one run: end-to-end time, "
+        "time to first token, server phase times, client-observed overhead, server CPU, bytes "
+        "per turn. Writes turns.json, summary.md and PNG plots to --out."
+    )
+    parser.epilog = (
+        "Overhead = observed turn time - the simulated model's own time, where "
+        f"{MODEL_TIME_FORMULA}. Each transport at each speed gets its own server process; "
+        "--url runs only the transports that need no server flags."
+    )
+    defaults = BenchOptions()
+    add = parser.add_argument
+    add(
+        "--tool-calls",
+        type=_bounded_int(1, 200),
+        default=defaults.tool_calls,
+        help="tool calls per rollout (5 to 200 are the reference range)",
+    )
+    add(
+        "--output-tokens",
+        type=_bounded_int(1, 200_000),
+        default=defaults.output_tokens,
+        help="size of each tool output, in tokens",
+    )
+    add(
+        "--tool-latency-ms",
+        type=_non_negative,
+        default=defaults.tool_latency_ms,
+        help="time the client spends running each tool (a sleep)",
+    )
+    add(
+        "--concurrency",
+        type=_bounded_int(1, 1000),
+        default=defaults.concurrency,
+        help="concurrent rollouts per transport",
+    )
+    add(
+        "--tokens-per-second",
+        type=_speeds,
+        default=",".join(f"{speed:g}" for speed in defaults.speeds),
+        dest="speeds",
+        help="simulated decode speeds, comma-separated (0 = unthrottled)",
+    )
+    add(
+        "--ttft-ms",
+        type=_non_negative,
+        default=defaults.ttft_ms,
+        help="simulated time to first token",
+    )
+    add(
+        "--prefill-tps",
+        type=_non_negative,
+        default=defaults.prefill_tokens_per_second,
+        help="simulated prefill rate over uncached input tokens (0 = instant)",
+    )
+    add(
+        "--rollouts",
+        type=_bounded_int(1, 1000),
+        default=defaults.rollouts,
+        help="rounds of rollouts per transport and speed (each round: --concurrency rollouts)",
+    )
+    add(
+        "--transports",
+        type=_transports,
+        default=",".join(defaults.transports),
+        help="comma-separated subset of: "
+        + ", ".join(BASE_TRANSPORTS)
+        + "; ablations by name too, e.g. append/no-token-cache",
+    )
+    add(
+        "--ablations",
+        action=argparse.BooleanOptionalAction,
+        default=defaults.ablations,
+        help="also run append and ws with each reuse switch off",
+    )
+    add(
+        "--ablation-tokens-per-second",
+        type=_non_negative,
+        default=defaults.ablation_speed,
+        dest="ablation_speed",
+        help="the speed the ablations run at (if not among --tokens-per-second: the last one)",
+    )
+    add(
+        "--growth-tool-calls",
+        type=_bounded_int(0, 200),
+        default=defaults.growth_tool_calls,
+        help="tool calls of the growth scenario (append, ws, http at the fastest speed; "
+        "targets 1 and 2); 0 = skip it",
+    )
+    add(
+        "--growth-output-tokens",
+        type=_bounded_int(1, 200_000),
+        default=defaults.growth_output_tokens,
+        help="tool-output size of the growth scenario",
+    )
+    add(
+        "--url",
+        default=None,
+        help="benchmark a running server (ws://host:port/v1/responses) instead of starting "
+        "servers; only the transports that need no server flags run",
+    )
+    add(
+        "--store",
+        default=defaults.store,
+        help="the servers' --store; 'sqlite' = a fresh SQLite file per server in a temporary "
+        "directory",
+    )
+    add("--out", type=Path, default=defaults.out, help="directory for the results")
+    add(
+        "--echo",
+        action=argparse.BooleanOptionalAction,
+        default=defaults.echo,
+        help="measure the floor: the same frames against a bare WebSocket echo endpoint",
+    )
+    add("--progress", action=argparse.BooleanOptionalAction, default=defaults.progress,
+        help="show a progress bar on stderr")  # fmt: skip
+
+
+def options_from_args(args: argparse.Namespace) -> BenchOptions:
+    """The :class:`BenchOptions` of flags parsed with :func:`add_arguments`."""
+    return BenchOptions(
+        tool_calls=args.tool_calls,
+        output_tokens=args.output_tokens,
+        tool_latency_ms=args.tool_latency_ms,
+        concurrency=args.concurrency,
+        speeds=tuple(args.speeds),
+        ttft_ms=args.ttft_ms,
+        prefill_tokens_per_second=args.prefill_tps,
+        rollouts=args.rollouts,
+        transports=tuple(args.transports),
+        ablations=args.ablations,
+        ablation_speed=args.ablation_speed,
+        growth_tool_calls=args.growth_tool_calls,
+        growth_output_tokens=args.growth_output_tokens,
+        url=args.url,
+        store=args.store,
+        out=args.out,
+        echo=args.echo,
+        progress=args.progress,
+    )
