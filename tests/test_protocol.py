@@ -1033,3 +1033,49 @@ def test_committed_json_schema_matches_the_structs() -> None:
     )
     validator.validate(frame)
     assert list(validator.iter_errors({"type": "response.append"}))  # input is required
+
+
+# --- admission runs between the protocol's check and its record --------------
+
+
+def test_a_refused_admission_records_nothing(paused: ConnectionPair) -> None:
+    """The application's admission (validation, a secrets policy) runs after the
+    protocol's own checks and before anything is recorded: a refusal needs no undo."""
+    seen: list[tuple[Any, Any]] = []
+
+    def refuse(event: Any, track: Any) -> Any:
+        seen.append((event, track))
+        raise RemoteProtocolError("refused by policy", code="secret_detected", param="input[0]")
+
+    before = snapshot(paused.server)
+    frame = encode_event(ResponseAppend(input=[output("c1")]))
+    with pytest.raises(RemoteProtocolError) as refused:
+        paused.server.receive_message(frame, admit=refuse)
+    assert refused.value.code == "secret_detected"
+    assert snapshot(paused.server) == before
+    ((event, track),) = seen
+    assert isinstance(event, ResponseAppend)
+    assert track is paused.server.response(RID)
+    assert track.pending_calls == {"c1": "add", "c2": "add"}
+
+    def redact(event: Any, track: Any) -> Any:
+        return msgspec.structs.replace(event, input=[output("c1", "[REDACTED:jwt]")])
+
+    paused.server.receive_message(frame, admit=redact)
+    (admitted,) = drain(paused.server)
+    assert admitted.input == [output("c1", "[REDACTED:jwt]")]
+    assert track.pending_calls == {"c2": "add"}
+    assert track.answered_calls == {"c1"}
+
+
+def test_admission_is_not_asked_about_an_event_the_protocol_refuses(
+    paused: ConnectionPair,
+) -> None:
+    def never(event: Any, track: Any) -> Any:
+        raise AssertionError("admission ran for an event the protocol refused")
+
+    with pytest.raises(RemoteProtocolError) as refused:
+        paused.server.receive_message(
+            encode_event(ResponseAppend(input=[output("nope")])), admit=never
+        )
+    assert refused.value.code == ErrorCode.UNKNOWN_CALL_ID

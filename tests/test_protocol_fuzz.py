@@ -44,6 +44,7 @@ from protocol import (
     decode_client_event,
     decode_server_event,
     encode_event,
+    wire_type,
 )
 from protocol.events import CLIENT_EVENT_TYPES, SERVER_EVENT_TYPES
 
@@ -316,8 +317,7 @@ server_events = st.one_of(*SERVER_EVENTS.values())
 
 
 def tag(event_or_class: msgspec.Struct | type[msgspec.Struct]) -> str:
-    cls = event_or_class if isinstance(event_or_class, type) else type(event_or_class)
-    return str(cls.__struct_config__.tag)
+    return wire_type(event_or_class)
 
 
 def test_strategies_cover_every_event_type() -> None:

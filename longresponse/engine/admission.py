@@ -41,7 +41,7 @@ from typing import Final
 import jsonschema
 import msgspec
 
-from protocol import ErrorCode, RemoteProtocolError
+from protocol import ErrorCode, RemoteProtocolError, wire_type
 from protocol.items import (
     FunctionCall,
     FunctionCallOutput,
@@ -177,7 +177,7 @@ class Pipeline:
                 allowed = _ASSISTANT_PARTS if item.role == "assistant" else _USER_PARTS
                 for index, part in enumerate(item.content):
                     if not isinstance(part, allowed):
-                        kind = msgspec.inspect.type_info(type(part)).tag  # type: ignore[attr-defined]
+                        kind = wire_type(part)
                         raise RemoteProtocolError(
                             f"Invalid value: '{kind}'. A {item.role} message cannot carry it.",
                             code=ErrorCode.INVALID_VALUE,

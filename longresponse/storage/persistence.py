@@ -34,7 +34,7 @@ from protocol.items import FunctionCall, FunctionCallOutput, InputText, Item, Me
 from protocol.response import Response
 
 from ..ids import new_id
-from .backends import ResponseStore, StoredResponse, UsageRecord
+from .records import ResponseStore, StoredResponse, UsageRecord
 
 __all__ = [
     "CROSS_PROCESS_GRACE",

@@ -1,63 +1,30 @@
-"""The trio client: a thin pump around the sans-IO :class:`protocol.Connection`.
+"""AppendClient: one WebSocket connection, a thin pump around the sans-IO core.
 
-Theory of operation
--------------------
-:func:`connect` opens a TCP stream, performs the WebSocket upgrade with
-wsproto (offering the ``longresponse.append.v1`` subprotocol) and yields an
-:class:`AppendClient`. The client owns one task, the receive loop, which runs
-in a nursery held by :func:`connect` for the life of the connection:
-
-- bytes from the socket go into wsproto; text fragments are joined into whole
-  messages (at most ``max_message_bytes``, else the connection fails with
-  1009) and fed to ``connection.receive_message``; the checked events go into
-  a bounded channel that :meth:`AppendClient.next_event` reads. When the
-  channel is full the loop stops reading the socket, so a slow consumer slows
-  the server down instead of growing memory.
-- pings are answered; a close frame is answered and ends the loop; the end
-  of the TCP stream without a close frame is close code 1006 (RFC 6455
-  §7.1.5).
-
-A message that breaks the protocol (invalid JSON, a ``sequence_number`` out of
-order, an event for an unknown response) does not stop the loop. The sans-IO
-connection rejects it and stays unchanged, and the
-:class:`protocol.RemoteProtocolError` takes that message's place in the event
-stream: :meth:`AppendClient.next_event` raises it once, in order, and the next
-call returns the next event. ``error`` events are not exceptions: they are
-the server's answers to bad requests and come back as events.
-
-Sends go through ``connection.send`` under one lock, so the sans-IO state sees
-events in the order they go on the wire, and a send the protocol forbids
-raises :class:`protocol.LocalProtocolError` before anything leaves.
+See the package docstring (``longresponse.client``) for the theory of
+operation; :mod:`longresponse.client.opening` opens the connection.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-import urllib.parse
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Final, cast
 
 import msgspec
 import trio
-from wsproto import ConnectionType, WSConnection
+from wsproto import WSConnection
 from wsproto.connection import ConnectionState
 from wsproto.events import (
-    AcceptConnection,
     BytesMessage,
     CloseConnection,
     Event,
     Message,
     Ping,
-    RejectConnection,
-    RejectData,
-    Request,
     TextMessage,
 )
-from wsproto.utilities import RemoteProtocolError as WSRemoteProtocolError
 
 from protocol import (
-    APPEND_SUBPROTOCOL,
     CLOSED,
     MAX_MESSAGE_BYTES,
     NEED_DATA,
@@ -68,6 +35,7 @@ from protocol import (
     RemoteProtocolError,
     Role,
     decode_client_event,
+    wire_type,
 )
 from protocol.events import (
     ClientEvent,
@@ -84,14 +52,15 @@ from protocol.events import (
 from protocol.items import Item
 
 __all__ = [
+    "ABNORMAL_CLOSURE",
     "CLOSE_TIMEOUT",
     "MAX_QUEUED_EVENTS",
     "MAX_REJECT_BODY_BYTES",
+    "RECEIVE_BYTES",
     "AppendClient",
     "ClientError",
     "ConnectionClosedError",
     "HandshakeError",
-    "connect",
 ]
 
 #: Events received but not yet consumed; past this the receive loop waits.
@@ -475,7 +444,7 @@ def _ends_wait(event: ServerEvent, response_id: str | None) -> bool:
 
 def _build_event(cls: type[ClientEvent], fields: Mapping[str, Any]) -> ClientEvent:
     """Build a client event from ``fields`` through the server's own decoder."""
-    tag = cls.__struct_config__.tag
+    tag = wire_type(cls)
     try:
         event = decode_client_event(msgspec.json.encode({**fields, "type": tag}))
     except RemoteProtocolError as exc:
@@ -486,132 +455,3 @@ def _build_event(cls: type[ClientEvent], fields: Mapping[str, Any]) -> ClientEve
     return event
 
 
-def _parse_url(url: str) -> tuple[str, int, str, str]:
-    """``ws://host:port/path?query`` -> (host, port, Host header, request target)."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme != "ws" or not parts.hostname:
-        raise ValueError(f"expected a ws://host[:port]/path URL, not {url!r}")
-    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    return parts.hostname, parts.port or 80, parts.netloc.rpartition("@")[2], target
-
-
-def _header_bytes(value: str | bytes) -> bytes:
-    return value.encode("latin-1") if isinstance(value, str) else value
-
-
-async def _handshake(stream: trio.abc.Stream, ws: WSConnection) -> str | None:
-    """Read the server's answer to the upgrade request; return the subprotocol."""
-    status: int | None = None
-    headers: list[tuple[bytes, bytes]] = []
-    body = bytearray()
-    while True:
-        data = bytes(await stream.receive_some(RECEIVE_BYTES))
-        try:
-            ws.receive_data(data or None)
-        except WSRemoteProtocolError as exc:
-            raise HandshakeError(status, bytes(body), headers=headers, reason=str(exc)) from exc
-        for event in ws.events():
-            if isinstance(event, AcceptConnection):
-                return event.subprotocol  # frames already received stay queued in ws
-            if isinstance(event, RejectConnection):
-                status, headers = event.status_code, list(event.headers)
-                if not event.has_body:
-                    raise HandshakeError(status, headers=headers)
-            elif isinstance(event, RejectData):
-                body += event.data[: MAX_REJECT_BODY_BYTES - len(body)]
-                if event.body_finished:
-                    raise HandshakeError(status, bytes(body), headers=headers)
-        if not data:
-            reason = None if status else "the server closed the connection during the handshake"
-            raise HandshakeError(status, bytes(body), headers=headers, reason=reason)
-
-
-async def _open(
-    url: str,
-    subprotocols: Sequence[str],
-    headers: Iterable[tuple[str | bytes, str | bytes]],
-) -> tuple[trio.SocketStream, WSConnection, str | None]:
-    host, port, host_header, target = _parse_url(url)
-    stream = await trio.open_tcp_stream(host, port)
-    try:
-        ws = WSConnection(ConnectionType.CLIENT)
-        request = Request(
-            host=host_header,
-            target=target,
-            subprotocols=list(subprotocols),
-            extra_headers=[(_header_bytes(k), _header_bytes(v)) for k, v in headers],
-        )
-        await stream.send_all(ws.send(request))
-        subprotocol = await _handshake(stream, ws)
-    except BaseException:
-        await trio.aclose_forcefully(stream)
-        raise
-    return stream, ws, subprotocol
-
-
-@contextlib.asynccontextmanager
-async def connect(
-    url: str,
-    *,
-    subprotocols: Sequence[str] = (APPEND_SUBPROTOCOL,),
-    headers: Iterable[tuple[str | bytes, str | bytes]] = (),
-    connect_timeout: float = 10.0,
-    max_message_bytes: int = MAX_MESSAGE_BYTES,
-    max_queued_events: int = MAX_QUEUED_EVENTS,
-    close_timeout: float = CLOSE_TIMEOUT,
-    mode: Mode | None = None,
-) -> AsyncIterator[AppendClient]:
-    """Connect to ``url`` (``ws://host:port/v1/responses``) and yield an :class:`AppendClient`.
-
-    ``mode`` is what the connection speaks; by default append mode when the
-    append subprotocol is offered, else the shipped shape (where only
-    ``create`` is available, continued with ``previous_response_id``).
-
-    The TCP connect and the upgrade together take at most ``connect_timeout``
-    seconds (:class:`trio.TooSlowError`). A refused upgrade raises
-    :class:`HandshakeError`. On exit the connection is closed (1000, or 1011
-    if the block raised); exceptions from the block propagate unwrapped.
-    """
-    with trio.fail_after(connect_timeout):
-        stream, ws, subprotocol = await _open(url, subprotocols, headers)
-    try:
-        async with trio.open_nursery() as nursery:
-            client = AppendClient(
-                nursery,
-                stream,
-                ws,
-                subprotocol=subprotocol,
-                mode=mode or (Mode.APPEND if APPEND_SUBPROTOCOL in subprotocols else Mode.SHIPPED),
-                max_message_bytes=max_message_bytes,
-                max_queued_events=max_queued_events,
-                close_timeout=close_timeout,
-            )
-            try:
-                yield client
-            except BaseException:
-                with trio.CancelScope(shield=True):  # aclose() bounds itself
-                    await client.aclose(CloseCode.INTERNAL_ERROR)
-                raise
-            else:
-                await client.aclose()
-            finally:
-                nursery.cancel_scope.cancel()
-    except BaseExceptionGroup as group:
-        # The nursery is an implementation detail: hand back the block's own
-        # exception (trio's "designing for multiple errors", second option).
-        single = _single_exception(group)
-        if single is None:
-            raise
-        context = single.__context__
-        try:
-            raise single
-        finally:
-            single.__context__ = context
-            del single, context
-
-
-def _single_exception(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
-    errors = [exc for exc in group.exceptions if not isinstance(exc, trio.Cancelled)]
-    if len(errors) > 1:
-        return None
-    return errors[0] if errors else group.exceptions[0]

@@ -1,0 +1,95 @@
+"""MemoryStore: records in a dict of this process (``memory://``); nothing survives a restart."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from .records import (
+    StoredResponse,
+    UsageRecord,
+    check_ttl,
+    decode_record,
+    decode_usage,
+    encode_record,
+    is_expired,
+    ledger_order,
+)
+
+__all__ = ["MemoryStore"]
+
+
+class MemoryStore:
+    """Records in a dict of this process (``memory://``); for tests and one-off runs.
+
+    Unbounded when ``ttl`` is ``None``. ``clock`` (seconds, monotonic) measures
+    the ttl; tests pass a fake one.
+    """
+
+    def __init__(
+        self, *, ttl: float | None = None, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.ttl = check_ttl(ttl)
+        self._clock = clock
+        #: id -> (owner, expires_at or None, msgpack blob)
+        self._records: dict[str, tuple[str, float | None, bytes]] = {}
+        #: response_id -> msgpack UsageRecord (never expires)
+        self._usage: dict[str, bytes] = {}
+
+    async def put(self, record: StoredResponse) -> None:
+        """Store ``record``; nothing changes if it cannot be encoded."""
+        expires_at = None if self.ttl is None else self._clock() + self.ttl
+        self._records[record.id] = (record.owner, expires_at, encode_record(record))
+
+    async def get(self, response_id: str, *, owner: str) -> StoredResponse | None:
+        """The record, or ``None`` if missing, expired (then dropped) or foreign."""
+        blob = self._visible(response_id, owner)
+        return None if blob is None else decode_record(blob)
+
+    async def delete(self, response_id: str, *, owner: str) -> bool:
+        """Delete the record; ``False`` (and nothing deleted) if not visible to ``owner``."""
+        if self._visible(response_id, owner) is None:
+            return False
+        del self._records[response_id]
+        return True
+
+    async def put_usage(self, record: UsageRecord) -> None:
+        """Add ``record`` to the ledger, replacing its ``response_id``; unchanged if unencodable."""
+        self._usage[record.response_id] = encode_record(record)
+
+    async def usage(self, *, owner: str | None = None) -> list[UsageRecord]:
+        """The ledger, or ``owner``'s part, by ``created_at`` then ``response_id``."""
+        records = (decode_usage(blob) for blob in self._usage.values())
+        return sorted(
+            (record for record in records if owner is None or record.owner == owner),
+            key=ledger_order,
+        )
+
+    async def purge_expired(self) -> int:
+        """Drop every expired record (never a ledger entry); the number dropped."""
+        now = self._clock()
+        expired = [
+            key for key, (_, expires_at, _) in self._records.items() if is_expired(expires_at, now)
+        ]
+        for key in expired:
+            del self._records[key]
+        return len(expired)
+
+    async def aclose(self) -> None:
+        """Forget every record and the ledger."""
+        self._records.clear()
+        self._usage.clear()
+
+    def _visible(self, response_id: str, owner: str) -> bytes | None:
+        entry = self._records.get(response_id)
+        if entry is None:
+            return None
+        record_owner, expires_at, blob = entry
+        if is_expired(expires_at, self._clock()):
+            del self._records[response_id]
+            return None
+        return blob if record_owner == owner else None
+
+
+
+

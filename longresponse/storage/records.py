@@ -1,0 +1,134 @@
+"""What a store keeps, and the interface every backend implements.
+
+A :class:`StoredResponse` is one finished Response plus what is needed to
+rebuild its conversation: its own NEW input items and the id of the response
+it continued. A :class:`UsageRecord` is one entry of the billing ledger.
+Every backend keeps both as msgpack blobs (one reused encoder, one reused
+decoder per type), so what comes back is what went in, whichever backend holds
+it; the helpers here are that codec. :class:`ResponseStore` is the interface;
+``longresponse.storage.backends`` says which backends exist and how they keep
+the ttl, the owner and the ledger.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Final, Protocol
+
+import msgspec
+
+from protocol.items import Item
+from protocol.response import Response
+
+__all__ = [
+    "ResponseStore",
+    "StoreError",
+    "StoredResponse",
+    "UsageRecord",
+    "check_ttl",
+    "decode_record",
+    "decode_usage",
+    "encode_record",
+    "is_expired",
+    "ledger_order",
+]
+
+
+class StoredResponse(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    owner: str
+    created_at: float
+    response: Response
+    #: This response's own input items (ids assigned), not the whole history.
+    input_items: list[Item]
+    previous_response_id: str | None = None
+
+
+class UsageRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """One entry of the billing ledger: what one finished response consumed.
+
+    Keyed by ``response_id``: a later record for the same response replaces
+    the earlier one. Never expires with the response (see the module docstring).
+    """
+
+    response_id: str
+    owner: str
+    model: str
+    input_tokens: int
+    #: Of ``input_tokens``, how many came from the prompt cache.
+    cached_tokens: int
+    output_tokens: int
+    #: Seconds since the epoch; the ledger is ordered by it.
+    created_at: float
+    #: How the response was served: ``"append"``, ``"ws"`` or ``"http"``.
+    transport: str
+
+
+class ResponseStore(Protocol):
+    async def put(self, record: StoredResponse) -> None:
+        """Persist ``record`` (replacing one with the same id)."""
+
+    async def get(self, response_id: str, *, owner: str) -> StoredResponse | None:
+        """The record, or ``None`` if missing, expired or owned by someone else."""
+
+    async def delete(self, response_id: str, *, owner: str) -> bool:
+        """Delete the record; ``False`` if there was none visible to ``owner``."""
+
+    async def put_usage(self, record: UsageRecord) -> None:
+        """Add ``record`` to the usage ledger, replacing one with the same ``response_id``.
+
+        The entry never expires and is not removed by :meth:`delete`. On
+        :class:`StoreError` it may or may not have been written.
+        """
+
+    async def usage(self, *, owner: str | None = None) -> list[UsageRecord]:
+        """The whole ledger, or ``owner``'s part of it, by ``created_at`` then ``response_id``."""
+
+    async def aclose(self) -> None:
+        """Release connections and files."""
+
+
+class StoreError(Exception):
+    """The backend failed (I/O, connection, undecodable record, closed store).
+
+    Raised ``from`` the backend's own exception. The record in question may or
+    may not have been written or deleted.
+    """
+
+
+_encoder: Final = msgspec.msgpack.Encoder()
+_decoder: Final = msgspec.msgpack.Decoder(StoredResponse)
+_usage_decoder: Final = msgspec.msgpack.Decoder(UsageRecord)
+
+
+def encode_record(record: StoredResponse | UsageRecord) -> bytes:
+    return _encoder.encode(record)
+
+
+def decode_record(blob: bytes) -> StoredResponse:
+    try:
+        return _decoder.decode(blob)
+    except msgspec.DecodeError as exc:
+        raise StoreError(f"a stored record no longer decodes: {exc}") from exc
+
+
+def decode_usage(blob: bytes) -> UsageRecord:
+    try:
+        return _usage_decoder.decode(blob)
+    except msgspec.DecodeError as exc:
+        raise StoreError(f"a usage record no longer decodes: {exc}") from exc
+
+
+def ledger_order(record: UsageRecord) -> tuple[float, str]:
+    return (record.created_at, record.response_id)
+
+
+def check_ttl(ttl: float | None) -> float | None:
+    if ttl is not None and not (math.isfinite(ttl) and ttl > 0):
+        raise ValueError(f"ttl must be a positive number of seconds or None, not {ttl!r}")
+    return ttl
+
+
+def is_expired(expires_at: float | None, now: float) -> bool:
+    return expires_at is not None and expires_at <= now
+

@@ -1,0 +1,132 @@
+"""RedisStore: records and the ledger in Redis, shared by every process and host.
+
+One key per record, set with ``PX`` (Redis expires it); the owner is checked
+after ``GET``, and ``delete`` is one Lua script that reads the owner out of
+the blob and deletes only on a match (atomic: no other client runs between
+the check and the ``DEL``). The ledger is one hash without expiry.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import redis.asyncio
+import redis.exceptions
+
+from .records import (
+    StoredResponse,
+    StoreError,
+    UsageRecord,
+    check_ttl,
+    decode_record,
+    decode_usage,
+    encode_record,
+    ledger_order,
+)
+
+__all__ = ["REDIS_KEY_PREFIX", "REDIS_USAGE_KEY", "RedisStore"]
+
+#: Redis key of a record: ``longresponse:response:{id}``.
+REDIS_KEY_PREFIX: Final = "longresponse:response:"
+#: Redis hash of the usage ledger: field ``response_id`` -> msgpack UsageRecord.
+REDIS_USAGE_KEY: Final = "longresponse:usage"
+#: Seconds a SQLite writer waits for another connection's lock before failing.
+SQLITE_BUSY_TIMEOUT: Final = 5.0
+#: Seconds between two opportunistic purges of expired SQLite rows.
+SQLITE_PURGE_INTERVAL: Final = 60.0
+
+# KEYS[1] = record key, ARGV[1] = owner. The blob is the msgpack map of a
+# StoredResponse; cmsgpack is built into Redis's Lua.
+_DELETE_IF_OWNER: Final = """
+local blob = redis.call('GET', KEYS[1])
+if not blob then return 0 end
+if cmsgpack.unpack(blob)['owner'] ~= ARGV[1] then return 0 end
+return redis.call('DEL', KEYS[1])
+"""
+
+
+class RedisStore:
+    """Records in Redis (``redis://host:port/db``), shared by every process and host.
+
+    One key per record (:data:`REDIS_KEY_PREFIX` + id) holding its msgpack
+    blob, set with ``PX`` so that Redis itself expires it; the ledger is one
+    hash without expiry (:data:`REDIS_USAGE_KEY`). The client connects
+    lazily: a wrong address shows up as :class:`StoreError` on the first call.
+    A store belongs to the event loop it is first used on.
+    """
+
+    #: Other processes write here too (see ``Persistence.get``).
+    shared = True
+
+    def __init__(self, url: str, *, ttl: float | None = None) -> None:
+        self.url = url
+        self.ttl = check_ttl(ttl)
+        self._redis = redis.asyncio.Redis.from_url(url)
+        self._delete_if_owner = self._redis.register_script(_DELETE_IF_OWNER)
+
+    async def put(self, record: StoredResponse) -> None:
+        """``SET`` the record (with ``PX`` = ttl when there is one)."""
+        px = None if self.ttl is None else max(1, round(self.ttl * 1000))
+        try:
+            await self._redis.set(_redis_key(record.id), encode_record(record), px=px)
+        except redis.exceptions.RedisError as exc:
+            raise StoreError(f"Redis store: {exc}") from exc
+
+    async def get(self, response_id: str, *, owner: str) -> StoredResponse | None:
+        """The record, or ``None`` if missing, expired or foreign."""
+        try:
+            blob = await self._redis.get(_redis_key(response_id))
+        except redis.exceptions.RedisError as exc:
+            raise StoreError(f"Redis store: {exc}") from exc
+        if blob is None:
+            return None
+        assert isinstance(blob, bytes)  # the client does not decode replies to str
+        record = decode_record(blob)
+        return record if record.owner == owner else None
+
+    async def delete(self, response_id: str, *, owner: str) -> bool:
+        """Delete the record only if ``owner`` owns it (atomically, in one Lua script)."""
+        try:
+            deleted = await self._delete_if_owner(keys=[_redis_key(response_id)], args=[owner])
+        except redis.exceptions.RedisError as exc:
+            raise StoreError(f"Redis store: {exc}") from exc
+        return bool(deleted)
+
+    async def put_usage(self, record: UsageRecord) -> None:
+        """``HSET`` the ledger field ``response_id`` (replacing it); the hash never expires."""
+        try:
+            await self._redis.hset(REDIS_USAGE_KEY, record.response_id, encode_record(record))
+        except redis.exceptions.RedisError as exc:
+            raise StoreError(f"Redis store: {exc}") from exc
+
+    async def usage(self, *, owner: str | None = None) -> list[UsageRecord]:
+        """The ledger, or ``owner``'s part, by ``created_at`` then ``response_id``.
+
+        Reads the whole hash (``HGETALL``) and filters and sorts here: fine
+        for a ledger of thousands of entries, not of millions.
+        """
+        try:
+            entries = await self._redis.hgetall(REDIS_USAGE_KEY)
+        except redis.exceptions.RedisError as exc:
+            raise StoreError(f"Redis store: {exc}") from exc
+        records = []
+        for blob in entries.values():
+            assert isinstance(blob, bytes)  # the client does not decode replies to str
+            record = decode_usage(blob)
+            if owner is None or record.owner == owner:
+                records.append(record)
+        return sorted(records, key=ledger_order)
+
+    async def purge_expired(self) -> int:
+        """Always 0: Redis expires keys itself (and never the ledger)."""
+        return 0
+
+    async def aclose(self) -> None:
+        """Close the connection pool."""
+        await self._redis.aclose()
+
+
+def _redis_key(response_id: str) -> str:
+    return REDIS_KEY_PREFIX + response_id
+
+

@@ -1,0 +1,205 @@
+"""SQLiteStore: records and the ledger in one SQLite file (WAL), the embedded default.
+
+Every call runs on one worker thread that owns the one connection, so the
+event loop never waits on the disk. WAL lets readers in other connections and
+processes go on while one writes, and ``busy_timeout`` makes a writer wait for
+another instead of failing. Expired rows are hidden by every query and
+deleted by :meth:`SQLiteStore.purge_expired`, which :meth:`SQLiteStore.put`
+also runs at most once per :data:`SQLITE_PURGE_INTERVAL`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import math
+import sqlite3
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Final, TypeVar
+
+from .records import (
+    StoredResponse,
+    StoreError,
+    UsageRecord,
+    check_ttl,
+    decode_record,
+    decode_usage,
+    encode_record,
+)
+
+__all__ = ["SQLITE_BUSY_TIMEOUT", "SQLITE_PURGE_INTERVAL", "SQLiteStore"]
+
+#: Redis key of a record: ``longresponse:response:{id}``.
+REDIS_KEY_PREFIX: Final = "longresponse:response:"
+#: Redis hash of the usage ledger: field ``response_id`` -> msgpack UsageRecord.
+REDIS_USAGE_KEY: Final = "longresponse:usage"
+#: Seconds a SQLite writer waits for another connection's lock before failing.
+SQLITE_BUSY_TIMEOUT: Final = 5.0
+#: Seconds between two opportunistic purges of expired SQLite rows.
+SQLITE_PURGE_INTERVAL: Final = 60.0
+
+_T = TypeVar("_T")
+
+_SCHEMA: Final = """
+CREATE TABLE IF NOT EXISTS responses (
+    id TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    expires_at REAL,
+    data BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS responses_expires_at
+    ON responses (expires_at) WHERE expires_at IS NOT NULL;
+CREATE TABLE IF NOT EXISTS usage (
+    response_id TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    data BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS usage_owner ON usage (owner, created_at, response_id);
+"""
+_PUT: Final = (
+    "INSERT OR REPLACE INTO responses (id, owner, created_at, expires_at, data)"
+    " VALUES (?, ?, ?, ?, ?)"
+)
+_VISIBLE: Final = "id = ? AND owner = ? AND (expires_at IS NULL OR expires_at > ?)"
+_GET: Final = f"SELECT data FROM responses WHERE {_VISIBLE}"
+_DELETE: Final = f"DELETE FROM responses WHERE {_VISIBLE}"
+_PURGE: Final = "DELETE FROM responses WHERE expires_at IS NOT NULL AND expires_at <= ?"
+_PUT_USAGE: Final = (
+    "INSERT OR REPLACE INTO usage (response_id, owner, created_at, data) VALUES (?, ?, ?, ?)"
+)
+# TEXT compares by its UTF-8 bytes, which orders as Python orders str.
+_USAGE: Final = "SELECT data FROM usage ORDER BY created_at, response_id"
+_USAGE_OF: Final = "SELECT data FROM usage WHERE owner = ? ORDER BY created_at, response_id"
+
+
+class SQLiteStore:
+    """Records in one SQLite file (WAL), shared by every connection and process on it.
+
+    Opening creates the parent directories, the file and the table, and turns
+    WAL on; it blocks the caller for that (call it at startup). Every later call
+    runs on a single worker thread that owns the connection. ``clock`` is wall
+    time (seconds since the epoch) because other processes read the same
+    ``expires_at`` column; tests pass a fake one.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        ttl: float | None = None,
+        clock: Callable[[], float] = time.time,
+        busy_timeout: float = SQLITE_BUSY_TIMEOUT,
+    ) -> None:
+        self.path = Path(path) if str(path) != ":memory:" else None
+        self.ttl = check_ttl(ttl)
+        self._clock = clock
+        self._last_purge = -math.inf
+        self._closed = False
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="longresponse-sqlite"
+        )
+        try:
+            self._db = self._executor.submit(self._connect, str(path), busy_timeout).result()
+        except BaseException:
+            self._executor.shutdown(wait=False)
+            raise
+
+    def _connect(self, path: str, busy_timeout: float) -> sqlite3.Connection:
+        try:
+            if self.path is not None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            # isolation_level=None: every statement commits on its own, so no
+            # transaction (and no lock) outlives a call.
+            db = sqlite3.connect(path, timeout=busy_timeout, isolation_level=None)
+            try:
+                db.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
+                db.execute("PRAGMA journal_mode = WAL")
+                db.execute("PRAGMA synchronous = NORMAL")
+                db.executescript(_SCHEMA)
+            except BaseException:
+                db.close()
+                raise
+        except (OSError, sqlite3.Error) as exc:
+            raise StoreError(f"cannot open the SQLite store {path!r}: {exc}") from exc
+        return db
+
+    async def _run(self, call: Callable[[], _T]) -> _T:
+        if self._closed:
+            raise StoreError("the store is closed")
+        # A cancelled caller stops waiting; the call itself still runs to the end.
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._executor, call)
+        except sqlite3.Error as exc:
+            raise StoreError(f"SQLite store {self.path}: {exc}") from exc
+
+    async def put(self, record: StoredResponse) -> None:
+        """Store ``record`` (one statement: written whole or not at all).
+
+        Also deletes expired rows if the last purge is older than
+        :data:`SQLITE_PURGE_INTERVAL`.
+        """
+        blob = encode_record(record)
+        now = self._clock()
+        expires_at = None if self.ttl is None else now + self.ttl
+        row = (record.id, record.owner, record.created_at, expires_at, blob)
+        purge = now - self._last_purge >= SQLITE_PURGE_INTERVAL
+        if purge:
+            self._last_purge = now
+
+        def put() -> None:
+            self._db.execute(_PUT, row)
+            if purge:
+                self._db.execute(_PURGE, (now,))
+
+        await self._run(put)
+
+    async def get(self, response_id: str, *, owner: str) -> StoredResponse | None:
+        """The record, or ``None`` if missing, expired or foreign."""
+        args = (response_id, owner, self._clock())
+        row = await self._run(lambda: self._db.execute(_GET, args).fetchone())
+        return None if row is None else decode_record(row[0])
+
+    async def delete(self, response_id: str, *, owner: str) -> bool:
+        """Delete the record; ``False`` (and nothing deleted) if not visible to ``owner``."""
+        args = (response_id, owner, self._clock())
+        return await self._run(lambda: self._db.execute(_DELETE, args).rowcount > 0)
+
+    async def put_usage(self, record: UsageRecord) -> None:
+        """Add ``record`` to the ``usage`` table (one statement: written whole or not at all)."""
+        row = (record.response_id, record.owner, record.created_at, encode_record(record))
+        await self._run(lambda: self._db.execute(_PUT_USAGE, row))
+
+    async def usage(self, *, owner: str | None = None) -> list[UsageRecord]:
+        """The ledger, or ``owner``'s part, by ``created_at`` then ``response_id``."""
+
+        def rows() -> list[tuple[bytes]]:
+            if owner is None:
+                return self._db.execute(_USAGE).fetchall()
+            return self._db.execute(_USAGE_OF, (owner,)).fetchall()
+
+        return [decode_usage(blob) for (blob,) in await self._run(rows)]
+
+    async def purge_expired(self) -> int:
+        """Delete every expired response row (never a ledger row); the number deleted."""
+        now = self._clock()
+        self._last_purge = now
+        return await self._run(lambda: self._db.execute(_PURGE, (now,)).rowcount)
+
+    async def aclose(self) -> None:
+        """Close the connection and stop the worker thread; idempotent.
+
+        Later calls raise :class:`StoreError`.
+        """
+        if self._closed:
+            return
+        try:
+            await self._run(self._db.close)
+        finally:
+            self._closed = True
+            self._executor.shutdown(wait=False)
+
+
