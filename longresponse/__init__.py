@@ -1,10 +1,13 @@
 """longresponse: a whole LLM agent rollout as ONE long-running Response.
 
-The server (:func:`create_app`, :class:`Session`, :class:`Rollout`, the
-compat layer and the HTTP API), the request pipeline and its secrets
-classifier, the stores, the simulated models, the rendered-token cache and
-the trio client (``longresponse.client``). The wire protocol lives in the
-sibling package ``protocol`` (sans-IO).
+Three layers: the engine (``longresponse.engine``: :class:`Rollout`, its
+:class:`Segment` view, admission and the secrets classifier, rendering and
+the token cache, the simulated models), knowing no socket; the adapters
+(``longresponse.serve``: :func:`create_app`, the WebSocket :class:`Session`,
+the shipped shape, the HTTP API, one way to start a turn); and the stores
+(``longresponse.storage``). Beside them the trio client
+(``longresponse.client``), the config and the benchmark. The wire protocol
+lives in the sibling package ``protocol`` (sans-IO).
 """
 
 from .config import ServerConfig, SimConfig, Switches

@@ -26,7 +26,7 @@ server would, while the responses stay the same:
 Admission (a create, an append, a continuation) runs :meth:`Pipeline.admit`:
 validation and classification of the new input (or of everything, with the
 switch off), before anything is accepted, so a refusal changes nothing. The
-turn itself renders (:meth:`Pipeline.render`) and checks the context window.
+turn itself (``Rollout.turn``) renders and checks the context window.
 Every stage adds to :class:`Counters` and to the turn's stage times.
 """
 
