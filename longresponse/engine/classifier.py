@@ -10,8 +10,8 @@ This module takes about 0.15-0.2 ms per 8 KB (~2,000 tokens) of ordinary text.
 
 Theory of operation
 -------------------
-Each rule in :data:`~longresponse.engine.secret_rules.RULES` is a regex plus an optional ``check`` on the
-match. A case-sensitive rule's regex starts with a literal (``ghp``, ``AIza``,
+Each rule in ``secret_rules.RULES`` is a regex plus an optional ``check`` on
+the match. A case-sensitive rule's regex starts with a literal (``ghp``, ``AIza``,
 ``-----BEGIN``), so the regex engine searches for it at C speed, and its
 token boundary is a lookbehind placed after the literal. A case-insensitive
 rule (``password = ...``, ``Authorization: ...``) instead lists lower-case
