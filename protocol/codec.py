@@ -130,7 +130,7 @@ def decode_client_event(data: bytes | str) -> ClientEvent:
     try:
         return _decode_client(data)
     except RemoteProtocolError as error:
-        error.stream_id = _lane_hint(data)
+        error.stream_id = lane_hint(data)
         raise
 
 
@@ -159,8 +159,8 @@ class _LaneHint(msgspec.Struct):
 _lane_hint_decoder: Final = msgspec.json.Decoder(_LaneHint)
 
 
-def _lane_hint(data: bytes | str) -> str | None:
-    """The ``stream_id`` of a create that did not decode, if one can be read."""
+def lane_hint(data: bytes | str) -> str | None:
+    """The ``stream_id`` of a create that did not decode (or was refused), if one can be read."""
     try:
         hint = _lane_hint_decoder.decode(data)
     except (*_NOT_JSON, msgspec.ValidationError):

@@ -38,8 +38,9 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Final
 
+from ._tracking import ResponseTrack, check_append_items, event_key
 from ._wire import wire_type
-from .codec import decode_client_event, decode_server_event, encode_event, encode_sse
+from .codec import decode_client_event, decode_server_event, encode_event, encode_sse, lane_hint
 from .errors import ErrorCode, LocalProtocolError, ProtocolError, RemoteProtocolError
 from .events import (
     ClientEvent,
@@ -49,13 +50,12 @@ from .events import (
     ResponseCancel,
     ResponseCreate,
     ResponseCreated,
-    ResponseDone,
     ResponseQueued,
     ServerEvent,
     TimingEvent,
 )
-from .items import FunctionCall, FunctionCallOutput, Item, Message
-from .state import ResponseState, ResponseStateMachine, Role
+from .items import FunctionCall
+from .state import ResponseState, Role
 
 __all__ = [
     "CLOSED",
@@ -111,90 +111,6 @@ CLOSED: Final = _Sentinel("CLOSED")
 #: :class:`ProtocolError` to refuse it. The track is the response an append
 #: or cancel targets, ``None`` for other events.
 Admit = Callable[[ClientEvent, "ResponseTrack | None"], ClientEvent]
-
-_DONE_STATUSES: Final = frozenset(
-    {"requires_action", "completed", "incomplete", "failed", "cancelled"}
-)
-
-
-class ResponseTrack:
-    """One response as the connection has seen it: the one record of its state."""
-
-    __slots__ = ("answered_calls", "machine", "next_sequence", "pending_calls", "stream_id")
-
-    def __init__(self, response_id: str, state: ResponseState, stream_id: str | None) -> None:
-        self.machine = ResponseStateMachine(response_id, state)
-        self.next_sequence = 0
-        self.pending_calls: dict[str, str] = {}  # call_id -> tool name, no output yet
-        self.answered_calls: set[str] = set()
-        self.stream_id = stream_id
-
-    @property
-    def response_id(self) -> str:
-        return self.machine.response_id
-
-    @property
-    def state(self) -> ResponseState:
-        return self.machine.state
-
-    @property
-    def terminal(self) -> bool:
-        return self.machine.terminal
-
-    def __repr__(self) -> str:
-        return f"ResponseTrack({self.response_id!r}, {self.state.value}, seq={self.next_sequence})"
-
-
-def _check_append_items(items: list[Item], track: ResponseTrack) -> list[str]:
-    """The call ids an append's items answer; raises :class:`LocalProtocolError`
-    (nothing recorded) for an item an append cannot carry, or an output whose
-    ``call_id`` is unknown or already answered."""
-    response_id = track.response_id
-    seen: list[str] = []
-    for index, item in enumerate(items):
-        if isinstance(item, FunctionCallOutput):
-            call_id = item.call_id
-            if call_id in track.answered_calls or call_id in seen:
-                raise LocalProtocolError(
-                    f"Tool call {call_id!r} of response {response_id!r} already has an output.",
-                    code=ErrorCode.DUPLICATE_CALL_ID,
-                    param=f"input[{index}].call_id",
-                    response_id=response_id,
-                )
-            if call_id not in track.pending_calls:
-                raise LocalProtocolError(
-                    f"No tool call with call_id {call_id!r} is pending in response "
-                    f"{response_id!r}.",
-                    code=ErrorCode.UNKNOWN_CALL_ID,
-                    param=f"input[{index}].call_id",
-                    response_id=response_id,
-                )
-            seen.append(call_id)
-        elif isinstance(item, Message):
-            if item.role == "assistant":
-                raise LocalProtocolError(
-                    "An append cannot carry assistant messages; only the model writes them.",
-                    code=ErrorCode.INVALID_VALUE,
-                    param=f"input[{index}].role",
-                    response_id=response_id,
-                )
-        else:
-            raise LocalProtocolError(
-                "An append carries message and function_call_output items, "
-                f"not {wire_type(item)!r}.",
-                code=ErrorCode.INVALID_VALUE,
-                param=f"input[{index}].type",
-                response_id=response_id,
-            )
-    return seen
-
-
-def _event_key(event: ServerEvent | ClientEvent) -> str:
-    """The key of ``event`` in ``protocol.state.RULES``."""
-    if isinstance(event, ResponseDone):
-        return f"response.done:{event.response.status}"
-    return wire_type(event)
-
 
 #: What :meth:`Connection._check` returns: how to record an event that passed.
 _Commit = Callable[[], None]
@@ -260,24 +176,29 @@ class Connection:
                 f"The message is {size} bytes; the limit is {self.max_message_bytes}.",
                 code=ErrorCode.MESSAGE_TOO_LARGE,
                 status=413,
+                stream_id=lane_hint(data) if self.their_role is Role.CLIENT else None,
             )
-        event: ClientEvent | ServerEvent
-        if self.their_role is Role.CLIENT:
-            event = decode_client_event(data)
-        else:
-            event = decode_server_event(data)
+        if self.their_role is Role.SERVER:
+            server_event = decode_server_event(data)
+            try:
+                self._apply_server(server_event)
+            except LocalProtocolError as exc:
+                raise _as_remote(exc, None) from exc
+            self._events.append(server_event)
+            return
+        event = decode_client_event(data)
         lane = (
             event.stream_id
             if isinstance(event, ResponseCreate) and isinstance(event.stream_id, str)
             else None
         )
         try:
-            commit, track = self._check(self.their_role, event)
+            commit, track = self._check_client(event)
         except LocalProtocolError as exc:
             raise _as_remote(exc, lane) from exc
-        if admit is not None and self.their_role is Role.CLIENT:
+        if admit is not None:
             try:
-                event = admit(event, track)  # type: ignore[arg-type]
+                event = admit(event, track)
             except ProtocolError as error:
                 if error.stream_id is None:
                     error.stream_id = lane
@@ -303,8 +224,11 @@ class Connection:
         Raises :class:`LocalProtocolError` (nothing recorded) if sending it
         would break the protocol.
         """
-        commit, _ = self._check(self.our_role, event)
-        commit()
+        if self.our_role is Role.SERVER:
+            self._apply_server(event)  # type: ignore[arg-type]
+        else:
+            commit, _ = self._check_client(event)  # type: ignore[arg-type]
+            commit()
         if self.framing is Framing.WEBSOCKET:
             return encode_event(event)
         if self.framing is Framing.SSE:
@@ -312,14 +236,6 @@ class Connection:
         return b""
 
     # --- the rules ---------------------------------------------------------
-
-    def _check(
-        self, role: Role, event: ClientEvent | ServerEvent
-    ) -> tuple[_Commit, ResponseTrack | None]:
-        """Check ``event`` from ``role``; return how to record it (nothing is changed yet)."""
-        if role is Role.CLIENT:
-            return self._check_client(event)  # type: ignore[arg-type]
-        return self._check_server(event), None  # type: ignore[arg-type]
 
     def _check_client(self, event: ClientEvent) -> tuple[_Commit, ResponseTrack | None]:
         if isinstance(event, ResponseCreate):
@@ -347,7 +263,7 @@ class Connection:
             return _nothing, track
         if len(event.input) > self.max_items_per_event:
             raise _too_many_items(len(event.input), self.max_items_per_event)
-        answered = _check_append_items(event.input, track)
+        answered = check_append_items(event.input, track)
 
         def commit() -> None:
             for call_id in answered:
@@ -379,14 +295,15 @@ class Connection:
             )
         return track
 
-    def _check_server(self, event: ServerEvent) -> _Commit:
+    def _apply_server(self, event: ServerEvent) -> None:
+        """Check a server event and record it; raises (nothing recorded) if illegal."""
         if isinstance(event, ErrorEvent | TimingEvent):
-            return _nothing  # about the connection or a request, not a response's state
+            return  # about the connection or a request, not a response's state
         stream_id = event.stream_id if isinstance(event.stream_id, str) else None
-        if isinstance(event, ResponseCreated | ResponseQueued) and (
-            event.response.id not in self._responses
-        ):
-            return self._check_opening(event, stream_id)
+        opening = isinstance(event, ResponseCreated | ResponseQueued)
+        if opening and event.response.id not in self._responses:  # type: ignore[union-attr]
+            self._open(event, stream_id)  # type: ignore[arg-type]
+            return
         track = self._track_of(event, stream_id)
         if event.sequence_number != track.next_sequence:
             raise LocalProtocolError(
@@ -395,36 +312,20 @@ class Connection:
                 code=ErrorCode.INVALID_VALUE,
                 param="sequence_number",
             )
-        if isinstance(event, ResponseCreated | ResponseQueued):
+        if opening:
             raise LocalProtocolError(
                 f"Response {track.response_id!r} was already created.",
                 code=ErrorCode.INVALID_VALUE,
                 param="response.id",
             )
-        if isinstance(event, ResponseDone) and event.response.status not in _DONE_STATUSES:
-            raise LocalProtocolError(
-                f"response.done cannot carry status {event.response.status!r}.",
-                code=ErrorCode.INVALID_VALUE,
-                param="response.status",
-            )
-        transition, _ = track.machine.move(Role.SERVER, _event_key(event))
-        call = (
-            event.item
-            if isinstance(event, OutputItemDone) and isinstance(event.item, FunctionCall)
-            else None
-        )
-
-        def commit() -> None:
-            track.machine.process(transition)
-            if call is not None and call.call_id not in track.answered_calls:
+        track.machine.take(Role.SERVER, event_key(event))  # raises, unchanged, if illegal
+        if isinstance(event, OutputItemDone) and isinstance(event.item, FunctionCall):
+            call = event.item
+            if call.call_id not in track.answered_calls:
                 track.pending_calls[call.call_id] = call.name
-            track.next_sequence += 1
+        track.next_sequence += 1
 
-        return commit
-
-    def _check_opening(
-        self, event: ResponseCreated | ResponseQueued, stream_id: str | None
-    ) -> _Commit:
+    def _open(self, event: ResponseCreated | ResponseQueued, stream_id: str | None) -> None:
         if event.sequence_number != 0:
             raise LocalProtocolError(
                 f"Response {event.response.id!r} must start at sequence_number 0, "
@@ -435,13 +336,9 @@ class Connection:
         state = (
             ResponseState.QUEUED if event.response.status == "queued" else ResponseState.IN_PROGRESS
         )
-
-        def commit() -> None:
-            track = ResponseTrack(event.response.id, state, stream_id)
-            track.next_sequence = 1
-            self._remember(track)
-
-        return commit
+        track = ResponseTrack(event.response.id, state, stream_id)
+        track.next_sequence = 1
+        self._remember(track)
 
     def _track_of(self, event: ServerEvent, stream_id: str | None) -> ResponseTrack:
         response = getattr(event, "response", None)

@@ -172,6 +172,11 @@ TERMINAL_STATES: Final[frozenset[ResponseState]] = frozenset(
     state for state, moves in TRANSITIONS.items() if not moves
 )
 
+#: :data:`RULES` indexed by sender, then state (the same entries, looked up faster).
+_BY_SENDER: Final[dict[Role, dict[ResponseState, dict[str, tuple[Transition, ResponseState]]]]] = {
+    role: {state: RULES.get((role, state), {}) for state in ResponseState} for role in Role
+}
+
 
 class ResponseStateMachine:
     """The state of one Response, advanced only through the table."""
@@ -206,10 +211,18 @@ class ResponseStateMachine:
 
         Raises :class:`LocalProtocolError` (nothing changes) when it is illegal.
         """
-        move = RULES.get((sender, self.state), {}).get(key)
+        move = _BY_SENDER[sender][self.state].get(key)
         if move is None:
             raise self._illegal(key)
         return move
+
+    def take(self, sender: Role, key: str) -> ResponseState:
+        """Make the move of the event ``key`` sent by ``sender``; return the new state.
+
+        Raises :class:`LocalProtocolError` (state unchanged) when it is illegal.
+        """
+        self.state = self.move(sender, key)[1]
+        return self.state
 
     def _illegal(self, what: str) -> LocalProtocolError:
         code = ErrorCode.RESPONSE_ALREADY_COMPLETED if self.terminal else ErrorCode.INVALID_VALUE

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import msgspec
 import pytest
 import trio
 
@@ -364,3 +365,23 @@ async def test_deadline_when_nothing_arrives(server: Any) -> None:
     async with connect(server.url) as client:
         with pytest.raises(trio.TooSlowError):
             await client.next_event(timeout=0.05)
+
+
+async def test_the_resume_event_says_in_progress(server: Any) -> None:
+    async with connect(server.url) as client:
+        await client.create(model="sim", input="go", tools=[READ_TOOL])
+        events = await client.until_done()
+        paused = events[-1]
+        assert isinstance(paused, ResponseDone)
+        assert paused.response.status == "requires_action"
+        (call,) = calls_of(events)
+        output = {"type": "function_call_output", "call_id": call.call_id, "output": "ok"}
+        await client.append([output])
+        resumed = await client.next_event()
+        assert isinstance(resumed, ResponseInProgress), resumed
+        assert resumed.response.status == "in_progress"
+        assert resumed.response.required_action is msgspec.UNSET
+        assert resumed.sequence_number == paused.sequence_number + 1
+        done = (await client.until_done())[-1]
+        assert isinstance(done, ResponseDone)
+        assert done.response.status == "completed"

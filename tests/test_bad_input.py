@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import httpx
 import pytest
 
 from longresponse.client import ConnectionClosedError, connect
@@ -277,3 +278,40 @@ async def test_response_processed_is_tolerated_silently(server: Any) -> None:
         event = await client.next_event()
         assert isinstance(event, ErrorEvent)  # the reply to "{}", not to the processed event
         assert event.error.code == "missing_required_parameter"
+
+
+# --- the order of checks: which error a request with several faults gets -----
+
+
+async def test_background_is_named_before_the_rollout_limit(make_server: Any) -> None:
+    small = make_server(max_rollouts_per_connection=1)
+    async with connect(small.url) as client:
+        await client.create(model="sim", input="go", tools=[TOOL])
+        assert isinstance((await client.until_done())[-1], ResponseDone)  # paused: still live
+        frame = json.dumps({"type": "response.create", "input": "x", "background": True})
+        await expect_error(client, frame, "invalid_value", "background")
+        frame = json.dumps({"type": "response.create", "input": "x"})
+        await expect_error(client, frame, "too_many_rollouts", None)
+
+
+async def test_an_unknown_model_is_named_before_bad_sim_metadata(server: Any) -> None:
+    frame = json.dumps(
+        {
+            "type": "response.create",
+            "model": "no-such-model",
+            "input": "x",
+            "metadata": {"sim_tool_calls": "many"},
+        }
+    )
+    async with connect(server.url) as client:
+        event = await expect_error(client, frame, "model_not_found", "model")
+        assert event.status == 404
+        frame = json.dumps(
+            {"type": "response.create", "input": "x", "metadata": {"sim_tool_calls": "many"}}
+        )
+        await expect_error(client, frame, "invalid_value", "metadata.sim_tool_calls")
+    body = {"model": "no-such-model", "input": "x", "metadata": {"sim_tool_calls": "many"}}
+    async with httpx.AsyncClient(timeout=30) as http:
+        reply = await http.post(f"{server.http_url}/v1/responses", json=body)
+    assert reply.status_code == 404
+    assert reply.json()["error"]["code"] == "model_not_found"

@@ -1079,3 +1079,20 @@ def test_admission_is_not_asked_about_an_event_the_protocol_refuses(
             encode_event(ResponseAppend(input=[output("nope")])), admit=never
         )
     assert refused.value.code == ErrorCode.UNKNOWN_CALL_ID
+
+
+@pytest.mark.parametrize(
+    ("cls", "status"),
+    [
+        (protocol.events.ResponseCompleted, "failed"),
+        (protocol.events.ResponseCompleted, "requires_action"),
+        (protocol.events.ResponseFailed, "completed"),
+        (protocol.events.ResponseIncomplete, "in_progress"),
+    ],
+)
+def test_a_typed_ending_carries_its_own_status(pair: ConnectionPair, cls: Any, status: str) -> None:
+    pair.start()
+    event = pair.emit(cls, response=response(status=status))
+    pair.assert_rejected(Role.SERVER, event, code=ErrorCode.INVALID_VALUE, param="response.status")
+    pair.serve(cls, response=response(status=cls.__name__.removeprefix("Response").lower()))
+    assert pair.state().value == cls.__name__.removeprefix("Response").lower()

@@ -572,3 +572,15 @@ def test_connection_cache_budget_evicts_oldest_rollouts(make_server: Any) -> Non
         shipped = tiny.app.state.endpoint.last_session.shipped
         assert shipped.cache.evictions > 0
         assert shipped.cache.nbytes <= 20_000
+
+
+def test_an_oversized_create_on_a_lane_gets_its_error_on_that_lane(make_server: Any) -> None:
+    small = make_server(max_message_bytes=4096)
+    with sdk(small).responses.connect() as conn:
+        conn.send(
+            {"type": "response.create", "model": "sim", "input": "x" * 5000, "stream_id": "big"}
+        )
+        error = expect_error(conn, "message_too_large", None, status=413)
+        assert error.stream_id == "big"
+        conn.response.create(model="sim", input="fits", store=False, stream_id="big")
+        assert turn(conn)[-1].stream_id == "big"

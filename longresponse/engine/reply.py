@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import msgspec
 
@@ -39,14 +39,22 @@ from protocol.response import (
 
 from .stream import EventSink, StreamBuilder
 
-__all__ = ["Reply"]
+__all__ = ["Reply", "TokenCounts"]
 
 
-class _Counts(Protocol):
-    """What a Reply reads of its rollout: the input it has processed so far."""
+class TokenCounts:
+    """The input tokens a rollout has processed so far, and of those the cached.
 
-    input_tokens: int
-    cached_tokens: int
+    The rollout adds to them; its Replies read them for their usage. (A Reply
+    holds this, not the rollout, so a finished rollout is freed as soon as
+    nothing names it, without waiting for the cycle collector.)
+    """
+
+    __slots__ = ("cached_tokens", "input_tokens")
+
+    def __init__(self, input_tokens: int = 0, cached_tokens: int = 0) -> None:
+        self.input_tokens = input_tokens
+        self.cached_tokens = cached_tokens
 
 
 class Reply:
@@ -59,7 +67,7 @@ class Reply:
         *,
         model: str,
         sink: EventSink,
-        counts: _Counts,
+        counts: TokenCounts,
         append: bool,
         stream_id: str | None = None,
         send_timing: bool = False,

@@ -50,7 +50,7 @@ from .admission import Pipeline
 from .classifier import Finding
 from .models import ModelSpec, Sampler, SampleRequest, Stop
 from .render import TokenCache, render_item, render_prefix
-from .reply import Reply
+from .reply import Reply, TokenCounts
 from .stream import EventSink, StreamClosed
 from .timing import TurnTiming
 
@@ -117,8 +117,12 @@ class Rollout:
         self._started = False
         #: The task running :meth:`run`; set by its owner, the session.
         self.task: asyncio.Task[None] | None = None
-        self.input_tokens = 0
-        self.cached_tokens = 0
+        #: Input tokens processed so far, and of those the cached (shared with
+        #: the Replies, which report usage from them).
+        self.counts = TokenCounts()
+        #: The append-mode Response is ending (post-inference under way): a
+        #: cancel comes too late, and it no longer counts as live.
+        self._finishing = False
         #: Tokens the model has already processed (its reusable prefix): what
         #: the next turn counts as ``cached_tokens``. Nothing on the first turn.
         self.model_seen = 0
@@ -149,7 +153,7 @@ class Rollout:
             self.request,
             model=self.model.name,
             sink=sink,
-            counts=self,
+            counts=self.counts,
             append=append,
             stream_id=stream_id,
             send_timing=send_timing,
@@ -205,11 +209,33 @@ class Rollout:
             self.task.cancel()
 
     @property
+    def input_tokens(self) -> int:
+        return self.counts.input_tokens
+
+    @input_tokens.setter
+    def input_tokens(self, value: int) -> None:
+        self.counts.input_tokens = value
+
+    @property
+    def cached_tokens(self) -> int:
+        return self.counts.cached_tokens
+
+    @cached_tokens.setter
+    def cached_tokens(self, value: int) -> None:
+        self.counts.cached_tokens = value
+
+    @property
     def state(self) -> ResponseState:
         return self._current().state
 
     @property
     def terminal(self) -> bool:
+        """Ended, or ending (its terminal event is on its way)."""
+        return self._finishing or self._current().terminal
+
+    @property
+    def reply_terminal(self) -> bool:
+        """The current Response's terminal event has gone out."""
         return self._current().terminal
 
     @property
@@ -434,12 +460,13 @@ class Rollout:
             reply.incomplete_reason = "pause_timeout"
             await self.finish(ResponseState.INCOMPLETE)
             return False
-        await reply.announce(ResponseInProgress)
+        await reply.announce(ResponseInProgress, ResponseState.IN_PROGRESS)
         return True
 
     async def finish(self, state: ResponseState) -> None:
         """End the append-mode Response with ``state``: post-inference, then ``response.done``."""
         reply = self._current()
+        self._finishing = True
         await reply.sink.room()
         response = reply.snapshot(state)
         if self.on_terminal is not None:

@@ -87,7 +87,7 @@ class AppendShape:
         self._target_id = track.response_id if track is not None else None
         if not isinstance(event, ResponseAppend) or track is None:
             return event
-        rollout = self.rollouts[track.response_id]
+        rollout = self._target()
         admission = self.turns.pipeline.admit(
             as_items(event.input), history=rollout.history(), tools=rollout.request.tools
         )
@@ -97,15 +97,19 @@ class AppendShape:
     # --- recorded events --------------------------------------------------------
 
     def handle(self, event: ClientEvent, received_at: float, decode: float) -> None:
-        if isinstance(event, ResponseCreate):
-            self._create(event, decode)
-        elif isinstance(event, ResponseAppend):
-            self._append(event, received_at, decode)
-        elif isinstance(event, ResponseCancel):
-            self._target().request_cancel()
-        # response.processed: tolerated, never answered
+        try:
+            if isinstance(event, ResponseCreate):
+                self._create(event, decode)
+            elif isinstance(event, ResponseAppend):
+                self._append(event, received_at, decode)
+            elif isinstance(event, ResponseCancel):
+                self._target().request_cancel()
+            # response.processed: tolerated, never answered
+        finally:
+            self._target_id = None
 
     def _create(self, event: ResponseCreate, decode: float) -> None:
+        self.turns.check_background(event, transport=TRANSPORT)
         live = sum(1 for r in self.rollouts.values() if not r.terminal)
         if live >= self.config.max_rollouts_per_connection:
             raise RemoteProtocolError(
@@ -114,8 +118,11 @@ class AppendShape:
                 code=ErrorCode.TOO_MANY_ROLLOUTS,
                 status=429,
             )
+        model = self.turns.resolve(event)
+        self.turns.check_metadata(event)
         started = self.turns.start_turn(
             event,
+            model=model,
             transport=TRANSPORT,
             response_id=new_id("resp"),
             sink=self.sink,
@@ -151,13 +158,23 @@ class AppendShape:
         await self.turns.bill(response, owner=self.owner, transport=TRANSPORT)
 
     def _forget_finished(self) -> None:
-        for rollout_id in [rid for rid, r in self.rollouts.items() if r.terminal]:
+        # Only those whose terminal event went out: until then the protocol
+        # core still accepts appends and cancels that name them.
+        for rollout_id in [rid for rid, r in self.rollouts.items() if r.reply_terminal]:
             del self.rollouts[rollout_id]
 
     def _target(self) -> Rollout:
         """The rollout the append or cancel being handled targets."""
-        assert self._target_id is not None  # the protocol core found it before admit()
-        return self.rollouts[self._target_id]
+        rollout = self.rollouts.get(self._target_id or "")
+        if rollout is None:  # pragma: no cover - the protocol core found it live
+            raise RemoteProtocolError(
+                f"Response {self._target_id!r} is already finished.",
+                code=ErrorCode.RESPONSE_ALREADY_COMPLETED,
+                param="response_id",
+                status=409,
+                response_id=self._target_id,
+            )
+        return rollout
 
     def _append(self, event: ResponseAppend, received_at: float, decode: float) -> None:
         rollout = self._target()

@@ -41,8 +41,6 @@ from protocol.items import Item, as_items
 from protocol.response import Response as ResponseObject
 
 from ..config import ServerConfig
-from ..engine.models import ModelSpec
-from ..engine.rollout import Rollout
 from ..engine.timing import TurnTiming
 from ..ids import new_id
 from ..storage.keys import ApiKeys, Unauthorized
@@ -155,8 +153,9 @@ class ResponsesHTTP:
                         code=ErrorCode.UNKNOWN_PARAMETER,
                         param=name,
                     )
-            self.turns.check(body, transport=TRANSPORT)
+            self.turns.check_background(body, transport=TRANSPORT)
             model = self.turns.resolve(body)
+            self.turns.check_metadata(body)
             decoded = time.perf_counter()
             new_items = as_items(body.input)
             continuation = await continue_from(
@@ -168,20 +167,20 @@ class ResponsesHTTP:
                 persistence=self.persistence,
                 owner=owner,
             )
-            run = _Run(self, body, model, owner, continuation.history, received_at)
+            run = _Run(self, body, owner, continuation.history, received_at)
             # Stateless: the whole history is validated and classified again.
             run.started = self.turns.start_turn(
                 body,
                 transport=TRANSPORT,
                 response_id=new_id("resp"),
-                sink=run.sink(body.stream),
+                sink=run.sink,
                 new_items=new_items,
                 history=continuation.history,
                 cached=False,
-                rollout=run.rollout,
                 model=model,
                 decode=decoded - received_at,
             )
+            run.seed_from_token_cache()
         except ProtocolError as error:
             return http_error(error)
         if body.stream:
@@ -319,7 +318,6 @@ class _Run:
         self,
         http: ResponsesHTTP,
         body: ResponseCreate,
-        model: ModelSpec,
         owner: str,
         history: list[Item],
         received_at: float,
@@ -331,25 +329,22 @@ class _Run:
         self.history = history
         self.started: Started | None = None
         self.final: ResponseObject | None = None
-        self._sse = _SSESink(SSE_QUEUE_DEPTH)
-        self._json = _RecordingSink()
-        #: A rollout seeded from the token cache, or ``None`` for a fresh one.
-        self.rollout: Rollout | None = None
-        cache = http.token_cache
-        parent = body.previous_response_id
-        if cache is not None and parent is not None and history:
-            tokens = cache.get(owner, parent)
-            if tokens is not None:
-                # The history is in the store's items, its tokens in memory:
-                # take both in without rendering anything again.
-                rollout = http.turns.new_rollout(body, model)
-                rollout.context = list(history)
-                rollout.tokens.extend_tokens(tokens)
-                self.rollout = rollout
-                self.history = []
+        self._sse = _SSESink(SSE_QUEUE_DEPTH) if body.stream else None
+        self.sink: _RecordingSink = self._sse or _RecordingSink()
 
-    def sink(self, stream: bool | None) -> _RecordingSink | _SSESink:
-        return self._sse if stream else self._json
+    def seed_from_token_cache(self) -> None:
+        """With ``--http-token-cache``: when the parent's tokens are in memory, the
+        admitted turn's fresh rollout takes the history in without rendering it."""
+        cache = self.http.token_cache
+        parent = self.body.previous_response_id
+        if cache is None or parent is None or not self.history or self.started is None:
+            return
+        tokens = cache.get(self.owner, parent)
+        if tokens is not None:
+            rollout = self.started.rollout
+            rollout.context = list(self.history)
+            rollout.tokens.extend_tokens(tokens)
+            self.history = []
 
     async def _segment(self) -> bool:
         assert self.started is not None
@@ -402,6 +397,7 @@ class _Run:
 
     async def sse(self) -> AsyncIterator[bytes]:
         sink = self._sse
+        assert sink is not None  # made for a streaming request
 
         async def produce() -> None:
             try:

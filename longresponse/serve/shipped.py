@@ -196,8 +196,7 @@ class ShippedShape:
                     code=ErrorCode.WEBSOCKET_STREAM_LIMIT_REACHED,
                     param="stream_id",
                 )
-        if request.background:
-            self.turns.check(request, transport=TRANSPORT)
+        self.turns.check_background(request, transport=TRANSPORT)
         if self.queued >= self.config.max_queued:
             raise RemoteProtocolError(
                 f"{self.queued} requests are already waiting on this connection; the limit is "
@@ -241,7 +240,7 @@ class ShippedShape:
     async def _run(
         self, request: ResponseCreate, lane: str | None, received_at: float, decode: float
     ) -> None:
-        self.turns.check(request, transport=TRANSPORT)
+        self.turns.check_metadata(request)
         new_items = as_items(request.input)
         continuation = await continue_from(
             request.previous_response_id,

@@ -6,7 +6,8 @@ Whatever the transport, a request that starts model work goes through the
 same steps, in :meth:`Turns.start_turn`:
 
 1. the request's own checks (``background``, the simulated model's
-   ``sim_*`` metadata);
+   ``sim_*`` metadata), which each shape makes where its order of errors puts
+   them;
 2. model resolution, reused from the parent rollout when the name is the
    same and the resolution-reuse switch is on;
 3. admission: validation and classification of the new input (and of the
@@ -28,7 +29,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Final
 
-from protocol import ErrorCode, RemoteProtocolError
+from protocol import ErrorCode, RemoteProtocolError, ResponseState
 from protocol.events import ResponseCreate
 from protocol.items import Item
 from protocol.response import Response
@@ -85,8 +86,8 @@ class Turns:
 
     # --- the steps -------------------------------------------------------------
 
-    def check(self, request: ResponseCreate, *, transport: str) -> None:
-        """The request's own checks. Raises :class:`RemoteProtocolError`."""
+    def check_background(self, request: ResponseCreate, *, transport: str) -> None:
+        """``background: true`` is refused. Raises :class:`RemoteProtocolError`."""
         if request.background:
             where = "by this server" if transport == "http" else "over WebSocket"
             raise RemoteProtocolError(
@@ -94,6 +95,9 @@ class Turns:
                 code=ErrorCode.INVALID_VALUE,
                 param="background",
             )
+
+    def check_metadata(self, request: ResponseCreate) -> None:
+        """The simulated model's ``sim_*`` metadata. Raises :class:`RemoteProtocolError`."""
         check_sim_metadata(request.metadata)
 
     def resolve(self, request: ResponseCreate, parent: Rollout | None = None) -> ModelSpec:
@@ -124,7 +128,11 @@ class Turns:
         send_timing: bool = False,
         decode: float = 0.0,
     ) -> Started:
-        """Checks, model, admission and the rollout of one turn (nothing runs yet).
+        """Model, admission and the rollout of one turn (nothing runs yet).
+
+        The request's own checks (:meth:`check_background`,
+        :meth:`check_metadata`) are the caller's, each shape at the point of
+        its order of errors.
 
         Append mode (``transport="append"``) gets a new rollout writing one
         Reply for all its turns; the shipped shapes get a :class:`Segment` of
@@ -132,7 +140,6 @@ class Turns:
         is the model when the caller resolved it already. Raises
         :class:`RemoteProtocolError`; nothing is accepted then.
         """
-        self.check(request, transport=transport)
         if model is None:
             model = self.resolve(request, parent)
         admission = self.pipeline.admit(
@@ -205,7 +212,8 @@ class Turns:
             [*history, *started.items], received_at=received_at, on_finish=finished
         )
         if boundary is None:  # failed: still billed and counted, never stored
-            await self.bill(started.reply.snapshot(), owner=owner, transport=transport)
+            failed = started.reply.snapshot(ResponseState.FAILED)
+            await self.bill(failed, owner=owner, transport=transport)
         return boundary
 
     # --- post-inference ------------------------------------------------------------

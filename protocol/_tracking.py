@@ -1,0 +1,139 @@
+"""What the connection records of each response: its track, its calls, its events' keys.
+
+:class:`ResponseTrack` is the one record of a response's state (its state
+machine), its next ``sequence_number`` and its client tool calls, pending and
+answered. :func:`check_append_items` checks an append's items against them;
+:func:`event_key` names a server event for the rule table of
+``protocol.state``.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from ._wire import wire_type
+from .errors import ErrorCode, LocalProtocolError
+from .events import (
+    ResponseCompleted,
+    ResponseDone,
+    ResponseFailed,
+    ResponseIncomplete,
+    ServerEvent,
+)
+from .items import FunctionCallOutput, Item, Message
+from .state import ResponseState, ResponseStateMachine
+
+__all__ = ["ResponseTrack", "check_append_items", "event_key"]
+
+_DONE_STATUSES: Final = frozenset(
+    {"requires_action", "completed", "incomplete", "failed", "cancelled"}
+)
+
+
+class ResponseTrack:
+    """One response as the connection has seen it: the one record of its state."""
+
+    __slots__ = ("answered_calls", "machine", "next_sequence", "pending_calls", "stream_id")
+
+    def __init__(self, response_id: str, state: ResponseState, stream_id: str | None) -> None:
+        self.machine = ResponseStateMachine(response_id, state)
+        self.next_sequence = 0
+        self.pending_calls: dict[str, str] = {}  # call_id -> tool name, no output yet
+        self.answered_calls: set[str] = set()
+        self.stream_id = stream_id
+
+    @property
+    def response_id(self) -> str:
+        return self.machine.response_id
+
+    @property
+    def state(self) -> ResponseState:
+        return self.machine.state
+
+    @property
+    def terminal(self) -> bool:
+        return self.machine.terminal
+
+    def __repr__(self) -> str:
+        return f"ResponseTrack({self.response_id!r}, {self.state.value}, seq={self.next_sequence})"
+
+
+def check_append_items(items: list[Item], track: ResponseTrack) -> list[str]:
+    """The call ids an append's items answer; raises :class:`LocalProtocolError`
+    (nothing recorded) for an item an append cannot carry, or an output whose
+    ``call_id`` is unknown or already answered."""
+    response_id = track.response_id
+    seen: list[str] = []
+    for index, item in enumerate(items):
+        if isinstance(item, FunctionCallOutput):
+            call_id = item.call_id
+            if call_id in track.answered_calls or call_id in seen:
+                raise LocalProtocolError(
+                    f"Tool call {call_id!r} of response {response_id!r} already has an output.",
+                    code=ErrorCode.DUPLICATE_CALL_ID,
+                    param=f"input[{index}].call_id",
+                    response_id=response_id,
+                )
+            if call_id not in track.pending_calls:
+                raise LocalProtocolError(
+                    f"No tool call with call_id {call_id!r} is pending in response "
+                    f"{response_id!r}.",
+                    code=ErrorCode.UNKNOWN_CALL_ID,
+                    param=f"input[{index}].call_id",
+                    response_id=response_id,
+                )
+            seen.append(call_id)
+        elif isinstance(item, Message):
+            if item.role == "assistant":
+                raise LocalProtocolError(
+                    "An append cannot carry assistant messages; only the model writes them.",
+                    code=ErrorCode.INVALID_VALUE,
+                    param=f"input[{index}].role",
+                    response_id=response_id,
+                )
+        else:
+            raise LocalProtocolError(
+                "An append carries message and function_call_output items, "
+                f"not {wire_type(item)!r}.",
+                code=ErrorCode.INVALID_VALUE,
+                param=f"input[{index}].type",
+                response_id=response_id,
+            )
+    return seen
+
+
+#: The status each typed terminal event of the shipped shape must carry.
+_TYPED_ENDINGS: Final[dict[type, str]] = {
+    ResponseCompleted: "completed",
+    ResponseIncomplete: "incomplete",
+    ResponseFailed: "failed",
+}
+
+
+def event_key(event: ServerEvent) -> str:
+    """The key of ``event`` in ``protocol.state.RULES``.
+
+    Raises :class:`LocalProtocolError` (``response.status``) when a terminal
+    event carries a status it cannot: ``response.done`` a live one, a typed
+    ending (``response.completed``…) any but its own.
+    """
+    kind = type(event)
+    if kind is ResponseDone:
+        status = event.response.status  # type: ignore[union-attr]
+        if status not in _DONE_STATUSES:
+            raise LocalProtocolError(
+                f"response.done cannot carry status {status!r}.",
+                code=ErrorCode.INVALID_VALUE,
+                param="response.status",
+            )
+        return f"response.done:{status}"
+    expected = _TYPED_ENDINGS.get(kind)
+    if expected is not None and event.response.status != expected:  # type: ignore[union-attr]
+        raise LocalProtocolError(
+            f"{wire_type(event)} cannot carry status {event.response.status!r}.",  # type: ignore[union-attr]
+            code=ErrorCode.INVALID_VALUE,
+            param="response.status",
+        )
+    return wire_type(event)
+
+
