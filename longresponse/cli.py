@@ -287,6 +287,26 @@ def uvicorn_config(config: ServerConfig, *, log_level: str = "info") -> object:
     )
 
 
+def store_problem(config: ServerConfig) -> str | None:
+    """Why the configured store cannot be used (a bad URL, nothing answering), or ``None``."""
+    import asyncio
+
+    from .storage.backends import StoreError, open_store
+
+    async def probe() -> None:
+        store = open_store(config.store, ttl=config.store_ttl)
+        try:
+            await store.ping()
+        finally:
+            await store.aclose()
+
+    try:
+        asyncio.run(probe())
+    except (ValueError, StoreError) as exc:
+        return f"cannot use the store {config.store!r}: {exc}"
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -300,6 +320,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"refusing to listen on {config.host} without API keys: pass --api-key "
                 f"(or set {API_KEYS_ENV}), or --allow-unauthenticated to accept anyone"
             )
+        problem = store_problem(config)
+        if problem is not None:
+            print(f"longresponse: {problem}", file=sys.stderr)
+            return 2
         logging.basicConfig(level=args.log_level.upper())
         server = uvicorn.Server(uvicorn_config(config, log_level=args.log_level))  # type: ignore[arg-type]
         # uvicorn shuts down cleanly on SIGINT/SIGTERM (the lifespan drains the

@@ -57,13 +57,22 @@ from .timing import TurnTiming
 if TYPE_CHECKING:
     from .segment import Boundary
 
-__all__ = ["ContextLengthExceeded", "Rollout"]
+__all__ = ["ContextLengthExceeded", "Rollout", "TurnRefused"]
 
 log = logging.getLogger(__name__)
 
 
 class ContextLengthExceeded(Exception):
     """The context is longer than the model's window and truncation is off."""
+
+
+class TurnRefused(Exception):
+    """Post-inference work could not accept the turn's result (e.g. the store
+    failed a ``store=true`` write): the response ends ``failed`` with ``error``."""
+
+    def __init__(self, error: ResponseError) -> None:
+        super().__init__(error.message)
+        self.error = error
 
 
 class Rollout:
@@ -492,5 +501,7 @@ def failure(exc: Exception, response_id: str) -> ResponseError:
     """The ``error`` of a response that failed while running."""
     if isinstance(exc, ContextLengthExceeded):
         return ResponseError(code="context_length_exceeded", message=str(exc))
+    if isinstance(exc, TurnRefused):
+        return exc.error
     log.exception("response %s failed", response_id, exc_info=exc)
     return ResponseError(code="server_error", message="The model failed.")

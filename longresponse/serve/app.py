@@ -23,7 +23,7 @@ from ..engine.admission import Pipeline
 from ..engine.classifier import Policy
 from ..engine.models import ModelRegistry
 from ..engine.render import encode
-from ..storage.backends import open_store
+from ..storage.backends import StoreError, open_store
 from ..storage.keys import ApiKeys
 from ..storage.persistence import Persistence
 from .http import ResponsesHTTP
@@ -32,7 +32,10 @@ from .metrics import ServerMetrics
 from .turns import Turns
 from .ws import ResponsesEndpoint
 
-__all__ = ["ResponsesEndpoint", "create_app"]
+__all__ = ["HEALTH_STORE_TIMEOUT", "ResponsesEndpoint", "create_app"]
+
+#: Seconds ``/healthz`` waits for the store's answer before reporting it down.
+HEALTH_STORE_TIMEOUT = 2.0
 
 
 class _Services:
@@ -66,6 +69,7 @@ def create_app(config: ServerConfig | None = None) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         store = open_store(config.store, ttl=config.store_ttl)
+        await store.ping()  # an unreachable store stops the startup (StoreError)
         persistence = Persistence(store, overlapped=config.switches.overlapped_post_inference)
         persistence.start()
         app.state.loop = asyncio.get_running_loop()  # for tests that reach into the store
@@ -92,7 +96,19 @@ def create_app(config: ServerConfig | None = None) -> Starlette:
         return Response(metrics.render(), media_type=METRICS_CONTENT_TYPE)
 
     async def health(request: Request) -> JSONResponse:
-        return JSONResponse({"status": "ok", "live_sessions": endpoint.live_sessions})
+        """200 while the store answers, 503 (``"store": "down"``) while it does not."""
+        body: dict[str, object] = {"status": "ok", "live_sessions": endpoint.live_sessions}
+        persistence = services.persistence
+        try:
+            if persistence is None:
+                raise StoreError("the store is not open")
+            async with asyncio.timeout(HEALTH_STORE_TIMEOUT):
+                await persistence.store.ping()
+            body["store"] = "up"
+        except (StoreError, TimeoutError) as exc:
+            body.update(status="degraded", store="down", store_error=str(exc) or "timed out")
+            return JSONResponse(body, status_code=503)
+        return JSONResponse(body)
 
     app = Starlette(
         routes=[

@@ -369,6 +369,15 @@ class _Run:
         assert self.started is not None
         if not await self._segment() or self.final is None:
             failure = self.started.reply.error
+            if self.started.refused == "store_unavailable" and failure is not None:
+                return http_error(
+                    RemoteProtocolError(
+                        failure.message,
+                        code="store_unavailable",
+                        status=503,
+                        error_type="server_error",
+                    )
+                )
             if failure is not None and failure.code == "context_length_exceeded":
                 return http_error(
                     RemoteProtocolError(failure.message, code=failure.code, param="input")

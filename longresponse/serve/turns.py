@@ -32,16 +32,16 @@ from typing import Final
 from protocol import ErrorCode, RemoteProtocolError, ResponseState
 from protocol.events import ResponseCreate
 from protocol.items import Item
-from protocol.response import Response
+from protocol.response import Response, ResponseError
 
 from ..config import ServerConfig
 from ..engine.admission import Pipeline
 from ..engine.models import ModelRegistry, ModelSpec, check_sim_metadata
 from ..engine.reply import Reply
-from ..engine.rollout import Rollout
+from ..engine.rollout import Rollout, TurnRefused
 from ..engine.segment import Boundary, Segment
 from ..engine.stream import EventSink
-from ..storage.persistence import Persistence
+from ..storage.persistence import Persistence, StoreWriteFailed
 from .metrics import ServerMetrics
 
 __all__ = ["TRANSPORTS", "Started", "Turns"]
@@ -60,6 +60,8 @@ class Started:
     items: list[Item]
     reply: Reply
     segment: Segment | None = None
+    #: Why post-inference refused the finished turn (``"store_unavailable"``), if it did.
+    refused: str | None = None
 
 
 class Turns:
@@ -200,13 +202,24 @@ class Turns:
         request = started.segment.request
 
         async def finished(response: Response) -> None:
-            await self.bill(
-                response,
-                owner=owner,
-                transport=transport,
-                store_input=started.items if request.store else None,
-                previous_response_id=request.previous_response_id,
-            )
+            try:
+                await self.bill(
+                    response,
+                    owner=owner,
+                    transport=transport,
+                    store_input=started.items if request.store else None,
+                    previous_response_id=request.previous_response_id,
+                )
+            except StoreWriteFailed as exc:
+                # Never acknowledged as completed: the response ends failed.
+                started.refused = "store_unavailable"
+                raise TurnRefused(
+                    ResponseError(
+                        code="server_error",
+                        message="The response could not be stored (store=true), so it did "
+                        "not complete; retry when the store is back.",
+                    )
+                ) from exc
 
         boundary = await started.segment.run(
             [*history, *started.items], received_at=received_at, on_finish=finished

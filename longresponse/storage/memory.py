@@ -75,6 +75,9 @@ class MemoryStore:
             del self._records[key]
         return len(expired)
 
+    async def ping(self) -> None:
+        """A dict always answers."""
+
     async def aclose(self) -> None:
         """Forget every record and the ledger."""
         self._records.clear()

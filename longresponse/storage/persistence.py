@@ -1,19 +1,27 @@
-"""Persistence: stored responses, written off the critical path.
+"""Persistence: stored responses durable before they are acknowledged; the ledger behind.
 
-:class:`Persistence` puts a :class:`ResponseStore` behind a bounded background
-queue (the post-inference work of DESIGN §3 step 4). A finished ``store=true``
-response is queued for writing after its terminal event has been handed to
-the transport, so the write never delays that event.
+Durable before acknowledged: a finished ``store=true`` response is written to
+the store, and the write has landed (SQLite: a committed WAL transaction;
+Redis: the ``SET`` answered), before its terminal event is handed to the
+transport. A client that saw ``completed`` can name the response after any
+crash of this process. A write that fails raises :class:`StoreWriteFailed`,
+and the response ends ``failed`` instead of ``completed``.
+
+Usage records (the billing ledger) stay off the critical path: they go
+through a bounded background queue (the post-inference work of DESIGN §3
+step 4) and are written after the terminal event. The loss window on a crash
+is what that queue holds: at most :data:`POST_INFERENCE_QUEUE_DEPTH` records,
+in practice those of the last few milliseconds of finished responses. A clean
+shutdown drains it (:meth:`Persistence.drain`) and loses nothing.
 
 The ordering guarantee: a response is readable, in the process that served
-it, by the time its id could be used. Every id queued for writing has a
-pending entry until its write lands, and every read in this process (GET,
-chaining with ``previous_response_id``, WebSocket hydration) waits for a
-pending write of the id it asks for. Another process sharing the store (Redis)
-sees the record once the write lands, normally within a millisecond of the
-terminal event; there a read that misses keeps looking for up to
-:data:`CROSS_PROCESS_GRACE` seconds to cover that window (so a truly unknown
-id costs that long to report as not found).
+it, by the time its id could be used. Every id being written has a pending
+entry until its write lands, and every read in this process (GET, chaining
+with ``previous_response_id``, WebSocket hydration) waits for a pending write
+of the id it asks for. Another process sharing the store (Redis) sees the
+record once the write lands, before the terminal event; there a read that
+misses keeps looking for up to :data:`CROSS_PROCESS_GRACE` seconds (so a truly
+unknown id costs that long to report as not found).
 
 Rebuilding a conversation from the store walks ``previous_response_id`` back
 to its start: the whole history is read and rendered again on every request.
@@ -43,6 +51,7 @@ __all__ = [
     "POST_INFERENCE_QUEUE_DEPTH",
     "Conversation",
     "Persistence",
+    "StoreWriteFailed",
     "stored_input_items",
 ]
 
@@ -80,6 +89,14 @@ def stored_input_items(items: Sequence[Item]) -> list[Item]:
     return out
 
 
+class StoreWriteFailed(Exception):
+    """A ``store=true`` response could not be made durable; it must not be acknowledged."""
+
+    def __init__(self, response_id: str, cause: Exception) -> None:
+        super().__init__(f"The response could not be stored: {cause}")
+        self.response_id = response_id
+
+
 class Conversation(msgspec.Struct, frozen=True, kw_only=True):
     """A chain rebuilt from the store: everything before the next request."""
 
@@ -112,6 +129,7 @@ class Persistence:
         self._worker: asyncio.Task[None] | None = None
         self._stragglers: set[asyncio.Task[None]] = set()
         self.written = 0
+        self.failed_writes = 0
         self.usage_written = 0
         self.write_seconds = 0.0
 
@@ -190,10 +208,11 @@ class Persistence:
     ) -> None:
         """The post-inference work of one finished response.
 
-        Always a usage-ledger record; with ``store_input`` also the stored
-        response. Returns once queued (or, not overlapped, once written).
+        With ``store_input``, the stored response first: written and durable
+        when this returns (raises :class:`StoreWriteFailed` otherwise, and
+        nothing is billed: the caller ends the response failed and bills
+        that). Then a usage-ledger record, queued (or, not overlapped, written).
         """
-        await self._enqueue(_usage_record(response, owner=owner, transport=transport))
         if store_input is not None:
             await self.persist(
                 response,
@@ -201,6 +220,7 @@ class Persistence:
                 input_items=store_input,
                 previous_response_id=previous_response_id,
             )
+        await self._enqueue(_usage_record(response, owner=owner, transport=transport))
 
     # --- writes ----------------------------------------------------------------
 
@@ -212,17 +232,34 @@ class Persistence:
         input_items: Sequence[Item],
         previous_response_id: str | None,
     ) -> None:
-        """Queue ``response`` for writing (waits only if the queue is full)."""
-        await self._enqueue(
-            StoredResponse(
-                id=response.id,
-                owner=owner,
-                created_at=time.time(),
-                response=response,
-                input_items=stored_input_items(input_items),
-                previous_response_id=previous_response_id,
-            )
+        """Write ``response`` to the store; it is durable when this returns.
+
+        Raises :class:`StoreWriteFailed` if the store refused or failed the
+        write (readers waiting on it then find nothing).
+        """
+        record = StoredResponse(
+            id=response.id,
+            owner=owner,
+            created_at=time.time(),
+            response=response,
+            input_items=stored_input_items(input_items),
+            previous_response_id=previous_response_id,
         )
+        done = asyncio.get_running_loop().create_future()
+        self._pending[record.id] = done
+        started = time.perf_counter()
+        try:
+            await self.store.put(record)
+            self.written += 1
+        except Exception as exc:
+            self.failed_writes += 1
+            log.warning("storing response %s failed: %s", record.id, exc)
+            raise StoreWriteFailed(record.id, exc) from exc
+        finally:
+            self.write_seconds += time.perf_counter() - started
+            self._pending.pop(record.id, None)
+            if not done.done():
+                done.set_result(None)
 
     # --- reads -----------------------------------------------------------------
 

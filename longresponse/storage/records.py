@@ -84,6 +84,9 @@ class ResponseStore(Protocol):
     async def usage(self, *, owner: str | None = None) -> list[UsageRecord]:
         """The whole ledger, or ``owner``'s part of it, by ``created_at`` then ``response_id``."""
 
+    async def ping(self) -> None:
+        """Check the store answers; raises :class:`StoreError` if it does not."""
+
     async def aclose(self) -> None:
         """Release connections and files."""
 

@@ -24,7 +24,18 @@ from .records import (
     ledger_order,
 )
 
-__all__ = ["REDIS_KEY_PREFIX", "REDIS_USAGE_KEY", "RedisStore"]
+__all__ = [
+    "REDIS_CONNECT_TIMEOUT",
+    "REDIS_KEY_PREFIX",
+    "REDIS_TIMEOUT",
+    "REDIS_USAGE_KEY",
+    "RedisStore",
+]
+
+#: Seconds to connect to Redis, and to wait for one answer, before the call
+#: fails with :class:`StoreError` (a store that is down is loud, not stuck).
+REDIS_CONNECT_TIMEOUT: Final = 2.0
+REDIS_TIMEOUT: Final = 5.0
 
 #: Redis key of a record: ``longresponse:response:{id}``.
 REDIS_KEY_PREFIX: Final = "longresponse:response:"
@@ -61,7 +72,11 @@ class RedisStore:
     def __init__(self, url: str, *, ttl: float | None = None) -> None:
         self.url = url
         self.ttl = check_ttl(ttl)
-        self._redis = redis.asyncio.Redis.from_url(url)
+        self._redis = redis.asyncio.Redis.from_url(
+            url,
+            socket_connect_timeout=REDIS_CONNECT_TIMEOUT,
+            socket_timeout=REDIS_TIMEOUT,
+        )
         self._delete_if_owner = self._redis.register_script(_DELETE_IF_OWNER)
 
     async def put(self, record: StoredResponse) -> None:
@@ -120,6 +135,13 @@ class RedisStore:
     async def purge_expired(self) -> int:
         """Always 0: Redis expires keys itself (and never the ledger)."""
         return 0
+
+    async def ping(self) -> None:
+        """``PING`` (raises :class:`StoreError` when Redis does not answer)."""
+        try:
+            await self._redis.ping()
+        except (redis.exceptions.RedisError, OSError) as exc:
+            raise StoreError(f"Redis store {self.url}: {exc}") from exc
 
     async def aclose(self) -> None:
         """Close the connection pool."""

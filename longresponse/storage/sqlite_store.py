@@ -189,6 +189,10 @@ class SQLiteStore:
         self._last_purge = now
         return await self._run(lambda: self._db.execute(_PURGE, (now,)).rowcount)
 
+    async def ping(self) -> None:
+        """One read of the file (raises :class:`StoreError` if it fails)."""
+        await self._run(lambda: self._db.execute("SELECT 1 FROM usage LIMIT 1").fetchone())
+
     async def aclose(self) -> None:
         """Close the connection and stop the worker thread; idempotent.
 
