@@ -315,3 +315,29 @@ async def test_an_unknown_model_is_named_before_bad_sim_metadata(server: Any) ->
         reply = await http.post(f"{server.http_url}/v1/responses", json=body)
     assert reply.status_code == 404
     assert reply.json()["error"]["code"] == "model_not_found"
+
+
+async def test_an_append_create_with_an_output_for_no_call_is_refused(server: Any) -> None:
+    """As in the shipped shape: an output must answer a call of the same input."""
+    orphan = [{"type": "function_call_output", "call_id": "call_nowhere", "output": "x"}]
+    frame = json.dumps({"type": "response.create", "input": orphan})
+    async with connect(server.url) as client:
+        await expect_error(client, frame, "unknown_call_id", "input[0].call_id")
+        paired = [
+            {"type": "function_call", "call_id": "call_1", "name": "read_file", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "call_1", "output": "contents"},
+        ]
+        await client.create(model="sim", input=paired)
+        assert (await client.until_done())[-1].response.status == "completed"  # type: ignore[union-attr]
+
+
+async def test_http_caps_input_items_like_the_websocket(make_server: Any) -> None:
+    small = make_server(max_items_per_event=3)
+    items = [{"role": "user", "content": "x"}] * 4
+    async with httpx.AsyncClient(timeout=30) as http:
+        reply = await http.post(f"{small.http_url}/v1/responses", json={"input": items})
+        assert reply.status_code == 400
+        error = reply.json()["error"]
+        assert (error["code"], error["param"]) == ("too_many_items", "input")
+        reply = await http.post(f"{small.http_url}/v1/responses", json={"input": items[:3]})
+        assert reply.status_code == 200

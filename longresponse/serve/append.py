@@ -41,6 +41,7 @@ from ..engine.admission import Admission
 from ..engine.rollout import Rollout
 from ..engine.stream import EventSink, StreamClosed
 from ..ids import new_id
+from .continuation import check_continuation
 from .turns import Turns
 
 __all__ = ["AppendShape"]
@@ -120,13 +121,16 @@ class AppendShape:
             )
         model = self.turns.resolve(event)
         self.turns.check_metadata(event)
+        new_items = as_items(event.input)
+        # A new rollout has no calls yet: outputs must answer calls of the same input.
+        check_continuation(new_items, {})
         started = self.turns.start_turn(
             event,
             model=model,
             transport=TRANSPORT,
             response_id=new_id("resp"),
             sink=self.sink,
-            new_items=as_items(event.input),
+            new_items=new_items,
             send_timing=self.send_timing,
             decode=decode,
         )

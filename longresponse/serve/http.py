@@ -158,6 +158,13 @@ class ResponsesHTTP:
             self.turns.check_metadata(body)
             decoded = time.perf_counter()
             new_items = as_items(body.input)
+            if len(new_items) > self.config.max_items_per_event:
+                raise RemoteProtocolError(
+                    f"The request carries {len(new_items)} input items; the limit is "
+                    f"{self.config.max_items_per_event}.",
+                    code=ErrorCode.TOO_MANY_ITEMS,
+                    param="input",
+                )
             continuation = await continue_from(
                 body.previous_response_id,
                 new_items,
