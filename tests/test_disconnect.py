@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import time
@@ -89,3 +90,63 @@ async def test_slow_reader_is_disconnected_with_bounded_memory(make_server: Any)
     assert session.outbox_high_water <= 8
     assert_all_rollouts_ended(running)
     assert time.monotonic() - started < 30
+
+
+def open_connections(running: Any) -> int:
+    """Connections the server still holds open (uvicorn's own set of them)."""
+    return len(running.server.server_state.connections)
+
+
+async def test_a_slow_websocket_reader_is_dropped_and_its_connection_freed(
+    make_server: Any,
+) -> None:
+    running = make_server(send_queue_depth=8, slow_reader_timeout=0.3)
+    sock, conn = handshake(running.port, rcvbuf=4096)
+    create = {
+        "type": "response.create",
+        "input": "flood me",
+        "metadata": {"sim_output_tokens": "2000000"},
+    }
+    with sock:
+        sock.sendall(conn.send(ws.TextMessage(json.dumps(create))))
+        await wait_until(lambda: open_connections(running) == 1)
+        # Still never reading: the server lets go of the TCP connection too,
+        # not only of the session (a graceful close would wait to flush).
+        await wait_until(lambda: open_connections(running) == 0, seconds=30)
+        sock.settimeout(5)
+        received = b""
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := sock.recv(1 << 20):
+                received += chunk
+        # What reaches us is what was in flight, not the megabytes it held.
+        assert len(received) < 4 * 1024 * 1024
+
+
+async def test_a_slow_sse_reader_is_dropped_and_its_connection_freed(make_server: Any) -> None:
+    running = make_server(slow_reader_timeout=0.3)
+    body = json.dumps(
+        {
+            "input": "flood me",
+            "stream": True,
+            "store": False,
+            "metadata": {"sim_output_tokens": "2000000"},
+        }
+    ).encode()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.settimeout(10)
+    with sock:
+        sock.connect(("127.0.0.1", running.port))
+        sock.sendall(
+            b"POST /v1/responses HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        await wait_until(lambda: open_connections(running) == 1)
+        await wait_until(lambda: open_connections(running) == 0, seconds=30)
+        received = b""
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := sock.recv(1 << 20):
+                received += chunk
+        assert received.startswith(b"HTTP/1.1 200")
+        assert len(received) < 4 * 1024 * 1024
+        assert b"event: response.completed" not in received

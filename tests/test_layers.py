@@ -20,7 +20,7 @@ import pytest
 
 from longresponse.config import ServerConfig
 from longresponse.engine.stream import PeerGone, ServerClosed, StreamClosed
-from longresponse.serve.http import _RecordingSink, _SSESink
+from longresponse.serve.http_sinks import RecordingSink, SSESink
 from longresponse.serve.ws import Outbox
 from protocol import LocalProtocolError, Mode
 from protocol.events import OutputTextDelta, ResponseCreated
@@ -188,11 +188,11 @@ def _delta(sequence_number: int) -> OutputTextDelta:
 @pytest.mark.parametrize("sink_type", ["json", "sse", "websocket"])
 def test_every_sink_checks_its_events_in_the_protocol_core(sink_type: str) -> None:
     async def scenario() -> None:
-        sink: _RecordingSink | Outbox
+        sink: RecordingSink | Outbox
         if sink_type == "json":
-            sink = _RecordingSink()
+            sink = RecordingSink()
         elif sink_type == "sse":
-            sink = _SSESink(4)
+            sink = SSESink(4)
         else:
             sink = Outbox(ServerConfig(), Mode.SHIPPED)
         sink.push(_created())
@@ -203,7 +203,7 @@ def test_every_sink_checks_its_events_in_the_protocol_core(sink_type: str) -> No
         assert track.next_sequence == 1
         sink.push(_delta(1))
         assert track.next_sequence == 2
-        if isinstance(sink, _SSESink):
+        if isinstance(sink, SSESink):
             assert await sink.next() == (
                 b"event: response.created\ndata: " + _created_bytes() + b"\n\n"
             )

@@ -29,6 +29,7 @@ from ..storage.persistence import Persistence
 from .http import ResponsesHTTP
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import ServerMetrics
+from .seam import Seam
 from .turns import Turns
 from .ws import ResponsesEndpoint
 
@@ -50,7 +51,7 @@ class _Services:
 
 
 
-def create_app(config: ServerConfig | None = None) -> Starlette:
+def create_app(config: ServerConfig | None = None) -> Seam:
     """The longresponse ASGI app for ``config`` (defaults: embedded sim model, SQLite)."""
     config = config or ServerConfig()
     encode("")  # load the tokenizer now, not inside the first request
@@ -127,4 +128,4 @@ def create_app(config: ServerConfig | None = None) -> Starlette:
     app.state.pipeline = pipeline
     app.state.turns = turns
     app.state.metrics = metrics
-    return app
+    return Seam(app)

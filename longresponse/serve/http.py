@@ -18,7 +18,7 @@ import contextlib
 import time
 from array import array
 from collections.abc import AsyncIterator, Callable
-from typing import Any, Final
+from typing import Any
 
 import msgspec
 from starlette.requests import Request
@@ -26,34 +26,30 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from protocol import (
-    Connection,
     ErrorCode,
-    Framing,
-    Mode,
     ProtocolError,
     RemoteProtocolError,
-    ResponseTrack,
-    Role,
     decode_create_body,
 )
-from protocol.events import ResponseCreate, ServerEvent
+from protocol.events import ResponseCreate
 from protocol.items import Item, as_items
 from protocol.response import Response as ResponseObject
 
 from ..config import ServerConfig
+from ..engine.stream import StreamClosed
 from ..engine.timing import TurnTiming
 from ..ids import new_id
 from ..storage.keys import ApiKeys, Unauthorized
 from ..storage.persistence import Persistence
 from .continuation import continue_from
+from .http_sinks import SSE_QUEUE_DEPTH, RecordingSink, SSESink
+from .seam import abort
 from .turns import Started, Turns
 
-__all__ = ["SSE_QUEUE_DEPTH", "HTTPTokenCache", "ResponsesHTTP", "http_error"]
+__all__ = ["HTTPTokenCache", "ResponsesHTTP", "http_error"]
 
 TRANSPORT = "http"
 
-#: Events buffered between a streaming rollout and its SSE response.
-SSE_QUEUE_DEPTH: Final = 256
 _encoder = msgspec.json.Encoder()
 
 
@@ -174,7 +170,7 @@ class ResponsesHTTP:
                 persistence=self.persistence,
                 owner=owner,
             )
-            run = _Run(self, body, owner, continuation.history, received_at)
+            run = _Run(self, body, owner, continuation.history, received_at, request.scope)
             # Stateless: the whole history is validated and classified again.
             run.started = self.turns.start_turn(
                 body,
@@ -328,6 +324,7 @@ class _Run:
         owner: str,
         history: list[Item],
         received_at: float,
+        scope: Any,
     ) -> None:
         self.http = http
         self.body = body
@@ -336,8 +333,16 @@ class _Run:
         self.history = history
         self.started: Started | None = None
         self.final: ResponseObject | None = None
-        self._sse = _SSESink(SSE_QUEUE_DEPTH) if body.stream else None
-        self.sink: _RecordingSink = self._sse or _RecordingSink()
+        self._sse = (
+            SSESink(
+                SSE_QUEUE_DEPTH,
+                slow_reader_timeout=http.config.slow_reader_timeout,
+                drop=lambda: abort(scope, "slow SSE reader"),
+            )
+            if body.stream
+            else None
+        )
+        self.sink: RecordingSink = self._sse or RecordingSink()
 
     def seed_from_token_cache(self) -> None:
         """With ``--http-token-cache``: when the parent's tokens are in memory, the
@@ -418,6 +423,8 @@ class _Run:
         async def produce() -> None:
             try:
                 await self._segment()
+            except StreamClosed:
+                pass  # a slow reader was cut off: nobody is left to tell
             finally:
                 sink.end()
 
@@ -430,57 +437,6 @@ class _Run:
             producer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await producer
-
-
-class _RecordingSink:
-    """The sink of an HTTP JSON request: the protocol core checks and records
-    every event, nothing is encoded (only the final Response is sent)."""
-
-    def __init__(self) -> None:
-        self.connection = Connection(Role.SERVER, Mode.SHIPPED, framing=Framing.NONE)
-
-    async def room(self) -> None:
-        return None
-
-    def push(self, event: ServerEvent) -> None:
-        self.connection.send(event)
-
-    def track(self, response_id: str) -> ResponseTrack:
-        track = self.connection.response(response_id)
-        assert track is not None  # asked only after response.created
-        return track
-
-
-class _SSESink(_RecordingSink):
-    """A bounded buffer of SSE records between a rollout and its streaming response."""
-
-    def __init__(self, depth: int) -> None:
-        self.connection = Connection(Role.SERVER, Mode.SHIPPED, framing=Framing.SSE)
-        self._records: collections.deque[bytes | None] = collections.deque()
-        self._depth = depth
-        self._ready = asyncio.Event()
-        self._space = asyncio.Event()
-
-    async def room(self) -> None:
-        while len(self._records) >= self._depth:
-            self._space.clear()
-            await self._space.wait()
-
-    def push(self, event: ServerEvent) -> None:
-        self._records.append(self.connection.send(event))
-        self._ready.set()
-
-    def end(self) -> None:
-        self._records.append(None)
-        self._ready.set()
-
-    async def next(self) -> bytes | None:
-        """The next SSE record, or ``None`` at the end of the stream."""
-        while not self._records:
-            self._ready.clear()
-            await self._ready.wait()
-        self._space.set()
-        return self._records.popleft()
 
 
 def _too_large(size: int, limit: int) -> RemoteProtocolError:

@@ -56,6 +56,7 @@ from ..config import ServerConfig
 from ..engine.stream import PeerGone, ServerClosed, StreamClosed
 from ..storage.keys import ApiKeys, Unauthorized
 from .append import AppendShape
+from .seam import abort
 from .shipped import ShippedShape
 from .turns import Turns
 
@@ -99,6 +100,8 @@ class Outbox:
         self.high_water = 0
         #: Cancelled when a slow reader is abandoned (it is stuck in a send).
         self.writer: asyncio.Task[None] | None = None
+        #: Drops the connection outright (``serve.seam.abort``), set by the endpoint.
+        self.drop: Callable[[], object] | None = None
 
     def __len__(self) -> int:
         return len(self._queue)
@@ -143,6 +146,9 @@ class Outbox:
                 self.close(CLOSE_CODES["slow_reader"], "slow_reader")
                 if self.writer is not None:
                     self.writer.cancel()
+                self._queue.clear()
+                if self.drop is not None:
+                    self.drop()  # a graceful close would wait to flush what it never reads
                 raise ServerClosed("slow_reader") from None
 
     def close(self, code: int, reason: str) -> None:
@@ -346,6 +352,7 @@ class ResponsesEndpoint:
         timing = any(v.strip().lower() == "true" for v in headers.get(TIMING_HEADER, []))
         mode = Mode.APPEND if self.wants_append(scope, headers) else Mode.SHIPPED
         session = Session(self.config, self.turns, mode=mode, send_timing=timing, owner=owner)
+        session.outbox.drop = lambda: abort(scope, "slow WebSocket reader")
         # Counted before the handshake completes, so a client that sees the
         # 101 also sees its session counted.
         self.live_sessions += 1

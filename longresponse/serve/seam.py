@@ -1,0 +1,70 @@
+"""The outermost ASGI layer: a way to drop a connection outright.
+
+Theory of operation
+-------------------
+ASGI has no message for "drop this connection, unsent bytes and all". A
+server that closes a socket gracefully first flushes what it buffered, so a
+client that stopped reading keeps its connection, and the server its send
+buffer, for as long as the client likes. That is what a slow reader past its
+timeout must not be allowed to do.
+
+:class:`Seam` wraps the application. For each HTTP and WebSocket connection it
+puts an ``abort`` callable in the scope (under :data:`ABORT_KEY`) before any
+middleware wraps the server's ``send``: the callable aborts the server's own
+transport (uvicorn's protocol objects hold it as ``transport``). An endpoint
+that cuts off a slow reader calls :func:`abort` with its scope; under a server
+without such a transport the call does nothing and the connection closes as
+the server closes it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any, Final
+
+__all__ = ["ABORT_KEY", "Seam", "abort"]
+
+log = logging.getLogger(__name__)
+
+#: Where the scope carries the connection's abort callable.
+ABORT_KEY: Final = "longresponse.abort"
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+def _transport_of(send: Send) -> Any:
+    owner = getattr(send, "__self__", None)
+    transport = getattr(owner, "transport", None)
+    return transport if callable(getattr(transport, "abort", None)) else None
+
+
+class Seam:
+    """Wraps ``app``; forwards everything, adding the abort callable to the scope."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] in ("http", "websocket"):
+            transport = _transport_of(send)
+            if transport is not None:
+                scope[ABORT_KEY] = transport.abort
+        await self.app(scope, receive, send)
+
+    def __getattr__(self, name: str) -> Any:
+        # ``state``, ``routes``... of the wrapped application.
+        return getattr(self.app, name)
+
+
+def abort(scope: Scope, why: str) -> bool:
+    """Drop the connection of ``scope`` now; True if the server let us."""
+    drop = scope.get(ABORT_KEY)
+    if drop is None:
+        return False
+    log.info("dropping a connection: %s", why)
+    drop()
+    return True
