@@ -152,6 +152,27 @@ def build_parser() -> argparse.ArgumentParser:
         "continuation reads its history from the store but does not render it again",
     )
     serve.add_argument(
+        "--max-background",
+        type=_positive_int,
+        default=limits.MAX_BACKGROUND,
+        help="HTTP: background=true responses running at once; beyond it a create gets 429 "
+        "(too_many_background_responses)",
+    )
+    serve.add_argument(
+        "--background-log-bytes",
+        type=_positive_int,
+        default=limits.BACKGROUND_LOG_BYTES,
+        help="HTTP: bytes of SSE events a running background response keeps for readers "
+        "resuming with starting_after (oldest dropped first)",
+    )
+    serve.add_argument(
+        "--background-endings-bytes",
+        type=_positive_int,
+        default=limits.BACKGROUND_ENDINGS_BYTES,
+        help="HTTP: bytes of terminal events of finished background responses kept for a "
+        "late GET ?stream=true (oldest dropped first)",
+    )
+    serve.add_argument(
         "--secrets-policy",
         choices=["flag", "redact", "refuse"],
         default="flag",
@@ -251,6 +272,9 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         allow_unauthenticated=args.allow_unauthenticated,
         secrets_policy=args.secrets_policy,
         http_token_cache=args.http_token_cache,
+        max_background=args.max_background,
+        background_log_bytes=args.background_log_bytes,
+        background_endings_bytes=args.background_endings_bytes,
         switches=Switches(
             incremental_validation=args.incremental_validation,
             incremental_classification=args.incremental_classification,

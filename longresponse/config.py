@@ -8,11 +8,14 @@ from typing import Final
 from protocol import MAX_ITEMS_PER_EVENT, MAX_MESSAGE_BYTES
 
 __all__ = [
+    "BACKGROUND_ENDINGS_BYTES",
+    "BACKGROUND_LOG_BYTES",
     "CONNECTION_CACHE_BYTES",
     "CONNECTION_LIFETIME",
     "DEFAULT_HOST",
     "DEFAULT_PORT",
     "DEFAULT_STORE",
+    "MAX_BACKGROUND",
     "MAX_IN_FLIGHT",
     "MAX_LANES",
     "MAX_QUEUED",
@@ -52,6 +55,15 @@ DEFAULT_STORE: Final = "sqlite://longresponse-data/responses.db"
 #: How long a paused rollout waits for its tool outputs before it ends
 #: ``incomplete`` with reason ``pause_timeout``.
 PAUSE_TIMEOUT: Final = 600.0
+#: HTTP ``background: true`` responses running at once in one server process;
+#: beyond it a create gets a 429.
+MAX_BACKGROUND: Final = 64
+#: Bytes of SSE records one running background response keeps for readers
+#: that resume (``starting_after``); the oldest records go first beyond it.
+BACKGROUND_LOG_BYTES: Final = 4 * 1024 * 1024
+#: Bytes of terminal events of finished background responses kept for a late
+#: ``GET ?stream=true`` (the rest of a finished log is freed); oldest out first.
+BACKGROUND_ENDINGS_BYTES: Final = 16 * 1024 * 1024
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -105,6 +117,11 @@ class ServerConfig:
     #: The HTTP path's optional process-wide token cache, and its byte budget.
     http_token_cache: bool = False
     http_token_cache_bytes: int = 256 * 1024 * 1024
+    #: HTTP ``background: true``: responses running at once, bytes of each
+    #: one's event log, bytes of finished ones' terminal events.
+    max_background: int = MAX_BACKGROUND
+    background_log_bytes: int = BACKGROUND_LOG_BYTES
+    background_endings_bytes: int = BACKGROUND_ENDINGS_BYTES
     #: The pipeline's reuse switches (all on) and the secrets policy.
     switches: Switches = dataclasses.field(default_factory=Switches)
     secrets_policy: str = "flag"

@@ -102,11 +102,13 @@ def check_append_items(items: list[Item], track: ResponseTrack) -> list[str]:
     return seen
 
 
-#: The status each typed terminal event of the shipped shape must carry.
-_TYPED_ENDINGS: Final[dict[type, str]] = {
-    ResponseCompleted: "completed",
-    ResponseIncomplete: "incomplete",
-    ResponseFailed: "failed",
+#: The statuses each typed terminal event of the shipped shape may carry: its
+#: own, and for ``response.failed`` also ``cancelled`` (the shipped stream of a
+#: cancelled background response ends with ``response.failed``).
+_TYPED_ENDINGS: Final[dict[type, tuple[str, ...]]] = {
+    ResponseCompleted: ("completed",),
+    ResponseIncomplete: ("incomplete",),
+    ResponseFailed: ("failed", "cancelled"),
 }
 
 
@@ -115,7 +117,8 @@ def event_key(event: ServerEvent) -> str:
 
     Raises :class:`LocalProtocolError` (``response.status``) when a terminal
     event carries a status it cannot: ``response.done`` a live one, a typed
-    ending (``response.completed``…) any but its own.
+    ending (``response.completed``…) any but its own (``response.failed``
+    also ``cancelled``, keyed ``response.failed:cancelled``).
     """
     kind = type(event)
     if kind is ResponseDone:
@@ -127,13 +130,17 @@ def event_key(event: ServerEvent) -> str:
                 param="response.status",
             )
         return f"response.done:{status}"
-    expected = _TYPED_ENDINGS.get(kind)
-    if expected is not None and event.response.status != expected:  # type: ignore[union-attr]
-        raise LocalProtocolError(
-            f"{wire_type(event)} cannot carry status {event.response.status!r}.",  # type: ignore[union-attr]
-            code=ErrorCode.INVALID_VALUE,
-            param="response.status",
-        )
+    allowed = _TYPED_ENDINGS.get(kind)
+    if allowed is not None:
+        status = event.response.status  # type: ignore[union-attr]
+        if status not in allowed:
+            raise LocalProtocolError(
+                f"{wire_type(event)} cannot carry status {status!r}.",
+                code=ErrorCode.INVALID_VALUE,
+                param="response.status",
+            )
+        if status != allowed[0]:
+            return f"{wire_type(event)}:{status}"
     return wire_type(event)
 
 

@@ -15,7 +15,8 @@ terminal states::
 :data:`RULES` is the one table: for each (role that sends the event, state of
 the response) it maps the event's key (its wire ``type``; for
 ``response.done``, the type and the status it carries, such as
-``response.done:requires_action``) to the :class:`Transition` it makes and
+``response.done:requires_action``; ``response.failed:cancelled`` for the
+shipped shape's cancelled ending) to the :class:`Transition` it makes and
 the state it leads to. A pair that is absent is illegal. Both peers run the
 same table over the events they see, so this module does not know which side
 it is on: the server drives it with the events it sends, the client with the
@@ -112,6 +113,7 @@ _ENDINGS: Final[dict[str, tuple[Transition, ResponseState]]] = {
     "response.done:failed": (_T.FAIL, _S.FAILED),
     "response.failed": (_T.FAIL, _S.FAILED),
     "response.done:cancelled": (_T.CANCEL, _S.CANCELLED),
+    "response.failed:cancelled": (_T.CANCEL, _S.CANCELLED),
 }
 
 
@@ -138,6 +140,7 @@ RULES: Final[dict[tuple[Role, ResponseState], dict[str, tuple[Transition, Respon
         "response.done:failed": (_T.FAIL, _S.FAILED),
         "response.failed": (_T.FAIL, _S.FAILED),
         "response.done:cancelled": (_T.CANCEL, _S.CANCELLED),
+        "response.failed:cancelled": (_T.CANCEL, _S.CANCELLED),
     },
     (_V, _S.IN_PROGRESS): {
         "response.in_progress": (_T.EMIT, _S.IN_PROGRESS),

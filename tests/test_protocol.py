@@ -1096,3 +1096,21 @@ def test_a_typed_ending_carries_its_own_status(pair: ConnectionPair, cls: Any, s
     pair.assert_rejected(Role.SERVER, event, code=ErrorCode.INVALID_VALUE, param="response.status")
     pair.serve(cls, response=response(status=cls.__name__.removeprefix("Response").lower()))
     assert pair.state().value == cls.__name__.removeprefix("Response").lower()
+
+
+@pytest.mark.parametrize("opened", ["queued", "in_progress"])
+def test_a_cancelled_background_response_ends_with_response_failed(
+    pair: ConnectionPair, opened: str
+) -> None:
+    """The shipped stream of a cancelled background response ends with
+    ``response.failed`` carrying ``cancelled``: both peers record it cancelled,
+    and nothing may follow it."""
+    pair.start(status=opened)
+    assert pair.state().value == opened
+    pair.serve(protocol.events.ResponseFailed, response=response(status="cancelled"))
+    assert pair.state() is ResponseState.CANCELLED
+    assert pair.server.response(RID).state is ResponseState.CANCELLED  # type: ignore[union-attr]
+    late = pair.emit(protocol.events.ResponseFailed, response=response(status="cancelled"))
+    pair.assert_rejected(
+        Role.SERVER, late, code=ErrorCode.RESPONSE_ALREADY_COMPLETED, param=None
+    )

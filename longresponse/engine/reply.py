@@ -132,6 +132,7 @@ class Reply:
             id=self.id,
             created_at=self.created_at,
             status=state.value,
+            background=req.background is True,
             completed_at=int(time.time()) if state in TERMINAL_STATES else None,
             error=self.error,
             incomplete_details=(

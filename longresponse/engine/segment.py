@@ -95,20 +95,23 @@ class Segment:
         *,
         received_at: float,
         on_finish: Callable[[Response], Awaitable[None]] | None = None,
+        queued: bool = False,
     ) -> Boundary | None:
         """Run the segment over ``new_items``; return its boundary, or ``None`` if it failed.
 
         With ``generate: false`` the input is taken in (rendered, cached)
         without sampling. ``on_finish`` gets the finished Response before its
         terminal event is sent (persistence registers it there, so it is
-        readable by the time a client can name it).
+        readable by the time a client can name it). ``queued`` (a background
+        response): ``response.created`` carries status ``queued``, and
+        ``response.in_progress`` starts it.
         """
         rollout, reply = self.rollout, self.reply
         rollout.busy = True
         try:
             rollout.take_in(new_items, received_at)
-            await reply.announce(ResponseCreated)
-            await reply.announce(ResponseInProgress)
+            await reply.announce(ResponseCreated, ResponseState.QUEUED if queued else None)
+            await reply.announce(ResponseInProgress, ResponseState.IN_PROGRESS)
             stop = "stop"
             if self.request.generate is False:
                 rollout.take_in_without_sampling(self._prefix_changed)

@@ -4,7 +4,9 @@
 ``longresponse.serve.ws``; the HTTP Responses API is ``longresponse.serve.http``;
 both start their turns through one :class:`~longresponse.serve.turns.Turns`.
 The app's lifespan opens the store and its write-behind queue, and drains the
-queue on shutdown. ``/v1/models``, ``/metrics`` and ``/healthz`` are here.
+queue on shutdown, after the HTTP ``background: true`` responses still running
+(``longresponse.serve.background``) have been ended and queued for writing.
+``/v1/models``, ``/metrics`` and ``/healthz`` are here.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from ..engine.render import encode
 from ..storage.backends import StoreError, open_store
 from ..storage.keys import ApiKeys
 from ..storage.persistence import Persistence
+from .background import BackgroundResponses
 from .http import ResponsesHTTP
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import ServerMetrics
@@ -65,7 +68,13 @@ def create_app(config: ServerConfig | None = None) -> Seam:
         config, models, pipeline, metrics=metrics, persistence=services.get_persistence
     )
     endpoint = ResponsesEndpoint(config, turns, keys)
-    http = ResponsesHTTP(config, turns, keys, services.get_persistence)
+    background = BackgroundResponses(
+        turns,
+        max_running=config.max_background,
+        log_bytes=config.background_log_bytes,
+        endings_bytes=config.background_endings_bytes,
+    )
+    http = ResponsesHTTP(config, turns, keys, services.get_persistence, background)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -78,6 +87,7 @@ def create_app(config: ServerConfig | None = None) -> Seam:
         try:
             yield
         finally:
+            await background.aclose()  # what still runs ends failed, and is stored
             await persistence.drain()  # a clean stop loses no queued write
             await store.aclose()
             services.persistence = None
@@ -125,6 +135,7 @@ def create_app(config: ServerConfig | None = None) -> Seam:
     app.state.models = models
     app.state.endpoint = endpoint
     app.state.http = http
+    app.state.background = background
     app.state.pipeline = pipeline
     app.state.turns = turns
     app.state.metrics = metrics

@@ -2,7 +2,7 @@
 
 ``POST /v1/responses`` (JSON, or SSE with ``stream: true``),
 ``GET``/``DELETE /v1/responses/{id}``, ``GET /v1/responses/{id}/input_items``,
-``POST /v1/responses/{id}/cancel``.
+``POST /v1/responses/{id}/cancel``; ``background: true`` is ``serve/background.py``.
 
 Every request is stateless: a continuation (``previous_response_id``) walks
 the chain back through the store, renders and tokenizes the whole history
@@ -41,6 +41,7 @@ from ..engine.timing import TurnTiming
 from ..ids import new_id
 from ..storage.keys import ApiKeys, Unauthorized
 from ..storage.persistence import Persistence
+from .background import BackgroundResponses, check_cancellable
 from .continuation import continue_from
 from .http_sinks import SSE_QUEUE_DEPTH, RecordingSink, SSESink
 from .seam import abort
@@ -90,11 +91,13 @@ class ResponsesHTTP:
         turns: Turns,
         keys: ApiKeys,
         persistence: Callable[[], Persistence],
+        background: BackgroundResponses | None = None,
     ) -> None:
         self.config = config
         self.turns = turns
         self.keys = keys
         self._persistence = persistence
+        self.background = background or BackgroundResponses(turns)
         #: The process-wide token cache, when switched on (the ``http-cached`` design).
         self.token_cache = (
             HTTPTokenCache(config.http_token_cache_bytes) if config.http_token_cache else None
@@ -170,6 +173,16 @@ class ResponsesHTTP:
                 persistence=self.persistence,
                 owner=owner,
             )
+            if body.background:  # owned by the server from here on
+                return await self.background.create(
+                    body,
+                    owner=owner,
+                    new_items=new_items,
+                    history=continuation.history,
+                    model=model,
+                    received_at=received_at,
+                    decode=decoded - received_at,
+                )
             run = _Run(self, body, owner, continuation.history, received_at, request.scope)
             # Stateless: the whole history is validated and classified again.
             run.started = self.turns.start_turn(
@@ -194,8 +207,19 @@ class ResponsesHTTP:
 
     async def retrieve(self, request: Request) -> Response:
         response_id = request.path_params["response_id"]
+        query = request.query_params
         try:
             owner = self._owner(request)
+            if query.get("stream") in ("true", "1"):  # a background response's events
+                streamed = await self.background.stream(
+                    response_id, query.get("starting_after"), owner, self.persistence
+                )
+                if streamed is None:
+                    raise _not_found(response_id)
+                return streamed
+            running = self.background.get(response_id, owner=owner)
+            if running is not None:
+                return _json(running.snapshot())
             record = await self.persistence.get(response_id, owner=owner)
             if record is None:
                 raise _not_found(response_id)
@@ -207,8 +231,10 @@ class ResponsesHTTP:
         response_id = request.path_params["response_id"]
         try:
             owner = self._owner(request)
+            self.background.check_deletable(response_id, owner=owner)
             if not await self.persistence.delete(response_id, owner=owner):
                 raise _not_found(response_id)
+            self.background.forget(response_id)
         except ProtocolError as error:
             return http_error(error)
         return JSONResponse({"id": response_id, "object": "response.deleted", "deleted": True})
@@ -260,16 +286,16 @@ class ResponsesHTTP:
         response_id = request.path_params["response_id"]
         try:
             owner = self._owner(request)
-            if await self.persistence.get(response_id, owner=owner) is None:
-                raise _not_found(response_id)
-            raise RemoteProtocolError(
-                "Only responses created with background=true can be cancelled; "
-                f"response '{response_id}' was not.",
-                code=ErrorCode.INVALID_VALUE,
-                param="response_id",
-            )
+            response = await self.background.cancel(response_id, owner=owner)
+            if response is None:  # not running: the stored one decides
+                record = await self.persistence.get(response_id, owner=owner)
+                if record is None:
+                    raise _not_found(response_id)
+                response = record.response
+            check_cancellable(response)
         except ProtocolError as error:
             return http_error(error)
+        return _json(response)
 
 
 class HTTPTokenCache:

@@ -48,6 +48,9 @@ __all__ = ["TRANSPORTS", "Started", "Turns"]
 
 #: The transports, as labelled on ``/metrics`` and in the usage ledger.
 TRANSPORTS: Final = ("append", "ws", "http")
+#: The code of a parameter the server knows but cannot honour with the rest
+#: of the request (``background: true`` with ``store: false``).
+UNSUPPORTED_PARAMETER: Final = "unsupported_parameter"
 
 
 @dataclasses.dataclass(slots=True)
@@ -89,12 +92,21 @@ class Turns:
     # --- the steps -------------------------------------------------------------
 
     def check_background(self, request: ResponseCreate, *, transport: str) -> None:
-        """``background: true`` is refused. Raises :class:`RemoteProtocolError`."""
-        if request.background:
-            where = "by this server" if transport == "http" else "over WebSocket"
+        """``background: true``: refused over WebSocket, as shipped; over HTTP it
+        needs ``store=true`` (``unsupported_parameter``, param ``background``).
+        Raises :class:`RemoteProtocolError`."""
+        if not request.background:
+            return
+        if transport != "http":
             raise RemoteProtocolError(
-                f"background responses are not supported {where}.",
+                "background responses are not supported over WebSocket.",
                 code=ErrorCode.INVALID_VALUE,
+                param="background",
+            )
+        if not request.store:
+            raise RemoteProtocolError(
+                "Background responses require store=true: their result is kept for polling.",
+                code=UNSUPPORTED_PARAMETER,
                 param="background",
             )
 

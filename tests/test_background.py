@@ -1,0 +1,346 @@
+"""HTTP ``background: true`` responses: the official SDK, raw HTTP for bad input.
+
+Every streamed event is validated against the SDK's own models, and so is
+every Response object. Responses that must still be running when the test
+looks at them use a slow simulated model (:data:`SLOW`, minutes long) and are
+cancelled by the test; nothing waits on a clock.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+import httpx
+import openai
+import pydantic
+import pytest
+from openai import OpenAI
+from openai.types.responses import Response as SDKResponse
+from openai.types.responses import ResponseStreamEvent
+
+from longresponse.config import ServerConfig, SimConfig
+from tests.conftest import RunningServer, openai_client
+
+STREAM_EVENT = pydantic.TypeAdapter(ResponseStreamEvent)
+#: About 100 s of output: still running whenever the test looks.
+SLOW = {"sim_output_tokens": "2000", "sim_tokens_per_second": "20"}
+
+
+def sdk(server: Any, key: str = "test-key") -> OpenAI:
+    return openai_client(server, key)  # type: ignore[no-any-return]
+
+
+def checked(event: Any) -> Any:
+    """``event``, once the SDK's event union accepts what it was built from."""
+    STREAM_EVENT.validate_python(event.to_dict())
+    return event
+
+
+def checked_response(response: Any) -> Any:
+    SDKResponse.model_validate(response.to_dict())
+    return response
+
+
+def read(events: Iterable[Any]) -> list[Any]:
+    return [checked(event) for event in events]
+
+
+def numbers(events: list[Any]) -> list[int]:
+    return [event.sequence_number for event in events]
+
+
+def test_create_answers_queued_and_a_poll_sees_it_live(server: Any) -> None:
+    client = sdk(server)
+    made = checked_response(
+        client.responses.create(
+            model="sim", input="poll me", background=True, metadata={"sim_ttft_ms": "600000"}
+        )
+    )
+    assert (made.status, made.background, made.store, made.output) == ("queued", True, True, [])
+    live = checked_response(client.responses.retrieve(made.id))
+    assert live.id == made.id
+    assert live.status in ("queued", "in_progress")
+    assert live.background
+    cancelled = checked_response(client.responses.cancel(made.id))
+    assert (cancelled.status, cancelled.output) == ("cancelled", [])
+    stored = checked_response(client.responses.retrieve(made.id))
+    assert (stored.status, stored.background) == ("cancelled", True)
+    # Cancelling again changes nothing and answers the same.
+    again = checked_response(client.responses.cancel(made.id))
+    assert again.to_dict() == stored.to_dict()
+
+
+def test_it_runs_to_completion_and_is_stored(server: Any) -> None:
+    client = sdk(server)
+    made = client.responses.create(model="sim", input="finish me", background=True)
+    assert made.status == "queued"
+    # Follow it to the end: live from the start, or its kept end if it is over.
+    events = read(client.responses.retrieve(made.id, stream=True))
+    final = events[-1]
+    assert final.type == "response.completed"
+    assert len(events) == 1 or numbers(events) == list(range(len(events)))
+    stored = checked_response(client.responses.retrieve(made.id))
+    assert (stored.status, stored.background) == ("completed", True)
+    assert "«finish me»" in stored.output_text
+    assert stored.output_text == final.response.output_text
+    # The stream of a finished response is its terminal event alone, under its own number.
+    late = read(client.responses.retrieve(made.id, stream=True, starting_after=0))
+    assert [(e.type, e.sequence_number) for e in late] == [
+        ("response.completed", final.sequence_number)
+    ]
+    assert late[0].response.to_dict() == final.response.to_dict()
+    after_the_end = client.responses.retrieve(
+        made.id, stream=True, starting_after=final.sequence_number
+    )
+    assert read(after_the_end) == []
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.cancel(made.id)
+    assert refused.value.code == "response_already_completed"
+    assert refused.value.param == "response_id"
+    assert "Cannot cancel a completed response." in str(refused.value)
+    # A finished background response is continued like any stored one.
+    follow_up = client.responses.create(
+        model="sim", previous_response_id=made.id, input="and then?"
+    )
+    assert "«finish me»" in follow_up.output_text
+    assert "«and then?»" in follow_up.output_text
+
+
+def test_the_stream_resumes_after_a_sequence_number_for_several_readers(server: Any) -> None:
+    client = sdk(server)
+    stream = client.responses.create(
+        model="sim", input="a long story", background=True, stream=True, metadata=SLOW
+    )
+    first = []
+    for event in stream:
+        first.append(checked(event))
+        if event.sequence_number == 5:
+            break
+    stream.close()
+    assert [e.type for e in first[:2]] == ["response.created", "response.in_progress"]
+    assert (first[0].response.status, first[0].response.background) == ("queued", True)
+    assert first[1].response.status == "in_progress"
+    response_id = first[0].response.id
+    resumed = client.responses.retrieve(response_id, stream=True, starting_after=5)
+    from_start = client.responses.retrieve(response_id, stream=True)
+    tail = [checked(next(resumed)) for _ in range(5)]
+    head = [checked(next(from_start)) for _ in range(11)]
+    assert numbers(tail) == [6, 7, 8, 9, 10]
+    assert numbers(head) == list(range(11))
+    # One log: every reader gets the same events.
+    assert [e.to_dict() for e in head] == [e.to_dict() for e in first + tail]
+    assert checked_response(client.responses.retrieve(response_id)).status == "in_progress"
+    assert client.responses.cancel(response_id).status == "cancelled"
+    for reader, seen in ((resumed, tail), (from_start, head)):
+        rest = read(reader)
+        end = rest[-1]
+        assert end.type == "response.failed"
+        assert (end.response.status, end.response.output) == ("cancelled", [])
+        everything = seen + rest
+        assert numbers(everything) == list(range(numbers(seen)[0], end.sequence_number + 1))
+    assert client.responses.retrieve(response_id).status == "cancelled"
+
+
+def test_it_survives_the_client_going_away_mid_stream(server: Any) -> None:
+    client = sdk(server)
+    meta = {"sim_output_tokens": "80", "sim_tokens_per_second": "200"}
+    stream = client.responses.create(
+        model="sim", input="keep going", background=True, stream=True, metadata=meta
+    )
+    seen = []
+    for event in stream:
+        seen.append(checked(event))
+        if len(seen) == 3:
+            break
+    stream.close()  # the client goes away; the response does not
+    response_id = seen[0].response.id
+    rest = read(client.responses.retrieve(response_id, stream=True, starting_after=2))
+    end = rest[-1]
+    assert end.type == "response.completed"
+    assert len(rest) == 1 or numbers(rest) == list(range(3, end.sequence_number + 1))
+    assert all(number > 2 for number in numbers(rest))
+    stored = checked_response(client.responses.retrieve(response_id))
+    assert stored.status == "completed"
+    assert stored.output_text == end.response.output_text
+    assert "«keep going»" in stored.output_text
+    (item,) = client.responses.input_items.list(response_id).data
+    assert item.content[0].text == "keep going"
+
+
+def test_another_owner_gets_404(make_server: Any) -> None:
+    keyed = make_server(api_keys=("key-one", "key-two"))
+    one, two = sdk(keyed, "key-one"), sdk(keyed, "key-two")
+    made = one.responses.create(model="sim", input="mine", background=True, metadata=SLOW)
+
+    def refused_to_two() -> None:
+        with pytest.raises(openai.NotFoundError):
+            two.responses.retrieve(made.id)
+        with pytest.raises(openai.NotFoundError):
+            two.responses.retrieve(made.id, stream=True)
+        with pytest.raises(openai.NotFoundError):
+            two.responses.cancel(made.id)
+        with pytest.raises(openai.NotFoundError):
+            two.responses.delete(made.id)
+
+    refused_to_two()  # while it runs
+    assert one.responses.retrieve(made.id).status in ("queued", "in_progress")
+    assert one.responses.cancel(made.id).status == "cancelled"
+    refused_to_two()  # and once it is stored
+    assert one.responses.retrieve(made.id).status == "cancelled"
+    (end,) = read(one.responses.retrieve(made.id, stream=True))
+    assert (end.type, end.response.status) == ("response.failed", "cancelled")
+
+
+def test_running_background_responses_are_limited(make_server: Any) -> None:
+    small = make_server(max_background=1)
+    client = sdk(small)
+    first = client.responses.create(model="sim", input="one", background=True, metadata=SLOW)
+    with pytest.raises(openai.RateLimitError) as full:
+        client.responses.create(model="sim", input="two", background=True)
+    assert full.value.status_code == 429
+    assert full.value.code == "too_many_background_responses"
+    # Requests that are not background ones are not counted.
+    assert client.responses.create(model="sim", input="now").status == "completed"
+    assert small.app.state.background.running == 1
+    client.responses.cancel(first.id)  # answered once it is over: its place is free
+    assert small.app.state.background.running == 0
+    second = client.responses.create(model="sim", input="two", background=True, metadata=SLOW)
+    assert second.status == "queued"
+    client.responses.cancel(second.id)
+    assert small.app.state.background.running == 0
+
+
+def test_a_failed_background_response_is_kept(make_server: Any) -> None:
+    tiny = make_server(sim=SimConfig(context_window=60))
+    client = sdk(tiny)
+    made = client.responses.create(model="sim", input="word " * 200, background=True)
+    assert made.status == "queued"
+    # Not checked against the SDK's models: its ``error.code`` enum has no
+    # ``context_length_exceeded``, the code this server gives such a failure
+    # on every transport (SPEC §7).
+    end = list(client.responses.retrieve(made.id, stream=True))[-1]
+    assert (end.type, end.response.status) == ("response.failed", "failed")
+    stored = client.responses.retrieve(made.id)
+    assert stored.status == "failed"
+    assert stored.error.code == "context_length_exceeded"
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.cancel(made.id)
+    assert "Cannot cancel a failed response." in str(refused.value)
+
+
+def test_the_log_is_bounded(make_server: Any) -> None:
+    """With room for one record, a reader that starts late gets only the newest."""
+    small = make_server(background_log_bytes=1)
+    client = sdk(small)
+    made = client.responses.create(model="sim", input="bounded", background=True, metadata=SLOW)
+    live = client.responses.retrieve(made.id, stream=True)
+    while checked(next(live)).sequence_number < 5:
+        pass
+    late = client.responses.retrieve(made.id, stream=True, starting_after=0)
+    assert checked(next(late)).sequence_number >= 5  # 1..4 are gone
+    client.responses.cancel(made.id)
+    for reader in (live, late):
+        rest = read(reader)
+        assert numbers(rest) == sorted(set(numbers(rest)))
+        assert (rest[-1].type, rest[-1].response.status) == ("response.failed", "cancelled")
+
+
+def test_a_finished_stream_is_not_kept_beyond_its_budget(make_server: Any) -> None:
+    forgetful = make_server(background_endings_bytes=1)
+    client = sdk(forgetful)
+    events = read(client.responses.create(model="sim", input="x", background=True, stream=True))
+    assert events[-1].type == "response.completed"
+    response_id = events[0].response.id
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.retrieve(response_id, stream=True)
+    assert (refused.value.code, refused.value.param) == ("invalid_value", "stream")
+    assert client.responses.retrieve(response_id).status == "completed"
+
+
+def test_shutdown_ends_what_still_runs_failed(tmp_path: Any) -> None:
+    store = f"sqlite:///{tmp_path}/responses.db"
+    first = RunningServer(ServerConfig(port=0, store=store)).start()
+    try:
+        made = sdk(first).responses.create(
+            model="sim", input="cut short", background=True, metadata=SLOW
+        )
+    finally:
+        first.stop()
+    second = RunningServer(ServerConfig(port=0, store=store)).start()
+    try:
+        stored = checked_response(sdk(second).responses.retrieve(made.id))
+    finally:
+        second.stop()
+    assert (stored.status, stored.background) == ("failed", True)
+    assert stored.error.code == "server_error"
+
+
+# --- bad input, raw HTTP ---------------------------------------------------------
+
+
+def post(server: Any, body: dict[str, Any] | str) -> httpx.Response:
+    content = body if isinstance(body, str) else json.dumps(body)
+    return httpx.post(
+        f"{server.http_url}/v1/responses",
+        content=content,
+        headers={"content-type": "application/json"},
+        timeout=30,
+    )
+
+
+def assert_error(reply: httpx.Response, status: int, code: str, param: str | None) -> str:
+    assert reply.status_code == status, reply.text
+    error = reply.json()["error"]
+    assert (error["type"], error["code"], error["param"]) == ("invalid_request_error", code, param)
+    assert error["message"]
+    return str(error["message"])
+
+
+@pytest.mark.parametrize(
+    ("body", "code", "param"),
+    [
+        pytest.param({"input": "x", "background": True, "store": False},
+                     "unsupported_parameter", "background", id="without-store"),
+        pytest.param({"input": "x", "background": "yes"}, "invalid_type", "background",
+                     id="not-a-boolean"),
+        pytest.param({"input": "x", "background": True, "stream_id": "a"},
+                     "unknown_parameter", "stream_id", id="ws-only-field"),
+    ],
+)  # fmt: skip
+def test_a_bad_background_create_is_refused(
+    server: Any, body: dict[str, Any], code: str, param: str
+) -> None:
+    assert_error(post(server, body), 400, code, param)
+    assert post(server, {"input": "x"}).status_code == 200  # nothing was left behind
+
+
+def test_the_sdk_is_told_background_needs_store(server: Any) -> None:
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk(server).responses.create(model="sim", input="x", background=True, store=False)
+    assert (refused.value.code, refused.value.param) == ("unsupported_parameter", "background")
+
+
+def test_bad_reads_deletes_and_streams(server: Any) -> None:
+    base = f"{server.http_url}/v1/responses"
+    plain = post(server, {"input": "not in the background"}).json()
+    assert plain["background"] is False
+    streamed = httpx.get(f"{base}/{plain['id']}", params={"stream": "true"})
+    message = assert_error(streamed, 400, "invalid_value", "stream")
+    assert "background=true" in message
+    running = post(server, {"input": "x", "background": True, "metadata": SLOW}).json()
+    assert running["status"] == "queued"
+    for after in ("-1", "abc", "1.5", "99999999999999999999"):
+        params = {"stream": "true", "starting_after": after}
+        reply = httpx.get(f"{base}/{running['id']}", params=params)
+        assert_error(reply, 400, "invalid_value", "starting_after")
+    assert_error(httpx.delete(f"{base}/{running['id']}"), 400, "invalid_value", "response_id")
+    assert httpx.post(f"{base}/{running['id']}/cancel").json()["status"] == "cancelled"
+    assert httpx.delete(f"{base}/{running['id']}").status_code == 200
+    for gone in (
+        httpx.get(f"{base}/{running['id']}"),
+        httpx.get(f"{base}/{running['id']}", params={"stream": "true"}),
+        httpx.post(f"{base}/{running['id']}/cancel"),
+    ):
+        assert_error(gone, 404, "response_not_found", "response_id")
