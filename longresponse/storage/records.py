@@ -84,6 +84,13 @@ class ResponseStore(Protocol):
     async def usage(self, *, owner: str | None = None) -> list[UsageRecord]:
         """The whole ledger, or ``owner``'s part of it, by ``created_at`` then ``response_id``."""
 
+    async def secret(self, name: str, candidate: bytes) -> bytes:
+        """The server secret ``name``: the one already kept, else ``candidate``, kept now.
+
+        Atomic across every process on the store: the first writer wins and
+        all of them read its value. Never expires.
+        """
+
     async def aclose(self) -> None:
         """Release connections and files."""
 

@@ -24,12 +24,14 @@ from .records import (
     ledger_order,
 )
 
-__all__ = ["REDIS_KEY_PREFIX", "REDIS_USAGE_KEY", "RedisStore"]
+__all__ = ["REDIS_KEY_PREFIX", "REDIS_SECRET_PREFIX", "REDIS_USAGE_KEY", "RedisStore"]
 
 #: Redis key of a record: ``longresponse:response:{id}``.
 REDIS_KEY_PREFIX: Final = "longresponse:response:"
 #: Redis hash of the usage ledger: field ``response_id`` -> msgpack UsageRecord.
 REDIS_USAGE_KEY: Final = "longresponse:usage"
+#: Redis key of a server secret: ``longresponse:secret:{name}``.
+REDIS_SECRET_PREFIX: Final = "longresponse:secret:"
 #: Seconds a SQLite writer waits for another connection's lock before failing.
 SQLITE_BUSY_TIMEOUT: Final = 5.0
 #: Seconds between two opportunistic purges of expired SQLite rows.
@@ -120,6 +122,18 @@ class RedisStore:
     async def purge_expired(self) -> int:
         """Always 0: Redis expires keys itself (and never the ledger)."""
         return 0
+
+    async def secret(self, name: str, candidate: bytes) -> bytes:
+        """The secret ``name`` at ``longresponse:secret:{name}`` (``SET NX``, then ``GET``:
+        the first process wins); no expiry."""
+        key = REDIS_SECRET_PREFIX + name
+        try:
+            await self._redis.set(key, candidate, nx=True)
+            value = await self._redis.get(key)
+        except redis.exceptions.RedisError as exc:
+            raise StoreError(f"Redis store: {exc}") from exc
+        assert isinstance(value, bytes)  # just set, never expires
+        return value
 
     async def aclose(self) -> None:
         """Close the connection pool."""

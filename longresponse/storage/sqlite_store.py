@@ -59,6 +59,7 @@ CREATE TABLE IF NOT EXISTS usage (
     data BLOB NOT NULL
 );
 CREATE INDEX IF NOT EXISTS usage_owner ON usage (owner, created_at, response_id);
+CREATE TABLE IF NOT EXISTS secrets (name TEXT PRIMARY KEY, value BLOB NOT NULL);
 """
 _PUT: Final = (
     "INSERT OR REPLACE INTO responses (id, owner, created_at, expires_at, data)"
@@ -188,6 +189,19 @@ class SQLiteStore:
         now = self._clock()
         self._last_purge = now
         return await self._run(lambda: self._db.execute(_PURGE, (now,)).rowcount)
+
+    async def secret(self, name: str, candidate: bytes) -> bytes:
+        """The secret ``name`` in the ``secrets`` table; ``candidate`` if none was kept
+        (``INSERT OR IGNORE``: the first process on the file wins)."""
+
+        def get_or_put() -> bytes:
+            self._db.execute(
+                "INSERT OR IGNORE INTO secrets (name, value) VALUES (?, ?)", (name, candidate)
+            )
+            row = self._db.execute("SELECT value FROM secrets WHERE name = ?", (name,)).fetchone()
+            return bytes(row[0])
+
+        return await self._run(get_or_put)
 
     async def aclose(self) -> None:
         """Close the connection and stop the worker thread; idempotent.
