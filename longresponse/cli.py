@@ -14,6 +14,7 @@ from protocol import MAX_ITEMS_PER_EVENT, MAX_MESSAGE_BYTES
 from . import config as limits
 from .config import ServerConfig, SimConfig, Switches
 from .storage.keys import API_KEYS_ENV, ApiKeys, is_loopback
+from .storage.server_keys import COMPACTION_KEY_ENV
 
 __all__ = ["build_parser", "config_from_args", "main", "uvicorn_config"]
 
@@ -141,6 +142,14 @@ def build_parser() -> argparse.ArgumentParser:
         "with keys, every request needs 'Authorization: Bearer <key>'",
     )
     serve.add_argument(
+        "--compaction-key",
+        default=None,
+        metavar="SECRET",
+        help=f"seal compaction items with a key derived from SECRET (also {COMPACTION_KEY_ENV}); "
+        "give every process behind one store the same one (default: a random key kept in the "
+        "store)",
+    )
+    serve.add_argument(
         "--allow-unauthenticated",
         action="store_true",
         help="listen on a non-loopback address without API keys (refused otherwise)",
@@ -250,6 +259,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         api_keys=tuple(args.api_keys),
         allow_unauthenticated=args.allow_unauthenticated,
         secrets_policy=args.secrets_policy,
+        compaction_key=args.compaction_key,
         http_token_cache=args.http_token_cache,
         switches=Switches(
             incremental_validation=args.incremental_validation,
