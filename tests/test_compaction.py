@@ -169,7 +169,7 @@ def test_compact_takes_the_whole_input_and_instructions(server: Any) -> None:
     assert "divides by zero" not in answer.output_text
 
 
-def test_window_over_the_shipped_websocket_and_append_mode(server: Any) -> None:
+def test_window_over_the_shipped_websocket(server: Any) -> None:
     client = sdk(server)
     last, outputs = http_tool_chain(client, 3)
     items = compact(client, model="sim", previous_response_id=last.id)["output"]
