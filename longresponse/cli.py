@@ -14,6 +14,7 @@ from protocol import MAX_ITEMS_PER_EVENT, MAX_MESSAGE_BYTES
 from . import config as limits
 from .config import ServerConfig, SimConfig, Switches
 from .storage.keys import API_KEYS_ENV, ApiKeys, is_loopback
+from .storage.server_keys import COMPACTION_KEY_ENV
 
 __all__ = ["build_parser", "config_from_args", "main", "uvicorn_config"]
 
@@ -139,6 +140,14 @@ def build_parser() -> argparse.ArgumentParser:
         dest="api_keys",
         help="accept this API key (repeatable; also LONGRESPONSE_API_KEYS, comma-separated); "
         "with keys, every request needs 'Authorization: Bearer <key>'",
+    )
+    serve.add_argument(
+        "--compaction-key",
+        default=None,
+        metavar="SECRET",
+        help=f"seal compaction items with a key derived from SECRET (also {COMPACTION_KEY_ENV}); "
+        "give every process behind one store the same one (default: a random key kept in the "
+        "store)",
     )
     serve.add_argument(
         "--allow-unauthenticated",
@@ -271,6 +280,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         api_keys=tuple(args.api_keys),
         allow_unauthenticated=args.allow_unauthenticated,
         secrets_policy=args.secrets_policy,
+        compaction_key=args.compaction_key,
         http_token_cache=args.http_token_cache,
         max_background=args.max_background,
         background_log_bytes=args.background_log_bytes,

@@ -125,4 +125,7 @@ class ServerConfig:
     #: The pipeline's reuse switches (all on) and the secrets policy.
     switches: Switches = dataclasses.field(default_factory=Switches)
     secrets_policy: str = "flag"
+    #: The secret compaction items are sealed with (else LONGRESPONSE_COMPACTION_KEY,
+    #: else a random key kept in the store: ``longresponse.storage.server_keys``).
+    compaction_key: str | None = None
     sim: SimConfig = dataclasses.field(default_factory=SimConfig)

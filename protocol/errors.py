@@ -42,6 +42,7 @@ class ErrorCode(enum.StrEnum):
     UNKNOWN_CALL_ID = "unknown_call_id"
     DUPLICATE_CALL_ID = "duplicate_call_id"
     TOO_MANY_ROLLOUTS = "too_many_rollouts"
+    INVALID_ENCRYPTED_CONTENT = "invalid_encrypted_content"
     SERVER_ERROR = "server_error"
     # The shipped shape (compat layer).
     PREVIOUS_RESPONSE_NOT_FOUND = "previous_response_not_found"

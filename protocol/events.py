@@ -24,8 +24,10 @@ __all__ = [
     "CLIENT_EVENT_TYPES",
     "SERVER_EVENT_TYPES",
     "ClientEvent",
+    "CompactionCompacting",
     "ContentPartAdded",
     "ContentPartDone",
+    "ContextManagement",
     "ErrorBody",
     "ErrorEvent",
     "FunctionCallArgumentsDelta",
@@ -55,6 +57,14 @@ class _Event(Struct, frozen=True, kw_only=True, tag_field="type"):
 
 
 # --- client events ---------------------------------------------------------
+
+
+class ContextManagement(Struct, frozen=True, kw_only=True):
+    """One ``context_management`` entry of a create: ``type`` ``"compaction"``
+    compacts the context once it crosses ``compact_threshold`` rendered tokens."""
+
+    type: str
+    compact_threshold: int | None = None
 
 
 class ResponseCreate(_Event, frozen=True, kw_only=True, tag="response.create"):
@@ -92,6 +102,7 @@ class ResponseCreate(_Event, frozen=True, kw_only=True, tag="response.create"):
     stream_options: dict[str, Any] | None = None
     stream_id: str | UnsetType = UNSET
     generate: bool | None = None
+    context_management: list[ContextManagement] | None = None
 
 
 class ResponseAppend(_Event, frozen=True, kw_only=True, tag="response.append"):
@@ -219,6 +230,16 @@ class FunctionCallArgumentsDone(
     arguments: str
 
 
+class CompactionCompacting(
+    _ItemEvent, frozen=True, kw_only=True, tag="response.compaction.compacting"
+):
+    """The server is compacting the context into the compaction item at
+    ``output_index``; carries no summary (the item's ``output_item.done`` does)."""
+
+    item_id: str
+    output_index: int
+
+
 class ErrorBody(Struct, frozen=True, kw_only=True):
     type: str
     code: str | None
@@ -261,6 +282,7 @@ ServerEvent = (
     | OutputTextDone
     | FunctionCallArgumentsDelta
     | FunctionCallArgumentsDone
+    | CompactionCompacting
     | ErrorEvent
     | TimingEvent
 )

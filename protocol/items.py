@@ -15,6 +15,8 @@ import msgspec
 from msgspec import UNSET, Struct, UnsetType
 
 __all__ = [
+    "Compaction",
+    "CompactionTrigger",
     "ContentPart",
     "FunctionCall",
     "FunctionCallOutput",
@@ -122,7 +124,29 @@ class Reasoning(_Tagged, frozen=True, tag="reasoning"):
     status: ItemStatus | UnsetType = UNSET
 
 
-Item = Message | FunctionCall | FunctionCallOutput | Reasoning
+# --- compaction ------------------------------------------------------------
+
+
+class Compaction(_Tagged, frozen=True, tag="compaction"):
+    """A compacted conversation: the window it stands for, sealed by the server.
+
+    ``encrypted_content`` is opaque to the client (authenticated encryption
+    with the server's key, bound to the API key that made it); the server
+    opens it when the item comes back as input (SPEC §11).
+    """
+
+    encrypted_content: str
+    id: str | UnsetType = UNSET
+    created_by: str | UnsetType = UNSET
+
+
+class CompactionTrigger(_Tagged, frozen=True, tag="compaction_trigger"):
+    """Input only, and only as the last item: asks for a compaction turn."""
+
+    id: str | UnsetType = UNSET
+
+
+Item = Message | FunctionCall | FunctionCallOutput | Reasoning | Compaction | CompactionTrigger
 
 
 def as_items(value: str | list[Item]) -> list[Item]:

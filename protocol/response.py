@@ -20,6 +20,7 @@ __all__ = [
     "OutputTokensDetails",
     "RequiredAction",
     "Response",
+    "ResponseCompaction",
     "ResponseError",
     "ResponseStatus",
     "TextConfig",
@@ -105,3 +106,17 @@ class Response(Struct, frozen=True, kw_only=True):
     user: str | None = None
     metadata: dict[str, str] = msgspec.field(default_factory=dict)
     required_action: RequiredAction | UnsetType = UNSET
+
+
+class ResponseCompaction(Struct, frozen=True, kw_only=True):
+    """What ``POST /v1/responses/compact`` returns: the window to continue from.
+
+    ``output`` is the conversation's user messages, then one ``compaction``
+    item; passed unchanged as the next ``input`` it continues the conversation.
+    """
+
+    id: str
+    object: Literal["response.compaction"] = "response.compaction"
+    created_at: int
+    output: list[Item]
+    usage: Usage

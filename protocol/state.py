@@ -101,6 +101,7 @@ OUTPUT_EVENTS: Final = (
     "response.output_text.done",
     "response.function_call_arguments.delta",
     "response.function_call_arguments.done",
+    "response.compaction.compacting",
 )
 
 #: How a live response can end, from the server: ``response.done`` with a

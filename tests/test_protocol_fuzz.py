@@ -142,7 +142,13 @@ reasonings = st.builds(
     encrypted_content=unset_or(none_or(texts)),
     status=unset_or(item_status),
 )
-items = st.one_of(messages, function_calls, function_call_outputs, reasonings)
+compactions = st.builds(
+    p.items.Compaction, encrypted_content=texts, id=unset_or(ids), created_by=unset_or(ids)
+)
+compaction_triggers = st.builds(p.items.CompactionTrigger, id=unset_or(ids))
+items = st.one_of(
+    messages, function_calls, function_call_outputs, reasonings, compactions, compaction_triggers
+)
 tools = st.builds(
     p.items.FunctionTool,
     name=ids,
@@ -218,6 +224,16 @@ CLIENT_EVENTS: dict[type[msgspec.Struct], st.SearchStrategy[Any]] = {
         stream_options=none_or(json_objects),
         stream_id=stream_ids,
         generate=none_or(st.booleans()),
+        context_management=none_or(
+            st.lists(
+                st.builds(
+                    p.events.ContextManagement,
+                    type=ids,
+                    compact_threshold=none_or(st.integers(0, 10**9)),
+                ),
+                max_size=2,
+            )
+        ),
     ),
     p.events.ResponseAppend: st.builds(
         p.events.ResponseAppend, input=texts | st.lists(items, max_size=3), response_id=none_or(ids)
@@ -283,6 +299,9 @@ SERVER_EVENTS: dict[type[msgspec.Struct], st.SearchStrategy[Any]] = {
         item_id=ids,
         output_index=st.integers(0, 99),
         delta=texts,
+    ),
+    p.events.CompactionCompacting: item_event(
+        p.events.CompactionCompacting, item_id=ids, output_index=st.integers(0, 99)
     ),
     p.events.FunctionCallArgumentsDone: item_event(
         p.events.FunctionCallArgumentsDone,

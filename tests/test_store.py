@@ -756,3 +756,31 @@ async def test_redis_unreachable_raises() -> None:
             await store.put_usage(make_usage(owner="alice"))
         with pytest.raises(StoreError):
             await store.usage()
+
+
+# --- server secrets ------------------------------------------------------------
+
+
+@on_asyncio
+async def test_a_secret_is_kept_once_and_never_replaced(backend: Backend) -> None:
+    name = f"test-{new_id()}"
+    async with contextlib.aclosing(backend.open(ttl=TTL)) as store:
+        assert await store.secret(name, b"first") == b"first"
+        assert await store.secret(name, b"second") == b"first"
+        await backend.elapse(TTL + 0.05)  # the records' ttl is not the secrets'
+        assert await store.secret(name, b"third") == b"first"
+
+
+@on_asyncio
+async def test_stores_on_one_backend_agree_on_a_secret(shared_backend: Backend) -> None:
+    name = f"test-{new_id()}"
+    async with (
+        contextlib.aclosing(shared_backend.open()) as first,
+        contextlib.aclosing(shared_backend.open()) as second,
+    ):
+        kept = await asyncio.gather(
+            *(store.secret(name, bytes([n])) for n, store in enumerate([first, second] * 5))
+        )
+        assert len(set(kept)) == 1
+    async with contextlib.aclosing(shared_backend.open()) as reopened:
+        assert await reopened.secret(name, b"late") == kept[0]

@@ -43,6 +43,8 @@ import msgspec
 
 from protocol import ErrorCode, RemoteProtocolError, wire_type
 from protocol.items import (
+    Compaction,
+    CompactionTrigger,
     FunctionCall,
     FunctionCallOutput,
     FunctionTool,
@@ -60,6 +62,7 @@ from protocol.items import (
 
 from ..config import Switches
 from .classifier import Finding, Policy, redact, scan
+from .compaction import Compactor, refused
 
 __all__ = [
     "TOOL_NAME_PATTERN",
@@ -163,9 +166,12 @@ class Pipeline:
             self._checked_tools.clear()
         self._checked_tools[key] = None
 
-    def validate_items(self, items: Sequence[Item], *, offset: int = 0) -> None:
+    def validate_items(
+        self, items: Sequence[Item], *, offset: int = 0, compactor: Compactor | None = None
+    ) -> None:
         """Semantic checks the wire decoder cannot make. ``offset`` numbers the params.
 
+        A compaction item must open with ``compactor`` (none: it cannot).
         Raises :class:`RemoteProtocolError` naming ``input[i]...``.
         """
         self.counters.items_validated += len(items)
@@ -197,6 +203,10 @@ class Pipeline:
                         code=ErrorCode.INVALID_VALUE,
                         param=f"{where}.call_id",
                     )
+            elif isinstance(item, Compaction):
+                if compactor is None:
+                    raise refused(f"{where}.encrypted_content")
+                compactor.check(item, f"{where}.encrypted_content")
             elif isinstance(item, Reasoning):
                 for index, part in enumerate(item.content or []):
                     if not isinstance(part, ReasoningText):  # pragma: no cover - decoder
@@ -250,6 +260,7 @@ class Pipeline:
         history: Sequence[Item] = (),
         tools: Sequence[FunctionTool] = (),
         cached: bool = True,
+        compactor: Compactor | None = None,
     ) -> Admission:
         """Validate and classify new input before it is accepted.
 
@@ -257,13 +268,27 @@ class Pipeline:
         (a rollout in memory); the HTTP path has no such state and passes
         ``False``. With incremental validation or classification off, that
         stage runs over ``history`` again too (the work a stateless server
-        repeats). Raises :class:`RemoteProtocolError`; nothing is accepted then.
+        repeats). Compaction items must open with ``compactor``; a
+        ``compaction_trigger`` may only end the new input. Raises
+        :class:`RemoteProtocolError`; nothing is accepted then.
         """
         started = time.perf_counter()
         self.check_tools(tools, cached=cached)
         if not (cached and self.switches.incremental_validation):
-            self.validate_items(history)
-        self.validate_items(new_items, offset=0)
+            try:
+                self.validate_items(history, compactor=compactor)
+            except RemoteProtocolError as error:
+                if error.code == ErrorCode.INVALID_ENCRYPTED_CONTENT:
+                    error.param = "previous_response_id"  # a stored one; the key changed since
+                raise
+        self.validate_items(new_items, offset=0, compactor=compactor)
+        for position, item in enumerate(new_items[:-1]):
+            if isinstance(item, CompactionTrigger):
+                raise RemoteProtocolError(
+                    "A compaction_trigger must be the last input item.",
+                    code=ErrorCode.INVALID_VALUE,
+                    param=f"input[{position}].type",
+                )
         validated = time.perf_counter()
         if not (cached and self.switches.incremental_classification):
             self.classify(history)

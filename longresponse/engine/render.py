@@ -17,9 +17,12 @@ Message              its role                         ``item_text(content)``
 FunctionCall         ``assistant to=functions.NAME``  its arguments
 FunctionCallOutput   ``tool call_id=CALL_ID``         ``item_text(output)``
 Reasoning            ``assistant reasoning``          summary then content texts
+Compaction           ``compaction``                   (empty: its summary items follow)
 ==================== ================================ ==============================
 
-``encrypted_content`` is opaque and renders nothing. The three markers are
+``encrypted_content`` is opaque and renders nothing: a compaction item's
+summary joins the context as items of its own, right after it
+(``longresponse.engine.compaction``), and renders as they do. The three markers are
 single token ids outside the o200k_base regular vocabulary (the ids
 o200k_harmony gives them); all header and body text goes through
 ``encode_ordinary``, so text can never produce a marker id.
@@ -49,6 +52,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
 from protocol.items import (
+    Compaction,
     FunctionCall,
     FunctionCallOutput,
     FunctionTool,
@@ -157,6 +161,8 @@ def _item_segment(item: Item) -> tuple[str, str]:
         if isinstance(item.content, list):
             texts.extend(part.text for part in item.content)
         header, body = "assistant reasoning", "\n".join(texts)
+    elif isinstance(item, Compaction):
+        header, body = "compaction", ""
     else:
         raise TypeError(f"cannot render item of type {type(item).__name__}")
     return _escape(header), _escape(body)

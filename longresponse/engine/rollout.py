@@ -48,6 +48,7 @@ from protocol.response import Response, ResponseError
 from ..config import Switches
 from .admission import Pipeline
 from .classifier import Finding
+from .compaction import Compactor, Intake, compact_rollout, compact_threshold, intake, start_window
 from .models import ModelSpec, Sampler, SampleRequest, Stop
 from .render import TokenCache, render_item, render_prefix
 from .reply import Reply, TokenCounts
@@ -146,6 +147,8 @@ class Rollout:
         self.busy = False
         #: A segment failed half-way; the context may hold a partial turn.
         self.broken = False
+        #: Seals and opens compaction items for the rollout's owner (serve layer).
+        self.compactor: Compactor | None = None
 
     def open_reply(
         self,
@@ -292,7 +295,7 @@ class Rollout:
 
     def take_in_without_sampling(self, prefix_changed: bool) -> None:
         """Render and tokenize the inbox without sampling (``generate: false``)."""
-        new_items, self._inbox = self._inbox, []
+        new_items = self._take_inbox().items
         self.context.extend(new_items)
         # Rendered and tokenized now; the model has not processed them yet.
         cached = 0 if prefix_changed else min(self.model_seen, len(self.tokens))
@@ -358,7 +361,8 @@ class Rollout:
             if model is not self.model:  # pragma: no cover - the registry is stable
                 self.model, self.sampler = model, model.make_sampler()
         resolved = self.clock()
-        new_items, self._inbox = self._inbox, []
+        taken = self._take_inbox()
+        new_items = taken.items
         self.context.extend(new_items)
         cached = 0 if prefix_changed else min(self.model_seen, len(self.tokens))
         if pipeline.switches.token_cache:
@@ -374,12 +378,19 @@ class Rollout:
         self._rendered_seen = self.tokens.tokens_rendered
         self._items_seen = self.tokens.items_rendered
         rendered = self.clock()
+        request = self.request
+        threshold = compact_threshold(request, self.model.context_window)
+        if taken.trigger or (threshold is not None and len(self.tokens) > threshold):
+            await compact_rollout(self, reply, cached)
+            cached = 0  # the model reads the new window afresh
+            if taken.trigger:  # a compaction turn: the compaction item is its output
+                self.timings.append(timing)
+                return "stop"
         self._check_context_window()
         uncached = len(self.tokens) - cached
         self.input_tokens += cached + uncached
         self.cached_tokens += cached
         timing.new_tokens, timing.cached_tokens = added, cached
-        request = self.request
         sample_request = SampleRequest(
             context=self.context,
             tools=request.tools,
@@ -425,6 +436,13 @@ class Rollout:
         self.model_seen = len(self.tokens)
         self.timings.append(timing)
         return stop
+
+    def _take_inbox(self) -> Intake:
+        """The inbox as it joins the context; a compaction item in it replaces the context."""
+        taken, self._inbox = intake(self._inbox, self.compactor), []
+        if taken.replaces:
+            start_window(self)
+        return taken
 
     def _check_context_window(self) -> None:
         """History + new tokens against the model's window (shipped ``truncation`` rules).

@@ -23,8 +23,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
+import msgspec
+
 from protocol import ResponseTrack
 from protocol.events import (
+    CompactionCompacting,
     ContentPartAdded,
     ContentPartDone,
     FunctionCallArgumentsDelta,
@@ -35,7 +38,7 @@ from protocol.events import (
     OutputTextDone,
     ServerEvent,
 )
-from protocol.items import FunctionCall, Item, Message, OutputText
+from protocol.items import Compaction, FunctionCall, Item, Message, OutputText
 from protocol.response import Response
 
 from ..ids import new_id
@@ -180,6 +183,23 @@ class StreamBuilder:
         if isinstance(chunk, Stop):
             return self._end_item(index) if self._kind is not None else []
         raise TypeError(f"unknown sampler chunk {chunk!r}")  # pragma: no cover
+
+    def compaction(self, item: Compaction, summary_tokens: int) -> list[ServerEvent]:
+        """The events of a compaction item (its ``added`` carries no content yet);
+        push them all before building more. The summary counts as output."""
+        self._batch = 0
+        index, extra = len(self.output), self._extra
+        assert isinstance(item.id, str)  # the server names the items it makes
+        opened = msgspec.structs.replace(item, encrypted_content="")
+        self.output.append(item)
+        self.output_tokens += summary_tokens
+        return [
+            OutputItemAdded(sequence_number=self._next(), output_index=index, item=opened, **extra),
+            CompactionCompacting(
+                sequence_number=self._next(), item_id=item.id, output_index=index, **extra
+            ),
+            OutputItemDone(sequence_number=self._next(), output_index=index, item=item, **extra),
+        ]
 
     def _end_item(self, index: int) -> list[ServerEvent]:
         extra = self._extra

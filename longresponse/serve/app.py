@@ -2,9 +2,11 @@
 
 ``/v1/responses`` as a WebSocket is the pure-ASGI endpoint of
 ``longresponse.serve.ws``; the HTTP Responses API is ``longresponse.serve.http``;
-both start their turns through one :class:`~longresponse.serve.turns.Turns`.
-The app's lifespan opens the store and its write-behind queue, and drains the
-queue on shutdown, after the HTTP ``background: true`` responses still running
+both start their turns through one :class:`~longresponse.serve.turns.Turns`;
+``POST /v1/responses/compact`` is ``longresponse.serve.compact``. The app's
+lifespan opens the store and its write-behind queue, loads the compaction key
+(``longresponse.storage.server_keys``), and drains the queue on shutdown,
+after the HTTP ``background: true`` responses still running
 (``longresponse.serve.background``) have been ended and queued for writing.
 ``/v1/models``, ``/metrics`` and ``/healthz`` are here.
 """
@@ -23,12 +25,15 @@ from starlette.routing import Route, WebSocketRoute
 from ..config import ServerConfig
 from ..engine.admission import Pipeline
 from ..engine.classifier import Policy
+from ..engine.compaction import CompactionKey
 from ..engine.models import ModelRegistry
 from ..engine.render import encode
 from ..storage.backends import StoreError, open_store
 from ..storage.keys import ApiKeys
 from ..storage.persistence import Persistence
+from ..storage.server_keys import configured_compaction_secret, stored_compaction_key
 from .background import BackgroundResponses
+from .compact import CompactHTTP
 from .http import ResponsesHTTP
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import ServerMetrics
@@ -46,11 +51,17 @@ class _Services:
     """What the lifespan opens: filled at startup, read by every connection."""
 
     persistence: Persistence | None = None
+    compaction_key: CompactionKey | None = None
 
     def get_persistence(self) -> Persistence:
         if self.persistence is None:
             raise RuntimeError("the store is not open: run the app with its lifespan")
         return self.persistence
+
+    def get_compaction_key(self) -> CompactionKey:
+        if self.compaction_key is None:
+            raise RuntimeError("the compaction key is not loaded: run the app with its lifespan")
+        return self.compaction_key
 
 
 
@@ -65,7 +76,12 @@ def create_app(config: ServerConfig | None = None) -> Seam:
     keys = ApiKeys.from_env(config.api_keys)
     services = _Services()
     turns = Turns(
-        config, models, pipeline, metrics=metrics, persistence=services.get_persistence
+        config,
+        models,
+        pipeline,
+        metrics=metrics,
+        persistence=services.get_persistence,
+        compaction_key=services.get_compaction_key,
     )
     endpoint = ResponsesEndpoint(config, turns, keys)
     background = BackgroundResponses(
@@ -75,6 +91,7 @@ def create_app(config: ServerConfig | None = None) -> Seam:
         endings_bytes=config.background_endings_bytes,
     )
     http = ResponsesHTTP(config, turns, keys, services.get_persistence, background)
+    compaction = CompactHTTP(http)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -82,6 +99,12 @@ def create_app(config: ServerConfig | None = None) -> Seam:
         await store.ping()  # an unreachable store stops the startup (StoreError)
         persistence = Persistence(store, overlapped=config.switches.overlapped_post_inference)
         persistence.start()
+        secret = configured_compaction_secret(config.compaction_key)
+        services.compaction_key = (
+            CompactionKey.derive(secret)
+            if secret is not None
+            else CompactionKey(await stored_compaction_key(store))
+        )
         app.state.loop = asyncio.get_running_loop()  # for tests that reach into the store
         services.persistence = app.state.persistence = persistence
         try:
@@ -91,6 +114,7 @@ def create_app(config: ServerConfig | None = None) -> Seam:
             await persistence.drain()  # a clean stop loses no queued write
             await store.aclose()
             services.persistence = None
+            services.compaction_key = None
 
     async def list_models(request: Request) -> JSONResponse:
         return JSONResponse(
@@ -124,6 +148,7 @@ def create_app(config: ServerConfig | None = None) -> Seam:
     app = Starlette(
         routes=[
             WebSocketRoute("/v1/responses", endpoint),
+            *compaction.routes(),
             *http.routes(),
             Route("/v1/models", list_models),
             Route("/metrics", metrics_page),

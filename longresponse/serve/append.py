@@ -90,7 +90,10 @@ class AppendShape:
             return event
         rollout = self._target()
         admission = self.turns.pipeline.admit(
-            as_items(event.input), history=rollout.history(), tools=rollout.request.tools
+            as_items(event.input),
+            history=rollout.history(),
+            tools=rollout.request.tools,
+            compactor=rollout.compactor,
         )
         self._admitted = admission
         return msgspec.structs.replace(event, input=admission.items)
@@ -133,6 +136,7 @@ class AppendShape:
             new_items=new_items,
             send_timing=self.send_timing,
             decode=decode,
+            owner=self.owner,
         )
         rollout, reply = started.rollout, started.reply
         rollout.on_terminal = self._post_inference

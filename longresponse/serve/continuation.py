@@ -128,6 +128,11 @@ async def continue_from(
         history = await stored_history(persistence, parent_id, owner=owner, new_items=new_items)
         return Continuation(history=history, checked=history, cached=False, hydrated=True)
     parent, boundary = found
+    if not any(kept is boundary for kept in parent.boundaries):
+        # The rollout compacted since: the context this segment ended in is
+        # gone from memory, so the segment continues from the store.
+        history = await stored_history(persistence, parent_id, owner=owner, new_items=new_items)
+        return Continuation(history=history, checked=history, cached=False, hydrated=True)
     try:
         check_continuation(new_items, boundary.pending)
     except ProtocolError:

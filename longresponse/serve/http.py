@@ -32,7 +32,7 @@ from protocol import (
     decode_create_body,
 )
 from protocol.events import ResponseCreate
-from protocol.items import Item, as_items
+from protocol.items import Compaction, Item, as_items
 from protocol.response import Response as ResponseObject
 
 from ..config import ServerConfig
@@ -195,6 +195,7 @@ class ResponsesHTTP:
                 cached=False,
                 model=model,
                 decode=decoded - received_at,
+                owner=owner,
             )
             run.seed_from_token_cache()
         except ProtocolError as error:
@@ -377,6 +378,8 @@ class _Run:
         parent = self.body.previous_response_id
         if cache is None or parent is None or not self.history or self.started is None:
             return
+        if any(isinstance(item, Compaction) for item in self.history):
+            return  # the rollout's context is the compaction's window, not the stored items
         tokens = cache.get(self.owner, parent)
         if tokens is not None:
             rollout = self.started.rollout

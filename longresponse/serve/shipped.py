@@ -266,6 +266,7 @@ class ShippedShape:
             stream_id=lane,
             send_timing=self.send_timing,
             decode=decode,
+            owner=self.owner,
         )
         self.segments_run += 1
         boundary = await self.turns.run_segment(

@@ -36,6 +36,7 @@ from protocol.response import Response, ResponseError
 
 from ..config import ServerConfig
 from ..engine.admission import Pipeline
+from ..engine.compaction import CompactionKey, Compactor, check_context_management
 from ..engine.models import ModelRegistry, ModelSpec, check_sim_metadata
 from ..engine.reply import Reply
 from ..engine.rollout import Rollout, TurnRefused
@@ -78,16 +79,24 @@ class Turns:
         *,
         metrics: ServerMetrics | None = None,
         persistence: Callable[[], Persistence] | None = None,
+        compaction_key: Callable[[], CompactionKey] | None = None,
     ) -> None:
         self.config = config
         self.models = models
         self.pipeline = pipeline
         self.metrics = metrics
         self._persistence = persistence
+        self._compaction_key = compaction_key
 
     @property
     def persistence(self) -> Persistence | None:
         return self._persistence() if self._persistence is not None else None
+
+    def compactor(self, owner: str) -> Compactor | None:
+        """``owner``'s compactor, once the server's compaction key is loaded."""
+        if self._compaction_key is None:
+            return None
+        return Compactor(self._compaction_key(), owner)
 
     # --- the steps -------------------------------------------------------------
 
@@ -141,6 +150,7 @@ class Turns:
         stream_id: str | None = None,
         send_timing: bool = False,
         decode: float = 0.0,
+        owner: str = "",
     ) -> Started:
         """Model, admission and the rollout of one turn (nothing runs yet).
 
@@ -151,13 +161,16 @@ class Turns:
         Append mode (``transport="append"``) gets a new rollout writing one
         Reply for all its turns; the shipped shapes get a :class:`Segment` of
         ``rollout`` (a continuation or a fork), or of a new rollout. ``model``
-        is the model when the caller resolved it already. Raises
+        is the model when the caller resolved it already; compaction items
+        are sealed and opened for ``owner``. Raises
         :class:`RemoteProtocolError`; nothing is accepted then.
         """
+        check_context_management(request)
         if model is None:
             model = self.resolve(request, parent)
+        compactor = self.compactor(owner)
         admission = self.pipeline.admit(
-            new_items, history=history, tools=request.tools, cached=cached
+            new_items, history=history, tools=request.tools, cached=cached, compactor=compactor
         )
         append = transport == "append"
         if rollout is None:
@@ -176,6 +189,7 @@ class Turns:
                 send_timing=send_timing,
             )
             reply = segment.reply
+        rollout.compactor = compactor
         rollout.note_admission(
             admission.verdicts,
             decode=decode,

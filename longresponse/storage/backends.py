@@ -51,6 +51,11 @@ memory, a ``usage`` table (``INSERT OR REPLACE``) for SQLite, and one hash,
 :data:`REDIS_USAGE_KEY`, for Redis (``HSET`` of a field replaces it; the hash
 has no expiry). Listing sorts by ``created_at``, then ``response_id``.
 
+Every backend also keeps the server's secrets (:meth:`~ResponseStore.secret`,
+get-or-create, first writer wins): a ``secrets`` table for SQLite, one key
+per secret for Redis, a dict for memory (so there a secret is the process's
+own). ``longresponse.storage.server_keys`` keeps the compaction key there.
+
 Failures of the backend itself (disk, network, a blob that no longer decodes)
 raise :class:`StoreError`; a missing, expired or foreign record is not an
 error (``None`` / ``False``).

@@ -35,6 +35,8 @@ class MemoryStore:
         self._records: dict[str, tuple[str, float | None, bytes]] = {}
         #: response_id -> msgpack UsageRecord (never expires)
         self._usage: dict[str, bytes] = {}
+        #: name -> server secret (this process only)
+        self._secrets: dict[str, bytes] = {}
 
     async def put(self, record: StoredResponse) -> None:
         """Store ``record``; nothing changes if it cannot be encoded."""
@@ -77,6 +79,9 @@ class MemoryStore:
 
     async def ping(self) -> None:
         """A dict always answers."""
+    async def secret(self, name: str, candidate: bytes) -> bytes:
+        """The secret ``name`` of this process (a memory store is one process's)."""
+        return self._secrets.setdefault(name, candidate)
 
     async def aclose(self) -> None:
         """Forget every record and the ledger."""

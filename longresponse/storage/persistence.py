@@ -38,7 +38,16 @@ from typing import Final
 
 import msgspec
 
-from protocol.items import FunctionCall, FunctionCallOutput, InputText, Item, Message, Reasoning
+from protocol.items import (
+    Compaction,
+    CompactionTrigger,
+    FunctionCall,
+    FunctionCallOutput,
+    InputText,
+    Item,
+    Message,
+    Reasoning,
+)
 from protocol.response import Response
 
 from ..ids import new_id
@@ -71,6 +80,8 @@ _ID_PREFIX: Final = {
     FunctionCall: "fc",
     FunctionCallOutput: "fco",
     Reasoning: "rs",
+    Compaction: "cmp",
+    CompactionTrigger: "ctr",
 }
 
 

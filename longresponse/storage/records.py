@@ -86,6 +86,12 @@ class ResponseStore(Protocol):
 
     async def ping(self) -> None:
         """Check the store answers; raises :class:`StoreError` if it does not."""
+    async def secret(self, name: str, candidate: bytes) -> bytes:
+        """The server secret ``name``: the one already kept, else ``candidate``, kept now.
+
+        Atomic across every process on the store: the first writer wins and
+        all of them read its value. Never expires.
+        """
 
     async def aclose(self) -> None:
         """Release connections and files."""

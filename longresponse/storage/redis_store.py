@@ -27,6 +27,7 @@ from .records import (
 __all__ = [
     "REDIS_CONNECT_TIMEOUT",
     "REDIS_KEY_PREFIX",
+    "REDIS_SECRET_PREFIX",
     "REDIS_TIMEOUT",
     "REDIS_USAGE_KEY",
     "RedisStore",
@@ -41,10 +42,8 @@ REDIS_TIMEOUT: Final = 5.0
 REDIS_KEY_PREFIX: Final = "longresponse:response:"
 #: Redis hash of the usage ledger: field ``response_id`` -> msgpack UsageRecord.
 REDIS_USAGE_KEY: Final = "longresponse:usage"
-#: Seconds a SQLite writer waits for another connection's lock before failing.
-SQLITE_BUSY_TIMEOUT: Final = 5.0
-#: Seconds between two opportunistic purges of expired SQLite rows.
-SQLITE_PURGE_INTERVAL: Final = 60.0
+#: Redis key of a server secret: ``longresponse:secret:{name}``.
+REDIS_SECRET_PREFIX: Final = "longresponse:secret:"
 
 # KEYS[1] = record key, ARGV[1] = owner. The blob is the msgpack map of a
 # StoredResponse; cmsgpack is built into Redis's Lua.
@@ -142,6 +141,18 @@ class RedisStore:
             await self._redis.ping()
         except (redis.exceptions.RedisError, OSError) as exc:
             raise StoreError(f"Redis store {self.url}: {exc}") from exc
+
+    async def secret(self, name: str, candidate: bytes) -> bytes:
+        """The secret ``name`` at ``longresponse:secret:{name}`` (``SET NX``, then ``GET``:
+        the first process wins); no expiry."""
+        key = REDIS_SECRET_PREFIX + name
+        try:
+            await self._redis.set(key, candidate, nx=True)
+            value = await self._redis.get(key)
+        except redis.exceptions.RedisError as exc:
+            raise StoreError(f"Redis store: {exc}") from exc
+        assert isinstance(value, bytes)  # just set, never expires
+        return value
 
     async def aclose(self) -> None:
         """Close the connection pool."""

@@ -31,10 +31,6 @@ from .records import (
 
 __all__ = ["SQLITE_BUSY_TIMEOUT", "SQLITE_PURGE_INTERVAL", "SQLiteStore"]
 
-#: Redis key of a record: ``longresponse:response:{id}``.
-REDIS_KEY_PREFIX: Final = "longresponse:response:"
-#: Redis hash of the usage ledger: field ``response_id`` -> msgpack UsageRecord.
-REDIS_USAGE_KEY: Final = "longresponse:usage"
 #: Seconds a SQLite writer waits for another connection's lock before failing.
 SQLITE_BUSY_TIMEOUT: Final = 5.0
 #: Seconds between two opportunistic purges of expired SQLite rows.
@@ -59,6 +55,7 @@ CREATE TABLE IF NOT EXISTS usage (
     data BLOB NOT NULL
 );
 CREATE INDEX IF NOT EXISTS usage_owner ON usage (owner, created_at, response_id);
+CREATE TABLE IF NOT EXISTS secrets (name TEXT PRIMARY KEY, value BLOB NOT NULL);
 """
 _PUT: Final = (
     "INSERT OR REPLACE INTO responses (id, owner, created_at, expires_at, data)"
@@ -192,6 +189,18 @@ class SQLiteStore:
     async def ping(self) -> None:
         """One read of the file (raises :class:`StoreError` if it fails)."""
         await self._run(lambda: self._db.execute("SELECT 1 FROM usage LIMIT 1").fetchone())
+    async def secret(self, name: str, candidate: bytes) -> bytes:
+        """The secret ``name`` in the ``secrets`` table; ``candidate`` if none was kept
+        (``INSERT OR IGNORE``: the first process on the file wins)."""
+
+        def get_or_put() -> bytes:
+            self._db.execute(
+                "INSERT OR IGNORE INTO secrets (name, value) VALUES (?, ?)", (name, candidate)
+            )
+            row = self._db.execute("SELECT value FROM secrets WHERE name = ?", (name,)).fetchone()
+            return bytes(row[0])
+
+        return await self._run(get_or_put)
 
     async def aclose(self) -> None:
         """Close the connection and stop the worker thread; idempotent.

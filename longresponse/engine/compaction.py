@@ -1,0 +1,308 @@
+"""Compaction: a conversation's context, shrunk to a window and sealed into one item.
+
+Theory of operation
+-------------------
+A **compaction** replaces a rollout's context with a smaller **window**: the
+``compaction`` item, then the summary it stands for. The simulated models'
+summary (:func:`summarize`) is deterministic and keeps what their final
+answer quotes: every user, system and developer message, every function
+call, and the head (:data:`~longresponse.engine.models.QUOTE_CHARS`
+characters) of every tool output; assistant messages, reasoning and earlier
+compaction items are dropped. So a conversation compacted any number of times
+still answers with the request and the tool outputs' heads.
+
+The summary travels inside the item. :class:`CompactionKey` seals it with
+AES-256-GCM (``cryptography``): the plaintext is the msgpack of the summary
+items; the associated data is the owner (a digest of the API key), so an item
+made for one key does not open for another; the ``encrypted_content`` is
+``base64url(version ‖ nonce ‖ ciphertext ‖ tag)``. An altered, forged or
+foreign item fails to open (:class:`InvalidCompaction`) and admission refuses
+it with ``invalid_encrypted_content``. Where the key comes from (a configured
+secret, or a random key kept in the store) is the serve layer's business.
+
+A :class:`Compactor` is one owner's view of the key: it seals windows and
+opens items (keeping the last few it opened, so admission's check and the
+turn's take-in decrypt once). :func:`intake` is what a rollout does with new
+input: a ``compaction`` item supersedes everything before it (the context and
+earlier input alike), so the context starts again from its window; a final
+``compaction_trigger`` asks for a compaction turn and never enters the context.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import os
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Final
+
+import msgspec
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from protocol import ErrorCode, RemoteProtocolError
+from protocol.events import ResponseCreate
+from protocol.items import (
+    Compaction,
+    CompactionTrigger,
+    FunctionCall,
+    FunctionCallOutput,
+    Item,
+    Message,
+    item_text,
+)
+
+from ..ids import new_id
+from .models import QUOTE_CHARS
+from .render import render_prefix
+
+if TYPE_CHECKING:
+    from .reply import Reply
+    from .rollout import Rollout
+
+__all__ = [
+    "KEY_BYTES",
+    "MIN_COMPACT_THRESHOLD",
+    "CompactionKey",
+    "Compactor",
+    "Intake",
+    "InvalidCompaction",
+    "check_context_management",
+    "compact",
+    "compact_rollout",
+    "compact_threshold",
+    "intake",
+    "refused",
+    "start_window",
+    "summarize",
+]
+
+#: Bytes of the AES-256-GCM key.
+KEY_BYTES: Final = 32
+#: The smallest ``compact_threshold`` the shipped API accepts.
+MIN_COMPACT_THRESHOLD: Final = 1000
+#: Without a ``compact_threshold``: compact at this share of the model's window.
+DEFAULT_THRESHOLD_SHARE: Final = 0.9
+#: Opened items a Compactor keeps (admission opens them, the turn takes them in).
+OPENED_KEPT: Final = 16
+
+_VERSION: Final = b"\x01"
+_NONCE_BYTES: Final = 12
+_TAG_BYTES: Final = 16
+_ASSOCIATED: Final = b"longresponse.compaction.v1\x00"
+_DERIVE_INFO: Final = b"longresponse compaction key v1"
+
+
+class InvalidCompaction(Exception):
+    """An ``encrypted_content`` that does not open: altered, forged, another
+    server's key, or another owner's item."""
+
+
+class _Sealed(msgspec.Struct, frozen=True, array_like=True):
+    created_at: int
+    items: list[Item]
+
+
+_encoder: Final = msgspec.msgpack.Encoder()
+_decoder: Final = msgspec.msgpack.Decoder(_Sealed)
+
+
+class CompactionKey:
+    """The server's sealing key: AES-256-GCM, the owner as associated data."""
+
+    def __init__(self, key: bytes) -> None:
+        if len(key) != KEY_BYTES:
+            raise ValueError(f"a compaction key is {KEY_BYTES} bytes, not {len(key)}")
+        self._aead = AESGCM(key)
+
+    @classmethod
+    def derive(cls, secret: str) -> CompactionKey:
+        """The key for a configured secret of any length (HKDF-SHA256).
+
+        Raises ``ValueError`` for an empty secret.
+        """
+        if not secret:
+            raise ValueError("the compaction key secret is empty")
+        hkdf = HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=None, info=_DERIVE_INFO)
+        return cls(hkdf.derive(secret.encode()))
+
+    def seal(self, items: Sequence[Item], owner: str) -> str:
+        """The ``encrypted_content`` carrying ``items`` for ``owner``."""
+        nonce = os.urandom(_NONCE_BYTES)
+        plain = _encoder.encode(_Sealed(created_at=int(time.time()), items=list(items)))
+        sealed = self._aead.encrypt(nonce, plain, _ASSOCIATED + owner.encode())
+        return base64.urlsafe_b64encode(_VERSION + nonce + sealed).decode("ascii")
+
+    def open(self, token: str, owner: str) -> list[Item]:
+        """The items ``token`` carries. Raises :class:`InvalidCompaction`."""
+        try:
+            blob = base64.b64decode(token.encode("ascii"), altchars=b"-_", validate=True)
+        except (binascii.Error, UnicodeEncodeError):
+            raise InvalidCompaction("not base64url") from None
+        if len(blob) < 1 + _NONCE_BYTES + _TAG_BYTES or blob[:1] != _VERSION:
+            raise InvalidCompaction("not a sealed window")
+        nonce, sealed = blob[1 : 1 + _NONCE_BYTES], blob[1 + _NONCE_BYTES :]
+        try:
+            plain = self._aead.decrypt(nonce, sealed, _ASSOCIATED + owner.encode())
+            return _decoder.decode(plain).items
+        except (InvalidTag, msgspec.DecodeError):
+            raise InvalidCompaction("does not verify") from None
+
+
+class Compactor:
+    """One owner's compactions: seals windows, opens (and checks) items."""
+
+    def __init__(self, key: CompactionKey, owner: str) -> None:
+        self.key = key
+        self.owner = owner
+        self._opened: dict[str, list[Item]] = {}
+
+    def seal(self, summary: Sequence[Item]) -> Compaction:
+        """A new ``compaction`` item standing for ``summary``."""
+        return Compaction(id=new_id("cmp"), encrypted_content=self.key.seal(summary, self.owner))
+
+    def open(self, item: Compaction) -> list[Item]:
+        """The summary ``item`` stands for. Raises :class:`InvalidCompaction`."""
+        summary = self._opened.get(item.encrypted_content)
+        if summary is None:
+            summary = self.key.open(item.encrypted_content, self.owner)
+            if len(self._opened) >= OPENED_KEPT:
+                self._opened.clear()
+            self._opened[item.encrypted_content] = summary
+        return summary
+
+    def check(self, item: Compaction, param: str) -> None:
+        """Admission: ``item`` opens for this owner. Raises :class:`RemoteProtocolError`."""
+        try:
+            self.open(item)
+        except InvalidCompaction:
+            raise refused(param) from None
+
+
+def refused(param: str) -> RemoteProtocolError:
+    """The error of a compaction item that does not open (or cannot be opened here)."""
+    return RemoteProtocolError(
+        "The compaction item's encrypted_content does not verify: it was altered, made "
+        "by a server with another key, or made for another API key.",
+        code=ErrorCode.INVALID_ENCRYPTED_CONTENT,
+        param=param,
+    )
+
+
+# --- the window ----------------------------------------------------------------
+
+
+def summarize(context: Sequence[Item]) -> list[Item]:
+    """The simulated models' summary of ``context`` (see the module docstring)."""
+    kept: list[Item] = []
+    for item in context:
+        if isinstance(item, FunctionCall) or (
+            isinstance(item, Message) and item.role != "assistant"
+        ):
+            kept.append(item)
+        elif isinstance(item, FunctionCallOutput):
+            head = item_text(item.output)[:QUOTE_CHARS]
+            kept.append(msgspec.structs.replace(item, output=head))
+    return kept
+
+
+def compact(context: Sequence[Item], compactor: Compactor) -> tuple[Compaction, list[Item]]:
+    """Compact ``context``: its compaction item, and the window that replaces it."""
+    summary = summarize(context)
+    item = compactor.seal(summary)
+    return item, [item, *summary]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Intake:
+    """New input as it joins a context."""
+
+    #: The items that join the context (a compaction item followed by its summary).
+    items: list[Item]
+    #: A compaction item came in: the context starts again from its window.
+    replaces: bool = False
+    #: The input ended in ``compaction_trigger``: compact, then stop.
+    trigger: bool = False
+
+
+def intake(items: Sequence[Item], compactor: Compactor | None) -> Intake:
+    """Open the latest compaction item of ``items`` into its window; drop the rest before it.
+
+    Raises :class:`InvalidCompaction` if it does not open (admission has
+    checked it, so only a bug gets here).
+    """
+    trigger = bool(items) and isinstance(items[-1], CompactionTrigger)
+    kept: list[Item] = [item for item in items if not isinstance(item, CompactionTrigger)]
+    latest = next(
+        (i for i in range(len(kept) - 1, -1, -1) if isinstance(kept[i], Compaction)), None
+    )
+    if latest is None:
+        return Intake(kept, trigger=trigger)
+    item = kept[latest]
+    assert isinstance(item, Compaction)
+    if compactor is None:
+        raise InvalidCompaction("no compaction key here")
+    return Intake([item, *compactor.open(item), *kept[latest + 1 :]], True, trigger)
+
+
+def start_window(rollout: Rollout) -> None:
+    """Forget the rollout's context (a compaction's window replaces it): the model
+    has read none of what follows, and no segment ends inside it any more."""
+    rollout.context = []
+    prefix = render_prefix(rollout.request.instructions, rollout.request.tools)
+    rollout.tokens = rollout.tokens.rerendered(prefix, [])
+    rollout.model_seen = 0
+    rollout.boundaries.clear()
+
+
+async def compact_rollout(rollout: Rollout, reply: Reply, cached: int) -> None:
+    """Server-side compaction in a turn (SPEC §11): the model reads the whole
+    context (``cached`` of it already processed) and writes the compaction
+    item; its window becomes the context. The item's events go to ``reply``."""
+    assert rollout.compactor is not None, "the serve layer gives every rollout a compactor"
+    await reply.sink.room()
+    item, window = compact(rollout.context, rollout.compactor)
+    rollout.input_tokens += len(rollout.tokens)
+    rollout.cached_tokens += cached
+    start_window(rollout)
+    written = rollout.tokens.extend(window)
+    rollout.context.extend(window)
+    for event in reply.builder.compaction(item, written):  # no await: all, or none
+        reply.sink.push(event)
+
+
+# --- context_management ------------------------------------------------------------
+
+
+def check_context_management(request: ResponseCreate) -> None:
+    """A create's ``context_management`` entries. Raises :class:`RemoteProtocolError`."""
+    for index, entry in enumerate(request.context_management or ()):
+        where = f"context_management[{index}]"
+        if entry.type != "compaction":
+            raise RemoteProtocolError(
+                f"Invalid value: '{entry.type}'. Supported values are: 'compaction'.",
+                code=ErrorCode.INVALID_VALUE,
+                param=f"{where}.type",
+            )
+        threshold = entry.compact_threshold
+        if threshold is not None and threshold < MIN_COMPACT_THRESHOLD:
+            raise RemoteProtocolError(
+                f"Invalid '{where}.compact_threshold': {threshold}; the minimum is "
+                f"{MIN_COMPACT_THRESHOLD} tokens.",
+                code=ErrorCode.INVALID_VALUE,
+                param=f"{where}.compact_threshold",
+            )
+
+
+def compact_threshold(request: ResponseCreate, context_window: int) -> int | None:
+    """Rendered tokens past which the turn compacts first; ``None``: never."""
+    for entry in request.context_management or ():
+        if entry.type == "compaction":
+            if entry.compact_threshold is not None:
+                return entry.compact_threshold
+            return int(context_window * DEFAULT_THRESHOLD_SHARE)
+    return None
