@@ -21,19 +21,22 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
 from protocol import TERMINAL_STATES, ResponseState, ResponseTrack, Transition
 from protocol.events import ResponseCreate, ResponseCreated, ServerEvent, TimingEvent
 from protocol.response import (
+    FormatText,
     IncompleteDetails,
     InputTokensDetails,
     OutputTokensDetails,
+    ReasoningConfig,
     RequiredAction,
     Response,
     ResponseError,
+    TextConfig,
     Usage,
 )
 
@@ -134,6 +137,7 @@ class Reply:
             status=state.value,
             completed_at=int(time.time()) if state in TERMINAL_STATES else None,
             error=self.error,
+            frequency_penalty=_or(req.frequency_penalty, 0.0),
             incomplete_details=(
                 IncompleteDetails(reason=self.incomplete_reason)
                 if self.incomplete_reason
@@ -145,15 +149,18 @@ class Reply:
             model=self.model,
             output=list(self.builder.output),
             parallel_tool_calls=req.parallel_tool_calls,
+            presence_penalty=_or(req.presence_penalty, 0.0),
             previous_response_id=req.previous_response_id,
             prompt_cache_key=req.prompt_cache_key,
-            reasoning=req.reasoning,
+            reasoning=_reasoning(req.reasoning),
             safety_identifier=req.safety_identifier,
             store=req.store,
-            temperature=req.temperature if req.temperature is not None else 1.0,
+            temperature=_or(req.temperature, 1.0),
+            text=_text(req.text),
             tool_choice=req.tool_choice,
             tools=list(req.tools),
-            top_p=req.top_p if req.top_p is not None else 1.0,
+            top_logprobs=_or(req.top_logprobs, 0),
+            top_p=_or(req.top_p, 1.0),
             truncation=req.truncation or "disabled",
             usage=self.usage(),
             user=req.user,
@@ -215,3 +222,35 @@ class Reply:
                 stream_id=self.stream_id if self.stream_id is not None else msgspec.UNSET,
             )
         )
+
+
+_T = TypeVar("_T")
+
+
+def _or(value: _T | None, default: _T) -> _T:
+    return default if value is None else value
+
+
+_PLAIN_TEXT = TextConfig(format=FormatText())
+
+
+def _text(text: TextConfig | None) -> TextConfig:
+    """The ``text`` a Response echoes: a format always, a verbosity when asked for."""
+    if text is None:
+        return _PLAIN_TEXT
+    if text.format is not None and text.verbosity is not None:
+        return text
+    return TextConfig(
+        format=text.format or FormatText(),
+        verbosity=text.verbosity if text.verbosity is not None else msgspec.UNSET,
+    )
+
+
+def _reasoning(reasoning: ReasoningConfig | None) -> ReasoningConfig | None:
+    """The ``reasoning`` a Response echoes: ``effort`` and ``summary`` (older spelling folded)."""
+    if reasoning is None:
+        return None
+    summary = reasoning.summary
+    if summary is None and isinstance(reasoning.generate_summary, str):
+        summary = reasoning.generate_summary
+    return ReasoningConfig(effort=reasoning.effort, summary=summary)
