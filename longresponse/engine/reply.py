@@ -169,13 +169,19 @@ class Reply:
         )
 
     def usage(self) -> Usage:
-        """This Response's usage: the rollout's counts since it began, its own output."""
+        """This Response's usage: the rollout's counts since it began, its own output.
+
+        Every input token the model reads is either cached (processed by an
+        earlier turn) or written to the cache by this one (SPEC §8).
+        """
         output = self.builder.output_tokens
         input_tokens = self._counts.input_tokens - self._usage_base[0]
         cached = self._counts.cached_tokens - self._usage_base[1]
         return Usage(
             input_tokens=input_tokens,
-            input_tokens_details=InputTokensDetails(cached_tokens=cached),
+            input_tokens_details=InputTokensDetails(
+                cached_tokens=cached, cache_write_tokens=input_tokens - cached
+            ),
             output_tokens=output,
             output_tokens_details=OutputTokensDetails(),
             total_tokens=input_tokens + output,

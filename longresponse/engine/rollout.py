@@ -49,7 +49,7 @@ from ..config import Switches
 from .admission import Pipeline
 from .classifier import Finding
 from .models import ModelSpec, Sampler, SampleRequest, Stop
-from .render import TokenCache, render_item, render_prefix
+from .render import TokenCache, items_to_drop, render_item, render_prefix
 from .reply import Reply, TokenCounts
 from .stream import EventSink, StreamClosed
 from .timing import TurnTiming
@@ -57,13 +57,19 @@ from .timing import TurnTiming
 if TYPE_CHECKING:
     from .segment import Boundary
 
-__all__ = ["ContextLengthExceeded", "Rollout"]
+__all__ = ["ContextLengthExceeded", "Rollout", "context_too_long"]
 
 log = logging.getLogger(__name__)
 
 
 class ContextLengthExceeded(Exception):
     """The context is longer than the model's window and truncation is off."""
+
+
+def context_too_long(tokens: int, model: ModelSpec) -> str:
+    """The message of ``context_length_exceeded``, naming both sizes."""
+    window = model.context_window
+    return f"Your input is {tokens} tokens; the context window of {model.name} is {window}."
 
 
 class Rollout:
@@ -282,14 +288,19 @@ class Rollout:
         self._resume_mark = received_at
 
     def take_in_without_sampling(self, prefix_changed: bool) -> None:
-        """Render and tokenize the inbox without sampling (``generate: false``)."""
+        """A warm-up (``generate: false`` or a prewarm): render, tokenize and
+        prefill the inbox without sampling. The model has processed the whole
+        context afterwards, so the next turn reads it as cached. Raises
+        :class:`ContextLengthExceeded` as a turn would."""
         new_items, self._inbox = self._inbox, []
         self.context.extend(new_items)
-        # Rendered and tokenized now; the model has not processed them yet.
         cached = 0 if prefix_changed else min(self.model_seen, len(self.tokens))
         self.tokens.extend(new_items)
+        if self._check_context_window():
+            cached = 0
         self.input_tokens += len(self.tokens)
         self.cached_tokens += cached
+        self.model_seen = len(self.tokens)
 
     # --- the loop ------------------------------------------------------------
 
@@ -365,7 +376,8 @@ class Rollout:
         self._rendered_seen = self.tokens.tokens_rendered
         self._items_seen = self.tokens.items_rendered
         rendered = self.clock()
-        self._check_context_window()
+        if self._check_context_window():
+            cached = 0
         uncached = len(self.tokens) - cached
         self.input_tokens += cached + uncached
         self.cached_tokens += cached
@@ -417,33 +429,26 @@ class Rollout:
         self.timings.append(timing)
         return stop
 
-    def _check_context_window(self) -> None:
+    def _check_context_window(self) -> bool:
         """History + new tokens against the model's window (shipped ``truncation`` rules).
 
         ``truncation: "auto"`` drops the oldest items until the context fits
-        (the rest is rendered again; the model has to prefill it all);
-        otherwise :class:`ContextLengthExceeded` ends the response ``failed``.
+        (the rest is rendered again; the model has to prefill it all) and
+        returns True; otherwise :class:`ContextLengthExceeded` ends the
+        response ``failed``.
         """
         window = self.model.context_window
         if len(self.tokens) <= window:
-            return
+            return False
         if self.request.truncation != "auto":
-            raise ContextLengthExceeded(
-                f"Your input is {len(self.tokens)} tokens; the context window of "
-                f"{self.model.name} is {window}."
-            )
+            raise ContextLengthExceeded(context_too_long(len(self.tokens), self.model))
         prefix = render_prefix(self.request.instructions, self.request.tools)
-        # Each item's length once, then drop from the front until the rest fits.
         lengths = [len(render_item(item)) for item in self.context]
-        total = len(prefix) + sum(lengths)
-        dropped = 0
-        while dropped < len(lengths) and total > window:
-            total -= lengths[dropped]
-            dropped += 1
-        del self.context[:dropped]
+        del self.context[: items_to_drop(len(prefix), lengths, window)]
         self.tokens = self.tokens.rerendered(prefix, self.context)
         self.model_seen = 0
         self.truncated = True
+        return True
 
     async def _pause(self) -> bool:
         """Block until every pending call has its output. False if the rollout ended."""
