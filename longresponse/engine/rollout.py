@@ -391,7 +391,13 @@ class Rollout:
             metadata=request.metadata,
             cached_tokens=cached,
             uncached_tokens=uncached,
-            max_output_tokens=request.max_output_tokens,
+            # The budget is the Response's: what earlier turns wrote counts.
+            max_output_tokens=(
+                None
+                if request.max_output_tokens is None
+                else max(0, request.max_output_tokens - reply.builder.output_tokens)
+            ),
+            text_format=request.text.format if request.text is not None else None,
         )
         sampling_started = self.clock()
         timing.resolve = resolved - started

@@ -143,7 +143,11 @@ class Turns:
         if model is None:
             model = self.resolve(request, parent)
         admission = self.pipeline.admit(
-            new_items, history=history, tools=request.tools, cached=cached
+            new_items,
+            history=history,
+            tools=request.tools,
+            text_format=request.text.format if request.text is not None else None,
+            cached=cached,
         )
         append = transport == "append"
         if rollout is None:
