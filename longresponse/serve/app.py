@@ -27,6 +27,7 @@ from ..storage.backends import open_store
 from ..storage.keys import ApiKeys
 from ..storage.persistence import Persistence
 from .http import ResponsesHTTP
+from .input_tokens import InputTokens
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import ServerMetrics
 from .turns import Turns
@@ -97,6 +98,7 @@ def create_app(config: ServerConfig | None = None) -> Starlette:
     app = Starlette(
         routes=[
             WebSocketRoute("/v1/responses", endpoint),
+            *InputTokens(http).routes(),
             *http.routes(),
             Route("/v1/models", list_models),
             Route("/metrics", metrics_page),
