@@ -26,6 +26,7 @@ from ..engine.render import encode
 from ..storage.backends import open_store
 from ..storage.keys import ApiKeys
 from ..storage.persistence import Persistence
+from .gate import RouteGate
 from .http import ResponsesHTTP
 from .input_tokens import InputTokens
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -106,6 +107,8 @@ def create_app(config: ServerConfig | None = None) -> Starlette:
         ],
         lifespan=lifespan,
     )
+    # 404 for unknown paths, then the API key, then 405 (longresponse.serve.gate).
+    app.add_middleware(RouteGate, router=app.router, keys=keys)
     app.state.config = config
     app.state.models = models
     app.state.endpoint = endpoint
