@@ -133,6 +133,11 @@ class ModelSpec:
     max_output_tokens: int
     make_sampler: Callable[[], Sampler]
 
+    def too_long(self, tokens: int) -> str:
+        """The message of ``context_length_exceeded`` for a context of ``tokens``."""
+        window = self.context_window
+        return f"Your input is {tokens} tokens; the context window of {self.name} is {window}."
+
 
 class ModelRegistry:
     """Resolves a model name (or alias) to a :class:`ModelSpec`."""

@@ -57,19 +57,13 @@ from .timing import TurnTiming
 if TYPE_CHECKING:
     from .segment import Boundary
 
-__all__ = ["ContextLengthExceeded", "Rollout", "context_too_long"]
+__all__ = ["ContextLengthExceeded", "Rollout"]
 
 log = logging.getLogger(__name__)
 
 
 class ContextLengthExceeded(Exception):
     """The context is longer than the model's window and truncation is off."""
-
-
-def context_too_long(tokens: int, model: ModelSpec) -> str:
-    """The message of ``context_length_exceeded``, naming both sizes."""
-    window = model.context_window
-    return f"Your input is {tokens} tokens; the context window of {model.name} is {window}."
 
 
 class Rollout:
@@ -288,10 +282,8 @@ class Rollout:
         self._resume_mark = received_at
 
     def take_in_without_sampling(self, prefix_changed: bool) -> None:
-        """A warm-up (``generate: false`` or a prewarm): render, tokenize and
-        prefill the inbox without sampling. The model has processed the whole
-        context afterwards, so the next turn reads it as cached. Raises
-        :class:`ContextLengthExceeded` as a turn would."""
+        """A warm-up: render, tokenize and prefill the inbox without sampling; the
+        next turn reads it all as cached. Raises :class:`ContextLengthExceeded`."""
         new_items, self._inbox = self._inbox, []
         self.context.extend(new_items)
         cached = 0 if prefix_changed else min(self.model_seen, len(self.tokens))
@@ -447,7 +439,7 @@ class Rollout:
         if len(self.tokens) <= window:
             return False
         if self.request.truncation != "auto":
-            raise ContextLengthExceeded(context_too_long(len(self.tokens), self.model))
+            raise ContextLengthExceeded(self.model.too_long(len(self.tokens)))
         prefix = render_prefix(self.request.instructions, self.request.tools)
         lengths = [len(render_item(item)) for item in self.context]
         del self.context[: items_to_drop(len(prefix), lengths, window)]

@@ -35,7 +35,6 @@ from protocol import ErrorCode, ProtocolError, RemoteProtocolError, decode_creat
 from protocol.items import as_items
 
 from ..engine.render import items_to_drop, render_item, render_prefix
-from ..engine.rollout import context_too_long
 from .continuation import continue_from
 from .http import ResponsesHTTP, http_error
 
@@ -107,7 +106,7 @@ class InputTokens:
             if total > window:
                 if body.truncation != "auto":
                     raise RemoteProtocolError(
-                        context_too_long(total, model),
+                        model.too_long(total),
                         code="context_length_exceeded",
                         param="input",
                     )
