@@ -48,6 +48,8 @@ _encoder: Final = msgspec.json.Encoder()
 _AT = re.compile(r"^(?P<what>.*?)(?: - at `(?P<path>\$[^`]*)`)?$", re.DOTALL)
 _MISSING = re.compile(r"^Object missing required field `(?P<field>[^`]+)`$")
 _INVALID_TAG = re.compile(r"^Invalid value '(?P<value>.*)'$", re.DOTALL)
+#: A value of the right type outside its published range (``Meta(ge=..., le=...)``).
+_OUT_OF_RANGE = re.compile(r"^Expected `[^`]+` (?:>=|<=|>|<) ")
 _ITEM_PATH = re.compile(r"^\$\.input\[(\d+)\]$")
 
 
@@ -87,7 +89,7 @@ def _validation_error(
         )
     param = json_path_to_param(path)
     where = f"'{param}'" if param else "the event"
-    if what.startswith("Expected `"):
+    if what.startswith("Expected `") and not _OUT_OF_RANGE.match(what):
         return RemoteProtocolError(
             f"Invalid type for {where}: {what[0].lower()}{what[1:]}.",
             code=ErrorCode.INVALID_TYPE,

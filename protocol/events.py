@@ -11,14 +11,14 @@ named lane, ``stream_id``.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
-from msgspec import UNSET, Struct, UnsetType
+from msgspec import UNSET, Meta, Struct, UnsetType
 
 from ._wire import wire_type
 from .items import ContentPart, FunctionTool, Item, OutputText, Refusal, ToolChoice
-from .response import Response
+from .response import ReasoningConfig, Response, TextConfig
 
 __all__ = [
     "CLIENT_EVENT_TYPES",
@@ -36,6 +36,7 @@ __all__ = [
     "OutputItemDone",
     "OutputTextDelta",
     "OutputTextDone",
+    "PromptCacheOptions",
     "ResponseAppend",
     "ResponseCancel",
     "ResponseCompleted",
@@ -58,6 +59,23 @@ class _Event(Struct, frozen=True, kw_only=True, tag_field="type"):
 
 # --- client events ---------------------------------------------------------
 
+#: The published ranges of the sampling parameters (out of range: ``invalid_value``).
+Temperature = Annotated[float, Meta(ge=0, le=2)]
+TopP = Annotated[float, Meta(ge=0, le=1)]
+Penalty = Annotated[float, Meta(ge=-2, le=2)]
+TopLogprobs = Annotated[int, Meta(ge=0, le=20)]
+AtLeastOne = Annotated[int, Meta(ge=1)]
+
+
+class PromptCacheOptions(Struct, frozen=True, kw_only=True):
+    """``prompt_cache_options``: ``prewarm: true`` fills the cache and generates
+    nothing (it forces ``generate`` to false); the rest is accepted and ignored."""
+
+    prewarm: bool | None = None
+    mode: Literal["implicit", "explicit"] | None = None
+    ttl: Literal["30m", "12h"] | None = None
+    comparison_response_id: str | None = None
+
 
 class ContextManagement(Struct, frozen=True, kw_only=True):
     """One ``context_management`` entry of a create: ``type`` ``"compaction"``
@@ -71,8 +89,9 @@ class ResponseCreate(_Event, frozen=True, kw_only=True, tag="response.create"):
     """Starts a response; the body of ``POST /v1/responses`` at the top level.
 
     ``stream``, ``stream_options`` and unknown top-level keys are accepted and
-    ignored (real clients send them). ``generate: false`` prepares state
-    without sampling.
+    ignored (real clients send them). ``generate: false``, or
+    ``prompt_cache_options.prewarm: true``, prepares state without sampling
+    (:attr:`warm_up`).
     """
 
     model: str | UnsetType = UNSET
@@ -84,25 +103,35 @@ class ResponseCreate(_Event, frozen=True, kw_only=True, tag="response.create"):
     metadata: dict[str, str] = msgspec.field(default_factory=dict)
     store: bool = True
     previous_response_id: str | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    max_output_tokens: int | None = None
-    max_tool_calls: int | None = None
-    reasoning: dict[str, Any] | None = None
-    text: dict[str, Any] | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    max_output_tokens: AtLeastOne | None = None
+    max_tool_calls: AtLeastOne | None = None
+    reasoning: ReasoningConfig | None = None
+    text: TextConfig | None = None
     truncation: Literal["auto", "disabled"] | None = None
     user: str | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
     service_tier: str | None = None
     include: list[str] | None = None
-    top_logprobs: int | None = None
+    top_logprobs: TopLogprobs | None = None
     background: bool | None = None
     stream: bool | None = None
     stream_options: dict[str, Any] | None = None
     stream_id: str | UnsetType = UNSET
     generate: bool | None = None
     context_management: list[ContextManagement] | None = None
+    prompt_cache_options: PromptCacheOptions | None = None
+
+    @property
+    def warm_up(self) -> bool:
+        """Take the input in without sampling: ``generate: false``, or a prewarm
+        (``prompt_cache_options.prewarm: true`` forces ``generate`` to false)."""
+        options = self.prompt_cache_options
+        return self.generate is False or (options is not None and options.prewarm is True)
 
 
 class ResponseAppend(_Event, frozen=True, kw_only=True, tag="response.append"):

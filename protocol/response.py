@@ -1,8 +1,15 @@
 """The Response object, its usage and its error, in the shipped field order.
 
-Append mode adds one field: ``required_action`` (present only while the
-response is ``requires_action``; omitted otherwise, so shipped-shape clients
-never see it).
+Every field of the published Response resource is present on every Response
+this project sends, ``null`` where unset (``tests/schemas/response.schema.json``
+holds them to it). Append mode adds one field: ``required_action`` (present
+only while the response is ``requires_action``; omitted otherwise, so
+shipped-shape clients never see it).
+
+The request parameters that the Response echoes with a shape of their own
+live here too: ``text`` (:class:`TextConfig`, whose ``format`` asks for plain
+text, a JSON object or JSON matching a schema) and ``reasoning``
+(:class:`ReasoningConfig`).
 """
 
 from __future__ import annotations
@@ -15,15 +22,20 @@ from msgspec import UNSET, Struct, UnsetType
 from .items import FunctionTool, Item, ToolChoice
 
 __all__ = [
+    "FormatJSONObject",
+    "FormatJSONSchema",
+    "FormatText",
     "IncompleteDetails",
     "InputTokensDetails",
     "OutputTokensDetails",
+    "ReasoningConfig",
     "RequiredAction",
     "Response",
     "ResponseCompaction",
     "ResponseError",
     "ResponseStatus",
     "TextConfig",
+    "TextFormat",
     "Usage",
 ]
 
@@ -49,7 +61,10 @@ class RequiredAction(Struct, frozen=True, kw_only=True):
 
 
 class InputTokensDetails(Struct, frozen=True, kw_only=True):
+    #: Tokens the model had already processed (read from its cache).
     cached_tokens: int = 0
+    #: Tokens this response wrote to the rollout's cache: the input the model
+    #: had not processed before, which a later turn reads as cached (SPEC §8).
     cache_write_tokens: int = 0
 
 
@@ -65,13 +80,58 @@ class Usage(Struct, frozen=True, kw_only=True):
     total_tokens: int
 
 
-class TextFormat(Struct, frozen=True, kw_only=True):
-    type: str = "text"
+class _Format(Struct, frozen=True, kw_only=True, tag_field="type"):
+    pass
+
+
+class FormatText(_Format, frozen=True, kw_only=True, tag="text"):
+    """Plain text (the default)."""
+
+
+class FormatJSONObject(_Format, frozen=True, kw_only=True, tag="json_object"):
+    """Any JSON object (the older JSON mode)."""
+
+
+class FormatJSONSchema(_Format, frozen=True, kw_only=True, tag="json_schema"):
+    """JSON matching ``schema`` (structured outputs); ``strict`` holds the model to it."""
+
+    name: str
+    schema: dict[str, Any]
+    description: str | None = None
+    strict: bool | None = False
+
+
+TextFormat = FormatText | FormatJSONObject | FormatJSONSchema
+
+Verbosity = Literal["low", "medium", "high"]
 
 
 class TextConfig(Struct, frozen=True, kw_only=True):
-    format: TextFormat = msgspec.field(default_factory=TextFormat)
-    verbosity: str | UnsetType = UNSET
+    """``text``: the output format, and how verbose the model should be.
+
+    A request may send ``format: null`` or ``verbosity: null``; the Response
+    echoes a format always (plain text by default) and a verbosity only when
+    one was asked for.
+    """
+
+    format: TextFormat | None = msgspec.field(default_factory=FormatText)
+    verbosity: Verbosity | UnsetType | None = UNSET
+
+
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
+ReasoningSummary = Literal["auto", "concise", "detailed"]
+
+
+class ReasoningConfig(Struct, frozen=True, kw_only=True):
+    """``reasoning``: the effort asked for and whether to summarize.
+
+    ``generate_summary`` is the older spelling of ``summary``; the Response
+    echoes ``summary`` only.
+    """
+
+    effort: ReasoningEffort | None = None
+    summary: ReasoningSummary | None = None
+    generate_summary: ReasoningSummary | UnsetType | None = UNSET
 
 
 class Response(Struct, frozen=True, kw_only=True):
@@ -82,6 +142,7 @@ class Response(Struct, frozen=True, kw_only=True):
     background: bool = False
     completed_at: int | None = None
     error: ResponseError | None = None
+    frequency_penalty: float = 0.0
     incomplete_details: IncompleteDetails | None = None
     instructions: str | None = None
     max_output_tokens: int | None = None
@@ -89,18 +150,19 @@ class Response(Struct, frozen=True, kw_only=True):
     model: str
     output: list[Item] = msgspec.field(default_factory=list)
     parallel_tool_calls: bool = True
+    presence_penalty: float = 0.0
     previous_response_id: str | None = None
     prompt_cache_key: str | None = None
-    reasoning: dict[str, Any] | None = None
+    reasoning: ReasoningConfig | None = None
     safety_identifier: str | None = None
     service_tier: str = "default"
     store: bool = True
-    temperature: float | None = 1.0
+    temperature: float = 1.0
     text: TextConfig = msgspec.field(default_factory=TextConfig)
     tool_choice: ToolChoice = "auto"
     tools: list[FunctionTool] = msgspec.field(default_factory=list)
     top_logprobs: int = 0
-    top_p: float | None = 1.0
+    top_p: float = 1.0
     truncation: Literal["auto", "disabled"] = "disabled"
     usage: Usage | None = None
     user: str | None = None

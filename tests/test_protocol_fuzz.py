@@ -160,6 +160,27 @@ tool_choices = st.sampled_from(["auto", "none", "required"]) | st.builds(
     p.items.ToolChoiceFunction, type=st.just("function"), name=ids
 )
 statuses = st.sampled_from(typing.get_args(p.response.ResponseStatus))
+reasoning_configs = st.builds(
+    p.response.ReasoningConfig,
+    effort=none_or(st.sampled_from(typing.get_args(p.response.ReasoningEffort))),
+    summary=none_or(st.sampled_from(typing.get_args(p.response.ReasoningSummary))),
+)
+text_formats = st.one_of(
+    st.builds(p.response.FormatText),
+    st.builds(p.response.FormatJSONObject),
+    st.builds(
+        p.response.FormatJSONSchema,
+        name=ids,
+        schema=json_objects,
+        description=none_or(texts),
+        strict=none_or(st.booleans()),
+    ),
+)
+text_configs = st.builds(
+    p.response.TextConfig,
+    format=text_formats,
+    verbosity=unset_or(st.sampled_from(["low", "medium", "high"])),
+)
 usages = st.builds(
     p.response.Usage,
     input_tokens=st.integers(0, 10**9),
@@ -188,9 +209,11 @@ responses = st.builds(
     model=ids,
     output=st.lists(items, max_size=2),
     previous_response_id=none_or(ids),
-    reasoning=none_or(json_objects),
-    temperature=none_or(finite_floats),
-    text=st.builds(p.response.TextConfig, verbosity=unset_or(ids)),
+    reasoning=none_or(reasoning_configs),
+    temperature=finite_floats,
+    presence_penalty=finite_floats,
+    frequency_penalty=finite_floats,
+    text=text_configs,
     tool_choice=tool_choices,
     tools=st.lists(tools, max_size=2),
     truncation=st.sampled_from(["auto", "disabled"]),
@@ -215,9 +238,14 @@ CLIENT_EVENTS: dict[type[msgspec.Struct], st.SearchStrategy[Any]] = {
         metadata=st.dictionaries(texts, texts, max_size=2),
         store=st.booleans(),
         previous_response_id=none_or(ids),
-        temperature=none_or(finite_floats),
+        temperature=none_or(st.floats(0, 2)),
+        top_p=none_or(st.floats(0, 1)),
+        presence_penalty=none_or(st.floats(-2, 2)),
+        frequency_penalty=none_or(st.floats(-2, 2)),
+        top_logprobs=none_or(st.integers(0, 20)),
         max_output_tokens=none_or(st.integers(1, 10**6)),
-        reasoning=none_or(json_objects),
+        reasoning=none_or(reasoning_configs),
+        text=none_or(text_configs),
         truncation=none_or(st.sampled_from(["auto", "disabled"])),
         include=none_or(st.lists(ids, max_size=2)),
         stream=none_or(st.booleans()),
@@ -233,6 +261,9 @@ CLIENT_EVENTS: dict[type[msgspec.Struct], st.SearchStrategy[Any]] = {
                 ),
                 max_size=2,
             )
+        ),
+        prompt_cache_options=none_or(
+            st.builds(p.events.PromptCacheOptions, prewarm=none_or(st.booleans()))
         ),
     ),
     p.events.ResponseAppend: st.builds(

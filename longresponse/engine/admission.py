@@ -24,8 +24,9 @@ server would, while the responses stay the same:
     after the terminal event; off: written before the terminal event is sent.
 
 Admission (a create, an append, a continuation) runs :meth:`Pipeline.admit`:
-validation and classification of the new input (or of everything, with the
-switch off), before anything is accepted, so a refusal changes nothing. The
+validation of the tools, the ``text.format`` (``longresponse.engine.structured``)
+and the new input, and classification of the new input (or of everything,
+with the switch off), before anything is accepted, so a refusal changes nothing. The
 turn itself (``Rollout.turn``) renders and checks the context window.
 Every stage adds to :class:`Counters` and to the turn's stage times.
 """
@@ -59,10 +60,12 @@ from protocol.items import (
     Refusal,
     item_text,
 )
+from protocol.response import FormatJSONSchema, TextFormat
 
 from ..config import Switches
 from .classifier import Finding, Policy, redact, scan
 from .compaction import Compactor, refused
+from .structured import check_format
 
 __all__ = [
     "TOOL_NAME_PATTERN",
@@ -166,6 +169,22 @@ class Pipeline:
             self._checked_tools.clear()
         self._checked_tools[key] = None
 
+    def check_text_format(self, text_format: TextFormat | None, *, cached: bool = True) -> None:
+        """A ``json_schema`` format's name and schema (strict rules when ``strict``).
+
+        Like the tools, a schema already checked is not checked again when
+        ``cached`` and incremental validation is on. Raises :class:`RemoteProtocolError`.
+        """
+        if not isinstance(text_format, FormatJSONSchema):
+            return
+        key = b"format:" + msgspec.json.encode(text_format)
+        if cached and self.switches.incremental_validation and key in self._checked_tools:
+            return
+        check_format(text_format)
+        if len(self._checked_tools) > 1024:
+            self._checked_tools.clear()
+        self._checked_tools[key] = None
+
     def validate_items(
         self, items: Sequence[Item], *, offset: int = 0, compactor: Compactor | None = None
     ) -> None:
@@ -259,6 +278,7 @@ class Pipeline:
         *,
         history: Sequence[Item] = (),
         tools: Sequence[FunctionTool] = (),
+        text_format: TextFormat | None = None,
         cached: bool = True,
         compactor: Compactor | None = None,
     ) -> Admission:
@@ -274,6 +294,7 @@ class Pipeline:
         """
         started = time.perf_counter()
         self.check_tools(tools, cached=cached)
+        self.check_text_format(text_format, cached=cached)
         if not (cached and self.switches.incremental_validation):
             try:
                 self.validate_items(history, compactor=compactor)

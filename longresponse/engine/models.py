@@ -11,9 +11,13 @@ it calls them (arguments generated from each tool's JSON schema) until it has
 made ``sim_tool_calls`` calls since the last user message, ``sim_parallel_calls``
 per turn; then it answers with a message quoting the first 40 characters of
 every user message and every tool output in its context, so a test can prove
-the model saw its whole context. Its speed (time to first token, decode
-tokens/s, prefill tokens/s over uncached tokens) comes from the server flags,
-overridable per request by ``metadata``:
+the model saw its whole context. Asked for JSON (``text.format``), it writes
+that answer as JSON instead (``longresponse.engine.structured``).
+``max_output_tokens`` is the Response's budget in tokens: a call whose
+arguments would not fit is not started, and the answer stops at the last word
+(or JSON slice) that fits, so ``usage.output_tokens`` never exceeds it. Its
+speed (time to first token, decode tokens/s, prefill tokens/s over uncached
+tokens) comes from the server flags, overridable per request by ``metadata``:
 
 ``sim_tool_calls``        calls before the final answer (default 1)
 ``sim_parallel_calls``    calls per turn (default 1)
@@ -44,8 +48,11 @@ from protocol.items import (
     ToolChoiceFunction,
     item_text,
 )
+from protocol.response import FormatText, TextFormat
 
 from ..config import SimConfig
+from .render import encode
+from .structured import answer_in_format
 
 __all__ = [
     "QUOTE_CHARS",
@@ -107,7 +114,10 @@ class SampleRequest:
     metadata: Mapping[str, str]
     cached_tokens: int
     uncached_tokens: int
+    #: Output tokens this turn may still write (the Response's budget left).
     max_output_tokens: int | None = None
+    #: ``text.format``: plain text, or JSON.
+    text_format: TextFormat | None = None
 
 
 class Sampler(Protocol):
@@ -122,6 +132,11 @@ class ModelSpec:
     context_window: int
     max_output_tokens: int
     make_sampler: Callable[[], Sampler]
+
+    def too_long(self, tokens: int) -> str:
+        """The message of ``context_length_exceeded`` for a context of ``tokens``."""
+        window = self.context_window
+        return f"Your input is {tokens} tokens; the context window of {self.name} is {window}."
 
 
 class ModelRegistry:
@@ -313,26 +328,51 @@ class SimSampler:
         if calls:
             seed = sum(isinstance(item, FunctionCall) for item in request.context)
             for offset, tool in enumerate(calls):
-                yield ToolCallStart(call_id=_call_id(request, offset, tool.name), name=tool.name)
                 arguments = msgspec.json.encode(
                     example_for_schema(tool.parameters or {"type": "object"}, seed + offset)
                 ).decode()
+                if budget is not None:
+                    budget -= len(encode(arguments))
+                    if budget < 0:  # the call would not fit: it is not started
+                        yield Stop("max_output_tokens")
+                        return
+                yield ToolCallStart(call_id=_call_id(request, offset, tool.name), name=tool.name)
                 for start in range(0, len(arguments), 8):
                     await pacer.tick()
                     yield ArgumentsDelta(arguments[start : start + 8])
                 yield ItemEnd()
             yield Stop("tool_calls")
             return
-        words = self._answer(request).split(" ")
-        for index, word in enumerate(words):
-            if budget is not None and index >= budget:
-                yield ItemEnd()
-                yield Stop("max_output_tokens")
-                return
+        pieces = self._answer_pieces(request)
+        fits = len(pieces) if budget is None else _fit(pieces, budget)
+        for piece in pieces[:fits]:
             await pacer.tick()
-            yield TextDelta(word if index == 0 else " " + word)
+            yield TextDelta(piece)
         yield ItemEnd()
-        yield Stop("stop")
+        yield Stop("stop" if fits == len(pieces) else "max_output_tokens")
+
+    def _answer_pieces(self, request: SampleRequest) -> list[str]:
+        """The answer as it streams: words of plain text, 8-character slices of JSON."""
+        text = self._answer(request)
+        if request.text_format is None or isinstance(request.text_format, FormatText):
+            words = text.split(" ")
+            return [words[0], *(" " + word for word in words[1:])]
+        encoded = answer_in_format(request.text_format, text)
+        return [encoded[start : start + 8] for start in range(0, len(encoded), 8)]
+
+
+def _fit(pieces: list[str], budget: int) -> int:
+    """How many of ``pieces``, from the start, encode to at most ``budget`` tokens."""
+    if len(encode("".join(pieces))) <= budget:
+        return len(pieces)
+    fits, too_many = 0, len(pieces)
+    while too_many - fits > 1:
+        middle = (fits + too_many) // 2
+        if len(encode("".join(pieces[:middle]))) <= budget:
+            fits = middle
+        else:
+            too_many = middle
+    return fits
 
 
 def _call_id(request: SampleRequest, offset: int, name: str) -> str:

@@ -69,6 +69,7 @@ __all__ = [
     "START",
     "TokenCache",
     "encode",
+    "items_to_drop",
     "render_item",
     "render_prefix",
     "render_text",
@@ -342,3 +343,14 @@ class TokenCache:
         rebased.items_rendered = self.items_rendered
         rebased.tokens_rendered = self.tokens_rendered
         return rebased
+
+
+def items_to_drop(prefix_tokens: int, item_tokens: Sequence[int], window: int) -> int:
+    """How many of the oldest items ``truncation: "auto"`` drops so the rest fits
+    ``window`` (all of them, when even the prefix alone does not fit)."""
+    total = prefix_tokens + sum(item_tokens)
+    dropped = 0
+    while dropped < len(item_tokens) and total > window:
+        total -= item_tokens[dropped]
+        dropped += 1
+    return dropped

@@ -21,19 +21,22 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
 from protocol import TERMINAL_STATES, ResponseState, ResponseTrack, Transition
 from protocol.events import ResponseCreate, ResponseCreated, ServerEvent, TimingEvent
 from protocol.response import (
+    FormatText,
     IncompleteDetails,
     InputTokensDetails,
     OutputTokensDetails,
+    ReasoningConfig,
     RequiredAction,
     Response,
     ResponseError,
+    TextConfig,
     Usage,
 )
 
@@ -135,6 +138,7 @@ class Reply:
             background=req.background is True,
             completed_at=int(time.time()) if state in TERMINAL_STATES else None,
             error=self.error,
+            frequency_penalty=_or(req.frequency_penalty, 0.0),
             incomplete_details=(
                 IncompleteDetails(reason=self.incomplete_reason)
                 if self.incomplete_reason
@@ -146,15 +150,18 @@ class Reply:
             model=self.model,
             output=list(self.builder.output),
             parallel_tool_calls=req.parallel_tool_calls,
+            presence_penalty=_or(req.presence_penalty, 0.0),
             previous_response_id=req.previous_response_id,
             prompt_cache_key=req.prompt_cache_key,
-            reasoning=req.reasoning,
+            reasoning=_reasoning(req.reasoning),
             safety_identifier=req.safety_identifier,
             store=req.store,
-            temperature=req.temperature if req.temperature is not None else 1.0,
+            temperature=_or(req.temperature, 1.0),
+            text=_text(req.text),
             tool_choice=req.tool_choice,
             tools=list(req.tools),
-            top_p=req.top_p if req.top_p is not None else 1.0,
+            top_logprobs=_or(req.top_logprobs, 0),
+            top_p=_or(req.top_p, 1.0),
             truncation=req.truncation or "disabled",
             usage=self.usage(),
             user=req.user,
@@ -163,13 +170,19 @@ class Reply:
         )
 
     def usage(self) -> Usage:
-        """This Response's usage: the rollout's counts since it began, its own output."""
+        """This Response's usage: the rollout's counts since it began, its own output.
+
+        Every input token the model reads is either cached (processed by an
+        earlier turn) or written to the cache by this one (SPEC §8).
+        """
         output = self.builder.output_tokens
         input_tokens = self._counts.input_tokens - self._usage_base[0]
         cached = self._counts.cached_tokens - self._usage_base[1]
         return Usage(
             input_tokens=input_tokens,
-            input_tokens_details=InputTokensDetails(cached_tokens=cached),
+            input_tokens_details=InputTokensDetails(
+                cached_tokens=cached, cache_write_tokens=input_tokens - cached
+            ),
             output_tokens=output,
             output_tokens_details=OutputTokensDetails(),
             total_tokens=input_tokens + output,
@@ -216,3 +229,35 @@ class Reply:
                 stream_id=self.stream_id if self.stream_id is not None else msgspec.UNSET,
             )
         )
+
+
+_T = TypeVar("_T")
+
+
+def _or(value: _T | None, default: _T) -> _T:
+    return default if value is None else value
+
+
+_PLAIN_TEXT = TextConfig(format=FormatText())
+
+
+def _text(text: TextConfig | None) -> TextConfig:
+    """The ``text`` a Response echoes: a format always, a verbosity when asked for."""
+    if text is None:
+        return _PLAIN_TEXT
+    if text.format is not None and text.verbosity is not None:
+        return text
+    return TextConfig(
+        format=text.format or FormatText(),
+        verbosity=text.verbosity if text.verbosity is not None else msgspec.UNSET,
+    )
+
+
+def _reasoning(reasoning: ReasoningConfig | None) -> ReasoningConfig | None:
+    """The ``reasoning`` a Response echoes: ``effort`` and ``summary`` (older spelling folded)."""
+    if reasoning is None:
+        return None
+    summary = reasoning.summary
+    if summary is None and isinstance(reasoning.generate_summary, str):
+        summary = reasoning.generate_summary
+    return ReasoningConfig(effort=reasoning.effort, summary=summary)

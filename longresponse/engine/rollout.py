@@ -50,7 +50,7 @@ from .admission import Pipeline
 from .classifier import Finding
 from .compaction import Compactor, Intake, compact_rollout, compact_threshold, intake, start_window
 from .models import ModelSpec, Sampler, SampleRequest, Stop
-from .render import TokenCache, render_item, render_prefix
+from .render import TokenCache, items_to_drop, render_item, render_prefix
 from .reply import Reply, TokenCounts
 from .stream import EventSink, StreamClosed
 from .timing import TurnTiming
@@ -294,14 +294,17 @@ class Rollout:
         self._resume_mark = received_at
 
     def take_in_without_sampling(self, prefix_changed: bool) -> None:
-        """Render and tokenize the inbox without sampling (``generate: false``)."""
+        """A warm-up: render, tokenize and prefill the inbox without sampling; the
+        next turn reads it all as cached. Raises :class:`ContextLengthExceeded`."""
         new_items = self._take_inbox().items
         self.context.extend(new_items)
-        # Rendered and tokenized now; the model has not processed them yet.
         cached = 0 if prefix_changed else min(self.model_seen, len(self.tokens))
         self.tokens.extend(new_items)
+        if self._check_context_window():
+            cached = 0
         self.input_tokens += len(self.tokens)
         self.cached_tokens += cached
+        self.model_seen = len(self.tokens)
 
     # --- the loop ------------------------------------------------------------
 
@@ -386,7 +389,8 @@ class Rollout:
             if taken.trigger:  # a compaction turn: the compaction item is its output
                 self.timings.append(timing)
                 return "stop"
-        self._check_context_window()
+        if self._check_context_window():
+            cached = 0
         uncached = len(self.tokens) - cached
         self.input_tokens += cached + uncached
         self.cached_tokens += cached
@@ -399,7 +403,13 @@ class Rollout:
             metadata=request.metadata,
             cached_tokens=cached,
             uncached_tokens=uncached,
-            max_output_tokens=request.max_output_tokens,
+            # The budget is the Response's: what earlier turns wrote counts.
+            max_output_tokens=(
+                None
+                if request.max_output_tokens is None
+                else max(0, request.max_output_tokens - reply.builder.output_tokens)
+            ),
+            text_format=request.text.format if request.text is not None else None,
         )
         sampling_started = self.clock()
         timing.resolve = resolved - started
@@ -444,33 +454,26 @@ class Rollout:
             start_window(self)
         return taken
 
-    def _check_context_window(self) -> None:
+    def _check_context_window(self) -> bool:
         """History + new tokens against the model's window (shipped ``truncation`` rules).
 
         ``truncation: "auto"`` drops the oldest items until the context fits
-        (the rest is rendered again; the model has to prefill it all);
-        otherwise :class:`ContextLengthExceeded` ends the response ``failed``.
+        (the rest is rendered again; the model has to prefill it all) and
+        returns True; otherwise :class:`ContextLengthExceeded` ends the
+        response ``failed``.
         """
         window = self.model.context_window
         if len(self.tokens) <= window:
-            return
+            return False
         if self.request.truncation != "auto":
-            raise ContextLengthExceeded(
-                f"Your input is {len(self.tokens)} tokens; the context window of "
-                f"{self.model.name} is {window}."
-            )
+            raise ContextLengthExceeded(self.model.too_long(len(self.tokens)))
         prefix = render_prefix(self.request.instructions, self.request.tools)
-        # Each item's length once, then drop from the front until the rest fits.
         lengths = [len(render_item(item)) for item in self.context]
-        total = len(prefix) + sum(lengths)
-        dropped = 0
-        while dropped < len(lengths) and total > window:
-            total -= lengths[dropped]
-            dropped += 1
-        del self.context[:dropped]
+        del self.context[: items_to_drop(len(prefix), lengths, window)]
         self.tokens = self.tokens.rerendered(prefix, self.context)
         self.model_seen = 0
         self.truncated = True
+        return True
 
     async def _pause(self) -> bool:
         """Block until every pending call has its output. False if the rollout ended."""

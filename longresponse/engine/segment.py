@@ -99,8 +99,8 @@ class Segment:
     ) -> Boundary | None:
         """Run the segment over ``new_items``; return its boundary, or ``None`` if it failed.
 
-        With ``generate: false`` the input is taken in (rendered, cached)
-        without sampling. ``on_finish`` gets the finished Response before its
+        A warm-up (``generate: false``, or a prewarm) takes the input in
+        (rendered, prefilled) without sampling. ``on_finish`` gets the finished Response before its
         terminal event is sent (persistence registers it there, so it is
         readable by the time a client can name it). ``queued`` (a background
         response): ``response.created`` carries status ``queued``, and
@@ -113,7 +113,7 @@ class Segment:
             await reply.announce(ResponseCreated, ResponseState.QUEUED if queued else None)
             await reply.announce(ResponseInProgress, ResponseState.IN_PROGRESS)
             stop = "stop"
-            if self.request.generate is False:
+            if self.request.warm_up:
                 rollout.take_in_without_sampling(self._prefix_changed)
             else:
                 stop = await rollout.turn(prefix_changed=self._prefix_changed)

@@ -34,7 +34,9 @@ from ..storage.persistence import Persistence
 from ..storage.server_keys import configured_compaction_secret, stored_compaction_key
 from .background import BackgroundResponses
 from .compact import CompactHTTP
+from .gate import RouteGate
 from .http import ResponsesHTTP
+from .input_tokens import InputTokens
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import ServerMetrics
 from .seam import Seam
@@ -149,6 +151,7 @@ def create_app(config: ServerConfig | None = None) -> Seam:
         routes=[
             WebSocketRoute("/v1/responses", endpoint),
             *compaction.routes(),
+            *InputTokens(http).routes(),
             *http.routes(),
             Route("/v1/models", list_models),
             Route("/metrics", metrics_page),
@@ -156,6 +159,8 @@ def create_app(config: ServerConfig | None = None) -> Seam:
         ],
         lifespan=lifespan,
     )
+    # 404 for unknown paths, then the API key, then 405 (longresponse.serve.gate).
+    app.add_middleware(RouteGate, router=app.router, keys=keys)
     app.state.config = config
     app.state.models = models
     app.state.endpoint = endpoint

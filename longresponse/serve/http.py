@@ -145,13 +145,12 @@ class ResponsesHTTP:
         try:
             owner = self._owner(request)
             body = decode_create_body(await self._body(request))
-            for name in ("stream_id", "generate"):
-                if getattr(body, name) not in (None, msgspec.UNSET):
-                    raise RemoteProtocolError(
-                        f"Unknown parameter: '{name}' (it exists on WebSocket connections only).",
-                        code=ErrorCode.UNKNOWN_PARAMETER,
-                        param=name,
-                    )
+            if body.stream_id is not msgspec.UNSET:
+                raise RemoteProtocolError(
+                    "Unknown parameter: 'stream_id' (it exists on WebSocket connections only).",
+                    code=ErrorCode.UNKNOWN_PARAMETER,
+                    param="stream_id",
+                )
             self.turns.check_background(body, transport=TRANSPORT)
             model = self.turns.resolve(body)
             self.turns.check_metadata(body)

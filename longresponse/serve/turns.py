@@ -170,7 +170,12 @@ class Turns:
             model = self.resolve(request, parent)
         compactor = self.compactor(owner)
         admission = self.pipeline.admit(
-            new_items, history=history, tools=request.tools, cached=cached, compactor=compactor
+            new_items,
+            history=history,
+            tools=request.tools,
+            text_format=request.text.format if request.text is not None else None,
+            cached=cached,
+            compactor=compactor,
         )
         append = transport == "append"
         if rollout is None:

@@ -1,0 +1,403 @@
+"""Structured outputs: checking a ``text.format`` at admission, and answering in it.
+
+Theory of operation
+-------------------
+A request may ask for JSON through ``text.format``: ``json_object`` (any JSON
+object) or ``json_schema`` (JSON matching ``schema``; with ``strict: true``
+the model must follow it exactly). Before anything is accepted,
+:func:`check_format` makes sure the format is usable:
+
+- ``name`` is 1-64 characters of ``[A-Za-z0-9_-]`` (param ``text.format.name``);
+- ``schema`` is a valid JSON Schema (the 2020-12 metaschema);
+- with ``strict: true``, the schema stays inside the subset that strict mode
+  can hold a model to: the root is an object schema (not ``anyOf``); every
+  subschema says what it is (``type``, ``anyOf``, ``enum``, ``const`` or a
+  local ``$ref``); every object schema lists its ``properties``, names each
+  of them in ``required`` and sets ``additionalProperties: false``; ``$ref``
+  points inside the schema; no keyword outside :data:`STRICT_KEYWORDS`; at
+  most :data:`MAX_NESTING` levels of ``properties`` and ``items``.
+
+A schema that fails is ``invalid_value`` with param ``text.format.schema``;
+the message says where in the schema (a JSON pointer) and why.
+
+:func:`answer_in_format` is the simulated model's side. Given the text it
+would have answered, it writes JSON instead: for ``json_object``,
+``{"answer": text}``; for a schema, the first value the schema allows,
+built from the root down (the first ``anyOf`` branch, the first ``enum``
+value, numbers from their bounds, arrays of ``minItems`` or one item), where
+every free string (no ``enum``, ``const`` or ``format``, and a ``pattern``
+the text meets) holds the text itself, so the answer still quotes its whole
+context. A string whose ``pattern`` the text does not meet gets an example
+built from the pattern (its first branch, the least repetitions, the first
+character of each class).
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+import jsonschema
+import msgspec
+
+from protocol import ErrorCode, RemoteProtocolError
+from protocol.response import FormatJSONObject, FormatJSONSchema, TextFormat
+
+__all__ = [
+    "FORMAT_NAME_PATTERN",
+    "MAX_NESTING",
+    "STRICT_KEYWORDS",
+    "answer_in_format",
+    "check_format",
+    "value_for_schema",
+]
+
+#: What ``text.format.name`` may be.
+FORMAT_NAME_PATTERN: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+#: Levels of ``properties`` / ``items`` a strict schema may nest.
+MAX_NESTING: Final = 10
+
+#: The keywords a strict schema may use (annotations included).
+STRICT_KEYWORDS: Final = frozenset(
+    {
+        "type", "properties", "required", "additionalProperties", "items",
+        "anyOf", "enum", "const", "$ref", "$defs", "definitions",
+        "pattern", "format",
+        "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
+        "minItems", "maxItems",
+        "title", "description", "$comment", "$schema", "$id", "examples", "default",
+    }
+)  # fmt: skip
+
+_TYPES: Final = frozenset({"object", "array", "string", "number", "integer", "boolean", "null"})
+_SCHEMA_PARAM: Final = "text.format.schema"
+
+#: A value for each string ``format`` strict mode knows.
+_FORMAT_VALUES: Final[Mapping[str, str]] = {
+    "date-time": "2026-01-01T00:00:00Z",
+    "date": "2026-01-01",
+    "time": "00:00:00Z",
+    "duration": "P1D",
+    "email": "sim@example.com",
+    "hostname": "example.com",
+    "ipv4": "127.0.0.1",
+    "ipv6": "::1",
+    "uuid": "00000000-0000-4000-8000-000000000000",
+}
+
+#: Beyond this depth the generator takes the shortest way out (null, empty array).
+_DEEP: Final = 16
+
+#: The stdlib's own parser of regular expressions (private, but shipped with
+#: every Python this project supports): it turns a ``pattern`` into the parts
+#: an example string is built from.
+_re_parser: Any = importlib.import_module("re._parser")
+#: The longest example string built for a ``pattern``.
+_MAX_EXAMPLE: Final = 4096
+
+
+def _refuse(where: str, why: str) -> RemoteProtocolError:
+    return RemoteProtocolError(
+        f"Invalid schema for response format at '{where}': {why}.",
+        code=ErrorCode.INVALID_VALUE,
+        param=_SCHEMA_PARAM,
+    )
+
+
+def check_format(text_format: TextFormat | None) -> None:
+    """Check a request's ``text.format`` (the rules in the module docstring).
+
+    Raises :class:`RemoteProtocolError` (``invalid_value``, param
+    ``text.format.name`` or ``text.format.schema``); nothing is kept.
+    """
+    if not isinstance(text_format, FormatJSONSchema):
+        return
+    if not FORMAT_NAME_PATTERN.fullmatch(text_format.name):
+        raise RemoteProtocolError(
+            "Invalid 'text.format.name': use 1-64 characters from [A-Za-z0-9_-].",
+            code=ErrorCode.INVALID_VALUE,
+            param="text.format.name",
+        )
+    schema = text_format.schema
+    try:
+        jsonschema.Draft202012Validator.check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        pointer = "#" + "".join(f"/{part}" for part in exc.path)
+        raise _refuse(pointer, exc.message) from None
+    if text_format.strict:
+        _check_strict(schema, schema, "#", 0)
+
+
+def _check_strict(schema: Any, root: Mapping[str, Any], where: str, nesting: int) -> None:
+    if not isinstance(schema, Mapping):
+        raise _refuse(where, "strict mode needs a schema object here")
+    unknown = sorted(set(schema) - STRICT_KEYWORDS)
+    if unknown:
+        raise _refuse(where, f"strict mode does not support '{unknown[0]}'")
+    if nesting > MAX_NESTING:
+        raise _refuse(where, f"strict mode allows at most {MAX_NESTING} levels of nesting")
+    if where == "#" and ("anyOf" in schema or _types(schema) != ["object"]):
+        raise _refuse(where, 'the root must be an object schema ("type": "object"), not anyOf')
+    for name in ("$defs", "definitions"):
+        for key, sub in (schema.get(name) or {}).items():
+            _check_strict(sub, root, f"{where}/{name}/{key}", 0)
+    if "$ref" in schema:
+        ref = schema["$ref"]
+        if _resolve(ref, root) is None:
+            raise _refuse(where, f"'$ref' {ref!r} does not point inside this schema")
+        return
+    if not any(key in schema for key in ("type", "anyOf", "enum", "const")):
+        raise _refuse(where, "strict mode needs 'type' (or anyOf, enum, const) on every schema")
+    for index, branch in enumerate(schema.get("anyOf") or []):
+        _check_strict(branch, root, f"{where}/anyOf/{index}", nesting)
+    types = _types(schema)
+    if "object" in types:
+        properties = schema.get("properties")
+        if not isinstance(properties, Mapping):
+            raise _refuse(where, "strict mode needs 'properties' on every object schema")
+        if schema.get("additionalProperties") is not False:
+            raise _refuse(where, "strict mode needs 'additionalProperties': false")
+        missing = [key for key in properties if key not in (schema.get("required") or [])]
+        if missing:
+            raise _refuse(where, f"strict mode needs every property in 'required' ({missing[0]!r})")
+        for key, sub in properties.items():
+            _check_strict(sub, root, f"{where}/properties/{key}", nesting + 1)
+    if "array" in types and "items" in schema:
+        _check_strict(schema["items"], root, f"{where}/items", nesting + 1)
+
+
+def _types(schema: Mapping[str, Any]) -> list[str]:
+    kind = schema.get("type")
+    if isinstance(kind, str):
+        return [kind] if kind in _TYPES else []
+    if isinstance(kind, list):
+        return [k for k in kind if k in _TYPES]
+    return []
+
+
+def _resolve(ref: Any, root: Mapping[str, Any]) -> Any:
+    """The subschema a local ``$ref`` (``#`` or a JSON pointer into the root) names."""
+    if not isinstance(ref, str) or not ref.startswith("#"):
+        return None
+    node: Any = root
+    for raw in ref[1:].split("/")[1:]:
+        part = raw.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, Mapping) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node
+
+
+# --- the simulated model's side ------------------------------------------------
+
+
+def answer_in_format(text_format: TextFormat | None, text: str) -> str:
+    """``text`` as the model writes it in ``text_format``: as is, or as compact JSON."""
+    if isinstance(text_format, FormatJSONSchema):
+        value = value_for_schema(text_format.schema, text)
+    elif isinstance(text_format, FormatJSONObject):
+        value = {"answer": text}
+    else:
+        return text
+    return msgspec.json.encode(value).decode()
+
+
+def value_for_schema(schema: Mapping[str, Any], text: str) -> Any:
+    """The first value ``schema`` allows, with ``text`` in every free string."""
+    return _value(schema, schema, text, 0)
+
+
+def _value(schema: Any, root: Mapping[str, Any], text: str, depth: int) -> Any:
+    if not isinstance(schema, Mapping):
+        return text  # ``true`` (anything goes)
+    if "$ref" in schema:
+        target = _resolve(schema["$ref"], root)
+        return _value(target if target is not None else {}, root, text, depth + 1)
+    if "const" in schema:
+        return schema["const"]
+    if schema.get("enum"):
+        return schema["enum"][0]
+    branches = schema.get("anyOf") or schema.get("oneOf")
+    if branches:
+        nullable = [b for b in branches if isinstance(b, Mapping) and _types(b) == ["null"]]
+        branch = nullable[0] if depth > _DEEP and nullable else branches[0]
+        return _value(branch, root, text, depth + 1)
+    types = _types(schema)
+    if not types:
+        types = ["object"] if "properties" in schema else ["string"]
+    kind = "null" if depth > _DEEP and "null" in types else types[0]
+    if kind == "object":
+        properties = schema.get("properties") or {}
+        return {key: _value(sub, root, text, depth + 1) for key, sub in properties.items()}
+    if kind == "array":
+        low = int(schema.get("minItems", 0))
+        count = low if depth > _DEEP else max(low, 1)
+        if "maxItems" in schema:
+            count = min(count, int(schema["maxItems"]))
+        return [_value(schema.get("items", {}), root, text, depth + 1) for _ in range(count)]
+    if kind in ("integer", "number"):
+        return _number(schema, integer=kind == "integer")
+    if kind == "boolean":
+        return True
+    if kind == "null":
+        return None
+    return _string(schema, text)
+
+
+def _string(schema: Mapping[str, Any], text: str) -> str:
+    known = _FORMAT_VALUES.get(schema.get("format", ""))
+    if known is not None:
+        return known
+    value = text
+    pattern = schema.get("pattern")
+    if isinstance(pattern, str) and not _search(pattern, text):
+        value = _pattern_example(pattern) or text
+    low, high = schema.get("minLength"), schema.get("maxLength")
+    if isinstance(high, int):
+        value = value[:high]
+    if isinstance(low, int) and len(value) < low:
+        value += "." * (low - len(value))
+    return value
+
+
+def _number(schema: Mapping[str, Any], *, integer: bool) -> int | float:
+    low = schema.get("minimum")
+    high = schema.get("maximum")
+    above = schema.get("exclusiveMinimum")
+    below = schema.get("exclusiveMaximum")
+    step = schema.get("multipleOf")
+
+    def allowed(value: float) -> bool:
+        return (
+            (low is None or value >= low)
+            and (high is None or value <= high)
+            and (above is None or value > above)
+            and (below is None or value < below)
+            and (not step or math.isclose(value / step, round(value / step), abs_tol=1e-9))
+        )
+
+    starts = [0, low, high, above, below]
+    candidates: list[float] = []
+    for start in (s for s in starts if isinstance(s, int | float)):
+        if step:
+            base = math.ceil(start / step) * step
+            candidates += [base, base + step, base - step]
+        else:
+            candidates += [start, start + 1, start - 1, start + 0.5, start - 0.5]
+    if low is not None and high is not None:
+        candidates.append((low + high) / 2)
+    for value in candidates:
+        if integer and value != int(value):
+            continue
+        if allowed(value):
+            return int(value) if integer else float(value)
+    return int(low or 0) if integer else float(low or 0)
+
+
+# --- an example string for a ``pattern`` ----------------------------------------
+
+
+class _Unbuildable(Exception):
+    pass
+
+
+def _search(pattern: str, value: str) -> bool:
+    try:
+        return re.search(pattern, value) is not None
+    except re.error:
+        return False
+
+
+def _pattern_example(pattern: str) -> str | None:
+    """A short string ``pattern`` matches (None when no example can be built)."""
+    try:
+        example = _emit(_re_parser.parse(pattern))
+    except (re.error, _Unbuildable, RecursionError, TypeError, ValueError):
+        return None
+    return example if _search(pattern, example) else None
+
+
+def _emit(parts: Sequence[Any]) -> str:
+    out: list[str] = []
+    for op, arg in parts:
+        name = str(op)
+        if name == "LITERAL":
+            out.append(chr(arg))
+        elif name == "NOT_LITERAL":
+            out.append("b" if arg == ord("a") else "a")
+        elif name == "ANY":
+            out.append("a")
+        elif name == "IN":
+            out.append(_from_class(arg))
+        elif name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"):
+            low, _, sub = arg
+            out.append(_emit(sub) * low)
+        elif name == "SUBPATTERN":
+            out.append(_emit(arg[-1]))
+        elif name == "ATOMIC_GROUP":
+            out.append(_emit(arg))
+        elif name == "BRANCH":
+            out.append(_emit(arg[1][0]))
+        elif name != "AT":  # anchors match where they stand; anything else is too hard
+            raise _Unbuildable(name)
+        if sum(map(len, out)) > _MAX_EXAMPLE:
+            raise _Unbuildable("too long")
+    return "".join(out)
+
+
+_CATEGORY_EXAMPLES: Final = {
+    "CATEGORY_DIGIT": "0",
+    "CATEGORY_NOT_DIGIT": "a",
+    "CATEGORY_WORD": "a",
+    "CATEGORY_NOT_WORD": " ",
+    "CATEGORY_SPACE": " ",
+    "CATEGORY_NOT_SPACE": "a",
+}
+
+
+def _from_class(items: Sequence[Any]) -> str:
+    """One character of a ``[...]`` class (or of a negated one)."""
+    if items and str(items[0][0]) == "NEGATE":
+        for candidate in "a0A _-.~!":
+            if not _in_class(candidate, items[1:]):
+                return candidate
+        raise _Unbuildable("negated class")
+    op, arg = items[0]
+    name = str(op)
+    if name == "LITERAL":
+        return chr(arg)
+    if name == "RANGE":
+        return chr(arg[0])
+    if name == "CATEGORY" and str(arg) in _CATEGORY_EXAMPLES:
+        return _CATEGORY_EXAMPLES[str(arg)]
+    raise _Unbuildable(name)
+
+
+def _in_class(char: str, items: Sequence[Any]) -> bool:
+    for op, arg in items:
+        name = str(op)
+        if name == "LITERAL" and ord(char) == arg:
+            return True
+        if name == "RANGE" and arg[0] <= ord(char) <= arg[1]:
+            return True
+        if name == "CATEGORY" and str(arg) in _CATEGORY_PATTERNS:
+            if re.fullmatch(_CATEGORY_PATTERNS[str(arg)], char):
+                return True
+    return False
+
+
+_CATEGORY_PATTERNS: Final = {
+    "CATEGORY_DIGIT": r"\d",
+    "CATEGORY_NOT_DIGIT": r"\D",
+    "CATEGORY_WORD": r"\w",
+    "CATEGORY_NOT_WORD": r"\W",
+    "CATEGORY_SPACE": r"\s",
+    "CATEGORY_NOT_SPACE": r"\S",
+}

@@ -1,0 +1,123 @@
+"""The gate in front of every route: what is not there, who may ask, which method.
+
+Theory of operation
+-------------------
+A pure ASGI layer around the app (no ``BaseHTTPMiddleware``). For each HTTP
+request it matches the path against the app's own routes, in this order:
+
+1. no route has the path: **404**, ``code: "unknown_url"``, whoever asks;
+2. with API keys on, a request without a valid ``Authorization: Bearer`` key:
+   **401**, ``code: "invalid_api_key"``, on every known route (``/v1/models``,
+   ``/metrics`` and ``/healthz`` included), before the route runs;
+3. the path is known but not with this method: **405**,
+   ``code: "method_not_allowed"``, with an ``Allow`` header listing the
+   methods it has;
+4. otherwise the route runs.
+
+All three answers are the shipped HTTP error envelope (``message``, ``type``,
+``param``, ``code``). A WebSocket upgrade to a path with no WebSocket route
+gets the same 404, sent as the upgrade's HTTP response where the server
+supports that (uvicorn does), else a refused upgrade. A known WebSocket path
+checks its key itself (``longresponse.serve.ws``), so the 401 comes before
+any state exists there too.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from starlette.datastructures import Headers
+from starlette.routing import BaseRoute, Match, Route, Router
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from protocol import RemoteProtocolError
+
+from ..storage.keys import ApiKeys, Unauthorized
+from .http import http_error
+
+__all__ = ["METHOD_NOT_ALLOWED", "UNKNOWN_URL", "RouteGate"]
+
+#: ``error.code`` of a path the server does not have.
+UNKNOWN_URL: Final = "unknown_url"
+#: ``error.code`` of a known path asked with a method it does not take.
+METHOD_NOT_ALLOWED: Final = "method_not_allowed"
+
+
+class RouteGate:
+    """404 / 401 / 405 in the shipped envelope, before any route runs (module docstring)."""
+
+    def __init__(self, app: ASGIApp, *, router: Router, keys: ApiKeys) -> None:
+        self.app = app
+        self.router = router
+        self.keys = keys
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            refusal = self._refusal(scope)
+            if refusal is not None:
+                await refusal(scope, receive, send)
+                return
+        elif scope["type"] == "websocket" and not self._matches(scope):
+            await self._refuse_upgrade(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+    def _matches(self, scope: Scope) -> list[tuple[Match, BaseRoute]]:
+        matched: list[tuple[Match, BaseRoute]] = []
+        for route in self.router.routes:
+            match, _ = route.matches(scope)
+            if match is not Match.NONE:
+                matched.append((match, route))
+        return matched
+
+    def _refusal(self, scope: Scope) -> ASGIApp | None:
+        """The error answer for this request, or ``None`` to let it through."""
+        matched = self._matches(scope)
+        method, path = scope["method"], scope["path"]
+        if not matched:
+            return http_error(
+                RemoteProtocolError(
+                    f"Invalid URL ({method} {path}).", code=UNKNOWN_URL, status=404
+                )
+            )
+        if self.keys.enabled:
+            try:
+                self.keys.owner(Headers(scope=scope).get("authorization"))
+            except Unauthorized as exc:
+                return http_error(
+                    RemoteProtocolError(str(exc), code="invalid_api_key", status=401)
+                )
+        if any(match is Match.FULL for match, _ in matched):
+            return None
+        allowed = sorted(
+            {m for _, route in matched if isinstance(route, Route) for m in route.methods or ()}
+        )
+        response = http_error(
+            RemoteProtocolError(
+                f"Method {method} is not allowed on {path}; use {', '.join(allowed)}.",
+                code=METHOD_NOT_ALLOWED,
+                status=405,
+            )
+        )
+        response.headers["allow"] = ", ".join(allowed)
+        return response
+
+    async def _refuse_upgrade(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (await receive())["type"] != "websocket.connect":  # pragma: no cover - ASGI contract
+            return
+        if "websocket.http.response" not in scope.get("extensions", {}):  # pragma: no cover
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        response = http_error(
+            RemoteProtocolError(
+                f"Invalid URL (WebSocket {scope['path']}).", code=UNKNOWN_URL, status=404
+            )
+        )
+        await send(
+            {
+                "type": "websocket.http.response.start",
+                "status": response.status_code,
+                "headers": response.raw_headers,
+            }
+        )
+        await send({"type": "websocket.http.response.body", "body": response.body})
