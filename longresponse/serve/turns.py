@@ -96,6 +96,28 @@ class Turns:
                 param="background",
             )
 
+    def waits_in_place(self, request: ResponseCreate, *, beta: bool, transport: str) -> bool:
+        """Whether ``request`` asks for a multi-agent Response (``multi_agent.enabled``),
+        which waits in place for ``response.inject`` at client tool calls.
+
+        Raises :class:`RemoteProtocolError` where it cannot be served: over
+        HTTP, or on a WebSocket opened without the multi-agent beta (``beta``).
+        """
+        if request.multi_agent is None or not request.multi_agent.enabled:
+            return False
+        if transport == "http" or not beta:
+            where = (
+                "over HTTP by this server (it waits for response.inject on a WebSocket)"
+                if transport == "http"
+                else "without the header 'OpenAI-Beta: responses_multi_agent=v1' on the upgrade"
+            )
+            raise RemoteProtocolError(
+                f"multi_agent is not available {where}.",
+                code=ErrorCode.INVALID_VALUE,
+                param="multi_agent",
+            )
+        return True
+
     def check_metadata(self, request: ResponseCreate) -> None:
         """The simulated model's ``sim_*`` metadata. Raises :class:`RemoteProtocolError`."""
         check_sim_metadata(request.metadata)
@@ -127,6 +149,7 @@ class Turns:
         stream_id: str | None = None,
         send_timing: bool = False,
         decode: float = 0.0,
+        waits: bool = False,
     ) -> Started:
         """Model, admission and the rollout of one turn (nothing runs yet).
 
@@ -136,7 +159,8 @@ class Turns:
 
         Append mode (``transport="append"``) gets a new rollout writing one
         Reply for all its turns; the shipped shapes get a :class:`Segment` of
-        ``rollout`` (a continuation or a fork), or of a new rollout. ``model``
+        ``rollout`` (a continuation or a fork), or of a new rollout, that
+        ``waits`` in place at client tool calls if asked (multi-agent). ``model``
         is the model when the caller resolved it already. Raises
         :class:`RemoteProtocolError`; nothing is accepted then.
         """
@@ -160,6 +184,7 @@ class Turns:
                 sink=sink,
                 stream_id=stream_id,
                 send_timing=send_timing,
+                waits=waits,
             )
             reply = segment.reply
         rollout.note_admission(

@@ -5,8 +5,8 @@ Theory of operation
 ``GET /v1/responses`` upgraded to a WebSocket reaches :class:`ResponsesEndpoint`,
 which checks the API key (401 before any state is created), picks the
 connection's mode from the handshake (append mode when asked for by
-subprotocol or beta header, the shipped shape otherwise) and runs a
-:class:`Session`.
+subprotocol or beta header, the shipped shape otherwise; the multi-agent beta,
+``response.inject``, by its own beta header) and runs a :class:`Session`.
 
 The :class:`Outbox` is the connection's :class:`EventSink`: it owns the
 server-role protocol ``Connection`` (every event is checked and recorded
@@ -22,7 +22,9 @@ outbox to the socket), the lifetime timer, and whatever the shape spawns
 (one sampling loop per rollout, one task per lane). The shape is
 :class:`~longresponse.serve.append.AppendShape` or
 :class:`~longresponse.serve.shipped.ShippedShape`. Request errors become
-one ``error`` event; nothing changes and the connection stays usable.
+one ``error`` event (or the reply the protocol core attached, such as
+``response.inject.failed``); nothing changes and the connection stays usable,
+unless the core says it must close (a schema-invalid ``response.inject``).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from protocol import (
     APPEND_BETA_HEADER,
@@ -59,9 +61,20 @@ from .append import AppendShape
 from .shipped import ShippedShape
 from .turns import Turns
 
-__all__ = ["ASGIReceive", "ASGISend", "Outbox", "ResponsesEndpoint", "Session"]
+__all__ = [
+    "MULTI_AGENT_BETA",
+    "ASGIReceive",
+    "ASGISend",
+    "Outbox",
+    "ResponsesEndpoint",
+    "Session",
+]
 
 log = logging.getLogger(__name__)
+
+#: The ``OpenAI-Beta`` value that opens a connection to the multi-agent beta
+#: (``response.inject`` and ``multi_agent`` creates in the shipped shape).
+MULTI_AGENT_BETA: Final = "responses_multi_agent=v1"
 
 ASGIReceive = Callable[[], Awaitable[dict[str, Any]]]
 ASGISend = Callable[[dict[str, Any]], Awaitable[None]]
@@ -82,13 +95,14 @@ class _SessionOver(Exception):
 class Outbox:
     """The connection's protocol core and its bounded queue of encoded events."""
 
-    def __init__(self, config: ServerConfig, mode: Mode) -> None:
+    def __init__(self, config: ServerConfig, mode: Mode, *, multi_agent: bool = False) -> None:
         self.config = config
         self.connection = Connection(
             Role.SERVER,
             mode,
             max_message_bytes=config.max_message_bytes,
             max_items_per_event=config.max_items_per_event,
+            multi_agent=multi_agent,
         )
         self._queue: collections.deque[bytes] = collections.deque()
         self._ready = asyncio.Event()
@@ -182,9 +196,10 @@ class Session:
         mode: Mode = Mode.APPEND,
         send_timing: bool = False,
         owner: str = "",
+        multi_agent: bool = False,
     ) -> None:
         self.config = config
-        self.outbox = Outbox(config, mode)
+        self.outbox = Outbox(config, mode, multi_agent=multi_agent)
         self._tasks: asyncio.TaskGroup | None = None
         #: The shipped shape's lanes and segment cache (shipped mode only).
         self.shipped: ShippedShape | None = None
@@ -193,7 +208,13 @@ class Session:
         self.shape: Shape
         if mode is Mode.SHIPPED:
             self.shape = self.shipped = ShippedShape(
-                config, turns, self.outbox, spawn=self.spawn, send_timing=send_timing, owner=owner
+                config,
+                turns,
+                self.outbox,
+                spawn=self.spawn,
+                send_timing=send_timing,
+                owner=owner,
+                multi_agent=multi_agent,
             )
         else:
             self.shape = self.append = AppendShape(
@@ -288,7 +309,12 @@ class Session:
                 error.stream_id = None  # the refused name is not a lane
             elif isinstance(event, ResponseCreate) and isinstance(event.stream_id, str):
                 error.stream_id = event.stream_id
-            self.outbox.error(error)
+            if error.reply is not None:
+                self.outbox.push(error.reply)  # e.g. response.inject.failed
+            else:
+                self.outbox.error(error)
+            if error.close_code is not None:
+                self.outbox.close(error.close_code, error.code)
 
     def _admit(self, event: ClientEvent, track: ResponseTrack | None) -> ClientEvent:
         self._decoded_at = time.perf_counter()  # decoded and checked: admission starts
@@ -308,8 +334,7 @@ class ResponsesEndpoint:
     def wants_append(self, scope: dict[str, Any], headers: dict[str, list[str]]) -> bool:
         if APPEND_SUBPROTOCOL in scope.get("subprotocols", []):
             return True
-        betas = ",".join(headers.get("openai-beta", []))
-        return APPEND_BETA_HEADER in (b.strip() for b in betas.split(","))
+        return APPEND_BETA_HEADER in _betas(headers)
 
     async def _refuse(self, scope: dict[str, Any], send: ASGISend, message: str) -> None:
         body = json.dumps(
@@ -345,7 +370,14 @@ class ResponsesEndpoint:
         )
         timing = any(v.strip().lower() == "true" for v in headers.get(TIMING_HEADER, []))
         mode = Mode.APPEND if self.wants_append(scope, headers) else Mode.SHIPPED
-        session = Session(self.config, self.turns, mode=mode, send_timing=timing, owner=owner)
+        session = Session(
+            self.config,
+            self.turns,
+            mode=mode,
+            send_timing=timing,
+            owner=owner,
+            multi_agent=MULTI_AGENT_BETA in _betas(headers),
+        )
         # Counted before the handshake completes, so a client that sees the
         # 101 also sees its session counted.
         self.live_sessions += 1
@@ -355,6 +387,11 @@ class ResponsesEndpoint:
             await session.serve(receive, send)
         finally:
             self.live_sessions -= 1
+
+
+def _betas(headers: dict[str, list[str]]) -> set[str]:
+    """The ``OpenAI-Beta`` values: each header may be a comma-separated list."""
+    return {b.strip() for value in headers.get("openai-beta", []) for b in value.split(",")}
 
 
 def _headers(scope: dict[str, Any]) -> dict[str, list[str]]:
