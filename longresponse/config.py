@@ -19,6 +19,7 @@ __all__ = [
     "MAX_ROLLOUTS_PER_CONNECTION",
     "PAUSE_TIMEOUT",
     "SEND_QUEUE_DEPTH",
+    "SHUTDOWN_DRAIN_TIMEOUT",
     "SLOW_READER_TIMEOUT",
     "ServerConfig",
     "SimConfig",
@@ -52,6 +53,10 @@ DEFAULT_STORE: Final = "sqlite://longresponse-data/responses.db"
 #: How long a paused rollout waits for its tool outputs before it ends
 #: ``incomplete`` with reason ``pause_timeout``.
 PAUSE_TIMEOUT: Final = 600.0
+#: On SIGTERM/SIGINT, how long WebSocket turns in flight may run to their end
+#: before every connection is closed 1012 anyway (below Kubernetes' default
+#: 30 s grace period, leaving time for the post-inference queue to drain).
+SHUTDOWN_DRAIN_TIMEOUT: Final = 20.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -95,6 +100,7 @@ class ServerConfig:
     max_queued: int = MAX_QUEUED
     connection_cache_bytes: int = CONNECTION_CACHE_BYTES
     connection_lifetime: float = CONNECTION_LIFETIME
+    shutdown_drain_timeout: float = SHUTDOWN_DRAIN_TIMEOUT
     #: Store URL and retention (seconds; ``None`` keeps records forever).
     store: str = DEFAULT_STORE
     store_ttl: float | None = None

@@ -69,13 +69,15 @@ class CloseCode(enum.IntEnum):
     POLICY_VIOLATION = 1008
     MESSAGE_TOO_BIG = 1009
     INTERNAL_ERROR = 1011
+    SERVICE_RESTART = 1012
 
 
 #: Which close code a connection-level failure gets. The reason text sent with
 #: 1011 never includes exception text (it could leak server internals).
 CLOSE_CODES: Final[dict[str, CloseCode]] = {
     "client_closed": CloseCode.NORMAL_CLOSURE,
-    "server_shutdown": CloseCode.GOING_AWAY,
+    # Graceful shutdown, after in-flight turns: clients reconnect and resend.
+    "server_shutdown": CloseCode.SERVICE_RESTART,
     # A schema-invalid response.inject: its error event, then this close.
     "invalid_event": CloseCode.PROTOCOL_ERROR,
     "connection_limit_reached": CloseCode.NORMAL_CLOSURE,

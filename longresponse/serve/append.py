@@ -185,3 +185,16 @@ class AppendShape:
         self._admitted = None
         take_input(self._target(), admission, received_at=received_at, decode=decode)
 
+    # --- graceful shutdown ----------------------------------------------------------
+
+    @property
+    def busy(self) -> bool:
+        """A turn is running: a rollout whose loop is alive and not paused for tool outputs."""
+        return any(
+            rollout.task is not None and not rollout.task.done() and not rollout.awaiting_input
+            for rollout in self.rollouts.values()
+        )
+
+    def stop_intake(self) -> None:
+        """Shutdown: nothing waits to start in append mode (a create starts at once)."""
+

@@ -167,7 +167,9 @@ class ShippedShape:
         self.sink = sink
         #: The connection was opened with the multi-agent beta.
         self.multi_agent = multi_agent
-        #: The segments running, by response id (what an inject targets).
+        #: Requests past their lane's queue and not yet finished, and the
+        #: segments among them, by response id (what an inject targets).
+        self.active = 0
         self.running: dict[str, Segment] = {}
         self._admitted: Admission | None = None
         self.cache = SegmentCache(config.connection_cache_bytes)
@@ -255,9 +257,10 @@ class ShippedShape:
 
     async def _serve_lane(self, lane: Lane) -> None:
         while lane.queue:
-            queued = lane.queue[0]
             async with self._in_flight:
-                lane.queue.popleft()
+                if not lane.queue:  # dropped by a graceful shutdown while waiting
+                    return
+                queued = lane.queue.popleft()
                 self.queued -= 1
                 try:
                     await self._run(queued.request, lane.name, queued.received_at, queued.decode)
@@ -278,6 +281,15 @@ class ShippedShape:
                     )
 
     async def _run(
+        self, request: ResponseCreate, lane: str | None, received_at: float, decode: float
+    ) -> None:
+        self.active += 1
+        try:
+            await self._run_segment(request, lane, received_at, decode)
+        finally:
+            self.active -= 1
+
+    async def _run_segment(
         self, request: ResponseCreate, lane: str | None, received_at: float, decode: float
     ) -> None:
         self.turns.check_metadata(request)
@@ -325,3 +337,19 @@ class ShippedShape:
         # but its earlier boundaries stay valid to fork from.
         if boundary is not None:
             self.cache.add(started.rollout, boundary)
+
+    # --- graceful shutdown ----------------------------------------------------------
+
+    @property
+    def busy(self) -> bool:
+        """A turn is running: some request past its queue is not a segment waiting,
+        paused, for injected tool outputs."""
+        waiting = sum(1 for segment in self.running.values() if segment.rollout.awaiting_input)
+        return self.active > waiting
+
+    def stop_intake(self) -> None:
+        """Shutdown: drop the requests still waiting in their lanes (they have sent
+        nothing; the client resends them on its next connection)."""
+        for lane in self.lanes.values():
+            self.queued -= len(lane.queue)
+            lane.queue.clear()

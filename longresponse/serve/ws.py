@@ -25,6 +25,14 @@ outbox to the socket), the lifetime timer, and whatever the shape spawns
 one ``error`` event (or the reply the protocol core attached, such as
 ``response.inject.failed``); nothing changes and the connection stays usable,
 unless the core says it must close (a schema-invalid ``response.inject``).
+
+Graceful shutdown (:meth:`ResponsesEndpoint.drain`, called before uvicorn
+shuts its connections: ``longresponse.serve.shutdown``): every session stops
+taking client messages and drops the requests still queued, lets its running
+turns finish (a paused rollout is not running: it waits for its client), then
+closes with 1012 (Service Restart: clients reconnect and resend). A session
+still busy when the drain timeout runs out is closed 1012 at once, its turns
+cut off.
 """
 
 from __future__ import annotations
@@ -62,6 +70,7 @@ from .shipped import ShippedShape
 from .turns import Turns
 
 __all__ = [
+    "DRAIN_POLL_INTERVAL",
     "MULTI_AGENT_BETA",
     "ASGIReceive",
     "ASGISend",
@@ -75,6 +84,9 @@ log = logging.getLogger(__name__)
 #: The ``OpenAI-Beta`` value that opens a connection to the multi-agent beta
 #: (``response.inject`` and ``multi_agent`` creates in the shipped shape).
 MULTI_AGENT_BETA: Final = "responses_multi_agent=v1"
+#: How often a graceful shutdown looks which sessions' turns are done (it
+#: polls, as uvicorn's own shutdown does: a turn ends in many places).
+DRAIN_POLL_INTERVAL: Final = 0.02
 
 ASGIReceive = Callable[[], Awaitable[dict[str, Any]]]
 ASGISend = Callable[[dict[str, Any]], Awaitable[None]]
@@ -86,6 +98,12 @@ class Shape(Protocol):
     def admit(self, event: ClientEvent, track: ResponseTrack | None) -> ClientEvent: ...
 
     def handle(self, event: ClientEvent, received_at: float, decode: float) -> None: ...
+
+    @property
+    def busy(self) -> bool:
+        """A turn is running (graceful shutdown waits for it)."""
+
+    def stop_intake(self) -> None: ...
 
 
 class _SessionOver(Exception):
@@ -221,6 +239,8 @@ class Session:
                 config, turns, self.outbox, spawn=self.spawn, send_timing=send_timing, owner=owner
             )
         self._decoded_at = 0.0
+        #: Graceful shutdown has begun: client messages are no longer read.
+        self.draining = False
 
     # what tests and operators look at
     @property
@@ -296,7 +316,13 @@ class Session:
             self.handle_message(data, received_at)
 
     def handle_message(self, data: str | bytes, received_at: float) -> None:
-        """Decode, check, admit and act on one client message; errors become error events."""
+        """Decode, check, admit and act on one client message; errors become error events.
+
+        While draining, messages are dropped unread: the connection is about
+        to close 1012 and the client resends on its next one.
+        """
+        if self.draining:
+            return
         self._decoded_at = received_at
         event: object = None
         try:
@@ -320,6 +346,24 @@ class Session:
         self._decoded_at = time.perf_counter()  # decoded and checked: admission starts
         return self.shape.admit(event, track)
 
+    # --- graceful shutdown ----------------------------------------------------
+
+    def stop_intake(self) -> None:
+        """Drop client messages from now on, and the requests still queued."""
+        self.draining = True
+        self.shape.stop_intake()
+
+    @property
+    def busy(self) -> bool:
+        """A turn is running on this connection."""
+        return self.shape.busy
+
+    def restart(self) -> None:
+        """Close with 1012, Service Restart, once the events already queued are out
+        (a no-op if the session is already closing)."""
+        self.stop_intake()
+        self.outbox.close(int(CLOSE_CODES["server_shutdown"]), "service restart")
+
 
 class ResponsesEndpoint:
     """The WebSocket endpoint of ``/v1/responses`` (pure ASGI)."""
@@ -330,11 +374,37 @@ class ResponsesEndpoint:
         self.keys = keys or ApiKeys()
         self.live_sessions = 0  # for tests and metrics
         self.last_session: Session | None = None
+        #: The sessions being served, for a graceful shutdown.
+        self.sessions: set[Session] = set()
+        self.draining = False
 
     def wants_append(self, scope: dict[str, Any], headers: dict[str, list[str]]) -> bool:
         if APPEND_SUBPROTOCOL in scope.get("subprotocols", []):
             return True
         return APPEND_BETA_HEADER in _betas(headers)
+
+    async def drain(self, *, abandon: Callable[[], bool] = lambda: False) -> None:
+        """Graceful shutdown: every session stops reading, and closes 1012 as soon as
+        no turn of it is running; returns when every session has ended.
+
+        If ``abandon()`` turns true, or the drain is cancelled (the caller's
+        timeout), every session still open is closed 1012 at once, its turns
+        cut off.
+        """
+        self.draining = True
+        try:
+            for session in list(self.sessions):
+                session.stop_intake()
+            while self.sessions and not abandon():
+                for session in list(self.sessions):
+                    if not session.busy:
+                        session.restart()
+                await asyncio.sleep(DRAIN_POLL_INTERVAL)
+        finally:
+            if self.sessions:
+                log.warning("shutdown: closing %d busy sessions now", len(self.sessions))
+            for session in list(self.sessions):
+                session.restart()
 
     async def _refuse(self, scope: dict[str, Any], send: ASGISend, message: str) -> None:
         body = json.dumps(
@@ -378,15 +448,19 @@ class ResponsesEndpoint:
             owner=owner,
             multi_agent=MULTI_AGENT_BETA in _betas(headers),
         )
+        if self.draining:  # accepted as the server began to stop: it will not serve
+            session.restart()
         # Counted before the handshake completes, so a client that sees the
         # 101 also sees its session counted.
         self.live_sessions += 1
         self.last_session = session
+        self.sessions.add(session)
         try:
             await send({"type": "websocket.accept", "subprotocol": subprotocol})
             await session.serve(receive, send)
         finally:
             self.live_sessions -= 1
+            self.sessions.discard(session)
 
 
 def _betas(headers: dict[str, list[str]]) -> set[str]:
