@@ -363,8 +363,13 @@ def test_a_schema_invalid_inject_gets_an_error_and_the_socket_closes(
     server: Any, append: bool, frame: dict[str, Any], param: str
 ) -> None:
     sock, conn = handshake(server.port, append=append, headers=[(b"openai-beta", BETA_VALUE)])
+    after = {"type": "response.create", "model": "sim", "input": "too late"}
     with sock:
-        sock.sendall(conn.send(ws.TextMessage(json.dumps(frame))))
+        # In one write: what follows the bad inject is dropped unread.
+        sock.sendall(
+            conn.send(ws.TextMessage(json.dumps(frame)))
+            + conn.send(ws.TextMessage(json.dumps(after)))
+        )
         events, code = frames_until_close(sock, conn)
     assert [e["type"] for e in events] == ["error"]
     assert events[0]["status"] == 400

@@ -318,10 +318,11 @@ class Session:
     def handle_message(self, data: str | bytes, received_at: float) -> None:
         """Decode, check, admit and act on one client message; errors become error events.
 
-        While draining, messages are dropped unread: the connection is about
-        to close 1012 and the client resends on its next one.
+        Once the session is closing (draining, or closed for a bad inject),
+        messages are dropped unread; on a 1012 the client resends them on its
+        next connection.
         """
-        if self.draining:
+        if self.draining or self.outbox.closing is not None:
             return
         self._decoded_at = received_at
         event: object = None
