@@ -122,6 +122,13 @@ def build_parser() -> argparse.ArgumentParser:
         "(websocket_connection_limit_reached) and close 1000",
     )
     serve.add_argument(
+        "--shutdown-drain-timeout",
+        type=_positive_float,
+        default=limits.SHUTDOWN_DRAIN_TIMEOUT,
+        help="on SIGTERM/SIGINT: seconds WebSocket turns in flight may run to their end "
+        "before every connection is closed 1012 (clients reconnect and resend)",
+    )
+    serve.add_argument(
         "--store",
         default=limits.DEFAULT_STORE,
         help="where store=true responses are kept: sqlite:///abs/path.db, sqlite://rel/path.db, "
@@ -275,6 +282,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         max_queued=args.max_queued,
         connection_cache_bytes=args.connection_cache_bytes,
         connection_lifetime=args.connection_lifetime,
+        shutdown_drain_timeout=args.shutdown_drain_timeout,
         store=args.store,
         store_ttl=args.store_ttl,
         api_keys=tuple(args.api_keys),
@@ -358,9 +366,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if problem is not None:
             print(f"longresponse: {problem}", file=sys.stderr)
             return 2
+        from .serve.shutdown import GracefulServer
+
         logging.basicConfig(level=args.log_level.upper())
-        server = uvicorn.Server(uvicorn_config(config, log_level=args.log_level))  # type: ignore[arg-type]
-        # uvicorn shuts down cleanly on SIGINT/SIGTERM (the lifespan drains the
+        served = uvicorn_config(config, log_level=args.log_level)
+        assert isinstance(served, uvicorn.Config)
+        endpoint = served.app.state.endpoint  # type: ignore[union-attr]
+        server = GracefulServer(served, endpoint, drain_timeout=config.shutdown_drain_timeout)
+        # On SIGINT/SIGTERM the WebSockets drain (turns in flight finish, then
+        # close 1012), uvicorn shuts down cleanly (the lifespan drains the
         # post-inference queue), then re-raises the signal it captured.
         with contextlib.suppress(KeyboardInterrupt):
             server.run()

@@ -22,6 +22,7 @@ __all__ = [
     "MAX_ROLLOUTS_PER_CONNECTION",
     "PAUSE_TIMEOUT",
     "SEND_QUEUE_DEPTH",
+    "SHUTDOWN_DRAIN_TIMEOUT",
     "SLOW_READER_TIMEOUT",
     "ServerConfig",
     "SimConfig",
@@ -64,6 +65,10 @@ BACKGROUND_LOG_BYTES: Final = 4 * 1024 * 1024
 #: Bytes of terminal events of finished background responses kept for a late
 #: ``GET ?stream=true`` (the rest of a finished log is freed); oldest out first.
 BACKGROUND_ENDINGS_BYTES: Final = 16 * 1024 * 1024
+#: On SIGTERM/SIGINT, how long WebSocket turns in flight may run to their end
+#: before every connection is closed 1012 anyway (below Kubernetes' default
+#: 30 s grace period, leaving time for the post-inference queue to drain).
+SHUTDOWN_DRAIN_TIMEOUT: Final = 20.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -107,6 +112,7 @@ class ServerConfig:
     max_queued: int = MAX_QUEUED
     connection_cache_bytes: int = CONNECTION_CACHE_BYTES
     connection_lifetime: float = CONNECTION_LIFETIME
+    shutdown_drain_timeout: float = SHUTDOWN_DRAIN_TIMEOUT
     #: Store URL and retention (seconds; ``None`` keeps records forever).
     store: str = DEFAULT_STORE
     store_ttl: float | None = None

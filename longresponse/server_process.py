@@ -24,7 +24,9 @@ from typing import Final, Self
 __all__ = ["STARTUP_TIMEOUT", "STOP_TIMEOUT", "ServerProcess", "free_port", "server_url"]
 
 STARTUP_TIMEOUT: Final = 20.0
-STOP_TIMEOUT: Final = 20.0
+#: Above the server's default shutdown drain timeout (20 s), so a clean stop
+#: that waits for a turn is not killed half-way.
+STOP_TIMEOUT: Final = 30.0
 
 
 def free_port() -> int:

@@ -170,6 +170,14 @@ def lane_hint(data: bytes | str) -> str | None:
     return hint.stream_id if hint.type == "response.create" else None
 
 
+def type_hint(data: bytes | str) -> str:
+    """The ``type`` of a frame that did not decode, if one can be read (``""`` otherwise)."""
+    try:
+        return _lane_hint_decoder.decode(data).type
+    except (*_NOT_JSON, msgspec.ValidationError):
+        return ""
+
+
 def _decode_tolerant(data: bytes | str) -> ClientEvent:
     # The typed pass stopped at the untyped item, so the rest of the frame is
     # unchecked: the generic pass can still find malformed JSON.

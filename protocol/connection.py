@@ -29,6 +29,13 @@ refusal by the application therefore needs no undoing.
 
 Checks that need the application's knowledge (models, the rollout's items)
 live in the server; checks that follow from the events alone live here.
+
+``response.inject`` (the multi-agent beta, spoken in append mode and on a
+shipped-shape connection opened with the beta: ``multi_agent``) is checked
+like an append. Two of its refusals are not request errors but answers: a
+response that is unknown or finished gets ``response.inject.failed``, handed
+back on the error as :attr:`ProtocolError.reply`; and a schema-invalid inject
+closes the connection after its ``error`` (:attr:`ProtocolError.close_code`).
 """
 
 from __future__ import annotations
@@ -38,10 +45,19 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Final
 
+import msgspec
+
 from ._tracking import ResponseTrack, check_append_items, event_key
 from ._wire import wire_type
-from .codec import decode_client_event, decode_server_event, encode_event, encode_sse, lane_hint
-from .errors import ErrorCode, LocalProtocolError, ProtocolError, RemoteProtocolError
+from .codec import (
+    decode_client_event,
+    decode_server_event,
+    encode_event,
+    encode_sse,
+    lane_hint,
+    type_hint,
+)
+from .errors import CLOSE_CODES, ErrorCode, LocalProtocolError, ProtocolError, RemoteProtocolError
 from .events import (
     ClientEvent,
     ErrorEvent,
@@ -50,11 +66,14 @@ from .events import (
     ResponseCancel,
     ResponseCreate,
     ResponseCreated,
+    ResponseInject,
+    ResponseInjectFailed,
     ResponseQueued,
     ServerEvent,
     TimingEvent,
 )
 from .items import FunctionCall
+from .response import ResponseError
 from .state import ResponseState, Role
 
 __all__ = [
@@ -74,6 +93,19 @@ MAX_MESSAGE_BYTES: Final = 16 * 1024 * 1024
 MAX_ITEMS_PER_EVENT: Final = 4096
 #: Finished responses remembered per connection (older ones are forgotten).
 _MAX_TRACKED_RESPONSES: Final = 1024
+#: The refusals of an inject answered by ``response.inject.failed``.
+_INJECT_FAILURES: Final = frozenset(
+    {ErrorCode.RESPONSE_NOT_FOUND, ErrorCode.RESPONSE_ALREADY_COMPLETED}
+)
+#: Why each append-mode event is refused on a connection that does not speak it.
+_NOT_SPOKEN: Final = {
+    "response.append": "response.append is part of append mode; this connection speaks the "
+    "shipped shape (continue with response.create and previous_response_id).",
+    "response.cancel": "response.cancel is part of append mode; the shipped WebSocket shape "
+    "has no cancel event.",
+    "response.inject": "response.inject is part of the multi-agent beta; open the connection "
+    "with the header 'OpenAI-Beta: responses_multi_agent=v1'.",
+}
 
 
 class Mode(enum.StrEnum):
@@ -132,10 +164,14 @@ class Connection:
         max_message_bytes: int = MAX_MESSAGE_BYTES,
         max_items_per_event: int = MAX_ITEMS_PER_EVENT,
         max_tracked_responses: int = _MAX_TRACKED_RESPONSES,
+        multi_agent: bool = False,
     ) -> None:
         self.our_role = our_role
         self.their_role = Role.SERVER if our_role is Role.CLIENT else Role.CLIENT
         self.mode = mode
+        #: The connection speaks the multi-agent beta: ``response.inject`` in
+        #: the shipped shape too (append mode always speaks it).
+        self.multi_agent = multi_agent
         self.framing = framing
         self.max_message_bytes = max_message_bytes
         self.max_items_per_event = max_items_per_event
@@ -186,7 +222,7 @@ class Connection:
                 raise _as_remote(exc, None) from exc
             self._events.append(server_event)
             return
-        event = decode_client_event(data)
+        event = self._decode_client(data)
         lane = (
             event.stream_id
             if isinstance(event, ResponseCreate) and isinstance(event.stream_id, str)
@@ -195,13 +231,14 @@ class Connection:
         try:
             commit, track = self._check_client(event)
         except LocalProtocolError as exc:
-            raise _as_remote(exc, lane) from exc
+            raise self._answer(event, _as_remote(exc, lane)) from exc
         if admit is not None:
             try:
                 event = admit(event, track)
             except ProtocolError as error:
                 if error.stream_id is None:
                     error.stream_id = lane
+                self._answer(event, error)
                 raise
         commit()
         self._events.append(event)
@@ -237,26 +274,48 @@ class Connection:
 
     # --- the rules ---------------------------------------------------------
 
+    def _speaks(self, kind: str) -> bool:
+        """Whether this connection speaks the append-mode event type ``kind``."""
+        return self.mode is Mode.APPEND or (kind == "response.inject" and self.multi_agent)
+
+    def _decode_client(self, data: bytes | str) -> ClientEvent:
+        try:
+            return decode_client_event(data)
+        except RemoteProtocolError as error:
+            if type_hint(data) != "response.inject":
+                raise
+            if not self._speaks("response.inject"):
+                raise _as_remote(_not_spoken("response.inject"), None) from error
+            error.close_code = CLOSE_CODES["invalid_event"]  # as the beta does
+            raise
+
+    def _answer(self, event: ClientEvent, error: ProtocolError) -> ProtocolError:
+        """Attach the ``response.inject.failed`` that answers a refused inject, if it is one."""
+        if isinstance(event, ResponseInject) and error.code in _INJECT_FAILURES:
+            track = self._responses.get(event.response_id)
+            lane = track.stream_id if track is not None else None
+            error.reply = ResponseInjectFailed(
+                sequence_number=track.next_sequence if track is not None else 0,
+                response_id=event.response_id,
+                input=event.input,
+                error=ResponseError(code=error.code, message=error.message),
+                stream_id=lane if lane is not None else msgspec.UNSET,
+            )
+        return error
+
     def _check_client(self, event: ClientEvent) -> tuple[_Commit, ResponseTrack | None]:
         if isinstance(event, ResponseCreate):
             if isinstance(event.input, list) and len(event.input) > self.max_items_per_event:
                 raise _too_many_items(len(event.input), self.max_items_per_event)
             return _nothing, None
-        if not isinstance(event, ResponseAppend | ResponseCancel):
+        if not isinstance(event, ResponseAppend | ResponseCancel | ResponseInject):
             return _nothing, None  # response.processed: tolerated, never answered
-        if self.mode is not Mode.APPEND:
-            raise LocalProtocolError(
-                "response.append is part of append mode; this connection speaks the shipped "
-                "shape (continue with response.create and previous_response_id)."
-                if isinstance(event, ResponseAppend)
-                else "response.cancel is part of append mode; the shipped WebSocket shape has "
-                "no cancel event.",
-                code=ErrorCode.UNKNOWN_EVENT_TYPE,
-                param="type",
-            )
+        kind = wire_type(event)
+        if not self._speaks(kind):
+            raise _not_spoken(kind)
         track = self._target(event.response_id)
         try:
-            transition, _ = track.machine.move(Role.CLIENT, wire_type(event))
+            transition, _ = track.machine.move(Role.CLIENT, kind)
         except LocalProtocolError:
             raise _already_completed(track) from None
         if isinstance(event, ResponseCancel) or not isinstance(event.input, list):
@@ -297,7 +356,7 @@ class Connection:
 
     def _apply_server(self, event: ServerEvent) -> None:
         """Check a server event and record it; raises (nothing recorded) if illegal."""
-        if isinstance(event, ErrorEvent | TimingEvent):
+        if isinstance(event, ErrorEvent | TimingEvent | ResponseInjectFailed):
             return  # about the connection or a request, not a response's state
         stream_id = event.stream_id if isinstance(event.stream_id, str) else None
         opening = isinstance(event, ResponseCreated | ResponseQueued)
@@ -388,6 +447,10 @@ def _as_remote(exc: ProtocolError, stream_id: str | None) -> RemoteProtocolError
     )
 
 
+def _not_spoken(kind: str) -> LocalProtocolError:
+    return LocalProtocolError(_NOT_SPOKEN[kind], code=ErrorCode.UNKNOWN_EVENT_TYPE, param="type")
+
+
 def _too_many_items(count: int, limit: int) -> LocalProtocolError:
     return LocalProtocolError(
         f"The event carries {count} input items; the limit is {limit}.",
@@ -404,4 +467,3 @@ def _already_completed(track: ResponseTrack) -> LocalProtocolError:
         status=409,
         response_id=track.response_id,
     )
-

@@ -7,13 +7,20 @@ branch on, a human ``message`` and the ``param`` naming the bad field
 rules; :class:`LocalProtocolError` means we were about to.
 
 Connection-level failures close the socket instead; :data:`CLOSE_CODES` maps
-them to the IANA WebSocket close codes.
+them to the IANA WebSocket close codes. A few request errors are answered
+otherwise than by an ``error`` event: a ``response.inject`` whose response is
+unknown or finished gets its own reply (:attr:`ProtocolError.reply`), and a
+schema-invalid one closes the socket after its ``error``
+(:attr:`ProtocolError.close_code`), as the multi-agent beta does.
 """
 
 from __future__ import annotations
 
 import enum
-from typing import Final
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    from .events import ServerEvent
 
 __all__ = [
     "CLOSE_CODES",
@@ -63,13 +70,17 @@ class CloseCode(enum.IntEnum):
     POLICY_VIOLATION = 1008
     MESSAGE_TOO_BIG = 1009
     INTERNAL_ERROR = 1011
+    SERVICE_RESTART = 1012
 
 
 #: Which close code a connection-level failure gets. The reason text sent with
 #: 1011 never includes exception text (it could leak server internals).
 CLOSE_CODES: Final[dict[str, CloseCode]] = {
     "client_closed": CloseCode.NORMAL_CLOSURE,
-    "server_shutdown": CloseCode.GOING_AWAY,
+    # Graceful shutdown, after in-flight turns: clients reconnect and resend.
+    "server_shutdown": CloseCode.SERVICE_RESTART,
+    # A schema-invalid response.inject: its error event, then this close.
+    "invalid_event": CloseCode.PROTOCOL_ERROR,
     "connection_limit_reached": CloseCode.NORMAL_CLOSURE,
     "slow_reader": CloseCode.POLICY_VIOLATION,
     "frame_too_big": CloseCode.MESSAGE_TOO_BIG,
@@ -85,6 +96,11 @@ class ProtocolError(Exception):
     ``code`` its ``error.code`` and ``param`` the path of the offending field
     or ``None``. ``response_id`` names the response the error concerns, when
     there is one; ``stream_id`` the lane of the request that caused it.
+
+    Two more attributes, ``None`` unless set by the one who raises: ``reply``,
+    the server event that answers the failure instead of an ``error`` event
+    (a ``response.inject.failed``), and ``close_code``, the code the
+    connection closes with once the answer is sent.
     """
 
     def __init__(
@@ -106,6 +122,8 @@ class ProtocolError(Exception):
         self.error_type = error_type
         self.response_id = response_id
         self.stream_id = stream_id
+        self.reply: ServerEvent | None = None
+        self.close_code: int | None = None
 
     def __repr__(self) -> str:
         return (

@@ -7,6 +7,11 @@ outside the union is an ``unknown_event_type`` error (see ``codec``).
 Server events carry ``sequence_number`` (counted per response: from 0 at
 ``response.created``, never reset across pauses in append mode) and, on a
 named lane, ``stream_id``.
+
+``response.inject`` is the multi-agent beta's form of ``response.append``
+(input committed into a live response); its two replies,
+``response.inject.created`` and ``response.inject.failed``, are the only
+server events that answer a client event one to one.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from msgspec import UNSET, Meta, Struct, UnsetType
 
 from ._wire import wire_type
 from .items import ContentPart, FunctionTool, Item, OutputText, Refusal, ToolChoice
-from .response import ReasoningConfig, Response, TextConfig
+from .response import ReasoningConfig, Response, ResponseError, TextConfig
 
 __all__ = [
     "CLIENT_EVENT_TYPES",
@@ -32,6 +37,7 @@ __all__ = [
     "ErrorEvent",
     "FunctionCallArgumentsDelta",
     "FunctionCallArgumentsDone",
+    "MultiAgent",
     "OutputItemAdded",
     "OutputItemDone",
     "OutputTextDelta",
@@ -46,6 +52,9 @@ __all__ = [
     "ResponseFailed",
     "ResponseInProgress",
     "ResponseIncomplete",
+    "ResponseInject",
+    "ResponseInjectCreated",
+    "ResponseInjectFailed",
     "ResponseProcessed",
     "ResponseQueued",
     "ServerEvent",
@@ -83,6 +92,15 @@ class ContextManagement(Struct, frozen=True, kw_only=True):
 
     type: str
     compact_threshold: int | None = None
+
+
+class MultiAgent(Struct, frozen=True, kw_only=True):
+    """``multi_agent`` of a create (the multi-agent beta, ``responses_multi_agent=v1``):
+    ``enabled`` makes a shipped-shape Response wait in place at client tool
+    calls until ``response.inject`` brings their outputs."""
+
+    enabled: bool
+    max_concurrent_subagents: int | UnsetType = UNSET
 
 
 class ResponseCreate(_Event, frozen=True, kw_only=True, tag="response.create"):
@@ -132,6 +150,7 @@ class ResponseCreate(_Event, frozen=True, kw_only=True, tag="response.create"):
         (``prompt_cache_options.prewarm: true`` forces ``generate`` to false)."""
         options = self.prompt_cache_options
         return self.generate is False or (options is not None and options.prewarm is True)
+    multi_agent: MultiAgent | None = None
 
 
 class ResponseAppend(_Event, frozen=True, kw_only=True, tag="response.append"):
@@ -154,7 +173,16 @@ class ResponseProcessed(_Event, frozen=True, kw_only=True, tag="response.process
     response_id: str | None = None
 
 
-ClientEvent = ResponseCreate | ResponseAppend | ResponseCancel | ResponseProcessed
+class ResponseInject(_Event, frozen=True, kw_only=True, tag="response.inject"):
+    """Commits input into a live response (the multi-agent beta): client tool
+    outputs that resume it. Checked like ``response.append``; the reply is
+    ``response.inject.created`` or ``response.inject.failed``."""
+
+    response_id: str
+    input: list[Item]
+
+
+ClientEvent = ResponseCreate | ResponseAppend | ResponseCancel | ResponseProcessed | ResponseInject
 
 # --- server events ---------------------------------------------------------
 
@@ -287,6 +315,24 @@ class ErrorEvent(_Event, frozen=True, kw_only=True, tag="error"):
     response_id: str | UnsetType = UNSET
 
 
+class ResponseInjectCreated(_ServerEvent, frozen=True, kw_only=True, tag="response.inject.created"):
+    """The injected input is committed to the response. Its ``sequence_number``
+    is the response's next one: the reply is an event of that response."""
+
+    response_id: str
+
+
+class ResponseInjectFailed(_ServerEvent, frozen=True, kw_only=True, tag="response.inject.failed"):
+    """The injected input was not committed (``response_not_found``,
+    ``response_already_completed``); ``input`` hands it back. Its
+    ``sequence_number`` is the one after the response's last event (0 for an
+    unknown response): it belongs to no response's stream."""
+
+    response_id: str
+    input: list[Item]
+    error: ResponseError
+
+
 class TimingEvent(_Event, frozen=True, kw_only=True, tag="responsesapi.websocket_timing"):
     """Per-turn phase timings, sent only to clients that asked by header."""
 
@@ -314,10 +360,10 @@ ServerEvent = (
     | CompactionCompacting
     | ErrorEvent
     | TimingEvent
+    | ResponseInjectCreated
+    | ResponseInjectFailed
 )
 
-CLIENT_EVENT_TYPES: frozenset[str] = frozenset(
-    wire_type(cls) for cls in (ResponseCreate, ResponseAppend, ResponseCancel, ResponseProcessed)
-)
+CLIENT_EVENT_TYPES: frozenset[str] = frozenset(wire_type(cls) for cls in ClientEvent.__args__)
 
 SERVER_EVENT_TYPES: frozenset[str] = frozenset(wire_type(cls) for cls in ServerEvent.__args__)

@@ -31,7 +31,8 @@ it to :class:`RemoteProtocolError` at their boundary.
 
 Events that open a response (``response.created``, ``response.queued``) are
 not transitions: they create its machine in ``in_progress`` or ``queued``.
-Connection-level events (``error``, timing) concern no response's state.
+Connection-level events (``error``, timing, ``response.inject.failed``)
+concern no response's state.
 """
 
 from __future__ import annotations
@@ -118,16 +119,27 @@ _ENDINGS: Final[dict[str, tuple[Transition, ResponseState]]] = {
 }
 
 
+#: Server replies that are events of the response they name (numbered in its
+#: stream) without changing its state: the multi-agent beta's inject receipt.
+ACKNOWLEDGEMENTS: Final = ("response.inject.created",)
+
+
 def _client_moves(state: ResponseState) -> dict[str, tuple[Transition, ResponseState]]:
     # Input is legal in every live state (outputs and steering may arrive
     # while sampling); cancelling is only asked for: the server ends it.
-    return {"response.append": (_T.APPEND, state), "response.cancel": (_T.ASK_CANCEL, state)}
+    # response.inject is the multi-agent beta's append: the same move.
+    return {
+        "response.append": (_T.APPEND, state),
+        "response.inject": (_T.APPEND, state),
+        "response.cancel": (_T.ASK_CANCEL, state),
+    }
 
 
 def _emits(state: ResponseState) -> dict[str, tuple[Transition, ResponseState]]:
     # Output events change no state; the protocol tolerates them in every live
-    # state (the server may finish streaming an item as a pause is decided).
-    return {key: (_T.EMIT, state) for key in OUTPUT_EVENTS}
+    # state (the server may finish streaming an item as a pause is decided),
+    # and so are the acknowledgements of input (an inject may come at any time).
+    return {key: (_T.EMIT, state) for key in (*OUTPUT_EVENTS, *ACKNOWLEDGEMENTS)}
 
 
 #: ``{(sender, state): {event key: (transition, next state)}}``; absent = illegal.

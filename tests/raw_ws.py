@@ -27,9 +27,14 @@ async def wait_until(predicate: Any, seconds: float = 10.0) -> None:
 
 
 def handshake(
-    port: int, *, rcvbuf: int | None = None, append: bool = True
+    port: int,
+    *,
+    rcvbuf: int | None = None,
+    append: bool = True,
+    headers: list[tuple[bytes, bytes]] | None = None,
 ) -> tuple[socket.socket, wsproto.WSConnection]:
-    """Open a raw socket and complete the upgrade with wsproto (the caller closes it)."""
+    """Open a raw socket and complete the upgrade with wsproto (the caller closes it);
+    ``headers`` go on the upgrade request."""
     sock = socket.socket()
     sock.settimeout(10)
     if rcvbuf is not None:
@@ -42,6 +47,7 @@ def handshake(
                 host="127.0.0.1",
                 target="/v1/responses",
                 subprotocols=["longresponse.append.v1"] if append else [],
+                extra_headers=headers or [],
             )
         )
     )

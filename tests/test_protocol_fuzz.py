@@ -265,12 +265,22 @@ CLIENT_EVENTS: dict[type[msgspec.Struct], st.SearchStrategy[Any]] = {
         prompt_cache_options=none_or(
             st.builds(p.events.PromptCacheOptions, prewarm=none_or(st.booleans()))
         ),
+        multi_agent=none_or(
+            st.builds(
+                p.events.MultiAgent,
+                enabled=st.booleans(),
+                max_concurrent_subagents=unset_or(st.integers(1, 99)),
+            )
+        ),
     ),
     p.events.ResponseAppend: st.builds(
         p.events.ResponseAppend, input=texts | st.lists(items, max_size=3), response_id=none_or(ids)
     ),
     p.events.ResponseCancel: st.builds(p.events.ResponseCancel, response_id=none_or(ids)),
     p.events.ResponseProcessed: st.builds(p.events.ResponseProcessed, response_id=none_or(ids)),
+    p.events.ResponseInject: st.builds(
+        p.events.ResponseInject, response_id=ids, input=st.lists(items, max_size=3)
+    ),
 }
 
 
@@ -360,6 +370,20 @@ SERVER_EVENTS: dict[type[msgspec.Struct], st.SearchStrategy[Any]] = {
         timing_metrics=st.dictionaries(ids, finite_floats, max_size=3),
         response_id=unset_or(ids),
         stream_id=stream_ids,
+    ),
+    p.events.ResponseInjectCreated: st.builds(
+        p.events.ResponseInjectCreated,
+        sequence_number=sequence_numbers,
+        stream_id=stream_ids,
+        response_id=ids,
+    ),
+    p.events.ResponseInjectFailed: st.builds(
+        p.events.ResponseInjectFailed,
+        sequence_number=sequence_numbers,
+        stream_id=stream_ids,
+        response_id=ids,
+        input=st.lists(items, max_size=3),
+        error=st.builds(p.response.ResponseError, code=ids, message=texts),
     ),
 }
 client_events = st.one_of(*CLIENT_EVENTS.values())
@@ -730,6 +754,33 @@ class Conversation(RuleBasedStateMachine):
             self.carry(Role.CLIENT, event)
             assert not set(call_ids) & set(track.pending_calls)
             assert set(call_ids) <= track.answered_calls
+
+    @precondition(lambda self: self.response_ids)
+    @rule(index=st.integers(0, 2), how_many=st.integers(1, 3))
+    def inject(self, index: int, how_many: int) -> None:
+        """The multi-agent beta's append: the same move, then a receipt in the stream."""
+        track = self.track(index)
+        call_ids = sorted(track.pending_calls)[:how_many]
+        event = p.events.ResponseInject(
+            input=[p.items.FunctionCallOutput(call_id=c, output="ok") for c in call_ids],
+            response_id=track.response_id,
+        )
+        if track.state in TERMINAL_STATES:
+            self.refuse(Role.CLIENT, event)
+            with pytest.raises(RemoteProtocolError) as refused:
+                self.server.receive_message(encode_event(event))
+            reply = refused.value.reply
+            assert isinstance(reply, p.events.ResponseInjectFailed)
+            assert (reply.input, reply.sequence_number) == (event.input, track.next_sequence)
+            return
+        self.carry(Role.CLIENT, event)
+        assert set(call_ids) <= track.answered_calls
+        sequence = track.next_sequence
+        receipt = p.events.ResponseInjectCreated(
+            sequence_number=sequence, response_id=track.response_id
+        )
+        self.carry(Role.SERVER, receipt)
+        assert track.next_sequence == sequence + 1
 
     @precondition(lambda self: self.response_ids)
     @rule(index=st.integers(0, 2), answered=st.booleans())

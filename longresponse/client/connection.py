@@ -47,6 +47,7 @@ from protocol.events import (
     ResponseDone,
     ResponseFailed,
     ResponseIncomplete,
+    ResponseInject,
     ServerEvent,
 )
 from protocol.items import Item
@@ -187,6 +188,17 @@ class AppendClient:
         """
         fields = {"input": input if isinstance(input, str) else list(input)}
         await self._send_event(_build_event(ResponseAppend, fields | {"response_id": response_id}))
+
+    async def inject(self, input: Sequence[Item | Mapping[str, Any]], response_id: str) -> None:
+        """Send ``response.inject`` (the multi-agent beta's append) to ``response_id``.
+
+        The server answers ``response.inject.created`` (or
+        ``response.inject.failed``, the input handed back). Raises
+        :class:`protocol.LocalProtocolError` (nothing sent, nothing recorded)
+        where :meth:`append` would; :class:`ConnectionClosedError` once closing.
+        """
+        fields = {"input": list(input), "response_id": response_id}
+        await self._send_event(_build_event(ResponseInject, fields))
 
     async def cancel(self, response_id: str | None = None) -> None:
         """Send ``response.cancel`` for ``response_id`` (default: the latest response).
@@ -453,5 +465,3 @@ def _build_event(cls: type[ClientEvent], fields: Mapping[str, Any]) -> ClientEve
         ) from exc
     assert isinstance(event, cls)
     return event
-
-

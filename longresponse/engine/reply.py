@@ -15,6 +15,12 @@ sink. It never sets its own state: it sends lifecycle events through the sink,
 whose protocol ``Connection`` applies them to the response's track through
 the one transition table, and it reads its state, pending calls and next
 sequence number back from that track.
+
+Where a turn ends in client tool calls, the Reply says so in its own shape
+(:meth:`Reply.pause`, :meth:`Reply.resume`): append mode announces the pause
+(``response.done``, ``requires_action``) and the resume
+(``response.in_progress``); a shipped-shape Response that waits in place (the
+multi-agent beta) stays ``in_progress`` and sends nothing while it waits.
 """
 
 from __future__ import annotations
@@ -26,7 +32,14 @@ from typing import Any, TypeVar
 import msgspec
 
 from protocol import TERMINAL_STATES, ResponseState, ResponseTrack, Transition
-from protocol.events import ResponseCreate, ResponseCreated, ServerEvent, TimingEvent
+from protocol.events import (
+    ResponseCreate,
+    ResponseCreated,
+    ResponseDone,
+    ResponseInProgress,
+    ServerEvent,
+    TimingEvent,
+)
 from protocol.response import (
     FormatText,
     IncompleteDetails,
@@ -40,6 +53,7 @@ from protocol.response import (
     Usage,
 )
 
+from .classifier import Finding
 from .stream import EventSink, StreamBuilder
 
 __all__ = ["Reply", "TokenCounts"]
@@ -89,8 +103,10 @@ class Reply:
         self.builder = StreamBuilder(response_id, tag_response_id=append, stream_id=stream_id)
         self.error: ResponseError | None = None
         self.incomplete_reason: str | None = None
-        #: What the classifier flagged in this Response's input (its metadata).
+        #: What the classifier flagged in this Response's input (its metadata),
+        #: from the verdicts on every input it has taken in.
         self.flags: dict[str, str] = {}
+        self.verdicts: list[tuple[Finding, ...]] = []
         self._counts = counts
         #: The rollout's (input, cached) tokens when this Response began.
         self._usage_base = (counts.input_tokens, counts.cached_tokens)
@@ -216,6 +232,22 @@ class Reply:
         response = self.snapshot(status)
         self.push(self.builder.lifecycle(cls, response))
         return response
+
+    async def pause(self) -> bool:
+        """A turn ended in client tool calls; True if that was announced.
+
+        Append mode sends ``response.done`` with ``requires_action``; the
+        shipped shape's Response waits in place, ``in_progress``, silently.
+        """
+        if not self.append:
+            return False
+        await self.announce(ResponseDone, ResponseState.REQUIRES_ACTION)
+        return True
+
+    async def resume(self) -> None:
+        """Every pending call has its output: append mode announces ``in_progress``."""
+        if self.append:
+            await self.announce(ResponseInProgress, ResponseState.IN_PROGRESS)
 
     async def send_timing(self, metrics: dict[str, float]) -> None:
         """A ``responsesapi.websocket_timing`` event, if the client asked for them."""

@@ -14,14 +14,15 @@ the NEW items only (render + tokenize into the cache), sampling, and the
 output streamed out as events. Two drivers run turns:
 
 - :meth:`Rollout.run`, the append-mode loop (an asyncio task owned by the
-  session): turn; if the model ended in client tool calls still unanswered,
-  pause — send ``response.done`` with ``status: requires_action`` and await
-  the inbox (with a pause timeout) — and when every pending call has its
-  output, take the inbox in and turn again; with nothing new, complete. It
-  always ends with exactly one terminal ``response.done`` unless the
-  connection is gone (then there is nobody to tell).
+  session) around :meth:`Rollout.settle`: turn; if the model ended in client
+  tool calls still unanswered, pause — send ``response.done`` with ``status:
+  requires_action`` and await the inbox (with a pause timeout) — and when
+  every pending call has its output, take the inbox in and turn again; with
+  nothing new, complete. It always ends with exactly one terminal
+  ``response.done`` unless the connection is gone (nobody is left to tell).
 - :class:`~longresponse.engine.segment.Segment`, the shipped shape: one turn
-  under a Reply of its own, ending at the first pause.
+  under a Reply of its own, ending at the first pause (or, multi-agent,
+  ``settle`` under it: the Reply waits in place without a word).
 
 Invariant: ``tokens(history + new) == tokens(history) + tokens(render(new))``.
 """
@@ -33,7 +34,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from protocol import ResponseState
 from protocol.events import (
@@ -49,8 +50,9 @@ from ..config import Switches
 from .admission import Pipeline
 from .classifier import Finding
 from .compaction import Compactor, Intake, compact_rollout, compact_threshold, intake, start_window
+from .failures import failure, fit_window
 from .models import ModelSpec, Sampler, SampleRequest, Stop
-from .render import TokenCache, items_to_drop, render_item, render_prefix
+from .render import TokenCache, render_prefix
 from .reply import Reply, TokenCounts
 from .stream import EventSink, StreamClosed
 from .timing import TurnTiming
@@ -58,22 +60,12 @@ from .timing import TurnTiming
 if TYPE_CHECKING:
     from .segment import Boundary
 
-__all__ = ["ContextLengthExceeded", "Rollout", "TurnRefused"]
+__all__ = ["INCOMPLETE_STOPS", "Rollout"]
 
 log = logging.getLogger(__name__)
 
-
-class ContextLengthExceeded(Exception):
-    """The context is longer than the model's window and truncation is off."""
-
-
-class TurnRefused(Exception):
-    """Post-inference work could not accept the turn's result (e.g. the store
-    failed a ``store=true`` write): the response ends ``failed`` with ``error``."""
-
-    def __init__(self, error: ResponseError) -> None:
-        super().__init__(error.message)
-        self.error = error
+#: How :meth:`Rollout.settle` may stop short: the Response ends ``incomplete``.
+INCOMPLETE_STOPS: Final = frozenset({"max_output_tokens", "pause_timeout"})
 
 
 class Rollout:
@@ -149,6 +141,7 @@ class Rollout:
         self.broken = False
         #: Seals and opens compaction items for the rollout's owner (serve layer).
         self.compactor: Compactor | None = None
+        self._waiting = False  # paused: awaiting the outputs of client calls
 
     def open_reply(
         self,
@@ -183,7 +176,8 @@ class Rollout:
         """Queue appended items; resume the loop if no call is pending any more."""
         self._inbox.extend(items)
         if not self._current().pending_calls:
-            if self.state is ResponseState.REQUIRES_ACTION and self._resume_mark is None:
+            paused = self._waiting or self.state is ResponseState.REQUIRES_ACTION
+            if paused and self._resume_mark is None:
                 self._resume_mark = received_at
             self._wakeup.set()
 
@@ -202,7 +196,8 @@ class Rollout:
         """
         self.verdicts.extend(verdicts)
         reply = self._current()
-        reply.flags = Pipeline.flagged(self.verdicts if reply.append else verdicts)
+        reply.verdicts.extend(verdicts)
+        reply.flags = Pipeline.flagged(reply.verdicts)
         d, v, c = self._admission
         self._admission = (d + decode, v + validate, c + classify)
 
@@ -244,6 +239,11 @@ class Rollout:
     def terminal(self) -> bool:
         """Ended, or ending (its terminal event is on its way)."""
         return self._finishing or self._current().terminal
+
+    @property
+    def awaiting_input(self) -> bool:
+        """Paused, waiting for client tool outputs: no turn is running."""
+        return self._waiting and bool(self._current().pending_calls)
 
     @property
     def reply_terminal(self) -> bool:
@@ -300,7 +300,7 @@ class Rollout:
         self.context.extend(new_items)
         cached = 0 if prefix_changed else min(self.model_seen, len(self.tokens))
         self.tokens.extend(new_items)
-        if self._check_context_window():
+        if fit_window(self):
             cached = 0
         self.input_tokens += len(self.tokens)
         self.cached_tokens += cached
@@ -319,17 +319,11 @@ class Rollout:
             if reply.track is None:
                 await reply.announce(ResponseCreated)
             await reply.announce(ResponseInProgress)
-            while True:
-                stop = await self.turn()
-                if stop == "max_output_tokens":
-                    reply.incomplete_reason = "max_output_tokens"
-                    await self.finish(ResponseState.INCOMPLETE)
-                    return
-                if reply.pending_calls and not await self._pause():
-                    return
-                if not self._inbox:
-                    await self.finish(ResponseState.COMPLETED)
-                    return
+            stop = await self.settle()
+            reply.incomplete_reason = stop if stop in INCOMPLETE_STOPS else None
+            await self.finish(
+                ResponseState.INCOMPLETE if reply.incomplete_reason else ResponseState.COMPLETED
+            )
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if self._cancel_requested and task is not None and task.uncancel() == 0:
@@ -345,6 +339,20 @@ class Rollout:
             reply.error = failure(exc, reply.id)
             with contextlib.suppress(Exception):
                 await self.finish(ResponseState.FAILED)
+
+    async def settle(self, *, prefix_changed: bool = False) -> str:
+        """Turns, pausing in place for client tool outputs, until the model stops
+        with nothing pending: the last stop reason, or ``pause_timeout``."""
+        reply = self._current()
+        while True:
+            stop = await self.turn(prefix_changed=prefix_changed)
+            prefix_changed = False
+            if stop == "max_output_tokens":
+                return stop
+            if reply.pending_calls and not await self._pause():
+                return "pause_timeout"
+            if not self._inbox:
+                return stop
 
     async def turn(self, *, prefix_changed: bool = False) -> str:
         """One run of the model over the context plus whatever is in the inbox.
@@ -389,7 +397,7 @@ class Rollout:
             if taken.trigger:  # a compaction turn: the compaction item is its output
                 self.timings.append(timing)
                 return "stop"
-        if self._check_context_window():
+        if fit_window(self):
             cached = 0
         uncached = len(self.tokens) - cached
         self.input_tokens += cached + uncached
@@ -454,43 +462,23 @@ class Rollout:
             start_window(self)
         return taken
 
-    def _check_context_window(self) -> bool:
-        """History + new tokens against the model's window (shipped ``truncation`` rules).
-
-        ``truncation: "auto"`` drops the oldest items until the context fits
-        (the rest is rendered again; the model has to prefill it all) and
-        returns True; otherwise :class:`ContextLengthExceeded` ends the
-        response ``failed``.
-        """
-        window = self.model.context_window
-        if len(self.tokens) <= window:
-            return False
-        if self.request.truncation != "auto":
-            raise ContextLengthExceeded(self.model.too_long(len(self.tokens)))
-        prefix = render_prefix(self.request.instructions, self.request.tools)
-        lengths = [len(render_item(item)) for item in self.context]
-        del self.context[: items_to_drop(len(prefix), lengths, window)]
-        self.tokens = self.tokens.rerendered(prefix, self.context)
-        self.model_seen = 0
-        self.truncated = True
-        return True
-
     async def _pause(self) -> bool:
-        """Block until every pending call has its output. False if the rollout ended."""
+        """Block until every pending call has its output. False if the pause timed out."""
         reply = self._current()
         self._wakeup.clear()
-        await reply.announce(ResponseDone, ResponseState.REQUIRES_ACTION)
-        await self.report_timing()
+        if await reply.pause():
+            await self.report_timing()
+        self._waiting = True
         try:
             async with asyncio.timeout(self.pause_timeout):
                 while reply.pending_calls:
                     await self._wakeup.wait()
                     self._wakeup.clear()
         except TimeoutError:
-            reply.incomplete_reason = "pause_timeout"
-            await self.finish(ResponseState.INCOMPLETE)
             return False
-        await reply.announce(ResponseInProgress, ResponseState.IN_PROGRESS)
+        finally:
+            self._waiting = False
+        await reply.resume()
         return True
 
     async def finish(self, state: ResponseState) -> None:
@@ -516,13 +504,3 @@ class Rollout:
         if self.on_timing is not None:
             self.on_timing(self.timings[-1])
         await self._current().send_timing(self.timings[-1].as_metrics())
-
-
-def failure(exc: Exception, response_id: str) -> ResponseError:
-    """The ``error`` of a response that failed while running."""
-    if isinstance(exc, ContextLengthExceeded):
-        return ResponseError(code="context_length_exceeded", message=str(exc))
-    if isinstance(exc, TurnRefused):
-        return exc.error
-    log.exception("response %s failed", response_id, exc_info=exc)
-    return ResponseError(code="server_error", message="The model failed.")

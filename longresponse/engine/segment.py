@@ -15,6 +15,12 @@ the output, and one terminal event (``response.completed``, or
 where the segment ended, enough to continue in place or to :func:`fork` a new
 Rollout from it later. A segment that fails sends ``response.failed`` and
 leaves its Rollout ``broken`` (its earlier boundaries stay valid to fork from).
+
+A segment that ``waits`` (the multi-agent beta) runs the rollout's
+:meth:`~Rollout.settle` instead of one turn: at client tool calls its
+Response stays ``in_progress`` and waits in place, without a word, until
+``response.inject`` brings the outputs; it ends at the rollout's real end
+(or ``incomplete``, ``pause_timeout``, if the outputs never come).
 """
 
 from __future__ import annotations
@@ -37,9 +43,10 @@ from protocol.events import (
 from protocol.items import Item
 from protocol.response import Response
 
+from .failures import failure
 from .models import ModelSpec
 from .reply import Reply
-from .rollout import Rollout, failure
+from .rollout import INCOMPLETE_STOPS, Rollout
 from .stream import EventSink, StreamClosed
 
 __all__ = ["Boundary", "Segment", "fork"]
@@ -78,12 +85,17 @@ class Segment:
         sink: EventSink,
         stream_id: str | None = None,
         send_timing: bool = False,
+        waits: bool = False,
     ) -> None:
         self.rollout = rollout
         self.id = segment_id
         self.request = request
         self.model = model
         self.stream_id = stream_id
+        #: Waits in place at client tool calls (multi-agent) instead of ending there.
+        self.waits = waits
+        #: Its turns are over: input that comes now can no longer be taken in.
+        self.finishing = False
         self._prefix_changed = rollout.configure(request, model)
         self.reply: Reply = rollout.open_reply(
             segment_id, sink, append=False, stream_id=stream_id, send_timing=send_timing
@@ -115,12 +127,15 @@ class Segment:
             stop = "stop"
             if self.request.warm_up:
                 rollout.take_in_without_sampling(self._prefix_changed)
+            elif self.waits:
+                stop = await rollout.settle(prefix_changed=self._prefix_changed)
             else:
                 stop = await rollout.turn(prefix_changed=self._prefix_changed)
+            self.finishing = True
             terminal: Callable[..., ServerEvent] = ResponseCompleted
             state = ResponseState.COMPLETED
-            if stop == "max_output_tokens":
-                reply.incomplete_reason = "max_output_tokens"
+            if stop in INCOMPLETE_STOPS:
+                reply.incomplete_reason = stop
                 terminal, state = ResponseIncomplete, ResponseState.INCOMPLETE
             await reply.sink.room()
             response = reply.snapshot(state)
@@ -156,6 +171,7 @@ class Segment:
                 await reply.announce(ResponseFailed, ResponseState.FAILED)
             return None
         finally:
+            self.finishing = True
             rollout.busy = False
 
 

@@ -8,8 +8,10 @@ or cancel without ``response_id`` that follows targets it. When the model
 asks for client tools the loop pauses (``response.done`` with
 ``requires_action``); ``response.append`` brings the outputs (or steering
 input) and the loop resumes in place. ``response.cancel`` ends it.
+``response.inject`` (the multi-agent beta's append, ``longresponse.serve.inject``)
+does what an append does, and is answered with ``response.inject.created``.
 
-An append is admitted (validated, classified, redacted or refused by the
+An append or inject is admitted (validated, classified, redacted or refused by the
 secrets policy) by :meth:`AppendShape.admit`, which the protocol core calls
 after its own checks and before it records the append: a refused append
 changes nothing, and its calls stay pending.
@@ -24,14 +26,13 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-import msgspec
-
 from protocol import ErrorCode, RemoteProtocolError, ResponseTrack
 from protocol.events import (
     ClientEvent,
     ResponseAppend,
     ResponseCancel,
     ResponseCreate,
+    ResponseInject,
 )
 from protocol.items import as_items
 from protocol.response import Response
@@ -42,6 +43,7 @@ from ..engine.rollout import Rollout
 from ..engine.stream import EventSink, StreamClosed
 from ..ids import new_id
 from .continuation import check_continuation
+from .inject import acknowledge, admit_input, take_input
 from .turns import Turns
 
 __all__ = ["AppendShape"]
@@ -80,23 +82,19 @@ class AppendShape:
     # --- admission, before the protocol core records the event ----------------
 
     def admit(self, event: ClientEvent, track: ResponseTrack | None) -> ClientEvent:
-        """Validate and classify an append's items; return it with the admitted items.
+        """Validate and classify an append's or inject's items; return it with the
+        admitted items.
 
         Raises :class:`ProtocolError` to refuse it (the protocol core then
-        records nothing).
+        records nothing); an inject also when its rollout is already ending.
         """
         self._target_id = track.response_id if track is not None else None
-        if not isinstance(event, ResponseAppend) or track is None:
+        if not isinstance(event, ResponseAppend | ResponseInject) or track is None:
             return event
         rollout = self._target()
-        admission = self.turns.pipeline.admit(
-            as_items(event.input),
-            history=rollout.history(),
-            tools=rollout.request.tools,
-            compactor=rollout.compactor,
-        )
-        self._admitted = admission
-        return msgspec.structs.replace(event, input=admission.items)
+        finished = isinstance(event, ResponseInject) and rollout.terminal
+        event, self._admitted = admit_input(self.turns, rollout, event, finished=finished)
+        return event
 
     # --- recorded events --------------------------------------------------------
 
@@ -104,8 +102,10 @@ class AppendShape:
         try:
             if isinstance(event, ResponseCreate):
                 self._create(event, decode)
-            elif isinstance(event, ResponseAppend):
-                self._append(event, received_at, decode)
+            elif isinstance(event, ResponseAppend | ResponseInject):
+                self._append(received_at, decode)
+                if isinstance(event, ResponseInject):
+                    acknowledge(self.sink, self.sink.track(event.response_id))
             elif isinstance(event, ResponseCancel):
                 self._target().request_cancel()
             # response.processed: tolerated, never answered
@@ -184,16 +184,22 @@ class AppendShape:
             )
         return rollout
 
-    def _append(self, event: ResponseAppend, received_at: float, decode: float) -> None:
-        rollout = self._target()
+    def _append(self, received_at: float, decode: float) -> None:
         admission = self._admitted
         assert admission is not None  # admit() ran for this append
         self._admitted = None
-        rollout.note_admission(
-            admission.verdicts,
-            decode=decode,
-            validate=admission.validate_seconds,
-            classify=admission.classify_seconds,
+        take_input(self._target(), admission, received_at=received_at, decode=decode)
+
+    # --- graceful shutdown ----------------------------------------------------------
+
+    @property
+    def busy(self) -> bool:
+        """A turn is running: a rollout whose loop is alive and not paused for tool outputs."""
+        return any(
+            rollout.task is not None and not rollout.task.done() and not rollout.awaiting_input
+            for rollout in self.rollouts.values()
         )
-        rollout.accept(admission.items, received_at)
+
+    def stop_intake(self) -> None:
+        """Shutdown: nothing waits to start in append mode (a create starts at once)."""
 

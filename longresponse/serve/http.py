@@ -152,6 +152,7 @@ class ResponsesHTTP:
                     param="stream_id",
                 )
             self.turns.check_background(body, transport=TRANSPORT)
+            self.turns.waits_in_place(body, beta=False, transport=TRANSPORT)
             model = self.turns.resolve(body)
             self.turns.check_metadata(body)
             decoded = time.perf_counter()

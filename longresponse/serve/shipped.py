@@ -17,6 +17,12 @@ named lanes and ``max_queued`` waiting requests per connection. Every event of
 a named lane carries its ``stream_id``. A create is checked when it arrives
 (lane, queue, ``background``); the rest of its turn (continuation, model,
 admission: ``longresponse.serve.turns``) runs when its lane reaches it.
+
+On a connection opened with the multi-agent beta, a create with
+``multi_agent: {"enabled": true}`` gets a segment that waits in place at
+client tool calls (``Segment.waits``) instead of ending there; its lane stays
+busy until it ends. ``response.inject`` brings the outputs
+(``longresponse.serve.inject``) into the segment it names.
 """
 
 from __future__ import annotations
@@ -30,15 +36,17 @@ from collections.abc import Callable, Coroutine
 from typing import Any, Final, Protocol
 
 from protocol import ErrorCode, ProtocolError, RemoteProtocolError, ResponseTrack
-from protocol.events import ClientEvent, ResponseCreate
+from protocol.events import ClientEvent, ResponseCreate, ResponseInject
 from protocol.items import as_items
 
 from ..config import ServerConfig
+from ..engine.admission import Admission
 from ..engine.rollout import Rollout
-from ..engine.segment import Boundary
+from ..engine.segment import Boundary, Segment
 from ..engine.stream import EventSink, StreamClosed
 from ..ids import new_id
 from .continuation import continue_from
+from .inject import acknowledge, admit_input, take_input
 from .turns import Turns
 
 __all__ = ["STREAM_ID_PATTERN", "Lane", "SegmentCache", "ShippedShape"]
@@ -152,10 +160,18 @@ class ShippedShape:
         spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]],
         send_timing: bool = False,
         owner: str = "",
+        multi_agent: bool = False,
     ) -> None:
         self.config = config
         self.turns = turns
         self.sink = sink
+        #: The connection was opened with the multi-agent beta.
+        self.multi_agent = multi_agent
+        #: Requests past their lane's queue and not yet finished, and the
+        #: segments among them, by response id (what an inject targets).
+        self.active = 0
+        self.running: dict[str, Segment] = {}
+        self._admitted: Admission | None = None
         self.cache = SegmentCache(config.connection_cache_bytes)
         self.lanes: dict[str | None, Lane] = {}
         self._spawn = spawn
@@ -168,11 +184,36 @@ class ShippedShape:
         self.hydrations = 0
 
     def admit(self, event: ClientEvent, track: ResponseTrack | None) -> ClientEvent:
-        return event  # a create is admitted when its lane runs it (after its continuation)
+        """An inject's items, admitted for the segment it names. (A create is
+        admitted when its lane runs it, after its continuation.)
+
+        Raises :class:`RemoteProtocolError` for a segment that does not wait
+        for input (created without ``multi_agent``) or whose turns are over.
+        """
+        if not isinstance(event, ResponseInject) or track is None:
+            return event
+        segment = self.running.get(track.response_id)
+        if segment is None or not segment.waits:
+            raise RemoteProtocolError(
+                f"Response {track.response_id!r} was created without multi_agent, so it takes "
+                "no injected input; continue it with response.create and previous_response_id.",
+                code=ErrorCode.INVALID_VALUE,
+                param="response_id",
+            )
+        event, self._admitted = admit_input(
+            self.turns, segment.rollout, event, finished=segment.finishing
+        )
+        return event
 
     def handle(self, event: ClientEvent, received_at: float, decode: float) -> None:
         if isinstance(event, ResponseCreate):
             self.submit(event, received_at, decode)
+        elif isinstance(event, ResponseInject):
+            admission, self._admitted = self._admitted, None
+            assert admission is not None  # admit() ran for this inject
+            segment = self.running[event.response_id]
+            take_input(segment.rollout, admission, received_at=received_at, decode=decode)
+            acknowledge(self.sink, self.sink.track(event.response_id))
         # response.processed: tolerated, never answered
 
     # --- admission (synchronous, in the connection's read loop) -------------
@@ -197,6 +238,7 @@ class ShippedShape:
                     param="stream_id",
                 )
         self.turns.check_background(request, transport=TRANSPORT)
+        self.turns.waits_in_place(request, beta=self.multi_agent, transport=TRANSPORT)
         if self.queued >= self.config.max_queued:
             raise RemoteProtocolError(
                 f"{self.queued} requests are already waiting on this connection; the limit is "
@@ -215,9 +257,10 @@ class ShippedShape:
 
     async def _serve_lane(self, lane: Lane) -> None:
         while lane.queue:
-            queued = lane.queue[0]
             async with self._in_flight:
-                lane.queue.popleft()
+                if not lane.queue:  # dropped by a graceful shutdown while waiting
+                    return
+                queued = lane.queue.popleft()
                 self.queued -= 1
                 try:
                     await self._run(queued.request, lane.name, queued.received_at, queued.decode)
@@ -238,6 +281,15 @@ class ShippedShape:
                     )
 
     async def _run(
+        self, request: ResponseCreate, lane: str | None, received_at: float, decode: float
+    ) -> None:
+        self.active += 1
+        try:
+            await self._run_segment(request, lane, received_at, decode)
+        finally:
+            self.active -= 1
+
+    async def _run_segment(
         self, request: ResponseCreate, lane: str | None, received_at: float, decode: float
     ) -> None:
         self.turns.check_metadata(request)
@@ -267,16 +319,38 @@ class ShippedShape:
             send_timing=self.send_timing,
             decode=decode,
             owner=self.owner,
+            waits=self.turns.waits_in_place(request, beta=self.multi_agent, transport=TRANSPORT),
         )
         self.segments_run += 1
-        boundary = await self.turns.run_segment(
-            started,
-            owner=self.owner,
-            transport=TRANSPORT,
-            history=continuation.history,
-            received_at=received_at,
-        )
+        assert started.segment is not None
+        self.running[started.reply.id] = started.segment
+        try:
+            boundary = await self.turns.run_segment(
+                started,
+                owner=self.owner,
+                transport=TRANSPORT,
+                history=continuation.history,
+                received_at=received_at,
+            )
+        finally:
+            del self.running[started.reply.id]
         # A failed segment leaves its Rollout broken: no continuation in place,
         # but its earlier boundaries stay valid to fork from.
         if boundary is not None:
             self.cache.add(started.rollout, boundary)
+
+    # --- graceful shutdown ----------------------------------------------------------
+
+    @property
+    def busy(self) -> bool:
+        """A turn is running: some request past its queue is not a segment waiting,
+        paused, for injected tool outputs."""
+        waiting = sum(1 for segment in self.running.values() if segment.rollout.awaiting_input)
+        return self.active > waiting
+
+    def stop_intake(self) -> None:
+        """Shutdown: drop the requests still waiting in their lanes (they have sent
+        nothing; the client resends them on its next connection)."""
+        for lane in self.lanes.values():
+            self.queued -= len(lane.queue)
+            lane.queue.clear()

@@ -37,9 +37,10 @@ from protocol.response import Response, ResponseError
 from ..config import ServerConfig
 from ..engine.admission import Pipeline
 from ..engine.compaction import CompactionKey, Compactor, check_context_management
+from ..engine.failures import TurnRefused
 from ..engine.models import ModelRegistry, ModelSpec, check_sim_metadata
 from ..engine.reply import Reply
-from ..engine.rollout import Rollout, TurnRefused
+from ..engine.rollout import Rollout
 from ..engine.segment import Boundary, Segment
 from ..engine.stream import EventSink
 from ..storage.persistence import Persistence, StoreWriteFailed
@@ -119,6 +120,28 @@ class Turns:
                 param="background",
             )
 
+    def waits_in_place(self, request: ResponseCreate, *, beta: bool, transport: str) -> bool:
+        """Whether ``request`` asks for a multi-agent Response (``multi_agent.enabled``),
+        which waits in place for ``response.inject`` at client tool calls.
+
+        Raises :class:`RemoteProtocolError` where it cannot be served: over
+        HTTP, or on a WebSocket opened without the multi-agent beta (``beta``).
+        """
+        if request.multi_agent is None or not request.multi_agent.enabled:
+            return False
+        if transport == "http" or not beta:
+            where = (
+                "over HTTP by this server (it waits for response.inject on a WebSocket)"
+                if transport == "http"
+                else "without the header 'OpenAI-Beta: responses_multi_agent=v1' on the upgrade"
+            )
+            raise RemoteProtocolError(
+                f"multi_agent is not available {where}.",
+                code=ErrorCode.INVALID_VALUE,
+                param="multi_agent",
+            )
+        return True
+
     def check_metadata(self, request: ResponseCreate) -> None:
         """The simulated model's ``sim_*`` metadata. Raises :class:`RemoteProtocolError`."""
         check_sim_metadata(request.metadata)
@@ -151,6 +174,7 @@ class Turns:
         send_timing: bool = False,
         decode: float = 0.0,
         owner: str = "",
+        waits: bool = False,
     ) -> Started:
         """Model, admission and the rollout of one turn (nothing runs yet).
 
@@ -160,7 +184,8 @@ class Turns:
 
         Append mode (``transport="append"``) gets a new rollout writing one
         Reply for all its turns; the shipped shapes get a :class:`Segment` of
-        ``rollout`` (a continuation or a fork), or of a new rollout. ``model``
+        ``rollout`` (a continuation or a fork), or of a new rollout, that
+        ``waits`` in place at client tool calls if asked (multi-agent). ``model``
         is the model when the caller resolved it already; compaction items
         are sealed and opened for ``owner``. Raises
         :class:`RemoteProtocolError`; nothing is accepted then.
@@ -192,6 +217,7 @@ class Turns:
                 sink=sink,
                 stream_id=stream_id,
                 send_timing=send_timing,
+                waits=waits,
             )
             reply = segment.reply
         rollout.compactor = compactor

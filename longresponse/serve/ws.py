@@ -5,8 +5,8 @@ Theory of operation
 ``GET /v1/responses`` upgraded to a WebSocket reaches :class:`ResponsesEndpoint`,
 which checks the API key (401 before any state is created), picks the
 connection's mode from the handshake (append mode when asked for by
-subprotocol or beta header, the shipped shape otherwise) and runs a
-:class:`Session`.
+subprotocol or beta header, the shipped shape otherwise; the multi-agent beta,
+``response.inject``, by its own beta header) and runs a :class:`Session`.
 
 The :class:`Outbox` is the connection's :class:`EventSink`: it owns the
 server-role protocol ``Connection`` (every event is checked and recorded
@@ -22,7 +22,17 @@ outbox to the socket), the lifetime timer, and whatever the shape spawns
 (one sampling loop per rollout, one task per lane). The shape is
 :class:`~longresponse.serve.append.AppendShape` or
 :class:`~longresponse.serve.shipped.ShippedShape`. Request errors become
-one ``error`` event; nothing changes and the connection stays usable.
+one ``error`` event (or the reply the protocol core attached, such as
+``response.inject.failed``); nothing changes and the connection stays usable,
+unless the core says it must close (a schema-invalid ``response.inject``).
+
+Graceful shutdown (:meth:`ResponsesEndpoint.drain`, called before uvicorn
+shuts its connections: ``longresponse.serve.shutdown``): every session stops
+taking client messages and drops the requests still queued, lets its running
+turns finish (a paused rollout is not running: it waits for its client), then
+closes with 1012 (Service Restart: clients reconnect and resend). A session
+still busy when the drain timeout runs out is closed 1012 at once, its turns
+cut off.
 """
 
 from __future__ import annotations
@@ -34,7 +44,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from protocol import (
     APPEND_BETA_HEADER,
@@ -60,9 +70,24 @@ from .seam import abort
 from .shipped import ShippedShape
 from .turns import Turns
 
-__all__ = ["ASGIReceive", "ASGISend", "Outbox", "ResponsesEndpoint", "Session"]
+__all__ = [
+    "DRAIN_POLL_INTERVAL",
+    "MULTI_AGENT_BETA",
+    "ASGIReceive",
+    "ASGISend",
+    "Outbox",
+    "ResponsesEndpoint",
+    "Session",
+]
 
 log = logging.getLogger(__name__)
+
+#: The ``OpenAI-Beta`` value that opens a connection to the multi-agent beta
+#: (``response.inject`` and ``multi_agent`` creates in the shipped shape).
+MULTI_AGENT_BETA: Final = "responses_multi_agent=v1"
+#: How often a graceful shutdown looks which sessions' turns are done (it
+#: polls, as uvicorn's own shutdown does: a turn ends in many places).
+DRAIN_POLL_INTERVAL: Final = 0.02
 
 ASGIReceive = Callable[[], Awaitable[dict[str, Any]]]
 ASGISend = Callable[[dict[str, Any]], Awaitable[None]]
@@ -75,6 +100,12 @@ class Shape(Protocol):
 
     def handle(self, event: ClientEvent, received_at: float, decode: float) -> None: ...
 
+    @property
+    def busy(self) -> bool:
+        """A turn is running (graceful shutdown waits for it)."""
+
+    def stop_intake(self) -> None: ...
+
 
 class _SessionOver(Exception):
     """Raised inside the session's task group to end every task it holds."""
@@ -83,13 +114,14 @@ class _SessionOver(Exception):
 class Outbox:
     """The connection's protocol core and its bounded queue of encoded events."""
 
-    def __init__(self, config: ServerConfig, mode: Mode) -> None:
+    def __init__(self, config: ServerConfig, mode: Mode, *, multi_agent: bool = False) -> None:
         self.config = config
         self.connection = Connection(
             Role.SERVER,
             mode,
             max_message_bytes=config.max_message_bytes,
             max_items_per_event=config.max_items_per_event,
+            multi_agent=multi_agent,
         )
         self._queue: collections.deque[bytes] = collections.deque()
         self._ready = asyncio.Event()
@@ -188,9 +220,10 @@ class Session:
         mode: Mode = Mode.APPEND,
         send_timing: bool = False,
         owner: str = "",
+        multi_agent: bool = False,
     ) -> None:
         self.config = config
-        self.outbox = Outbox(config, mode)
+        self.outbox = Outbox(config, mode, multi_agent=multi_agent)
         self._tasks: asyncio.TaskGroup | None = None
         #: The shipped shape's lanes and segment cache (shipped mode only).
         self.shipped: ShippedShape | None = None
@@ -199,13 +232,21 @@ class Session:
         self.shape: Shape
         if mode is Mode.SHIPPED:
             self.shape = self.shipped = ShippedShape(
-                config, turns, self.outbox, spawn=self.spawn, send_timing=send_timing, owner=owner
+                config,
+                turns,
+                self.outbox,
+                spawn=self.spawn,
+                send_timing=send_timing,
+                owner=owner,
+                multi_agent=multi_agent,
             )
         else:
             self.shape = self.append = AppendShape(
                 config, turns, self.outbox, spawn=self.spawn, send_timing=send_timing, owner=owner
             )
         self._decoded_at = 0.0
+        #: Graceful shutdown has begun: client messages are no longer read.
+        self.draining = False
 
     # what tests and operators look at
     @property
@@ -281,7 +322,14 @@ class Session:
             self.handle_message(data, received_at)
 
     def handle_message(self, data: str | bytes, received_at: float) -> None:
-        """Decode, check, admit and act on one client message; errors become error events."""
+        """Decode, check, admit and act on one client message; errors become error events.
+
+        Once the session is closing (draining, or closed for a bad inject),
+        messages are dropped unread; on a 1012 the client resends them on its
+        next connection.
+        """
+        if self.draining or self.outbox.closing is not None:
+            return
         self._decoded_at = received_at
         event: object = None
         try:
@@ -294,11 +342,34 @@ class Session:
                 error.stream_id = None  # the refused name is not a lane
             elif isinstance(event, ResponseCreate) and isinstance(event.stream_id, str):
                 error.stream_id = event.stream_id
-            self.outbox.error(error)
+            if error.reply is not None:
+                self.outbox.push(error.reply)  # e.g. response.inject.failed
+            else:
+                self.outbox.error(error)
+            if error.close_code is not None:
+                self.outbox.close(error.close_code, error.code)
 
     def _admit(self, event: ClientEvent, track: ResponseTrack | None) -> ClientEvent:
         self._decoded_at = time.perf_counter()  # decoded and checked: admission starts
         return self.shape.admit(event, track)
+
+    # --- graceful shutdown ----------------------------------------------------
+
+    def stop_intake(self) -> None:
+        """Drop client messages from now on, and the requests still queued."""
+        self.draining = True
+        self.shape.stop_intake()
+
+    @property
+    def busy(self) -> bool:
+        """A turn is running on this connection."""
+        return self.shape.busy
+
+    def restart(self) -> None:
+        """Close with 1012, Service Restart, once the events already queued are out
+        (a no-op if the session is already closing)."""
+        self.stop_intake()
+        self.outbox.close(int(CLOSE_CODES["server_shutdown"]), "service restart")
 
 
 class ResponsesEndpoint:
@@ -310,12 +381,37 @@ class ResponsesEndpoint:
         self.keys = keys or ApiKeys()
         self.live_sessions = 0  # for tests and metrics
         self.last_session: Session | None = None
+        #: The sessions being served, for a graceful shutdown.
+        self.sessions: set[Session] = set()
+        self.draining = False
 
     def wants_append(self, scope: dict[str, Any], headers: dict[str, list[str]]) -> bool:
         if APPEND_SUBPROTOCOL in scope.get("subprotocols", []):
             return True
-        betas = ",".join(headers.get("openai-beta", []))
-        return APPEND_BETA_HEADER in (b.strip() for b in betas.split(","))
+        return APPEND_BETA_HEADER in _betas(headers)
+
+    async def drain(self, *, abandon: Callable[[], bool] = lambda: False) -> None:
+        """Graceful shutdown: every session stops reading, and closes 1012 as soon as
+        no turn of it is running; returns when every session has ended.
+
+        If ``abandon()`` turns true, or the drain is cancelled (the caller's
+        timeout), every session still open is closed 1012 at once, its turns
+        cut off.
+        """
+        self.draining = True
+        try:
+            for session in list(self.sessions):
+                session.stop_intake()
+            while self.sessions and not abandon():
+                for session in list(self.sessions):
+                    if not session.busy:
+                        session.restart()
+                await asyncio.sleep(DRAIN_POLL_INTERVAL)
+        finally:
+            if self.sessions:
+                log.warning("shutdown: closing %d busy sessions now", len(self.sessions))
+            for session in list(self.sessions):
+                session.restart()
 
     async def _refuse(self, scope: dict[str, Any], send: ASGISend, message: str) -> None:
         body = json.dumps(
@@ -351,17 +447,33 @@ class ResponsesEndpoint:
         )
         timing = any(v.strip().lower() == "true" for v in headers.get(TIMING_HEADER, []))
         mode = Mode.APPEND if self.wants_append(scope, headers) else Mode.SHIPPED
-        session = Session(self.config, self.turns, mode=mode, send_timing=timing, owner=owner)
+        session = Session(
+            self.config,
+            self.turns,
+            mode=mode,
+            send_timing=timing,
+            owner=owner,
+            multi_agent=MULTI_AGENT_BETA in _betas(headers),
+        )
+        if self.draining:  # accepted as the server began to stop: it will not serve
+            session.restart()
         session.outbox.drop = lambda: abort(scope, "slow WebSocket reader")
         # Counted before the handshake completes, so a client that sees the
         # 101 also sees its session counted.
         self.live_sessions += 1
         self.last_session = session
+        self.sessions.add(session)
         try:
             await send({"type": "websocket.accept", "subprotocol": subprotocol})
             await session.serve(receive, send)
         finally:
             self.live_sessions -= 1
+            self.sessions.discard(session)
+
+
+def _betas(headers: dict[str, list[str]]) -> set[str]:
+    """The ``OpenAI-Beta`` values: each header may be a comma-separated list."""
+    return {b.strip() for value in headers.get("openai-beta", []) for b in value.split(",")}
 
 
 def _headers(scope: dict[str, Any]) -> dict[str, list[str]]:

@@ -1,0 +1,70 @@
+"""How a turn can fail: the context window, post-inference refusals, and the error sent.
+
+:func:`fit_window` holds a rollout's context to its model's window as the
+shipped ``truncation`` setting says (drop the oldest items, or fail with
+:class:`ContextLengthExceeded`). :class:`TurnRefused` is raised by the serve
+layer's post-inference work when it cannot accept a finished turn (a
+``store=true`` write that failed). :func:`failure` is the ``error`` a
+response that failed while running reports.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from protocol.response import ResponseError
+
+from .render import items_to_drop, render_item, render_prefix
+
+if TYPE_CHECKING:
+    from .rollout import Rollout
+
+__all__ = ["ContextLengthExceeded", "TurnRefused", "failure", "fit_window"]
+
+log = logging.getLogger(__name__)
+
+
+class ContextLengthExceeded(Exception):
+    """The context is longer than the model's window and truncation is off."""
+
+
+class TurnRefused(Exception):
+    """Post-inference work could not accept the turn's result (e.g. the store
+    failed a ``store=true`` write): the response ends ``failed`` with ``error``."""
+
+    def __init__(self, error: ResponseError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+def fit_window(rollout: Rollout) -> bool:
+    """History + new tokens against the model's window (shipped ``truncation`` rules).
+
+    ``truncation: "auto"`` drops the oldest items until the context fits
+    (the rest is rendered again; the model has to prefill it all) and
+    returns True; otherwise :class:`ContextLengthExceeded` ends the
+    response ``failed``.
+    """
+    window = rollout.model.context_window
+    if len(rollout.tokens) <= window:
+        return False
+    if rollout.request.truncation != "auto":
+        raise ContextLengthExceeded(rollout.model.too_long(len(rollout.tokens)))
+    prefix = render_prefix(rollout.request.instructions, rollout.request.tools)
+    lengths = [len(render_item(item)) for item in rollout.context]
+    del rollout.context[: items_to_drop(len(prefix), lengths, window)]
+    rollout.tokens = rollout.tokens.rerendered(prefix, rollout.context)
+    rollout.model_seen = 0
+    rollout.truncated = True
+    return True
+
+
+def failure(exc: Exception, response_id: str) -> ResponseError:
+    """The ``error`` of a response that failed while running."""
+    if isinstance(exc, ContextLengthExceeded):
+        return ResponseError(code="context_length_exceeded", message=str(exc))
+    if isinstance(exc, TurnRefused):
+        return exc.error
+    log.exception("response %s failed", response_id, exc_info=exc)
+    return ResponseError(code="server_error", message="The model failed.")
