@@ -17,6 +17,8 @@ transport (a :class:`Transport`: a client shape and the server flags it needs):
 ``ws-full``      the shipped WebSocket shape resending the whole input.
 ``ws``           the shipped WebSocket shape with ``previous_response_id``
                  (``store: false``; the connection-scoped cache).
+``ws-stored``    ``ws`` with ``store: true``: each response is durable in the
+                 store before its terminal event (what that write costs a turn).
 ``append``       one long-running Response continued with ``response.append``.
 ``ws-sdk``       ``ws`` driven by the official ``openai`` SDK, unchanged.
 ``http-sdk``     ``http`` driven by the official SDK.
@@ -66,6 +68,7 @@ BASE_TRANSPORTS: Final = (
     "http-cached",
     "ws-full",
     "ws",
+    "ws-stored",
     "append",
     "http-sdk",
     "ws-sdk",
@@ -73,7 +76,7 @@ BASE_TRANSPORTS: Final = (
 #: Transports driven by the official ``openai`` SDK (its sync client, in a worker thread).
 SDK_TRANSPORTS: Final = ("http-sdk", "ws-sdk")
 #: Transports whose continuation frames get an echo floor (WebSocket, shipped or append).
-ECHO_SHAPES: Final = ("append", "ws", "ws-full", "ws-sdk")
+ECHO_SHAPES: Final = ("append", "ws", "ws-stored", "ws-full", "ws-sdk")
 #: The pipeline's reuse switches, as ``longresponse serve --no-<switch>`` flags.
 ABLATION_SWITCHES: Final = (
     "incremental-validation",
@@ -87,7 +90,16 @@ ABLATED: Final = ("append", "ws")
 #: The transports of the growth scenario (targets 1 and 2).
 GROWTH_TRANSPORTS: Final = ("append", "ws", "http")
 #: Transports that need no server flag of their own (usable with ``--url``).
-URL_TRANSPORTS: Final = ("http", "http-full", "ws-full", "ws", "append", "http-sdk", "ws-sdk")
+URL_TRANSPORTS: Final = (
+    "http",
+    "http-full",
+    "ws-full",
+    "ws",
+    "ws-stored",
+    "append",
+    "http-sdk",
+    "ws-sdk",
+)
 
 #: How the simulated model's own time for a turn is computed (:meth:`Workload.model_ms`).
 MODEL_TIME_FORMULA: Final = (
@@ -129,7 +141,7 @@ class Transport:
 
     @property
     def websocket(self) -> bool:
-        return self.shape in ("append", "ws", "ws-full", "ws-sdk")
+        return self.shape in ("append", "ws", "ws-stored", "ws-full", "ws-sdk")
 
     @property
     def sdk(self) -> bool:
@@ -141,7 +153,7 @@ class Transport:
 
     @property
     def store(self) -> bool:
-        return self.shape in ("http", "http-cached", "http-sdk")
+        return self.shape in ("http", "http-cached", "http-sdk", "ws-stored")
 
     @property
     def server_flags(self) -> tuple[str, ...]:
