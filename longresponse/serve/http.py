@@ -42,7 +42,7 @@ from ..ids import new_id
 from ..storage.keys import ApiKeys, Unauthorized
 from ..storage.persistence import Persistence
 from .background import BackgroundResponses, check_cancellable
-from .continuation import continue_from
+from .continuation import Continuation, continue_from
 from .http_sinks import SSE_QUEUE_DEPTH, RecordingSink, SSESink
 from .seam import abort
 from .turns import Started, Turns
@@ -157,22 +157,7 @@ class ResponsesHTTP:
             self.turns.check_metadata(body)
             decoded = time.perf_counter()
             new_items = as_items(body.input)
-            if len(new_items) > self.config.max_items_per_event:
-                raise RemoteProtocolError(
-                    f"The request carries {len(new_items)} input items; the limit is "
-                    f"{self.config.max_items_per_event}.",
-                    code=ErrorCode.TOO_MANY_ITEMS,
-                    param="input",
-                )
-            continuation = await continue_from(
-                body.previous_response_id,
-                new_items,
-                lookup=_nothing_cached,
-                evict=_nothing_cached,
-                lane=None,
-                persistence=self.persistence,
-                owner=owner,
-            )
+            continuation = await self.stored_continuation(body, new_items, owner)
             if body.background:  # owned by the server from here on
                 return await self.background.create(
                     body,
@@ -203,6 +188,31 @@ class ResponsesHTTP:
         if body.stream:
             return StreamingResponse(run.sse(), media_type="text/event-stream")
         return await run.json()
+
+    async def stored_continuation(
+        self, body: ResponseCreate, new_items: list[Item], owner: str
+    ) -> Continuation:
+        """Where an HTTP request continues from: the store (HTTP keeps nothing else).
+
+        Raises :class:`RemoteProtocolError`: too many input items, or the
+        continuation rules (``longresponse.serve.continuation``).
+        """
+        if len(new_items) > self.config.max_items_per_event:
+            raise RemoteProtocolError(
+                f"The request carries {len(new_items)} input items; the limit is "
+                f"{self.config.max_items_per_event}.",
+                code=ErrorCode.TOO_MANY_ITEMS,
+                param="input",
+            )
+        return await continue_from(
+            body.previous_response_id,
+            new_items,
+            lookup=_nothing_cached,
+            evict=_nothing_cached,
+            lane=None,
+            persistence=self.persistence,
+            owner=owner,
+        )
 
     # --- the other endpoints -----------------------------------------------------
 

@@ -35,7 +35,6 @@ from protocol import ErrorCode, ProtocolError, RemoteProtocolError, decode_creat
 from protocol.items import as_items
 
 from ..engine.render import items_to_drop, render_item, render_prefix
-from .continuation import continue_from
 from .http import ResponsesHTTP, http_error
 
 __all__ = ["COUNT_PARAMETERS", "InputTokens"]
@@ -52,9 +51,6 @@ COUNT_PARAMETERS: Final = frozenset(
 #: Reads just the top-level keys (the create decoder has checked the values).
 _keys_decoder: Final = msgspec.json.Decoder(dict[str, msgspec.Raw])
 
-
-def _nothing_cached(response_id: str) -> None:
-    return None  # like HTTP: every parent comes from the store
 
 
 class InputTokens:
@@ -81,15 +77,7 @@ class InputTokens:
                     )
             model = http.turns.resolve(body)
             new_items = as_items(body.input)
-            continuation = await continue_from(
-                body.previous_response_id,
-                new_items,
-                lookup=_nothing_cached,
-                evict=_nothing_cached,
-                lane=None,
-                persistence=http.persistence,
-                owner=owner,
-            )
+            continuation = await http.stored_continuation(body, new_items, owner)
             admission = http.turns.pipeline.admit(
                 new_items,
                 history=continuation.history,
