@@ -162,6 +162,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="listen on a non-loopback address without API keys (refused otherwise)",
     )
     serve.add_argument(
+        "--ws-compression",
+        choices=("on", "off"),
+        default="on" if limits.WS_COMPRESSION else "off",
+        help="accept permessage-deflate when a WebSocket client offers it (the openai SDK "
+        "and the websockets library do); off costs less memory per connection and CPU",
+    )
+    serve.add_argument(
         "--http-token-cache",
         action="store_true",
         help="HTTP: keep each response's rendered tokens in a process-wide cache, so a "
@@ -290,6 +297,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         secrets_policy=args.secrets_policy,
         compaction_key=args.compaction_key,
         http_token_cache=args.http_token_cache,
+        ws_compression=args.ws_compression == "on",
         max_background=args.max_background,
         background_log_bytes=args.background_log_bytes,
         background_endings_bytes=args.background_endings_bytes,
@@ -324,6 +332,7 @@ def uvicorn_config(config: ServerConfig, *, log_level: str = "info") -> object:
         # stays usable; uvicorn refuses (close 1009) beyond twice that, before
         # buffering more.
         ws_max_size=2 * config.max_message_bytes,
+        ws_per_message_deflate=config.ws_compression,
         lifespan="on",
         log_level=log_level,
     )

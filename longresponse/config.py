@@ -24,6 +24,7 @@ __all__ = [
     "SEND_QUEUE_DEPTH",
     "SHUTDOWN_DRAIN_TIMEOUT",
     "SLOW_READER_TIMEOUT",
+    "WS_COMPRESSION",
     "ServerConfig",
     "SimConfig",
     "Switches",
@@ -53,6 +54,13 @@ CONNECTION_LIFETIME: Final = 3600.0
 #: Where stored responses go: ``sqlite:///path``, ``redis://host:port/db``
 #: or ``memory://`` (see ``longresponse.storage.backends``).
 DEFAULT_STORE: Final = "sqlite://longresponse-data/responses.db"
+#: WebSocket compression (permessage-deflate), when a client offers it. Off:
+#: measured with the `websockets` client at its defaults (which offers it),
+#: compression costs a paused connection a compressor and a decompressor
+#: (about 10 times the memory of a paused rollout without it) and costs the
+#: stream rate more CPU than it saves on loopback and in data centres; the
+#: frames are small JSON events (docs/BENCHMARKS.md, "WebSocket compression").
+WS_COMPRESSION: Final = False
 #: How long a paused rollout waits for its tool outputs before it ends
 #: ``incomplete`` with reason ``pause_timeout``.
 PAUSE_TIMEOUT: Final = 600.0
@@ -121,6 +129,9 @@ class ServerConfig:
     api_keys: tuple[str, ...] = ()
     allow_unauthenticated: bool = False
     #: The HTTP path's optional process-wide token cache, and its byte budget.
+    #: Accept permessage-deflate when a client offers it (the ``websockets``
+    #: library and the official SDK do). Off by default: see WS_COMPRESSION.
+    ws_compression: bool = WS_COMPRESSION
     http_token_cache: bool = False
     http_token_cache_bytes: int = 256 * 1024 * 1024
     #: HTTP ``background: true``: responses running at once, bytes of each

@@ -34,6 +34,7 @@ class RunningServer:
                 port=0,
                 ws="wsproto",
                 ws_max_size=2 * config.max_message_bytes,
+                ws_per_message_deflate=config.ws_compression,
                 lifespan="on",
                 log_level="warning",
             )
