@@ -118,3 +118,27 @@ def test_connection_cap_reports_its_reason() -> None:
     assert 1 <= capped < 10**9
     assert reason is not None
     assert reason.startswith(f"capped at {capped:,}")
+
+
+async def test_a_failed_rollout_is_recorded_and_the_run_goes_on() -> None:
+    """One rollout that fails (nothing listens) leaves a record the rest of the run reads."""
+    from longresponse.bench import measure
+    from longresponse.bench.conversation import Endpoint
+    from longresponse.bench.options import Transport, Workload
+    from longresponse.server_process import free_port
+
+    endpoint = Endpoint.from_url(f"ws://127.0.0.1:{free_port()}/v1/responses")
+    workload = Workload(
+        tool_calls=1,
+        output_tokens=10,
+        tool_latency_ms=0.0,
+        tokens_per_second=0.0,
+        ttft_ms=0.0,
+        prefill_tokens_per_second=0.0,
+    )
+    for name in ("append", "http"):
+        record = await measure.run_rollout(endpoint, Transport.parse(name), workload)
+        assert record["error"]
+        assert record["frames"] == []
+        record.update(transport=name, scenario="main", shape=name, switch_off=None)
+        assert measure.echo_floor([record], []) is None  # nothing to replay, no KeyError

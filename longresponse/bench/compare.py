@@ -274,7 +274,7 @@ def run_bench(options: BenchOptions) -> dict[str, Any]:
         bar.set_description("echo floor")
         echo = echo_floor(rollouts, notes) if options.echo else None
     for record in rollouts:
-        del record["frames"]
+        record.pop("frames", None)
     document = {
         "meta": {
             "command": "longresponse bench " + " ".join(sys.argv[2:])

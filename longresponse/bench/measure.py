@@ -108,7 +108,12 @@ async def run_rollout(
     try:
         turns, answer = await drive(endpoint, transport, workload, via_url=via_url)
     except Exception as exc:  # recorded; the run goes on with the other transports
-        return {"error": f"{type(exc).__name__}: {exc}", "turns": [], "final_answer": None}
+        return {
+            "error": f"{type(exc).__name__}: {exc}",
+            "turns": [],
+            "final_answer": None,
+            "frames": [],
+        }
     e2e_ms = (time.perf_counter() - started) * 1000
     rows = [
         turn_row(turn, turns[i - 1] if i else None, workload, transport.shape)
