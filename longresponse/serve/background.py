@@ -64,7 +64,7 @@ from protocol.response import Response, ResponseError
 from ..config import BACKGROUND_ENDINGS_BYTES, BACKGROUND_LOG_BYTES, MAX_BACKGROUND
 from ..engine.models import ModelSpec
 from ..ids import new_id
-from ..storage.persistence import Persistence
+from ..storage.persistence import Persistence, StoreWriteFailed
 from .turns import Started, Turns
 
 __all__ = [
@@ -307,6 +307,7 @@ class BackgroundResponses:
             cached=False,
             model=model,
             decode=decode,
+            owner=owner,
         )
         entry = self.start(started, owner=owner, history=history, received_at=received_at)
         await entry.log.opened.wait()
@@ -417,10 +418,14 @@ class BackgroundResponses:
         segment = started.segment
         assert segment is not None
 
+        start = len(started.rollout.context) + len(history)
+
         async def finishing(response: Response) -> None:
             entry.finishing = True
             entry.final = response
-            await self._bill(entry, response)
+            await self.turns.acknowledge(
+                started, response, owner=entry.owner, transport=TRANSPORT, context_from=start
+            )
 
         try:
             boundary = await segment.run(
@@ -441,14 +446,19 @@ class BackgroundResponses:
             await self._bill(entry, entry.final)  # stopped: its terminal event is in the log
 
     async def _bill(self, entry: BackgroundResponse, response: Response) -> None:
+        """A background response that did not complete: billed, and stored when the
+        store takes it (a poll then finds it); a store that is down loses only that."""
         request = entry.started.reply.request
-        await self.turns.bill(
-            response,
-            owner=entry.owner,
-            transport=TRANSPORT,
-            store_input=entry.started.items,
-            previous_response_id=request.previous_response_id,
-        )
+        try:
+            await self.turns.bill(
+                response,
+                owner=entry.owner,
+                transport=TRANSPORT,
+                store_input=entry.started.items,
+                previous_response_id=request.previous_response_id,
+            )
+        except StoreWriteFailed:
+            await self.turns.bill(response, owner=entry.owner, transport=TRANSPORT)
 
     def _ended(self, entry: BackgroundResponse) -> None:
         self._running.pop(entry.id, None)

@@ -266,13 +266,18 @@ class ResponsesHTTP:
             conversation = await self.persistence.conversation(response_id, owner=owner)
             if conversation is None:
                 raise _not_found(response_id)
-            output_count = len(conversation.last.response.output)
-            items = conversation.items[: len(conversation.items) - output_count]
+            last = conversation.last
+            if last.context is None:
+                items = conversation.items[: len(conversation.items) - len(last.response.output)]
+            else:  # the last response's items are in context order: leave out its output
+                produced = {_item_id(item) for item in last.response.output}
+                before = conversation.items[: len(conversation.items) - len(last.context)]
+                items = [*before, *(i for i in last.context if _item_id(i) not in produced)]
             if order == "desc":
                 items = items[::-1]
             after = query.get("after")
             if after is not None:
-                ids = [getattr(item, "id", None) for item in items]
+                ids = [_item_id(item) for item in items]
                 if after not in ids:
                     raise RemoteProtocolError(
                         f"No input item with id '{after}' in response '{response_id}'.",
@@ -287,8 +292,8 @@ class ResponsesHTTP:
             {
                 "object": "list",
                 "data": page,
-                "first_id": getattr(page[0], "id", None) if page else None,
-                "last_id": getattr(page[-1], "id", None) if page else None,
+                "first_id": _item_id(page[0]) if page else None,
+                "last_id": _item_id(page[-1]) if page else None,
                 "has_more": len(items) > limit,
             }
         )
@@ -345,6 +350,11 @@ class HTTPTokenCache:
         while self.nbytes > self.budget_bytes:
             _, old = self._entries.popitem(last=False)
             self.nbytes -= len(old) * old.itemsize
+
+
+def _item_id(item: Item) -> str | None:
+    item_id = getattr(item, "id", None)
+    return item_id if isinstance(item_id, str) else None
 
 
 def _nothing_cached(response_id: str) -> None:

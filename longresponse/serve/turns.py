@@ -256,27 +256,15 @@ class Turns:
     ) -> Boundary | None:
         """Run a shipped-shape turn and bill it, finished or failed."""
         assert started.segment is not None
-        request = started.segment.request
+
+        # Where this response's own items begin in the rollout's context (after
+        # any history a hydrated rollout takes in first).
+        start = len(started.rollout.context) + len(history)
 
         async def finished(response: Response) -> None:
-            try:
-                await self.bill(
-                    response,
-                    owner=owner,
-                    transport=transport,
-                    store_input=started.items if request.store else None,
-                    previous_response_id=request.previous_response_id,
-                )
-            except StoreWriteFailed as exc:
-                # Never acknowledged as completed: the response ends failed.
-                started.refused = "store_unavailable"
-                raise TurnRefused(
-                    ResponseError(
-                        code="server_error",
-                        message="The response could not be stored (store=true), so it did "
-                        "not complete; retry when the store is back.",
-                    )
-                ) from exc
+            await self.acknowledge(
+                started, response, owner=owner, transport=transport, context_from=start
+            )
 
         boundary = await started.segment.run(
             [*history, *started.items], received_at=received_at, on_finish=finished
@@ -288,6 +276,53 @@ class Turns:
 
     # --- post-inference ------------------------------------------------------------
 
+    async def acknowledge(
+        self,
+        started: Started,
+        response: Response,
+        *,
+        owner: str,
+        transport: str,
+        context_from: int | None = None,
+    ) -> None:
+        """Bill a finished shipped-shape response and, with ``store=true``, make it
+        durable, before its terminal event is sent.
+
+        A response that took input while it ran (``response.inject``) is stored
+        with its items in context order, from ``context_from``. Raises
+        :class:`TurnRefused` when the store fails the write: never acknowledged
+        as completed, the response ends failed (``started.refused`` says why).
+        """
+        request = started.reply.request
+        context = None
+        rollout = started.rollout
+        if (
+            request.store
+            and context_from is not None
+            and started.segment is not None
+            and started.segment.waits
+            and context_from <= len(rollout.context)
+        ):
+            context = rollout.context[context_from:]
+        try:
+            await self.bill(
+                response,
+                owner=owner,
+                transport=transport,
+                store_input=started.items if request.store else None,
+                previous_response_id=request.previous_response_id,
+                store_context=context,
+            )
+        except StoreWriteFailed as exc:
+            started.refused = "store_unavailable"
+            raise TurnRefused(
+                ResponseError(
+                    code="server_error",
+                    message="The response could not be stored (store=true), so it did "
+                    "not complete; retry when the store is back.",
+                )
+            ) from exc
+
     async def bill(
         self,
         response: Response,
@@ -296,6 +331,7 @@ class Turns:
         transport: str,
         store_input: Sequence[Item] | None = None,
         previous_response_id: str | None = None,
+        store_context: Sequence[Item] | None = None,
     ) -> None:
         """A finished response's post-inference work: metrics, usage ledger, store."""
         if self.metrics is not None:
@@ -308,6 +344,7 @@ class Turns:
                 transport=transport,
                 store_input=store_input,
                 previous_response_id=previous_response_id,
+                store_context=store_context,
             )
 
     def bill_nowait(self, response: Response, *, owner: str, transport: str) -> None:

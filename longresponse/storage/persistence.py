@@ -216,6 +216,7 @@ class Persistence:
         transport: str,
         store_input: Sequence[Item] | None = None,
         previous_response_id: str | None = None,
+        store_context: Sequence[Item] | None = None,
     ) -> None:
         """The post-inference work of one finished response.
 
@@ -230,6 +231,7 @@ class Persistence:
                 owner=owner,
                 input_items=store_input,
                 previous_response_id=previous_response_id,
+                context=store_context,
             )
         await self._enqueue(_usage_record(response, owner=owner, transport=transport))
 
@@ -242,6 +244,7 @@ class Persistence:
         owner: str,
         input_items: Sequence[Item],
         previous_response_id: str | None,
+        context: Sequence[Item] | None = None,
     ) -> None:
         """Write ``response`` to the store; it is durable when this returns.
 
@@ -255,6 +258,7 @@ class Persistence:
             response=response,
             input_items=stored_input_items(input_items),
             previous_response_id=previous_response_id,
+            context=stored_input_items(context) if context is not None else None,
         )
         done = asyncio.get_running_loop().create_future()
         self._pending[record.id] = done
@@ -313,12 +317,18 @@ class Persistence:
             chain.append(parent)
         items: list[Item] = []
         for record in reversed(chain):
-            items.extend(record.input_items)
-            items.extend(record.response.output)
+            if record.context is not None:
+                items.extend(record.context)
+            else:
+                items.extend(record.input_items)
+                items.extend(record.response.output)
+        answered = {
+            item.call_id for item in last.context or () if isinstance(item, FunctionCallOutput)
+        }
         pending = {
             item.call_id: item.name
             for item in last.response.output
-            if isinstance(item, FunctionCall)
+            if isinstance(item, FunctionCall) and item.call_id not in answered
         }
         return Conversation(items=items, last=last, pending=pending)
 

@@ -42,6 +42,11 @@ class StoredResponse(msgspec.Struct, frozen=True, kw_only=True):
     #: This response's own input items (ids assigned), not the whole history.
     input_items: list[Item]
     previous_response_id: str | None = None
+    #: This response's items in the order the model saw them, when input
+    #: arrived while it ran (a multi-agent response resumed by
+    #: ``response.inject``): its input, calls, their outputs and its answer.
+    #: ``None``: its input, then its output.
+    context: list[Item] | None = None
 
 
 class UsageRecord(msgspec.Struct, frozen=True, kw_only=True):

@@ -1,0 +1,109 @@
+"""The parts of the shipped surface together: what no single part's tests cover.
+
+- a background response seals and opens compaction items for its own API key;
+- a stored multi-agent response, resumed by ``response.inject`` while it ran,
+  continues from the store over HTTP (its injected outputs were stored too).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+
+from tests.conftest import openai_client
+
+KEY = "surface-key"
+READ_FILE = {
+    "type": "function",
+    "name": "read_file",
+    "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
+}
+CONVERSATION = [
+    {"role": "user", "content": "Find the bug in fizz_buzz()."},
+    {"type": "function_call", "call_id": "call_a", "name": "read_file", "arguments": "{}"},
+    {"type": "function_call_output", "call_id": "call_a", "output": "def fizz_buzz(n): ..."},
+]
+
+
+def poll(http: httpx.Client, base: str, response_id: str) -> dict[str, Any]:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        body = http.get(f"{base}/v1/responses/{response_id}").json()
+        if body["status"] not in ("queued", "in_progress"):
+            return body
+        time.sleep(0.05)
+    raise AssertionError(f"{response_id} did not finish")
+
+
+def test_a_background_response_opens_its_owners_compaction_items(make_server: Any) -> None:
+    keyed = make_server(api_keys=(KEY,))
+    headers = {"Authorization": f"Bearer {KEY}"}
+    base = keyed.http_url
+    with httpx.Client(headers=headers, timeout=30) as http:
+        window = http.post(
+            f"{base}/v1/responses/compact", json={"model": "sim", "input": CONVERSATION}
+        ).json()["output"]
+        assert window[-1]["type"] == "compaction"
+        follow_up = {"role": "user", "content": "Now fix it."}
+        body = {"model": "sim", "input": [*window, follow_up], "background": True}
+        started = http.post(f"{base}/v1/responses", json=body)
+        assert started.status_code == 200, started.text
+        done = poll(http, base, started.json()["id"])
+        assert done["status"] == "completed", done
+        text = done["output"][-1]["content"][0]["text"]
+        assert "«Now fix it.»" in text
+        assert "«Find the bug in fizz_buzz().»" in text
+
+        # Its own compaction (a trigger turn) opens for the same key afterwards.
+        trigger = {"model": "sim", "input": [*CONVERSATION, {"type": "compaction_trigger"}]}
+        started = http.post(f"{base}/v1/responses", json={**trigger, "background": True})
+        compacted = poll(http, base, started.json()["id"])
+        assert compacted["status"] == "completed", compacted
+        item = compacted["output"][-1]
+        assert item["type"] == "compaction"
+        again = http.post(f"{base}/v1/responses", json={"model": "sim", "input": [item]})
+        assert again.status_code == 200, again.text
+        chained = http.post(
+            f"{base}/v1/responses",
+            json={"model": "sim", "previous_response_id": compacted["id"], "input": "go on"},
+        )
+        assert chained.status_code == 200, chained.text
+
+
+def test_a_stored_multi_agent_response_continues_from_the_store(server: Any) -> None:
+    client = openai_client(server)
+    beta = {"OpenAI-Beta": "responses_multi_agent=v1"}
+    with client.beta.responses.connect(extra_headers=beta) as conn:
+        conn.response.create(
+            model="sim",
+            input="Read the file, then answer.",
+            tools=[READ_FILE],
+            store=True,
+            metadata={"sim_tool_calls": "1"},
+            multi_agent={"enabled": True},
+        )
+        rid, call = None, None
+        for event in conn:
+            if event.type == "response.created":
+                rid = event.response.id
+            if event.type == "response.output_item.done" and event.item.type == "function_call":
+                call = event.item
+                break
+        assert rid is not None
+        assert call is not None
+        output = {"type": "function_call_output", "call_id": call.call_id, "output": "print(1)"}
+        conn.response.inject(input=[output], response_id=rid)
+        for event in conn:
+            if event.type in ("response.completed", "response.failed", "error"):
+                assert event.type == "response.completed", event
+                break
+    # Another process's view: the whole conversation from the store, in order.
+    follow = client.responses.create(model="sim", previous_response_id=rid, input="And then?")
+    assert follow.status == "completed"
+    assert "«print(1)»" in follow.output_text
+    assert "«Read the file, then answer.»" in follow.output_text
+    listed = client.responses.input_items.list(rid, order="asc")
+    # Its input: the request and the injected output (the calls are its output).
+    assert [item.type for item in listed.data] == ["message", "function_call_output"]
