@@ -107,3 +107,36 @@ def test_a_stored_multi_agent_response_continues_from_the_store(server: Any) -> 
     listed = client.responses.input_items.list(rid, order="asc")
     # Its input: the request and the injected output (the calls are its output).
     assert [item.type for item in listed.data] == ["message", "function_call_output"]
+
+
+def test_input_tokens_counts_a_compacted_conversation_as_a_create_reads_it(
+    make_server: Any,
+) -> None:
+    keyed = make_server(api_keys=(KEY,))
+    headers = {"Authorization": f"Bearer {KEY}"}
+    base = keyed.http_url
+    with httpx.Client(headers=headers, timeout=30) as http:
+        window = http.post(
+            f"{base}/v1/responses/compact", json={"model": "sim", "input": CONVERSATION}
+        ).json()["output"]
+        body = {"model": "sim", "input": [*window, {"role": "user", "content": "Now fix it."}]}
+        count = http.post(f"{base}/v1/responses/input_tokens", json=body)
+        assert count.status_code == 200, count.text
+        created = http.post(f"{base}/v1/responses", json={**body, "store": True}).json()
+        assert count.json()["input_tokens"] == created["usage"]["input_tokens"]
+
+        # A parent whose stored chain holds the compaction item.
+        follow = {"model": "sim", "previous_response_id": created["id"], "input": "And then?"}
+        count = http.post(f"{base}/v1/responses/input_tokens", json=follow)
+        assert count.status_code == 200, count.text
+        chained = http.post(f"{base}/v1/responses", json=follow).json()
+        assert count.json()["input_tokens"] == chained["usage"]["input_tokens"]
+
+        # A trailing compaction_trigger is counted as no item, not a server error.
+        trigger = {"model": "sim", "input": [*CONVERSATION, {"type": "compaction_trigger"}]}
+        count = http.post(f"{base}/v1/responses/input_tokens", json=trigger)
+        assert count.status_code == 200, count.text
+        plain = http.post(
+            f"{base}/v1/responses/input_tokens", json={"model": "sim", "input": CONVERSATION}
+        )
+        assert count.json()["input_tokens"] == plain.json()["input_tokens"]

@@ -34,6 +34,7 @@ from starlette.routing import Route
 from protocol import ErrorCode, ProtocolError, RemoteProtocolError, decode_create_body
 from protocol.items import as_items
 
+from ..engine.compaction import intake
 from ..engine.render import items_to_drop, render_item, render_prefix
 from .http import ResponsesHTTP, http_error
 
@@ -78,17 +79,20 @@ class InputTokens:
             model = http.turns.resolve(body)
             new_items = as_items(body.input)
             continuation = await http.stored_continuation(body, new_items, owner)
+            compactor = http.turns.compactor(owner)
             admission = http.turns.pipeline.admit(
                 new_items,
                 history=continuation.history,
                 tools=body.tools,
                 text_format=body.text.format if body.text is not None else None,
                 cached=False,
+                compactor=compactor,
             )
+            # As a turn takes them in: a compaction item's window replaces what
+            # came before it, and a trailing compaction_trigger is no item.
+            taken = intake([*continuation.history, *admission.items], compactor).items
             prefix = len(render_prefix(body.instructions, body.tools))
-            lengths = [
-                len(render_item(item)) for item in (*continuation.history, *admission.items)
-            ]
+            lengths = [len(render_item(item)) for item in taken]
             total = prefix + sum(lengths)
             window = model.context_window
             if total > window:
