@@ -140,3 +140,22 @@ def test_input_tokens_counts_a_compacted_conversation_as_a_create_reads_it(
             f"{base}/v1/responses/input_tokens", json={"model": "sim", "input": CONVERSATION}
         )
         assert count.json()["input_tokens"] == plain.json()["input_tokens"]
+
+
+def test_a_compaction_is_not_charged_to_max_output_tokens(server: Any) -> None:
+    client = openai_client(server)
+    long_input = [
+        {"role": "user", "content": "Find the bug."},
+        {"type": "function_call", "call_id": "call_b", "name": "read_file", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "call_b", "output": "line " * 1500},
+    ]
+    response = client.responses.create(
+        model="sim",
+        input=long_input,
+        max_output_tokens=20,
+        context_management=[{"type": "compaction", "compact_threshold": 1000}],
+    )
+    assert response.output[0].type == "compaction"
+    assert response.usage is not None
+    assert response.usage.output_tokens <= 20
+    assert response.output[-1].type == "message"  # the answer still had its budget

@@ -269,9 +269,9 @@ async def compact_rollout(rollout: Rollout, reply: Reply, cached: int) -> None:
     rollout.input_tokens += len(rollout.tokens)
     rollout.cached_tokens += cached
     start_window(rollout)
-    written = rollout.tokens.extend(window)
+    rollout.tokens.extend(window)
     rollout.context.extend(window)
-    for event in reply.builder.compaction(item, written):  # no await: all, or none
+    for event in reply.builder.compaction(item):  # no await: all, or none
         reply.sink.push(event)
 
 

@@ -184,15 +184,16 @@ class StreamBuilder:
             return self._end_item(index) if self._kind is not None else []
         raise TypeError(f"unknown sampler chunk {chunk!r}")  # pragma: no cover
 
-    def compaction(self, item: Compaction, summary_tokens: int) -> list[ServerEvent]:
+    def compaction(self, item: Compaction) -> list[ServerEvent]:
         """The events of a compaction item (its ``added`` carries no content yet);
-        push them all before building more. The summary counts as output."""
+        push them all before building more. The summary is not sampled output:
+        it is not charged to ``max_output_tokens`` nor reported as
+        ``output_tokens`` (the next turn reads it, as input)."""
         self._batch = 0
         index, extra = len(self.output), self._extra
         assert isinstance(item.id, str)  # the server names the items it makes
         opened = msgspec.structs.replace(item, encrypted_content="")
         self.output.append(item)
-        self.output_tokens += summary_tokens
         return [
             OutputItemAdded(sequence_number=self._next(), output_index=index, item=opened, **extra),
             CompactionCompacting(
