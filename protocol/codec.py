@@ -45,11 +45,13 @@ _client_decoder: Final = msgspec.json.Decoder(ClientEvent)
 _server_decoder: Final = msgspec.json.Decoder(ServerEvent)
 _encoder: Final = msgspec.json.Encoder()
 
-_AT = re.compile(r"^(?P<what>.*?)(?: - at `(?P<path>\$[^`]*)`)?$", re.DOTALL)
+_AT = re.compile(
+    r"^(?P<what>.*?)(?: - at `(?:key` in `)?(?P<path>\$[^`]*)`)?$", re.DOTALL
+)
 _MISSING = re.compile(r"^Object missing required field `(?P<field>[^`]+)`$")
 _INVALID_TAG = re.compile(r"^Invalid value '(?P<value>.*)'$", re.DOTALL)
 #: A value of the right type outside its published range (``Meta(ge=..., le=...)``).
-_OUT_OF_RANGE = re.compile(r"^Expected `[^`]+` (?:>=|<=|>|<) ")
+_OUT_OF_RANGE = re.compile(r"^Expected `[^`]+` (?:of length )?(?:>=|<=|>|<) ")
 _ITEM_PATH = re.compile(r"^\$\.input\[(\d+)\]$")
 
 

@@ -74,6 +74,12 @@ TopP = Annotated[float, Meta(ge=0, le=1)]
 Penalty = Annotated[float, Meta(ge=-2, le=2)]
 TopLogprobs = Annotated[int, Meta(ge=0, le=20)]
 AtLeastOne = Annotated[int, Meta(ge=1)]
+#: Request ``metadata``, as published: at most 16 pairs, keys of at most 64
+#: characters, values of at most 512.
+Metadata = Annotated[
+    dict[Annotated[str, Meta(max_length=64)], Annotated[str, Meta(max_length=512)]],
+    Meta(max_length=16),
+]
 
 
 class PromptCacheOptions(Struct, frozen=True, kw_only=True):
@@ -118,7 +124,7 @@ class ResponseCreate(_Event, frozen=True, kw_only=True, tag="response.create"):
     tools: list[FunctionTool] = msgspec.field(default_factory=list)
     tool_choice: ToolChoice = "auto"
     parallel_tool_calls: bool = True
-    metadata: dict[str, str] = msgspec.field(default_factory=dict)
+    metadata: Metadata = msgspec.field(default_factory=dict)
     store: bool = True
     previous_response_id: str | None = None
     temperature: Temperature | None = None

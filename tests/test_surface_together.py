@@ -159,3 +159,28 @@ def test_a_compaction_is_not_charged_to_max_output_tokens(server: Any) -> None:
     assert response.usage is not None
     assert response.usage.output_tokens <= 20
     assert response.output[-1].type == "message"  # the answer still had its budget
+
+
+def test_metadata_is_held_to_the_published_limits(server: Any) -> None:
+    too_many = {f"key{i}": "v" for i in range(17)}
+    with httpx.Client(timeout=30) as http:
+        for metadata in (too_many, {"k" * 65: "v"}, {"k": "v" * 513}):
+            reply = http.post(
+                f"{server.http_url}/v1/responses", json={"input": "hi", "metadata": metadata}
+            )
+            assert reply.status_code == 400, reply.text
+            assert (reply.json()["error"]["code"], reply.json()["error"]["param"]) == (
+                "invalid_value",
+                "metadata",
+            )
+        # Sixteen pairs, and a secret in the input: the flags that do not fit stay out.
+        full = {f"key{i}": "v" for i in range(16)}
+        body = {"input": "my key is AKIAIOSFODNN7EXAMPLE", "metadata": full}
+        reply = http.post(f"{server.http_url}/v1/responses", json=body)
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["metadata"] == full
+        fifteen = {f"key{i}": "v" for i in range(15)}
+        reply = http.post(f"{server.http_url}/v1/responses", json={**body, "metadata": fifteen})
+        metadata = reply.json()["metadata"]
+        assert len(metadata) == 16
+        assert metadata["secrets_flagged"] == "1"

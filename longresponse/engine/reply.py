@@ -181,7 +181,7 @@ class Reply:
             truncation=req.truncation or "disabled",
             usage=self.usage(),
             user=req.user,
-            metadata={**req.metadata, **self.flags} if self.flags else dict(req.metadata),
+            metadata=_with_flags(req.metadata, self.flags),
             **fields,
         )
 
@@ -293,3 +293,18 @@ def _reasoning(reasoning: ReasoningConfig | None) -> ReasoningConfig | None:
     if summary is None and isinstance(reasoning.generate_summary, str):
         summary = reasoning.generate_summary
     return ReasoningConfig(effort=reasoning.effort, summary=summary)
+
+
+#: Most ``metadata`` pairs a Response carries, as published.
+MAX_METADATA_PAIRS = 16
+
+
+def _with_flags(metadata: dict[str, str], flags: dict[str, str]) -> dict[str, str]:
+    """The request's metadata plus the classifier's flags that fit in the published
+    16 pairs (a flag replaces a client key of its name; one that does not fit is
+    left out)."""
+    merged = dict(metadata)
+    for key, value in flags.items():
+        if key in merged or len(merged) < MAX_METADATA_PAIRS:
+            merged[key] = value
+    return merged
