@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import math
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -333,6 +334,8 @@ def uvicorn_config(config: ServerConfig, *, log_level: str = "info") -> object:
         # buffering more.
         ws_max_size=2 * config.max_message_bytes,
         ws_per_message_deflate=config.ws_compression,
+        # Open HTTP connections (SSE readers) get the drain timeout too.
+        timeout_graceful_shutdown=max(1, math.ceil(config.shutdown_drain_timeout)),
         lifespan="on",
         log_level=log_level,
     )
@@ -380,8 +383,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.basicConfig(level=args.log_level.upper())
         served = uvicorn_config(config, log_level=args.log_level)
         assert isinstance(served, uvicorn.Config)
-        endpoint = served.app.state.endpoint  # type: ignore[union-attr]
-        server = GracefulServer(served, endpoint, drain_timeout=config.shutdown_drain_timeout)
+        state = served.app.state  # type: ignore[union-attr]
+        server = GracefulServer(
+            served,
+            state.endpoint,
+            drain_timeout=config.shutdown_drain_timeout,
+            background=state.background,
+        )
         # On SIGINT/SIGTERM the WebSockets drain (turns in flight finish, then
         # close 1012), uvicorn shuts down cleanly (the lifespan drains the
         # post-inference queue), then re-raises the signal it captured.

@@ -10,8 +10,11 @@ drain timeout bounds a turn that would not finish.
 from __future__ import annotations
 
 import signal
+import threading
+import time
 from typing import Any
 
+import httpx
 import pytest
 import trio
 import websockets
@@ -128,3 +131,36 @@ def test_a_multi_agent_response_waiting_for_inject_holds_nothing_up() -> None:
     assert event.item.type == "function_call"
     assert closed.value.rcvd is not None
     assert closed.value.rcvd.code == 1012
+
+
+def test_background_responses_and_their_followers_hold_shutdown_only_as_long_as_the_drain() -> None:
+    """A slow background response with a stream follower: SIGTERM ends it failed
+    within the drain timeout, the follower's stream ends, the process exits."""
+    with serve("--shutdown-drain-timeout", "2") as server:
+        slow = {"sim_output_tokens": "20000", "sim_tokens_per_second": "50"}
+        body = {"input": "take your time", "background": True, "metadata": slow}
+        with httpx.Client(timeout=30) as http:
+            started = http.post(f"{server.http_url}/v1/responses", json=body)
+            assert started.status_code == 200, started.text
+            rid = started.json()["id"]
+        seen: list[str] = []
+
+        def follow() -> None:
+            url = f"{server.http_url}/v1/responses/{rid}?stream=true"
+            with httpx.Client(timeout=60) as reader, reader.stream("GET", url) as stream:
+                for line in stream.iter_lines():
+                    if line.startswith("event: "):
+                        seen.append(line.removeprefix("event: "))
+
+        follower = threading.Thread(target=follow)
+        follower.start()
+        time.sleep(0.5)
+        assert server.process is not None
+        sent = time.monotonic()
+        server.process.send_signal(signal.SIGTERM)
+        server.process.wait(timeout=20)
+        elapsed = time.monotonic() - sent
+        follower.join(timeout=10)
+        assert not follower.is_alive()
+    assert elapsed < 10, f"shutdown took {elapsed:.1f} s with a 2 s drain"
+    assert seen[-1] == "response.failed", seen[-3:]

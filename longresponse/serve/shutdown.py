@@ -18,7 +18,10 @@ reading client messages, lets its running turns finish, and closes 1012
 itself, within ``drain_timeout`` seconds (``--shutdown-drain-timeout``);
 then uvicorn's own shutdown runs as before (HTTP requests in flight finish,
 the lifespan drains the write-behind queue). A second SIGINT during the
-drain (uvicorn's ``force_exit``) ends it at once.
+drain (uvicorn's ``force_exit``) ends it at once. HTTP ``background: true``
+responses still running are then ended ``failed`` (and stored), so readers
+following them are not left waiting, and uvicorn's wait for open HTTP
+connections is bounded by the same timeout (``timeout_graceful_shutdown``).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import socket
 
 import uvicorn
 
+from .background import BackgroundResponses
 from .ws import ResponsesEndpoint
 
 __all__ = ["GracefulServer"]
@@ -38,11 +42,17 @@ class GracefulServer(uvicorn.Server):
     """uvicorn's server, draining ``endpoint``'s WebSockets before it shuts them."""
 
     def __init__(
-        self, config: uvicorn.Config, endpoint: ResponsesEndpoint, *, drain_timeout: float
+        self,
+        config: uvicorn.Config,
+        endpoint: ResponsesEndpoint,
+        *,
+        drain_timeout: float,
+        background: BackgroundResponses | None = None,
     ) -> None:
         super().__init__(config)
         self.endpoint = endpoint
         self.drain_timeout = drain_timeout
+        self.background = background
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         for server in self.servers:
@@ -50,4 +60,11 @@ class GracefulServer(uvicorn.Server):
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self.drain_timeout):
                 await self.endpoint.drain(abandon=lambda: self.force_exit)
+        if self.background is not None:
+            # HTTP background responses end failed (and are stored) now, so their
+            # followers' streams end and uvicorn's wait for HTTP connections
+            # (bounded by timeout_graceful_shutdown) is not held up by them.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.drain_timeout):
+                    await self.background.aclose()
         await super().shutdown(sockets=sockets)
