@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -184,3 +185,69 @@ def test_metadata_is_held_to_the_published_limits(server: Any) -> None:
         metadata = reply.json()["metadata"]
         assert len(metadata) == 16
         assert metadata["secrets_flagged"] == "1"
+
+
+def test_the_newer_features_responses_hold_to_the_published_resource(server: Any) -> None:
+    """Background (queued, polled, streamed, cancelled), compaction and the
+    multi-agent beta: every Response they emit, against the schema file and
+    the SDK's model."""
+    from tests.test_response_resource import conforms
+
+    seen: list[dict[str, Any]] = []
+    base = server.http_url
+    with httpx.Client(timeout=30) as http:
+        # Background: the answer to the create, a poll, the stream, the stored result.
+        slow = {"sim_output_tokens": "40", "sim_tokens_per_second": "400"}
+        body = {"input": "hello", "background": True, "metadata": slow}
+        created = http.post(f"{base}/v1/responses", json=body).json()
+        seen.append(created)
+        seen.append(http.get(f"{base}/v1/responses/{created['id']}").json())
+        with http.stream("GET", f"{base}/v1/responses/{created['id']}?stream=true") as stream:
+            for line in stream.iter_lines():
+                if line.startswith("data: "):
+                    event = json.loads(line.removeprefix("data: "))
+                    if "response" in event:
+                        seen.append(event["response"])
+        seen.append(poll(http, base, created["id"]))
+        # A cancelled one.
+        body = {**body, "metadata": {"sim_output_tokens": "5000", "sim_tokens_per_second": "50"}}
+        running = http.post(f"{base}/v1/responses", json=body).json()
+        seen.append(http.post(f"{base}/v1/responses/{running['id']}/cancel").json())
+        seen.append(http.get(f"{base}/v1/responses/{running['id']}").json())
+        # Server-side compaction in a response.
+        long_output = {"type": "function_call_output", "call_id": "call_a", "output": "x " * 1500}
+        compacting = {
+            "input": [*CONVERSATION[:2], long_output],
+            "context_management": [{"type": "compaction", "compact_threshold": 1000}],
+        }
+        seen.append(http.post(f"{base}/v1/responses", json=compacting).json())
+        assert seen[-1]["output"][0]["type"] == "compaction"
+    # The multi-agent beta over the WebSocket.
+    client = openai_client(server)
+    with client.beta.responses.connect(
+        extra_headers={"OpenAI-Beta": "responses_multi_agent=v1"}
+    ) as conn:
+        conn.response.create(
+            model="sim",
+            input="Read it.",
+            tools=[READ_FILE],
+            store=False,
+            multi_agent={"enabled": True},
+        )
+        rid = None
+        while True:  # the raw frames, as they came
+            event = json.loads(conn.recv_bytes())
+            if event["type"] == "response.created":
+                rid = event["response"]["id"]
+                seen.append(event["response"])
+            item = event.get("item") or {}
+            if event["type"] == "response.output_item.done" and item["type"] == "function_call":
+                output = {"type": "function_call_output", "call_id": item["call_id"], "output": "x"}
+                conn.response.inject(input=[output], response_id=rid)
+            if event["type"] == "response.completed":
+                seen.append(event["response"])
+                break
+    statuses = {response["status"] for response in seen}
+    assert {"queued", "completed", "cancelled"} <= statuses
+    for response in seen:
+        conforms(response)
