@@ -251,3 +251,15 @@ def test_the_newer_features_responses_hold_to_the_published_resource(server: Any
     assert {"queued", "completed", "cancelled"} <= statuses
     for response in seen:
         conforms(response)
+
+
+def test_a_warm_up_refuses_a_compaction_trigger(server: Any) -> None:
+    trigger = [*CONVERSATION, {"type": "compaction_trigger"}]
+    with httpx.Client(timeout=30) as http:
+        for warm in ({"generate": False}, {"prompt_cache_options": {"prewarm": True}}):
+            reply = http.post(
+                f"{server.http_url}/v1/responses", json={"input": trigger, "store": False, **warm}
+            )
+            assert reply.status_code == 400, reply.text
+            error = reply.json()["error"]
+            assert (error["code"], error["param"]) == ("invalid_value", "input[3].type")

@@ -31,7 +31,7 @@ from typing import Final
 
 from protocol import ErrorCode, RemoteProtocolError, ResponseState
 from protocol.events import ResponseCreate
-from protocol.items import Item
+from protocol.items import CompactionTrigger, Item
 from protocol.response import Response, ResponseError
 
 from ..config import ServerConfig
@@ -194,6 +194,13 @@ class Turns:
         if model is None:
             model = self.resolve(request, parent)
         compactor = self.compactor(owner)
+        if request.warm_up and new_items and isinstance(new_items[-1], CompactionTrigger):
+            raise RemoteProtocolError(
+                "A warm-up takes its input in without a turn; a compaction_trigger asks for "
+                "one. Send it without generate: false (or prompt_cache_options.prewarm).",
+                code=ErrorCode.INVALID_VALUE,
+                param=f"input[{len(new_items) - 1}].type",
+            )
         admission = self.pipeline.admit(
             new_items,
             history=history,
