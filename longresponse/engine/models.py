@@ -103,7 +103,7 @@ MAX_SIM_TOKENS_PER_SECOND: Final = RANGES["sim_tokens_per_second"].high
 #: Time to first token, milliseconds: ten minutes (as the flag).
 MAX_SIM_TTFT_MS: Final = RANGES["sim_ttft_ms"].high
 #: Generation that has not waited for this long gives the event loop a turn.
-SIM_YIELD_SECONDS: Final = 0.002
+SIM_YIELD_SECONDS: Final = 0.0005
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

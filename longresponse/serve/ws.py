@@ -73,6 +73,7 @@ from .turns import Turns
 __all__ = [
     "DRAIN_POLL_INTERVAL",
     "MULTI_AGENT_BETA",
+    "WRITE_SLICE_SECONDS",
     "ASGIReceive",
     "ASGISend",
     "Outbox",
@@ -88,6 +89,9 @@ MULTI_AGENT_BETA: Final = "responses_multi_agent=v1"
 #: How often a graceful shutdown looks which sessions' turns are done (it
 #: polls, as uvicorn's own shutdown does: a turn ends in many places).
 DRAIN_POLL_INTERVAL: Final = 0.02
+#: A writer draining a long queue to a fast reader gives the event loop a
+#: turn after this long, so other connections are not kept waiting.
+WRITE_SLICE_SECONDS: Final = 0.0005
 
 ASGIReceive = Callable[[], Awaitable[dict[str, Any]]]
 ASGISend = Callable[[dict[str, Any]], Awaitable[None]]
@@ -195,6 +199,7 @@ class Outbox:
         while True:
             await self._ready.wait()
             self._ready.clear()
+            turn = time.monotonic()
             while self._queue:
                 data = self._queue.popleft()
                 self._space.set()
@@ -202,6 +207,9 @@ class Outbox:
                     await send({"type": "websocket.send", "text": data.decode()})
                 except Exception as exc:  # the server side of the socket is gone
                     raise PeerGone("send failed") from exc
+                if time.monotonic() - turn >= WRITE_SLICE_SECONDS:  # others' turn
+                    await asyncio.sleep(0)
+                    turn = time.monotonic()
             if self.closing is not None:
                 code, reason = self.closing
                 with contextlib.suppress(Exception):
