@@ -34,6 +34,7 @@ __all__ = [
     "SEND_QUEUE_DEPTH",
     "SHUTDOWN_DRAIN_TIMEOUT",
     "SLOW_READER_TIMEOUT",
+    "WRITE_SLICE_SECONDS",
     "Range",
     "ServerConfig",
     "SimConfig",
@@ -88,6 +89,10 @@ MAX_RESPONSE_EVENTS: Final = 2_000_000
 #: (the smaller of the two applies): as many as the default context window
 #: holds. Past it the Response ends ``incomplete``, reason ``max_output_tokens``.
 MAX_RESPONSE_OUTPUT_TOKENS: Final = 1_000_000
+#: A writer draining a long queue to a fast reader (WebSocket or SSE) gives
+#: the event loop a turn after this long, so other connections never wait
+#: behind it (not a flag: it only trades a little throughput for fairness).
+WRITE_SLICE_SECONDS: Final = 0.0005
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -62,7 +62,7 @@ from protocol import (
 )
 from protocol.events import ClientEvent, ResponseCreate, ServerEvent
 
-from ..config import ServerConfig
+from ..config import WRITE_SLICE_SECONDS, ServerConfig
 from ..engine.stream import PeerGone, ServerClosed, StreamClosed
 from ..storage.keys import ApiKeys, Unauthorized
 from .append import AppendShape
@@ -73,7 +73,6 @@ from .turns import Turns
 __all__ = [
     "DRAIN_POLL_INTERVAL",
     "MULTI_AGENT_BETA",
-    "WRITE_SLICE_SECONDS",
     "ASGIReceive",
     "ASGISend",
     "Outbox",
@@ -89,9 +88,6 @@ MULTI_AGENT_BETA: Final = "responses_multi_agent=v1"
 #: How often a graceful shutdown looks which sessions' turns are done (it
 #: polls, as uvicorn's own shutdown does: a turn ends in many places).
 DRAIN_POLL_INTERVAL: Final = 0.02
-#: A writer draining a long queue to a fast reader gives the event loop a
-#: turn after this long, so other connections are not kept waiting.
-WRITE_SLICE_SECONDS: Final = 0.0005
 
 ASGIReceive = Callable[[], Awaitable[dict[str, Any]]]
 ASGISend = Callable[[dict[str, Any]], Awaitable[None]]
