@@ -7,7 +7,7 @@ import contextlib
 import logging
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from protocol import MAX_ITEMS_PER_EVENT, MAX_MESSAGE_BYTES
@@ -20,18 +20,21 @@ from .storage.server_keys import COMPACTION_KEY_ENV
 __all__ = ["build_parser", "config_from_args", "main", "uvicorn_config"]
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
+def _ranged(name: str, kind: type[int] | type[float]) -> Callable[[str], Any]:
+    """An argparse type: ``kind`` within the flag's range (``config.RANGES``)."""
+    accepted = limits.RANGES[name]
 
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if value not in accepted:
+            raise argparse.ArgumentTypeError(f"must be {accepted}, not {text}")
+        return value
 
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be greater than 0, not {text}")
-    return value
+    parse.__name__ = kind.__name__  # argparse names the type in its messages
+    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,86 +51,103 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--host", default=limits.DEFAULT_HOST, help="address to listen on")
     serve.add_argument(
-        "--port", type=int, default=limits.DEFAULT_PORT, help="TCP port (0: any free one)"
+        "--port",
+        type=_ranged("port", int),
+        default=limits.DEFAULT_PORT,
+        help="TCP port (0: any free one)",
     )
     serve.add_argument(
         "--max-message-bytes",
-        type=_positive_int,
+        type=_ranged("max_message_bytes", int),
         default=MAX_MESSAGE_BYTES,
         help="largest client message answered with an error event; twice this closes 1009",
     )
     serve.add_argument(
         "--max-items-per-event",
-        type=_positive_int,
+        type=_ranged("max_items_per_event", int),
         default=MAX_ITEMS_PER_EVENT,
         help="most input items one response.create or response.append may carry",
     )
     serve.add_argument(
         "--max-rollouts-per-connection",
-        type=_positive_int,
+        type=_ranged("max_rollouts_per_connection", int),
         default=limits.MAX_ROLLOUTS_PER_CONNECTION,
         help="append mode: live rollouts one connection may run at once",
     )
     serve.add_argument(
         "--send-queue-depth",
-        type=_positive_int,
+        type=_ranged("send_queue_depth", int),
         default=limits.SEND_QUEUE_DEPTH,
         help="encoded events buffered per connection before sampling waits for the reader",
     )
     serve.add_argument(
         "--slow-reader-timeout",
-        type=_positive_float,
+        type=_ranged("slow_reader_timeout", float),
         default=limits.SLOW_READER_TIMEOUT,
         help="seconds the send queue may stay full before the reader is disconnected",
     )
     serve.add_argument(
         "--pause-timeout",
-        type=_positive_float,
+        type=_ranged("pause_timeout", float),
         default=limits.PAUSE_TIMEOUT,
         help="append mode: seconds a paused rollout waits for tool outputs before ending "
         "incomplete",
     )
     serve.add_argument(
         "--max-in-flight",
-        type=_positive_int,
+        type=_ranged("max_in_flight", int),
         default=limits.MAX_IN_FLIGHT,
         help="shipped shape: responses running at once per connection, across lanes; "
         "further creates wait in their lane's queue",
     )
     serve.add_argument(
         "--max-lanes",
-        type=_positive_int,
+        type=_ranged("max_lanes", int),
         default=limits.MAX_LANES,
         help="shipped shape: distinct named lanes (stream_id) per connection; "
         "the default lane does not count",
     )
     serve.add_argument(
         "--max-queued",
-        type=_positive_int,
+        type=_ranged("max_queued", int),
         default=limits.MAX_QUEUED,
         help="shipped shape: creates waiting to run per connection; beyond it an error "
         "(websocket_queue_limit_reached)",
     )
     serve.add_argument(
         "--connection-cache-bytes",
-        type=_positive_int,
+        type=_ranged("connection_cache_bytes", int),
         default=limits.CONNECTION_CACHE_BYTES,
         help="shipped shape: approximate bytes of rollout state one connection keeps for "
         "previous_response_id (least recently used rollouts are evicted)",
     )
     serve.add_argument(
         "--connection-lifetime",
-        type=_positive_float,
+        type=_ranged("connection_lifetime", float),
         default=limits.CONNECTION_LIFETIME,
         help="seconds a connection may live; then an error event "
         "(websocket_connection_limit_reached) and close 1000",
     )
     serve.add_argument(
         "--shutdown-drain-timeout",
-        type=_positive_float,
+        type=_ranged("shutdown_drain_timeout", float),
         default=limits.SHUTDOWN_DRAIN_TIMEOUT,
         help="on SIGTERM/SIGINT: seconds WebSocket turns in flight may run to their end "
         "before every connection is closed 1012 (clients reconnect and resend)",
+    )
+    serve.add_argument(
+        "--max-response-events",
+        type=_ranged("max_response_events", int),
+        default=limits.MAX_RESPONSE_EVENTS,
+        help="events one Response may send; past it the model stops and the Response ends "
+        "incomplete (reason max_events)",
+    )
+    serve.add_argument(
+        "--max-response-output-tokens",
+        type=_ranged("max_response_output_tokens", int),
+        default=limits.MAX_RESPONSE_OUTPUT_TOKENS,
+        help="output tokens one Response may write whatever its max_output_tokens; past it "
+        "the Response ends incomplete (reason max_output_tokens)",
     )
     serve.add_argument(
         "--store",
@@ -137,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--store-ttl",
-        type=_positive_float,
+        type=_ranged("store_ttl", float),
         default=None,
         help="seconds a stored response is kept (default: forever)",
     )
@@ -177,21 +197,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--max-background",
-        type=_positive_int,
+        type=_ranged("max_background", int),
         default=limits.MAX_BACKGROUND,
         help="HTTP: background=true responses running at once; beyond it a create gets 429 "
         "(too_many_background_responses)",
     )
     serve.add_argument(
         "--background-log-bytes",
-        type=_positive_int,
+        type=_ranged("background_log_bytes", int),
         default=limits.BACKGROUND_LOG_BYTES,
         help="HTTP: bytes of SSE events a running background response keeps for readers "
         "resuming with starting_after (oldest dropped first)",
     )
     serve.add_argument(
         "--background-endings-bytes",
-        type=_positive_int,
+        type=_ranged("background_endings_bytes", int),
         default=limits.BACKGROUND_ENDINGS_BYTES,
         help="HTTP: bytes of terminal events of finished background responses kept for a "
         "late GET ?stream=true (oldest dropped first)",
@@ -224,25 +244,25 @@ def build_parser() -> argparse.ArgumentParser:
         )
     serve.add_argument(
         "--sim-ttft-ms",
-        type=float,
+        type=_ranged("sim_ttft_ms", float),
         default=0.0,
         help="simulated model: time to first token, milliseconds",
     )
     serve.add_argument(
         "--sim-tokens-per-second",
-        type=float,
+        type=_ranged("sim_tokens_per_second", float),
         default=0.0,
         help="simulated model: decode speed (65, 1000, 4000 are reference points; 0 = unthrottled)",
     )
     serve.add_argument(
         "--sim-prefill-tokens-per-second",
-        type=float,
+        type=_ranged("sim_prefill_tokens_per_second", float),
         default=0.0,
         help="simulated model: prefill rate over uncached input tokens (0 = instant)",
     )
     serve.add_argument(
         "--sim-context-window",
-        type=_positive_int,
+        type=_ranged("sim_context_window", int),
         default=1_000_000,
         help="simulated models: context window in tokens (longer input: context_length_exceeded, "
         "or dropped oldest items with truncation=auto)",
@@ -291,6 +311,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         connection_cache_bytes=args.connection_cache_bytes,
         connection_lifetime=args.connection_lifetime,
         shutdown_drain_timeout=args.shutdown_drain_timeout,
+        max_response_events=args.max_response_events,
+        max_response_output_tokens=args.max_response_output_tokens,
         store=args.store,
         store_ttl=args.store_ttl,
         api_keys=tuple(args.api_keys),

@@ -1,8 +1,15 @@
-"""Server configuration: every limit is a named constant, overridable by flag."""
+"""Server configuration: every limit is a named constant, overridable by flag.
+
+Every numeric flag has a range (:data:`RANGES`, keyed by the flag's name
+without its dashes); the command line refuses a value outside it, so no
+setting can make the server wait forever or allocate without bound.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import math
+from collections.abc import Mapping
 from typing import Final
 
 from protocol import MAX_ITEMS_PER_EVENT, MAX_MESSAGE_BYTES
@@ -19,12 +26,17 @@ __all__ = [
     "MAX_IN_FLIGHT",
     "MAX_LANES",
     "MAX_QUEUED",
+    "MAX_RESPONSE_EVENTS",
+    "MAX_RESPONSE_OUTPUT_TOKENS",
     "MAX_ROLLOUTS_PER_CONNECTION",
     "PAUSE_TIMEOUT",
+    "RANGES",
     "SEND_QUEUE_DEPTH",
     "SHUTDOWN_DRAIN_TIMEOUT",
     "SLOW_READER_TIMEOUT",
+    "WRITE_SLICE_SECONDS",
     "WS_COMPRESSION",
+    "Range",
     "ServerConfig",
     "SimConfig",
     "Switches",
@@ -77,6 +89,67 @@ BACKGROUND_ENDINGS_BYTES: Final = 16 * 1024 * 1024
 #: before every connection is closed 1012 anyway (below Kubernetes' default
 #: 30 s grace period, leaving time for the post-inference queue to drain).
 SHUTDOWN_DRAIN_TIMEOUT: Final = 20.0
+#: Events one Response may send. Past it the model is stopped (at the next
+#: message word or call), the open item is closed, and the Response ends
+#: ``incomplete`` with reason ``max_events``.
+MAX_RESPONSE_EVENTS: Final = 2_000_000
+#: Output tokens one Response may write, whatever its ``max_output_tokens``
+#: (the smaller of the two applies): as many as the default context window
+#: holds. Past it the Response ends ``incomplete``, reason ``max_output_tokens``.
+MAX_RESPONSE_OUTPUT_TOKENS: Final = 1_000_000
+#: A writer draining a long queue to a fast reader (WebSocket or SSE) gives
+#: the event loop a turn after this long, so other connections never wait
+#: behind it (not a flag: it only trades a little throughput for fairness).
+WRITE_SLICE_SECONDS: Final = 0.0005
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Range:
+    """The values a numeric flag takes: ``low`` to ``high``, and 0 if ``zero``
+    (the flag's "off"), every one finite."""
+
+    low: float
+    high: float
+    zero: bool = False
+
+    def __contains__(self, value: float) -> bool:
+        if value == 0 and self.zero:
+            return True
+        return math.isfinite(value) and self.low <= value <= self.high
+
+    def __str__(self) -> str:
+        return f"{self.low:g} to {self.high:g}" + (", or 0" if self.zero else "")
+
+
+_GIB: Final = 1024 * 1024 * 1024
+_DAY: Final = 86_400.0
+#: The range of every numeric flag, keyed by its name (``--send-queue-depth``
+#: is ``send_queue_depth``). Times are in seconds unless the name says ms.
+RANGES: Final[Mapping[str, Range]] = {
+    "port": Range(0, 65_535),
+    "max_message_bytes": Range(1, _GIB),
+    "max_items_per_event": Range(1, 1_000_000),
+    "max_rollouts_per_connection": Range(1, 100_000),
+    "send_queue_depth": Range(1, 1_000_000),
+    "slow_reader_timeout": Range(0.001, _DAY),
+    "pause_timeout": Range(0.001, 7 * _DAY),
+    "max_in_flight": Range(1, 100_000),
+    "max_lanes": Range(1, 100_000),
+    "max_queued": Range(1, 1_000_000),
+    "connection_cache_bytes": Range(1, 1024 * _GIB),
+    "connection_lifetime": Range(0.001, 7 * _DAY),
+    "shutdown_drain_timeout": Range(0.001, _DAY),
+    "store_ttl": Range(0.001, 100 * 365 * _DAY),
+    "max_background": Range(1, 1_000_000),
+    "background_log_bytes": Range(1, 1024 * _GIB),
+    "background_endings_bytes": Range(1, 1024 * _GIB),
+    "max_response_events": Range(1, 1_000_000_000),
+    "max_response_output_tokens": Range(1, 1_000_000_000),
+    "sim_ttft_ms": Range(0, 600_000),
+    "sim_tokens_per_second": Range(1, 1_000_000, zero=True),
+    "sim_prefill_tokens_per_second": Range(1, 1_000_000_000, zero=True),
+    "sim_context_window": Range(1, 1_000_000_000),
+}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -121,6 +194,9 @@ class ServerConfig:
     connection_cache_bytes: int = CONNECTION_CACHE_BYTES
     connection_lifetime: float = CONNECTION_LIFETIME
     shutdown_drain_timeout: float = SHUTDOWN_DRAIN_TIMEOUT
+    #: Per-Response caps: events sent, and output tokens written.
+    max_response_events: int = MAX_RESPONSE_EVENTS
+    max_response_output_tokens: int = MAX_RESPONSE_OUTPUT_TOKENS
     #: Store URL and retention (seconds; ``None`` keeps records forever).
     store: str = DEFAULT_STORE
     store_ttl: float | None = None

@@ -19,20 +19,35 @@ arguments would not fit is not started, and the answer stops at the last word
 speed (time to first token, decode tokens/s, prefill tokens/s over uncached
 tokens) comes from the server flags, overridable per request by ``metadata``:
 
-``sim_tool_calls``        calls before the final answer (default 1)
-``sim_parallel_calls``    calls per turn (default 1)
-``sim_output_tokens``     pad the final answer to about this many tokens
-``sim_tokens_per_second`` decode speed for this request (0 = unthrottled)
-``sim_ttft_ms``           time to first token for this request
+``sim_tool_calls``        calls before the final answer (default 1; 0 to 1,024)
+``sim_parallel_calls``    calls per turn (default 1; 0 to 128, 0 counts as 1)
+``sim_output_tokens``     pad the final answer to about this many words (0 to 2,000,000)
+``sim_tokens_per_second`` decode speed for this request (0 = unthrottled, else 1 to 10^6)
+``sim_ttft_ms``           time to first token for this request (0 to 600,000)
+
+A value outside its range (or not finite) is refused up front with
+``invalid_value`` (:func:`check_sim_metadata`), so no request can make the
+model sleep forever or plan a million calls.
+
+The answer is generated lazily: the quoted summary is built (it is as long as
+the context's user messages and outputs, at most 40 characters each), then
+the padding is produced one word at a time as the stream is read, its token
+count known word by word; the whole padded text never exists before it is
+sent. Generation gives the event loop a turn at least every
+:data:`SIM_YIELD_SECONDS`, throttled or not, so one long answer cannot stall
+the other connections. (An answer in JSON is built whole, off the loop in a
+worker thread, and no longer than the Response's output budget.)
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import hashlib
+import math
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any, Final, Literal, Protocol
 
 import msgspec
@@ -50,12 +65,18 @@ from protocol.items import (
 )
 from protocol.response import FormatText, TextFormat
 
-from ..config import SimConfig
+from ..config import RANGES, SimConfig
 from .render import encode
 from .structured import answer_in_format
 
 __all__ = [
+    "MAX_SIM_OUTPUT_TOKENS",
+    "MAX_SIM_PARALLEL_CALLS",
+    "MAX_SIM_TOKENS_PER_SECOND",
+    "MAX_SIM_TOOL_CALLS",
+    "MAX_SIM_TTFT_MS",
     "QUOTE_CHARS",
+    "SIM_YIELD_SECONDS",
     "ArgumentsDelta",
     "ItemEnd",
     "ModelRegistry",
@@ -67,11 +88,22 @@ __all__ = [
     "Stop",
     "TextDelta",
     "ToolCallStart",
+    "check_sim_metadata",
     "example_for_schema",
 ]
 
 #: How much of each user message and tool output the sim's answer quotes.
 QUOTE_CHARS: Final = 40
+#: The ranges of the ``sim_*`` metadata keys (inclusive; the smallest is 0).
+MAX_SIM_TOOL_CALLS: Final = 1024
+MAX_SIM_PARALLEL_CALLS: Final = 128
+MAX_SIM_OUTPUT_TOKENS: Final = 2_000_000
+#: Decode speed: 0 (unthrottled), or from 1 token/s up to this (as the flag).
+MAX_SIM_TOKENS_PER_SECOND: Final = RANGES["sim_tokens_per_second"].high
+#: Time to first token, milliseconds: ten minutes (as the flag).
+MAX_SIM_TTFT_MS: Final = RANGES["sim_ttft_ms"].high
+#: Generation that has not waited for this long gives the event loop a turn.
+SIM_YIELD_SECONDS: Final = 0.0005
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -121,7 +153,7 @@ class SampleRequest:
 
 
 class Sampler(Protocol):
-    def sample(self, request: SampleRequest) -> AsyncIterator[SampleChunk]: ...
+    def sample(self, request: SampleRequest) -> AsyncGenerator[SampleChunk, None]: ...
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -184,39 +216,66 @@ class ModelRegistry:
 # --- the simulated model ----------------------------------------------------
 
 
+def _out_of_range(key: str, value: str, what: str) -> RemoteProtocolError:
+    return RemoteProtocolError(
+        f"metadata.{key} must be {what}, written as a string, not {value!r}.",
+        code=ErrorCode.INVALID_VALUE,
+        param=f"metadata.{key}",
+    )
+
+
+#: key -> largest value (the smallest is 0).
+_INT_RANGES: Final[Mapping[str, int]] = {
+    "sim_tool_calls": MAX_SIM_TOOL_CALLS,
+    "sim_parallel_calls": MAX_SIM_PARALLEL_CALLS,
+    "sim_output_tokens": MAX_SIM_OUTPUT_TOKENS,
+}
+#: key -> (smallest non-zero value, largest value); 0 is always accepted.
+_FLOAT_RANGES: Final[Mapping[str, tuple[float, float]]] = {
+    "sim_tokens_per_second": (1.0, MAX_SIM_TOKENS_PER_SECOND),
+    "sim_ttft_ms": (0.0, MAX_SIM_TTFT_MS),
+}
+
+
 def _int_meta(metadata: Mapping[str, str], key: str, default: int) -> int:
+    """``metadata[key]`` as an integer in its range (raises ``invalid_value``)."""
     value = metadata.get(key)
     if value is None:
         return default
+    high = _INT_RANGES[key]
+    what = f"an integer from 0 to {high}"
     try:
-        return max(0, int(value))
+        number = int(value)
     except ValueError:
-        raise RemoteProtocolError(
-            f"metadata.{key} must be an integer written as a string, not {value!r}.",
-            code=ErrorCode.INVALID_VALUE,
-            param=f"metadata.{key}",
-        ) from None
+        raise _out_of_range(key, value, what) from None
+    if not 0 <= number <= high:
+        raise _out_of_range(key, value, what)
+    return number
 
 
 def _float_meta(metadata: Mapping[str, str], key: str, default: float) -> float:
+    """``metadata[key]`` as a finite number in its range, or 0 (raises ``invalid_value``)."""
     value = metadata.get(key)
     if value is None:
         return default
+    low, high = _FLOAT_RANGES[key]
+    what = f"a number from {low:g} to {high:g}" + (", or 0" if low > 0 else "")
     try:
-        return max(0.0, float(value))
+        number = float(value)
     except ValueError:
-        raise RemoteProtocolError(
-            f"metadata.{key} must be a number written as a string, not {value!r}.",
-            code=ErrorCode.INVALID_VALUE,
-            param=f"metadata.{key}",
-        ) from None
+        raise _out_of_range(key, value, what) from None
+    if not (number == 0 or (math.isfinite(number) and low <= number <= high)):
+        raise _out_of_range(key, value, what)
+    return number
 
 
 def check_sim_metadata(metadata: Mapping[str, str]) -> None:
-    """Validate the ``sim_*`` metadata keys up front (raises RemoteProtocolError)."""
-    for key in ("sim_tool_calls", "sim_parallel_calls", "sim_output_tokens"):
+    """Validate the ``sim_*`` metadata keys up front: each an integer or a finite
+    number within its range. Raises :class:`RemoteProtocolError` ``invalid_value``
+    with ``param`` ``metadata.<key>``; nothing else happens then."""
+    for key in _INT_RANGES:
         _int_meta(metadata, key, 0)
-    for key in ("sim_tokens_per_second", "sim_ttft_ms"):
+    for key in _FLOAT_RANGES:
         _float_meta(metadata, key, 0.0)
 
 
@@ -292,7 +351,8 @@ class SimSampler:
         count = min(per_turn, remaining)
         return [tools[(made + i) % len(tools)] for i in range(count)]
 
-    def _answer(self, request: SampleRequest) -> str:
+    def _summary(self, request: SampleRequest) -> str:
+        """The answer before its padding: every user message and tool output, quoted."""
         asked: list[str] = []
         outputs: list[str] = []
         for item in request.context:
@@ -303,16 +363,9 @@ class SimSampler:
         parts = ["You asked: " + " | ".join(f"«{a}»" for a in asked) + "."]
         if outputs:
             parts.append(f"I read {len(outputs)} tool outputs: " + " ".join(outputs) + ".")
-        text = " ".join(parts)
-        target = _int_meta(request.metadata, "sim_output_tokens", 0)
-        words = text.split(" ")
-        i = 0
-        while len(words) < target:
-            words.append(_FILLER[i % len(_FILLER)])
-            i += 1
-        return " ".join(words)
+        return " ".join(parts)
 
-    async def sample(self, request: SampleRequest) -> AsyncIterator[SampleChunk]:
+    async def sample(self, request: SampleRequest) -> AsyncGenerator[SampleChunk, None]:
         self.turns += 1
         meta = request.metadata
         tps = _float_meta(meta, "sim_tokens_per_second", self.config.tokens_per_second)
@@ -343,22 +396,77 @@ class SimSampler:
                 yield ItemEnd()
             yield Stop("tool_calls")
             return
-        pieces = self._answer_pieces(request)
-        fits = len(pieces) if budget is None else _fit(pieces, budget)
+        if request.text_format is None or isinstance(request.text_format, FormatText):
+            async for chunk in self._stream_text(request, pacer, budget):
+                yield chunk
+            return
+        # JSON: built whole off the loop (never longer than the budget), then sliced.
+        pieces, fits = await asyncio.to_thread(self._json_pieces, request, budget)
         for piece in pieces[:fits]:
             await pacer.tick()
             yield TextDelta(piece)
         yield ItemEnd()
         yield Stop("stop" if fits == len(pieces) else "max_output_tokens")
 
-    def _answer_pieces(self, request: SampleRequest) -> list[str]:
-        """The answer as it streams: words of plain text, 8-character slices of JSON."""
-        text = self._answer(request)
-        if request.text_format is None or isinstance(request.text_format, FormatText):
-            words = text.split(" ")
-            return [words[0], *(" " + word for word in words[1:])]
+    async def _stream_text(
+        self, request: SampleRequest, pacer: _Pacer, budget: int | None
+    ) -> AsyncIterator[SampleChunk]:
+        """The plain-text answer, word by word: the summary, then the padding made
+        as it is read. Every word after the first starts with a space after a
+        non-space, where the o200k pre-tokenizer starts a new piece, so the
+        answer's tokens are the sum of its words' (the budget is exact)."""
+        words = self._summary(request).split(" ")
+        head = [words[0], *(" " + word for word in words[1:])]
+        fits = len(head) if budget is None else _fit(head, budget)
+        for piece in head[:fits]:
+            await pacer.tick()
+            yield TextDelta(piece)
+        if fits < len(head):
+            yield ItemEnd()
+            yield Stop("max_output_tokens")
+            return
+        left = None if budget is None else budget - len(encode("".join(head)))
+        padding = _int_meta(request.metadata, "sim_output_tokens", 0) - len(head)
+        for piece, tokens in _padding(padding):
+            if left is not None:
+                left -= tokens
+                if left < 0:
+                    yield ItemEnd()
+                    yield Stop("max_output_tokens")
+                    return
+            await pacer.tick()
+            yield TextDelta(piece)
+        yield ItemEnd()
+        yield Stop("stop")
+
+    def _json_pieces(self, request: SampleRequest, budget: int | None) -> tuple[list[str], int]:
+        """The answer in JSON in 8-character slices, and how many of them fit the
+        budget (run in a worker thread).
+
+        Padding past the budget could never be sent (a word is a token at
+        least), so the text is no longer than the budget allows.
+        """
+        text = self._summary(request)
+        padding = _int_meta(request.metadata, "sim_output_tokens", 0) - len(text.split(" "))
+        if budget is not None:
+            padding = min(padding, budget)
+        text = "".join([text, *(piece for piece, _ in _padding(padding))])
         encoded = answer_in_format(request.text_format, text)
-        return [encoded[start : start + 8] for start in range(0, len(encoded), 8)]
+        pieces = [encoded[start : start + 8] for start in range(0, len(encoded), 8)]
+        return pieces, len(pieces) if budget is None else _fit(pieces, budget)
+
+
+@functools.cache
+def _filler_pieces() -> tuple[tuple[str, int], ...]:
+    """The padding's words, each with a space before it, and its token count."""
+    return tuple((" " + word, len(encode(" " + word))) for word in _FILLER)
+
+
+def _padding(count: int) -> Iterator[tuple[str, int]]:
+    """``count`` filler words (made one at a time), each with its token count."""
+    pieces = _filler_pieces()
+    for index in range(max(0, count)):
+        yield pieces[index % len(pieces)]
 
 
 def _fit(pieces: list[str], budget: int) -> int:
@@ -385,20 +493,27 @@ def _call_id(request: SampleRequest, offset: int, name: str) -> str:
 
 
 class _Pacer:
-    """Spaces tokens ``1/tps`` apart without a sleep per token."""
+    """Spaces tokens ``1/tps`` apart without a sleep per token, and gives the
+    event loop a turn at least every :data:`SIM_YIELD_SECONDS` even when
+    unthrottled (or running behind), so a long answer never holds the loop."""
 
-    __slots__ = ("_clock", "_interval", "_next", "_start")
+    __slots__ = ("_clock", "_interval", "_next", "_yielded")
 
     def __init__(self, tokens_per_second: float, clock: Callable[[], float]) -> None:
         self._interval = 1.0 / tokens_per_second if tokens_per_second > 0 else 0.0
         self._clock = clock
-        self._start = clock()
-        self._next = self._start
+        self._next = clock()
+        self._yielded = time.monotonic()
 
     async def tick(self) -> None:
-        if not self._interval:
-            return
-        self._next += self._interval
-        ahead = self._next - self._clock()
-        if ahead > 0.001:
-            await asyncio.sleep(ahead)
+        if self._interval:
+            self._next += self._interval
+            ahead = self._next - self._clock()
+            if ahead > 0.001:
+                await asyncio.sleep(ahead)
+                self._yielded = time.monotonic()
+                return
+        now = time.monotonic()
+        if now - self._yielded >= SIM_YIELD_SECONDS:
+            await asyncio.sleep(0)
+            self._yielded = time.monotonic()

@@ -46,12 +46,12 @@ from protocol.events import (
 from protocol.items import Item, as_items
 from protocol.response import Response, ResponseError
 
-from ..config import Switches
+from ..config import MAX_RESPONSE_EVENTS, MAX_RESPONSE_OUTPUT_TOKENS, Switches
 from .admission import Pipeline
 from .classifier import Finding
 from .compaction import Compactor, Intake, compact_rollout, compact_threshold, intake, start_window
 from .failures import failure, fit_window
-from .models import ModelSpec, Sampler, SampleRequest, Stop
+from .models import ItemEnd, ModelSpec, Sampler, SampleRequest, Stop, TextDelta, ToolCallStart
 from .render import TokenCache, render_prefix
 from .reply import Reply, TokenCounts
 from .stream import EventSink, StreamClosed
@@ -65,7 +65,7 @@ __all__ = ["INCOMPLETE_STOPS", "Rollout"]
 log = logging.getLogger(__name__)
 
 #: How :meth:`Rollout.settle` may stop short: the Response ends ``incomplete``.
-INCOMPLETE_STOPS: Final = frozenset({"max_output_tokens", "pause_timeout"})
+INCOMPLETE_STOPS: Final = frozenset({"max_output_tokens", "max_events", "pause_timeout"})
 
 
 class Rollout:
@@ -81,6 +81,8 @@ class Rollout:
         resolve: Callable[[str], ModelSpec] | None = None,
         input_items: list[Item] | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        max_events: int = MAX_RESPONSE_EVENTS,
+        max_output_tokens: int = MAX_RESPONSE_OUTPUT_TOKENS,
     ) -> None:
         self.pipeline = pipeline or Pipeline(Switches())
         #: Resolves a model name again every turn when resolution reuse is off.
@@ -91,6 +93,9 @@ class Rollout:
         self.sampler: Sampler = model.make_sampler()
         self.pause_timeout = pause_timeout
         self.clock = clock
+        #: Per-Response caps (the server's): events sent, output tokens written.
+        self.max_events = max_events
+        self.max_output_tokens = max_output_tokens
         #: The Response being written now (set by :meth:`open_reply`).
         self.reply: Reply | None = None
         #: Classifier findings of every input item taken in, in arrival order
@@ -347,7 +352,7 @@ class Rollout:
         while True:
             stop = await self.turn(prefix_changed=prefix_changed)
             prefix_changed = False
-            if stop == "max_output_tokens":
+            if stop in ("max_output_tokens", "max_events"):
                 return stop
             if reply.pending_calls and not await self._pause():
                 return "pause_timeout"
@@ -411,11 +416,11 @@ class Rollout:
             metadata=request.metadata,
             cached_tokens=cached,
             uncached_tokens=uncached,
-            # The budget is the Response's: what earlier turns wrote counts.
-            max_output_tokens=(
-                None
-                if request.max_output_tokens is None
-                else max(0, request.max_output_tokens - reply.builder.output_tokens)
+            # The Response's budget (the server's cap if smaller): earlier turns count.
+            max_output_tokens=max(
+                0,
+                min(request.max_output_tokens or self.max_output_tokens, self.max_output_tokens)
+                - reply.builder.output_tokens,
             ),
             text_format=request.text.format if request.text is not None else None,
         )
@@ -432,17 +437,25 @@ class Rollout:
         stop = "stop"
         builder, sink = reply.builder, reply.sink
         first_output = len(builder.output)
-        async for chunk in self.sampler.sample(sample_request):
-            if first:
-                timing.time_to_first_token = self.clock() - sampling_started
-                first = False
-            if isinstance(chunk, Stop):
-                stop = chunk.reason
-            await sink.room()
-            pushing = self.clock()
-            for event in builder.feed(chunk):  # no await: all of them, or none
-                sink.push(event)
-            timing.encode += self.clock() - pushing
+        async with contextlib.aclosing(self.sampler.sample(sample_request)) as chunks:
+            async for chunk in chunks:
+                if first:
+                    timing.time_to_first_token = self.clock() - sampling_started
+                    first = False
+                if isinstance(chunk, Stop):
+                    stop = chunk.reason
+                elif (
+                    isinstance(chunk, TextDelta | ToolCallStart)
+                    and sink.track(reply.id).next_sequence >= self.max_events
+                ):  # never with a call half written
+                    stop, chunk = "max_events", ItemEnd()  # close the open message, stop
+                await sink.room()
+                pushing = self.clock()
+                for event in builder.feed(chunk):  # no await: all of them, or none
+                    sink.push(event)
+                timing.encode += self.clock() - pushing
+                if stop == "max_events":
+                    break
         timing.inference = self.clock() - sampling_started
         produced = builder.output[first_output:]
         # The model's own output joins the context and the token cache; it is

@@ -185,6 +185,8 @@ def fork(parent: Rollout, boundary: Boundary) -> Rollout:
         resolve=parent.resolve_model,
         input_items=[],
         clock=parent.clock,
+        max_events=parent.max_events,
+        max_output_tokens=parent.max_output_tokens,
     )
     child.context = parent.context[: boundary.items]
     child.tokens = parent.tokens.fork_items(boundary.prefix, boundary.item_tokens)

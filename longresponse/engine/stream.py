@@ -12,6 +12,11 @@ events. It numbers them from the track's ``next_sequence`` (so in append mode
 numbering keeps counting across pauses), counts ``output_index`` and keeps
 the finished output items. It does no I/O: the rollout sends what it returns.
 
+An item's text is kept as :class:`ItemText`, which counts its tokens as it
+grows (in slices cut where the o200k pre-tokenizer starts a new piece
+anyway, so the count is the whole text's): ending an item of a million
+tokens does not tokenize it all at once on the event loop.
+
 A stream ends early in one of two ways, told apart by type:
 :class:`ServerClosed` (we closed it: a slow reader, the connection's
 lifetime, shutdown) and :class:`PeerGone` (the peer left or its socket
@@ -21,7 +26,7 @@ failed). Both are :class:`StreamClosed`.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import msgspec
 
@@ -45,7 +50,57 @@ from ..ids import new_id
 from .models import ArgumentsDelta, ItemEnd, SampleChunk, Stop, TextDelta, ToolCallStart
 from .render import encode
 
-__all__ = ["EventSink", "PeerGone", "ServerClosed", "StreamBuilder", "StreamClosed"]
+__all__ = [
+    "COUNT_SLICE_CHARS",
+    "EventSink",
+    "ItemText",
+    "PeerGone",
+    "ServerClosed",
+    "StreamBuilder",
+    "StreamClosed",
+]
+
+#: An item's text is tokenized in slices of about this many characters.
+COUNT_SLICE_CHARS: Final = 4096
+
+
+class ItemText:
+    """One output item's text as it streams, with its tokens counted as it goes.
+
+    A slice is cut before a piece that starts with a space followed by a
+    non-space, after a non-space: a place where the o200k pre-tokenizer
+    starts a new piece, so the slices' tokens add up to the whole text's.
+    """
+
+    __slots__ = ("_last", "_pending", "_pending_chars", "_slices", "tokens")
+
+    def __init__(self) -> None:
+        self._slices: list[str] = []
+        self._pending: list[str] = []
+        self._pending_chars = 0
+        self._last = ""
+        self.tokens = 0  # of the slices cut so far
+
+    def add(self, piece: str) -> None:
+        if (
+            self._pending_chars >= COUNT_SLICE_CHARS
+            and piece[:1] == " "
+            and not piece[1:2].isspace()
+            and piece[1:2]
+            and not self._last.isspace()
+        ):
+            cut = "".join(self._pending)
+            self.tokens += len(encode(cut))
+            self._slices.append(cut)
+            self._pending, self._pending_chars = [], 0
+        self._pending.append(piece)
+        self._pending_chars += len(piece)
+        self._last = piece[-1:] or self._last
+
+    def finish(self) -> tuple[str, int]:
+        """The whole text and its tokens."""
+        rest = "".join(self._pending)
+        return "".join([*self._slices, rest]), self.tokens + len(encode(rest))
 
 
 class EventSink(Protocol):
@@ -104,7 +159,7 @@ class StreamBuilder:
         self._kind: str | None = None  # "message" | "call" while an item is open
         self._item_id = ""
         self._call: ToolCallStart | None = None
-        self._pieces: list[str] = []
+        self._text = ItemText()
 
     def _next(self) -> int:
         sequence = (self.track.next_sequence if self.track is not None else 0) + self._batch
@@ -124,7 +179,7 @@ class StreamBuilder:
         if isinstance(chunk, TextDelta):
             events: list[ServerEvent] = []
             if self._kind is None:
-                self._kind, self._item_id, self._pieces = "message", new_id("msg"), []
+                self._kind, self._item_id, self._text = "message", new_id("msg"), ItemText()
                 item = Message(role="assistant", content=[], id=self._item_id, status="in_progress")
                 events.append(
                     OutputItemAdded(
@@ -141,7 +196,7 @@ class StreamBuilder:
                         **extra,
                     )
                 )
-            self._pieces.append(chunk.text)
+            self._text.add(chunk.text)
             events.append(
                 OutputTextDelta(
                     sequence_number=self._next(),
@@ -154,7 +209,8 @@ class StreamBuilder:
             )
             return events
         if isinstance(chunk, ToolCallStart):
-            self._kind, self._item_id, self._call, self._pieces = "call", new_id("fc"), chunk, []
+            self._kind, self._item_id, self._call = "call", new_id("fc"), chunk
+            self._text = ItemText()
             call = FunctionCall(
                 id=self._item_id,
                 call_id=chunk.call_id,
@@ -168,7 +224,7 @@ class StreamBuilder:
                 )
             ]
         if isinstance(chunk, ArgumentsDelta):
-            self._pieces.append(chunk.delta)
+            self._text.add(chunk.delta)
             return [
                 FunctionCallArgumentsDelta(
                     sequence_number=self._next(),
@@ -204,8 +260,8 @@ class StreamBuilder:
 
     def _end_item(self, index: int) -> list[ServerEvent]:
         extra = self._extra
-        text = "".join(self._pieces)
-        self.output_tokens += len(encode(text))
+        text, tokens = self._text.finish()
+        self.output_tokens += tokens
         events: list[ServerEvent]
         if self._kind == "message":
             part = OutputText(text=text, annotations=[], logprobs=[])
@@ -254,5 +310,5 @@ class StreamBuilder:
             OutputItemDone(sequence_number=self._next(), output_index=index, item=item, **extra)
         )
         self.output.append(item)
-        self._kind, self._call, self._pieces = None, None, []
+        self._kind, self._call, self._text = None, None, ItemText()
         return events

@@ -8,7 +8,9 @@ lifespan opens the store and its write-behind queue, loads the compaction key
 (``longresponse.storage.server_keys``), and drains the queue on shutdown,
 after the HTTP ``background: true`` responses still running
 (``longresponse.serve.background``) have been ended and queued for writing.
-``/v1/models``, ``/metrics`` and ``/healthz`` are here.
+``/v1/models``, ``/metrics`` and ``/healthz`` are here; the lifespan also
+runs the event-loop lag monitor behind ``/metrics``
+(``longresponse.serve.metrics.LoopLagMonitor``).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from .gate import RouteGate
 from .http import ResponsesHTTP
 from .input_tokens import InputTokens
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from .metrics import ServerMetrics
+from .metrics import LoopLagMonitor, ServerMetrics
 from .seam import Seam
 from .turns import Turns
 from .ws import ResponsesEndpoint
@@ -109,9 +111,13 @@ def create_app(config: ServerConfig | None = None) -> Seam:
         )
         app.state.loop = asyncio.get_running_loop()  # for tests that reach into the store
         services.persistence = app.state.persistence = persistence
+        lag = asyncio.create_task(LoopLagMonitor(metrics).run(), name="loop-lag")
         try:
             yield
         finally:
+            lag.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await lag
             await background.aclose()  # what still runs ends failed, and is stored
             await persistence.drain()  # a clean stop loses no queued write
             await store.aclose()

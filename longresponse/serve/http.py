@@ -35,7 +35,7 @@ from protocol.events import ResponseCreate
 from protocol.items import Compaction, Item, as_items
 from protocol.response import Response as ResponseObject
 
-from ..config import ServerConfig
+from ..config import WRITE_SLICE_SECONDS, ServerConfig
 from ..engine.stream import StreamClosed
 from ..engine.timing import TurnTiming
 from ..ids import new_id
@@ -480,8 +480,12 @@ class _Run:
         # Owned here: cancelled with this generator when the client goes away.
         producer = asyncio.get_running_loop().create_task(produce())
         try:
+            turn = time.monotonic()
             while (record := await sink.next()) is not None:
                 yield record
+                if time.monotonic() - turn >= WRITE_SLICE_SECONDS:  # others' turn
+                    await asyncio.sleep(0)
+                    turn = time.monotonic()
         finally:
             producer.cancel()
             with contextlib.suppress(asyncio.CancelledError):

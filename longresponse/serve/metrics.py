@@ -3,15 +3,28 @@
 Each app has its own registry (several servers may share a process in tests).
 Phase times are histograms labelled by ``phase`` and ``transport``; the
 pipeline's work counters are read at scrape time.
+
+:class:`LoopLagMonitor` measures the event loop's responsiveness: a task
+(owned by the app's lifespan) asks to be woken every
+:data:`LOOP_LAG_INTERVAL` seconds and records how late each wake-up came, in
+the histogram ``longresponse_event_loop_lag_seconds``; the gauge
+``longresponse_event_loop_lag_max_seconds`` holds the worst lag of the last
+:data:`LOOP_LAG_WINDOW` wake-ups. A request that holds the loop shows there
+as lag for every connection.
 """
 
 from __future__ import annotations
 
+import asyncio
+import collections
+import time
 from collections.abc import Iterator
+from typing import Final
 
 from prometheus_client import (
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     ProcessCollector,
     generate_latest,
@@ -22,7 +35,18 @@ from prometheus_client.registry import Collector
 from ..engine.admission import Counters
 from ..engine.timing import TurnTiming
 
-__all__ = ["CONTENT_TYPE", "ServerMetrics"]
+__all__ = [
+    "CONTENT_TYPE",
+    "LOOP_LAG_INTERVAL",
+    "LOOP_LAG_WINDOW",
+    "LoopLagMonitor",
+    "ServerMetrics",
+]
+
+#: How often the loop-lag monitor asks to be woken, in seconds.
+LOOP_LAG_INTERVAL: Final = 0.05
+#: Wake-ups over which ``longresponse_event_loop_lag_max_seconds`` is the worst.
+LOOP_LAG_WINDOW: Final = 200
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -91,6 +115,18 @@ class ServerMetrics:
         # process_cpu_seconds_total and friends, for the bench's CPU figures.
         ProcessCollector(registry=self.registry)
 
+        self.loop_lag = Histogram(
+            "longresponse_event_loop_lag_seconds",
+            "How late the event loop woke a task that slept a fixed interval.",
+            buckets=_BUCKETS,
+            registry=self.registry,
+        )
+        self.loop_lag_max = Gauge(
+            "longresponse_event_loop_lag_max_seconds",
+            f"The worst event-loop lag of the last {LOOP_LAG_WINDOW} wake-ups.",
+            registry=self.registry,
+        )
+
     def observe_turn(self, transport: str, timing: TurnTiming) -> None:
         for phase in TurnTiming.PHASES:
             self.phase_seconds.labels(phase, transport).observe(getattr(timing, phase))
@@ -100,3 +136,24 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class LoopLagMonitor:
+    """Sleeps ``interval`` seconds again and again, recording how late it wakes."""
+
+    def __init__(self, metrics: ServerMetrics, interval: float = LOOP_LAG_INTERVAL) -> None:
+        self.metrics = metrics
+        self.interval = interval
+        self._recent: collections.deque[float] = collections.deque(maxlen=LOOP_LAG_WINDOW)
+
+    async def run(self) -> None:
+        """Measure until cancelled (the lifespan cancels it at shutdown)."""
+        while True:
+            asked = time.monotonic() + self.interval
+            await asyncio.sleep(self.interval)
+            self.observe(max(0.0, time.monotonic() - asked))
+
+    def observe(self, lag: float) -> None:
+        self._recent.append(lag)
+        self.metrics.loop_lag.observe(lag)
+        self.metrics.loop_lag_max.set(max(self._recent))

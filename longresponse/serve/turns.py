@@ -247,6 +247,8 @@ class Turns:
             request=request,
             model=model,
             pause_timeout=self.config.pause_timeout,
+            max_events=self.config.max_response_events,
+            max_output_tokens=self.config.max_response_output_tokens,
             pipeline=self.pipeline,
             resolve=self.models.resolve,
             input_items=input_items if input_items is not None else [],

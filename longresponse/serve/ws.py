@@ -62,7 +62,7 @@ from protocol import (
 )
 from protocol.events import ClientEvent, ResponseCreate, ServerEvent
 
-from ..config import ServerConfig
+from ..config import WRITE_SLICE_SECONDS, ServerConfig
 from ..engine.stream import PeerGone, ServerClosed, StreamClosed
 from ..storage.keys import ApiKeys, Unauthorized
 from .append import AppendShape
@@ -195,6 +195,7 @@ class Outbox:
         while True:
             await self._ready.wait()
             self._ready.clear()
+            turn = time.monotonic()
             while self._queue:
                 data = self._queue.popleft()
                 self._space.set()
@@ -202,6 +203,9 @@ class Outbox:
                     await send({"type": "websocket.send", "text": data.decode()})
                 except Exception as exc:  # the server side of the socket is gone
                     raise PeerGone("send failed") from exc
+                if time.monotonic() - turn >= WRITE_SLICE_SECONDS:  # others' turn
+                    await asyncio.sleep(0)
+                    turn = time.monotonic()
             if self.closing is not None:
                 code, reason = self.closing
                 with contextlib.suppress(Exception):
