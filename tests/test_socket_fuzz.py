@@ -455,9 +455,11 @@ class AppendFuzz(SocketFuzz):
         calls=st.integers(0, 2),
         parallel=st.integers(1, 2),
         big=st.booleans(),
+        binary=st.booleans(),
     )
-    def create(self, tools: bool, calls: int, parallel: int, big: bool) -> None:
-        frame = create_body(tools=tools, calls=calls, parallel=parallel, big=big)
+    def create(self, tools: bool, calls: int, parallel: int, big: bool, binary: bool) -> None:
+        text = create_body(tools=tools, calls=calls, parallel=parallel, big=big)
+        frame = text.encode() if binary else text  # JSON in a binary frame decodes too (§3)
         if self.live() >= MAX_ROLLOUTS:
             self.step([frame], [one("too_many_rollouts")])
             return
@@ -475,9 +477,22 @@ class AppendFuzz(SocketFuzz):
         self.answered[rid] = []
         assert self.peer.responses[rid].status == "cancelled"
 
+    @precondition(lambda self: self.live() < MAX_ROLLOUTS)
+    @rule()
+    def create_then_steer(self) -> None:
+        """A user message right behind the create: steering while it samples, or
+        queued once it pauses (§4); either way no error, and it pauses."""
+        frame = create_body(tools=True, calls=1, parallel=1, big=False)
+        steer = self.append_frame(None, [{"type": "message", "role": "user", "content": "hurry"}])
+        (rid,) = self.step([frame, steer], created=1)
+        self.answered[rid] = []
+        assert self.peer.responses[rid].status == "requires_action"
+
     @precondition(lambda self: self.paused())
-    @rule(data=st.data(), message=st.booleans())
-    def answer(self, data: st.DataObject, message: bool) -> None:
+    @rule(data=st.data(), message=st.booleans(), name_it=st.booleans())
+    def answer(self, data: st.DataObject, message: bool, name_it: bool) -> None:
+        """Outputs for some or all of a pause's calls; without ``response_id``
+        when the target is the latest response announced (§4)."""
         rid = data.draw(st.sampled_from(self.paused()))
         pending = self.outstanding(rid)
         chosen = data.draw(st.lists(st.sampled_from(pending), min_size=1, unique=True))
@@ -486,7 +501,8 @@ class AppendFuzz(SocketFuzz):
             items.append({"type": "message", "role": "user", "content": "and also"})
         self.answered[rid].extend(chosen)
         resumes = set(chosen) == set(pending)
-        self.step([self.append_frame(rid, items)], resumed=(rid,) if resumes else ())
+        target = rid if name_it or rid != self.peer.order[-1] else None
+        self.step([self.append_frame(target, items)], resumed=(rid,) if resumes else ())
         if resumes:
             assert self.peer.responses[rid].status in ("requires_action", "completed")
             self.answered[rid] = []  # a new pause asks for new calls
@@ -550,6 +566,7 @@ class Segment:
 
     calls: list[str]
     lane: str | None
+    #: It and every segment before it in its chain were stored: it hydrates (§10.12).
     stored: bool
     tools: bool
 
@@ -635,7 +652,8 @@ class ShippedFuzz(SocketFuzz):
         rid = data.draw(st.sampled_from(list(self.segments)))
         items = [*self.outputs(rid), {"type": "message", "role": "user", "content": "go on"}]
         (new,) = self.step([self.continuation(rid, lane, items, store)], created=1)
-        self.remember(new, lane=lane, stored=store, tools=self.segments[rid].tools)
+        parent = self.segments[rid]
+        self.remember(new, lane=lane, stored=store and parent.stored, tools=parent.tools)
 
     def refused_continuation(self, rid: str, lane: str | None, code: str, items: list[Any]) -> None:
         self.step([self.continuation(rid, lane, items)], [one(code)])
