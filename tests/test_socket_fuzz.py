@@ -481,12 +481,17 @@ class AppendFuzz(SocketFuzz):
     @rule()
     def create_then_steer(self) -> None:
         """A user message right behind the create: steering while it samples, or
-        queued once it pauses (§4); either way no error, and it pauses."""
+        queued once it pauses (§4); either way no error, and it pauses. Then
+        it is cancelled."""
         frame = create_body(tools=True, calls=1, parallel=1, big=False)
         steer = self.append_frame(None, [{"type": "message", "role": "user", "content": "hurry"}])
         (rid,) = self.step([frame, steer], created=1)
         self.answered[rid] = []
         assert self.peer.responses[rid].status == "requires_action"
+        # Where the message landed decides what the rollout does next (more
+        # calls or an answer); end it, so the runs hypothesis replays agree.
+        self.step([json.dumps({"type": "response.cancel", "response_id": rid})], resumed=(rid,))
+        assert self.peer.responses[rid].status == "cancelled"
 
     @precondition(lambda self: self.paused())
     @rule(data=st.data(), message=st.booleans(), name_it=st.booleans())
