@@ -2,7 +2,7 @@
 
 No root paths: :class:`NginxProxy` writes a config into a temporary
 directory (pid file, error log and every temp path inside it), runs Debian's
-``nginx`` binary with ``-p``/``-c`` and ``daemon off;`` on a free loopback
+``nginx`` binary with ``-p``/``-c``/``-e`` and ``daemon off;`` on a free loopback
 port, waits (bounded) until a request through it reaches an upstream, and
 stops it with SIGTERM. :data:`SITE` is the proxying part, the one the README
 shows: WebSocket upgrades passed through, timeouts above the 60-minute
@@ -146,7 +146,9 @@ class NginxProxy:
         output = Path(root) / "stderr.log"
         with output.open("wb") as stream:  # the child keeps its own descriptor
             process = subprocess.Popen(
-                [executable, "-p", root, "-c", str(config)], stdout=stream, stderr=stream
+                [executable, "-p", root, "-c", str(config), "-e", f"{root}/error.log"],
+                stdout=stream,
+                stderr=stream,
             )
         deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline:
