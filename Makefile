@@ -27,11 +27,15 @@ lint: $(VENV)/.installed-test
 	$(BIN)/ruff check protocol longresponse tests examples
 	$(BIN)/mypy protocol longresponse
 
-# The tests start a real redis-server (tests/redis_server.py); install it when
-# missing (CI runs as root).
+# The tests start a real redis-server (tests/redis_server.py) and a real nginx
+# (tests/nginx_server.py); install what is missing (CI runs as root).
+NGINX := $(shell command -v nginx || ls /usr/sbin/nginx 2>/dev/null)
 test-services:
 	@command -v redis-server >/dev/null || (apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null)
+	@test -n "$(NGINX)" || (apt-get update -qq && \
+		(DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light >/dev/null || \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx >/dev/null))
 
 # Branch coverage of the whole suite; the sans-IO core must stay near 100%.
 test: lint test-services
