@@ -21,6 +21,7 @@ __all__ = [
     "MAX_QUEUED",
     "MAX_ROLLOUTS_PER_CONNECTION",
     "PAUSE_TIMEOUT",
+    "SEND_QUEUE_BYTES",
     "SEND_QUEUE_DEPTH",
     "SHUTDOWN_DRAIN_TIMEOUT",
     "SLOW_READER_TIMEOUT",
@@ -36,6 +37,11 @@ MAX_ROLLOUTS_PER_CONNECTION: Final = 16
 #: Encoded events waiting to be written to one socket. When it is full the
 #: sampling loops that feed it wait: a slow reader slows the stream.
 SEND_QUEUE_DEPTH: Final = 256
+#: The most bytes of encoded events waiting for one socket: sampling also
+#: waits while the queue holds this much (checked before each step of the
+#: stream, so one step's events may pass it; error replies are exempt, as from
+#: the depth).
+SEND_QUEUE_BYTES: Final = 1024 * 1024
 #: How long an event may wait for room in a full send queue before the reader
 #: is judged too slow and disconnected (close 1008).
 SLOW_READER_TIMEOUT: Final = 30.0
@@ -105,6 +111,7 @@ class ServerConfig:
     max_items_per_event: int = MAX_ITEMS_PER_EVENT
     max_rollouts_per_connection: int = MAX_ROLLOUTS_PER_CONNECTION
     send_queue_depth: int = SEND_QUEUE_DEPTH
+    send_queue_bytes: int = SEND_QUEUE_BYTES
     slow_reader_timeout: float = SLOW_READER_TIMEOUT
     pause_timeout: float = PAUSE_TIMEOUT
     max_in_flight: int = MAX_IN_FLIGHT

@@ -44,7 +44,7 @@ from ..storage.persistence import Persistence
 from .background import BackgroundResponses, check_cancellable
 from .continuation import continue_from
 from .http_sinks import SSE_QUEUE_DEPTH, RecordingSink, SSESink
-from .seam import abort
+from .seam import abort, peer_gone
 from .turns import Started, Turns
 
 __all__ = ["HTTPTokenCache", "ResponsesHTTP", "http_error"]
@@ -370,6 +370,7 @@ class _Run:
             else None
         )
         self.sink: RecordingSink = self._sse or RecordingSink()
+        self._scope = scope
 
     def seed_from_token_cache(self) -> None:
         """With ``--http-token-cache``: when the parent's tokens are in memory, the
@@ -461,6 +462,8 @@ class _Run:
         producer = asyncio.get_running_loop().create_task(produce())
         try:
             while (record := await sink.next()) is not None:
+                if peer_gone(self._scope):
+                    return  # the client left: stop writing (the finally stops the rollout)
                 yield record
         finally:
             producer.cancel()
