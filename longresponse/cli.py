@@ -255,6 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("bench", "compare", "compare every transport and reuse switch on simulated rollouts"),
         ("bench-throughput", "throughput", "stream throughput of one connection"),
         ("bench-scale", "scale", "many concurrent paused rollouts: memory and resume latency"),
+        ("soak", "soak", "connections of mixed shapes for minutes: errors, latency, memory"),
     ):
         sub = commands.add_parser(
             name,
