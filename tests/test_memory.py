@@ -92,6 +92,8 @@ async def test_a_long_rollouts_bookkeeping_does_not_grow_with_its_calls(server: 
             assert track.terminal
             assert (track.pending_calls, len(track.answered_calls)) == ({}, 0)
         assert live.pending_calls == {call.call_id: "read_file"}
+        # nor does the set of rollouts already billed keep the finished ones
+        await wait_until(lambda: not session.append._billed)
 
 
 def _stream_and_reset(port: int, body: bytes) -> None:

@@ -8,8 +8,11 @@ then a ``response.append`` of its output), the shipped WebSocket shape
 (``response.create`` chained by ``previous_response_id``, ``store: false``,
 from the connection's cache) and HTTP chains (``POST /v1/responses`` with
 ``stream: true``, ``store: true``, chained through the store). Every chain
-restarts after ``--chain`` tool rounds, so no context grows for the whole run.
-Each client waits ``--think`` seconds between turns.
+restarts after ``--chain`` tool rounds, so no context grows for the whole run;
+a shipped-shape client opens a new connection for each chain (the connection
+cache keeps every segment of a connection until its byte budget, SPEC §10.4,
+so restarted chains on one connection would grow it by design). Each client
+waits ``--think`` seconds between turns.
 
 What is checked, per shape: errors (an ``error`` event or HTTP status, a
 response that ends other than expected, a broken connection, a timeout);
@@ -215,21 +218,26 @@ class _Client:
                 await trio.sleep(self.work.think)
 
     async def _ws_rounds(self, deadline: float, append: bool) -> None:
+        """Append mode: one connection for the whole phase. The shipped shape: one
+        connection per chain (its cache keeps every segment until its budget)."""
         protocols = [APPEND_SUBPROTOCOL] if append else []
-        conn = await RawConnection.open(self.url, subprotocols=protocols)
-        try:
-            while trio.current_time() < deadline:
-                previous: str | None = None
-                for _ in range(self.work.chain):
-                    if trio.current_time() >= deadline:
+        while trio.current_time() < deadline:
+            conn = await RawConnection.open(self.url, subprotocols=protocols)
+            try:
+                while trio.current_time() < deadline:
+                    previous: str | None = None
+                    for _ in range(self.work.chain):
+                        if trio.current_time() >= deadline:
+                            break
+                        if append:
+                            await self._append_round(conn)
+                        else:
+                            previous = await self._shipped_round(conn, previous)
+                        await trio.sleep(self.work.think)
+                    if not append:
                         break
-                    if append:
-                        await self._append_round(conn)
-                    else:
-                        previous = await self._shipped_round(conn, previous)
-                    await trio.sleep(self.work.think)
-        finally:
-            await conn.aclose()
+            finally:
+                await conn.aclose()
 
     async def append_rounds(self, deadline: float) -> None:
         await self._ws_rounds(deadline, append=True)
