@@ -139,6 +139,51 @@ async def test_streams_closed_early_do_not_flood_the_log(
     assert flood == []
 
 
+def _follow_and_reset(port: int, response_id: str) -> None:
+    sock = socket.socket()
+    sock.settimeout(10)
+    sock.connect(("127.0.0.1", port))
+    sock.sendall(
+        b"GET /v1/responses/%s?stream=true&starting_after=0 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+        % response_id.encode()
+    )
+    assert sock.recv(500).startswith(b"HTTP/1.1 200")
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, LINGER_ZERO)
+    sock.close()
+
+
+async def test_background_streams_left_early_do_not_flood_the_log(
+    make_server: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Readers that resume a running background response (its whole log is
+    theirs at once) and reset: no write reaches a lost socket."""
+    running = make_server()
+    body = {
+        "input": "a long one",
+        "background": True,
+        "metadata": {"sim_output_tokens": "100000", "sim_tokens_per_second": "5000"},
+    }
+    caplog.set_level(logging.WARNING, logger="asyncio")
+    async with httpx.AsyncClient(base_url=running.http_url, timeout=30) as http:
+        created = (await http.post("/v1/responses", json=body)).json()
+        background = running.app.state.background
+        entry = background.get(created["id"], owner="")  # no API keys: no owner
+        assert entry is not None
+        await wait_until(lambda: entry.log.nbytes > 200_000)  # hundreds of records to send
+        threads = [
+            threading.Thread(target=_follow_and_reset, args=(running.port, created["id"]))
+            for _ in range(10)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        await wait_until(lambda: len(running.server.server_state.connections) <= 1)
+        assert (await http.post(f"/v1/responses/{created['id']}/cancel")).status_code == 200
+    flood = [r for r in caplog.records if "socket.send() raised exception" in r.getMessage()]
+    assert flood == []
+
+
 def _oversize_then_close_frame(port: int, size: int) -> int | None:
     """Send one text frame of ``size`` bytes; the close code the server answers with."""
     sock, conn = handshake(port)

@@ -44,7 +44,7 @@ from ..storage.persistence import Persistence
 from .background import BackgroundResponses, check_cancellable
 from .continuation import continue_from
 from .http_sinks import SSE_QUEUE_DEPTH, RecordingSink, SSESink
-from .seam import abort, peer_gone
+from .seam import abort, peer_gone, until_gone
 from .turns import Started, Turns
 
 __all__ = ["HTTPTokenCache", "ResponsesHTTP", "http_error"]
@@ -174,7 +174,7 @@ class ResponsesHTTP:
                 owner=owner,
             )
             if body.background:  # owned by the server from here on
-                return await self.background.create(
+                created = await self.background.create(
                     body,
                     owner=owner,
                     new_items=new_items,
@@ -183,6 +183,7 @@ class ResponsesHTTP:
                     received_at=received_at,
                     decode=decoded - received_at,
                 )
+                return _while_connected(created, request.scope)
             run = _Run(self, body, owner, continuation.history, received_at, request.scope)
             # Stateless: the whole history is validated and classified again.
             run.started = self.turns.start_turn(
@@ -217,7 +218,7 @@ class ResponsesHTTP:
                 )
                 if streamed is None:
                     raise _not_found(response_id)
-                return streamed
+                return _while_connected(streamed, request.scope)
             running = self.background.get(response_id, owner=owner)
             if running is not None:
                 return _json(running.snapshot())
@@ -469,6 +470,14 @@ class _Run:
             producer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await producer
+
+
+def _while_connected(response: Response, scope: Any) -> Response:
+    """A streamed response stops writing once its client is gone: the server
+    drops those writes, but asyncio logs each one (``serve.seam``)."""
+    if isinstance(response, StreamingResponse):
+        response.body_iterator = until_gone(scope, response.body_iterator)
+    return response
 
 
 def _too_large(size: int, limit: int) -> RemoteProtocolError:

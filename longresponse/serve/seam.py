@@ -26,10 +26,10 @@ stream whose queued records go out without a pause would write them all.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any, Final
 
-__all__ = ["ABORT_KEY", "GONE_KEY", "Seam", "abort", "peer_gone"]
+__all__ = ["ABORT_KEY", "GONE_KEY", "Seam", "abort", "peer_gone", "until_gone"]
 
 log = logging.getLogger(__name__)
 
@@ -83,3 +83,17 @@ def peer_gone(scope: Scope) -> bool:
     """The connection of ``scope`` is closing or lost: nothing written reaches the peer."""
     gone = scope.get(GONE_KEY)
     return gone is not None and bool(gone())
+
+
+async def until_gone(scope: Scope, records: AsyncIterable[Any]) -> AsyncIterator[Any]:
+    """``records``, until the peer of ``scope`` is gone (then ``records`` is closed)."""
+    iterator = aiter(records)
+    try:
+        async for record in iterator:
+            if peer_gone(scope):
+                return
+            yield record
+    finally:
+        close = getattr(iterator, "aclose", None)
+        if close is not None:
+            await close()
