@@ -33,8 +33,9 @@ The run has three phases, with the server's resident memory
 
 Bounded: the connection count is capped as ``bench-scale`` caps it, minutes
 at :data:`MAX_MINUTES`, every awaited event at :data:`EVENT_TIMEOUT` and
-every phase at its length plus :data:`GRACE`; the server must be on loopback
-(it is started with a temporary SQLite store unless ``--url`` names one).
+every phase at its length plus :data:`GRACE` (a client still in a turn then
+is cut off, and counted as an error); the server must be on loopback (it is
+started with a temporary SQLite store unless ``--url`` names one).
 Writes ``soak.json``, ``soak.md`` and ``soak.png`` (:mod:`.soak_report`).
 """
 
@@ -191,6 +192,7 @@ class _Client:
         self.work = work
         self.tally = tally
         self.rounds = 0
+        self.finished = False
 
     def _output(self) -> str:
         self.rounds += 1
@@ -213,9 +215,10 @@ class _Client:
         while trio.current_time() < deadline:
             try:
                 await getattr(self, SHAPE_RUNNERS[self.shape])(deadline)
-            except (TurnFailed, OSError, trio.TooSlowError, httpx.HTTPError) as exc:
+            except Exception as exc:  # every failure is counted, none ends the soak
                 self.tally.errors[f"{type(exc).__name__}: {exc}"[:120]] += 1
                 await trio.sleep(self.work.think)
+        self.finished = True
 
     async def _ws_rounds(self, deadline: float, append: bool) -> None:
         """Append mode: one connection for the whole phase. The shipped shape: one
@@ -332,14 +335,18 @@ async def _fleet(url: str, connections: int, seconds: float, work: Workload) -> 
     """N clients (shapes in turn) for ``seconds``; their tallies by shape."""
     tallies = {shape: Tally() for shape in SHAPES}
     deadline = trio.current_time() + seconds
-    with trio.fail_after(seconds + GRACE):
+    clients: list[_Client] = []
+    with trio.move_on_after(seconds + GRACE):
         async with trio.open_nursery() as nursery:
             for i in range(connections):
                 shape = SHAPES[i % len(SHAPES)]
-                client = _Client(shape, f"{shape}-{i}", url, work, tallies[shape])
-                nursery.start_soon(client.loop, deadline)
+                clients.append(_Client(shape, f"{shape}-{i}", url, work, tallies[shape]))
+                nursery.start_soon(clients[-1].loop, deadline)
                 if i % 20 == 19:
                     await trio.sleep(0.05)  # open in batches: no thundering herd
+    for client in clients:
+        if not client.finished:
+            client.tally.errors["cut off: still in a turn when the phase's grace ran out"] += 1
     return tallies
 
 
