@@ -19,7 +19,8 @@ from .engine.rollout import Rollout
 from .engine.segment import Boundary, Segment
 from .engine.timing import TurnTiming
 from .serve.app import ResponsesEndpoint, create_app
-from .serve.http import HTTPTokenCache, ResponsesHTTP
+from .serve.http import ResponsesHTTP
+from .serve.http_token_cache import HTTPTokenCache
 from .serve.shipped import SegmentCache, ShippedShape
 from .serve.ws import Session
 from .server_process import ServerProcess

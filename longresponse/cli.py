@@ -81,6 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="encoded events buffered per connection before sampling waits for the reader",
     )
     serve.add_argument(
+        "--send-queue-bytes",
+        type=_ranged("send_queue_bytes", int),
+        default=limits.SEND_QUEUE_BYTES,
+        help="bytes of encoded events buffered per connection before sampling waits",
+    )
+    serve.add_argument(
         "--slow-reader-timeout",
         type=_ranged("slow_reader_timeout", float),
         default=limits.SLOW_READER_TIMEOUT,
@@ -277,6 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("bench", "compare", "compare every transport and reuse switch on simulated rollouts"),
         ("bench-throughput", "throughput", "stream throughput of one connection"),
         ("bench-scale", "scale", "many concurrent paused rollouts: memory and resume latency"),
+        ("soak", "soak", "connections of mixed shapes for minutes: errors, latency, memory"),
     ):
         sub = commands.add_parser(
             name,
@@ -303,6 +310,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         max_items_per_event=args.max_items_per_event,
         max_rollouts_per_connection=args.max_rollouts_per_connection,
         send_queue_depth=args.send_queue_depth,
+        send_queue_bytes=args.send_queue_bytes,
         slow_reader_timeout=args.slow_reader_timeout,
         pause_timeout=args.pause_timeout,
         max_in_flight=args.max_in_flight,
@@ -345,12 +353,13 @@ def uvicorn_config(config: ServerConfig, *, log_level: str = "info") -> object:
     import uvicorn
 
     from .serve.app import create_app
+    from .serve.oversize import LingeringWSProtocol
 
     return uvicorn.Config(
         create_app(config),
         host=config.host,
         port=config.port,
-        ws="wsproto",
+        ws=LingeringWSProtocol,  # wsproto, with a 1009 that reaches the client
         # Messages up to max_message_bytes get an error event and the socket
         # stays usable; uvicorn refuses (close 1009) beyond twice that, before
         # buffering more.

@@ -31,6 +31,7 @@ __all__ = [
     "MAX_ROLLOUTS_PER_CONNECTION",
     "PAUSE_TIMEOUT",
     "RANGES",
+    "SEND_QUEUE_BYTES",
     "SEND_QUEUE_DEPTH",
     "SHUTDOWN_DRAIN_TIMEOUT",
     "SLOW_READER_TIMEOUT",
@@ -49,6 +50,11 @@ MAX_ROLLOUTS_PER_CONNECTION: Final = 16
 #: Encoded events waiting to be written to one socket. When it is full the
 #: sampling loops that feed it wait: a slow reader slows the stream.
 SEND_QUEUE_DEPTH: Final = 256
+#: The most bytes of encoded events waiting for one socket: sampling also
+#: waits while the queue holds this much (checked before each step of the
+#: stream, so one step's events may pass it; error replies are exempt, as from
+#: the depth).
+SEND_QUEUE_BYTES: Final = 1024 * 1024
 #: How long an event may wait for room in a full send queue before the reader
 #: is judged too slow and disconnected (close 1008).
 SLOW_READER_TIMEOUT: Final = 30.0
@@ -131,6 +137,7 @@ RANGES: Final[Mapping[str, Range]] = {
     "max_items_per_event": Range(1, 1_000_000),
     "max_rollouts_per_connection": Range(1, 100_000),
     "send_queue_depth": Range(1, 1_000_000),
+    "send_queue_bytes": Range(1024, _GIB),
     "slow_reader_timeout": Range(0.001, _DAY),
     "pause_timeout": Range(0.001, 7 * _DAY),
     "max_in_flight": Range(1, 100_000),
@@ -186,6 +193,7 @@ class ServerConfig:
     max_items_per_event: int = MAX_ITEMS_PER_EVENT
     max_rollouts_per_connection: int = MAX_ROLLOUTS_PER_CONNECTION
     send_queue_depth: int = SEND_QUEUE_DEPTH
+    send_queue_bytes: int = SEND_QUEUE_BYTES
     slow_reader_timeout: float = SLOW_READER_TIMEOUT
     pause_timeout: float = PAUSE_TIMEOUT
     max_in_flight: int = MAX_IN_FLIGHT

@@ -2,13 +2,21 @@
 
 :class:`ResponseTrack` is the one record of a response's state (its state
 machine), its next ``sequence_number`` and its client tool calls, pending and
-answered. :func:`check_append_items` checks an append's items against them;
+answered. What it keeps is bounded for the life of a connection: a live
+response holds at most :data:`MAX_PENDING_CALLS` calls waiting for outputs
+(one more is refused with ``too_many_pending_calls``) and remembers only its
+latest :data:`MAX_ANSWERED_CALLS` answered call ids (an output for a call
+answered longer ago is refused as ``unknown_call_id`` rather than
+``duplicate_call_id``); a finished response keeps neither
+(:meth:`ResponseTrack.forget_calls`: nothing can answer it any more).
+:func:`check_append_items` checks an append's items against them;
 :func:`event_key` names a server event for the rule table of
 ``protocol.state``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Set
 from typing import Final
 
 from ._wire import wire_type
@@ -23,11 +31,55 @@ from .events import (
 from .items import FunctionCallOutput, Item, Message
 from .state import ResponseState, ResponseStateMachine
 
-__all__ = ["ResponseTrack", "check_append_items", "event_key"]
+__all__ = [
+    "MAX_ANSWERED_CALLS",
+    "MAX_PENDING_CALLS",
+    "AnsweredCalls",
+    "ResponseTrack",
+    "check_append_items",
+    "event_key",
+]
+
+#: Most client tool calls one live response may have waiting for outputs (as
+#: many as one append may answer: ``MAX_ITEMS_PER_EVENT``).
+MAX_PENDING_CALLS: Final = 4096
+#: Answered call ids a live response remembers to refuse a second output as
+#: ``duplicate_call_id``; older ones are forgotten, oldest first.
+MAX_ANSWERED_CALLS: Final = 4096
 
 _DONE_STATUSES: Final = frozenset(
     {"requires_action", "completed", "incomplete", "failed", "cancelled"}
 )
+
+
+class AnsweredCalls(Set[str]):
+    """The latest answered call ids of a response, at most ``limit`` (oldest go first)."""
+
+    __slots__ = ("_ids", "limit")
+
+    def __init__(self, limit: int = MAX_ANSWERED_CALLS) -> None:
+        self._ids: dict[str, None] = {}  # insertion-ordered: the oldest first
+        self.limit = limit
+
+    def __contains__(self, call_id: object) -> bool:
+        return call_id in self._ids
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._ids)
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def __repr__(self) -> str:
+        return f"AnsweredCalls({set(self._ids)!r}, limit={self.limit})"
+
+    def add(self, call_id: str) -> None:
+        self._ids[call_id] = None
+        if len(self._ids) > self.limit:
+            del self._ids[next(iter(self._ids))]
+
+    def clear(self) -> None:
+        self._ids.clear()
 
 
 class ResponseTrack:
@@ -35,12 +87,24 @@ class ResponseTrack:
 
     __slots__ = ("answered_calls", "machine", "next_sequence", "pending_calls", "stream_id")
 
-    def __init__(self, response_id: str, state: ResponseState, stream_id: str | None) -> None:
+    def __init__(
+        self,
+        response_id: str,
+        state: ResponseState,
+        stream_id: str | None,
+        *,
+        max_answered_calls: int = MAX_ANSWERED_CALLS,
+    ) -> None:
         self.machine = ResponseStateMachine(response_id, state)
         self.next_sequence = 0
         self.pending_calls: dict[str, str] = {}  # call_id -> tool name, no output yet
-        self.answered_calls: set[str] = set()
+        self.answered_calls = AnsweredCalls(max_answered_calls)
         self.stream_id = stream_id
+
+    def forget_calls(self) -> None:
+        """Drop the call bookkeeping of a finished response (nothing can answer it now)."""
+        self.pending_calls.clear()
+        self.answered_calls.clear()
 
     @property
     def response_id(self) -> str:

@@ -13,7 +13,8 @@ so every transport's events are checked by this same core.
 
 Both peers track the same thing for every response the connection has seen
 (a :class:`ResponseTrack`): its state machine (``protocol.state``), its next
-``sequence_number`` and its client tool calls (pending / answered). The
+``sequence_number`` and its client tool calls (pending / answered, bounded
+per live response and dropped when it ends: ``protocol._tracking``). The
 rules for which event may do what come from the one table in
 ``protocol.state``; this module finds the response an event concerns, checks
 what the table cannot (sequence numbers, call ids, limits) and records the
@@ -47,7 +48,13 @@ from typing import Final
 
 import msgspec
 
-from ._tracking import ResponseTrack, check_append_items, event_key
+from ._tracking import (
+    MAX_ANSWERED_CALLS,
+    MAX_PENDING_CALLS,
+    ResponseTrack,
+    check_append_items,
+    event_key,
+)
 from ._wire import wire_type
 from .codec import (
     decode_client_event,
@@ -164,6 +171,8 @@ class Connection:
         max_message_bytes: int = MAX_MESSAGE_BYTES,
         max_items_per_event: int = MAX_ITEMS_PER_EVENT,
         max_tracked_responses: int = _MAX_TRACKED_RESPONSES,
+        max_pending_calls: int = MAX_PENDING_CALLS,
+        max_answered_calls: int = MAX_ANSWERED_CALLS,
         multi_agent: bool = False,
     ) -> None:
         self.our_role = our_role
@@ -176,6 +185,8 @@ class Connection:
         self.max_message_bytes = max_message_bytes
         self.max_items_per_event = max_items_per_event
         self.max_tracked_responses = max_tracked_responses
+        self.max_pending_calls = max_pending_calls
+        self.max_answered_calls = max_answered_calls
         self._responses: OrderedDict[str, ResponseTrack] = OrderedDict()
         self._lane_latest: dict[str | None, str] = {}
         self._events: list[ClientEvent | ServerEvent] = []
@@ -377,11 +388,19 @@ class Connection:
                 code=ErrorCode.INVALID_VALUE,
                 param="response.id",
             )
+        call = event.item if isinstance(event, OutputItemDone) else None
+        if not isinstance(call, FunctionCall) or call.call_id in track.answered_calls:
+            call = None
+        elif (
+            call.call_id not in track.pending_calls
+            and len(track.pending_calls) >= self.max_pending_calls
+        ):
+            raise _too_many_pending_calls(track, self.max_pending_calls)
         track.machine.take(Role.SERVER, event_key(event))  # raises, unchanged, if illegal
-        if isinstance(event, OutputItemDone) and isinstance(event.item, FunctionCall):
-            call = event.item
-            if call.call_id not in track.answered_calls:
-                track.pending_calls[call.call_id] = call.name
+        if call is not None:
+            track.pending_calls[call.call_id] = call.name
+        if track.terminal:
+            track.forget_calls()  # nothing can answer a finished response
         track.next_sequence += 1
 
     def _open(self, event: ResponseCreated | ResponseQueued, stream_id: str | None) -> None:
@@ -395,7 +414,9 @@ class Connection:
         state = (
             ResponseState.QUEUED if event.response.status == "queued" else ResponseState.IN_PROGRESS
         )
-        track = ResponseTrack(event.response.id, state, stream_id)
+        track = ResponseTrack(
+            event.response.id, state, stream_id, max_answered_calls=self.max_answered_calls
+        )
         track.next_sequence = 1
         self._remember(track)
 
@@ -423,6 +444,8 @@ class Connection:
             for old_id, old in self._responses.items():
                 if old.terminal:
                     del self._responses[old_id]
+                    if self._lane_latest.get(old.stream_id) == old_id:
+                        del self._lane_latest[old.stream_id]  # the lane's name goes too
                     break
             else:
                 break
@@ -456,6 +479,16 @@ def _too_many_items(count: int, limit: int) -> LocalProtocolError:
         f"The event carries {count} input items; the limit is {limit}.",
         code=ErrorCode.TOO_MANY_ITEMS,
         param="input",
+    )
+
+
+def _too_many_pending_calls(track: ResponseTrack, limit: int) -> LocalProtocolError:
+    return LocalProtocolError(
+        f"Response {track.response_id!r} already has {limit} tool calls waiting for "
+        "their outputs; answer them before it may make more.",
+        code=ErrorCode.TOO_MANY_PENDING_CALLS,
+        param="item.call_id",
+        response_id=track.response_id,
     )
 
 

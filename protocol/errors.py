@@ -48,6 +48,7 @@ class ErrorCode(enum.StrEnum):
     RESPONSE_ALREADY_COMPLETED = "response_already_completed"
     UNKNOWN_CALL_ID = "unknown_call_id"
     DUPLICATE_CALL_ID = "duplicate_call_id"
+    TOO_MANY_PENDING_CALLS = "too_many_pending_calls"
     TOO_MANY_ROLLOUTS = "too_many_rollouts"
     INVALID_ENCRYPTED_CONTENT = "invalid_encrypted_content"
     SERVER_ERROR = "server_error"

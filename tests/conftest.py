@@ -18,6 +18,7 @@ import uvicorn
 
 from longresponse.config import ServerConfig
 from longresponse.serve.app import create_app
+from longresponse.serve.oversize import LingeringWSProtocol
 from tests.redis_server import redis_server_fixture
 
 
@@ -32,7 +33,7 @@ class RunningServer:
                 self.app,
                 host="127.0.0.1",
                 port=0,
-                ws="wsproto",
+                ws=LingeringWSProtocol,  # as the cli serves it
                 ws_max_size=2 * config.max_message_bytes,
                 ws_per_message_deflate=config.ws_compression,
                 lifespan="on",

@@ -283,6 +283,9 @@ async def test_append_mode_accepts_inject(server: Any) -> None:
         await client.inject(
             [{"type": "function_call_output", "call_id": call.call_id, "output": "its text"}], rid
         )
+        track = client.connection.response(rid)
+        assert track is not None
+        assert track.answered_calls == {call.call_id}  # recorded while the response lives
         receipt = await client.next_event()
         assert isinstance(receipt, ResponseInjectCreated)
         assert (receipt.response_id, receipt.sequence_number) == (
@@ -296,9 +299,7 @@ async def test_append_mode_accepts_inject(server: Any) -> None:
         assert isinstance(done, ResponseDone)
         assert done.response.status == "completed"
         assert "«its text»" in done.response.output[-1].content[0].text  # type: ignore[union-attr]
-        track = client.connection.response(rid)
-        assert track is not None
-        assert track.answered_calls == {call.call_id}
+        assert len(track.answered_calls) == 0  # a finished response keeps no calls
 
         # The client's core refuses an inject to a finished response; sent raw,
         # the server answers inject.failed with the input handed back.

@@ -5,6 +5,7 @@
                                    writes ``turns.json``, ``summary.md`` and the plots.
 ``longresponse bench-throughput``  :mod:`.throughput`: one connection, model unthrottled.
 ``longresponse bench-scale``       :mod:`.scale`: many concurrent paused rollouts.
+``longresponse soak``              :mod:`.soak`: mixed shapes for minutes, RSS over time.
 
 Under :mod:`.compare`, each module importing only those before it:
 :mod:`.options` (transports, workload, flags), :mod:`.conversation` (request
@@ -31,6 +32,8 @@ __all__ = [
     "scale",
     "scrape",
     "sdk_transports",
+    "soak",
+    "soak_report",
     "throughput",
     "trio_transports",
 ]

@@ -137,6 +137,7 @@ class Reply:
         track = self.builder.track
         if track is not None and not track.terminal:
             track.machine.process(Transition.CANCEL)
+            track.forget_calls()
 
     # --- the Response object --------------------------------------------------
 

@@ -74,7 +74,8 @@ class AppendShape:
         self.owner = owner
         #: Response id → its rollout (finished ones are forgotten at the next create).
         self.rollouts: dict[str, Rollout] = {}
-        self._billed: set[str] = set()  # rollouts whose usage record is written
+        #: Running rollouts whose usage record is written (each leaves as its task ends).
+        self._billed: set[str] = set()
         self._admitted: Admission | None = None
         #: The response the event being handled targets, as the protocol core found it.
         self._target_id: str | None = None
@@ -153,11 +154,12 @@ class AppendShape:
         except Exception:  # one rollout's bug must not end the connection
             log.exception("rollout %s crashed", response_id)
         finally:
-            if response_id not in self._billed:
+            if response_id in self._billed:
+                self._billed.discard(response_id)  # nothing asks after this: the set stays small
+            else:
                 # Cut off (the connection went away): the tokens it used are
                 # still billed. Nothing may wait here, so the record is queued
                 # without waiting for room.
-                self._billed.add(response_id)
                 self.turns.bill_nowait(rollout.snapshot(), owner=self.owner, transport=TRANSPORT)
 
     async def _post_inference(self, response: Response) -> None:

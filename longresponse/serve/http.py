@@ -13,10 +13,8 @@ shapes avoid, and what the benchmark compares them against.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import time
-from array import array
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -44,7 +42,8 @@ from ..storage.persistence import Persistence
 from .background import BackgroundResponses, check_cancellable
 from .continuation import Continuation, continue_from
 from .http_sinks import SSE_QUEUE_DEPTH, RecordingSink, SSESink
-from .seam import abort
+from .http_token_cache import HTTPTokenCache
+from .seam import abort, peer_gone, until_gone
 from .turns import Started, Turns
 
 __all__ = ["HTTPTokenCache", "ResponsesHTTP", "http_error"]
@@ -159,7 +158,7 @@ class ResponsesHTTP:
             new_items = as_items(body.input)
             continuation = await self.stored_continuation(body, new_items, owner)
             if body.background:  # owned by the server from here on
-                return await self.background.create(
+                created = await self.background.create(
                     body,
                     owner=owner,
                     new_items=new_items,
@@ -168,6 +167,7 @@ class ResponsesHTTP:
                     received_at=received_at,
                     decode=decoded - received_at,
                 )
+                return _while_connected(created, request.scope)
             run = _Run(self, body, owner, continuation.history, received_at, request.scope)
             # Stateless: the whole history is validated and classified again.
             run.started = self.turns.start_turn(
@@ -227,7 +227,7 @@ class ResponsesHTTP:
                 )
                 if streamed is None:
                     raise _not_found(response_id)
-                return streamed
+                return _while_connected(streamed, request.scope)
             running = self.background.get(response_id, owner=owner)
             if running is not None:
                 return _json(running.snapshot())
@@ -314,44 +314,6 @@ class ResponsesHTTP:
         return _json(response)
 
 
-class HTTPTokenCache:
-    """The optional process-wide token cache of the HTTP path (``--http-token-cache``).
-
-    Response id → the rendered tokens of its conversation's items (not the
-    prefix), within a byte budget, least recently used first out. A
-    continuation whose parent is here still reads its history from the store
-    but does not render or tokenize it again. Keys are per owner.
-    """
-
-    def __init__(self, budget_bytes: int) -> None:
-        self.budget_bytes = budget_bytes
-        self._entries: collections.OrderedDict[tuple[str, str], array[int]] = (
-            collections.OrderedDict()
-        )
-        self.nbytes = 0
-        self.hits = 0
-        self.misses = 0
-
-    def get(self, owner: str, response_id: str) -> array[int] | None:
-        tokens = self._entries.get((owner, response_id))
-        if tokens is None:
-            self.misses += 1
-            return None
-        self.hits += 1
-        self._entries.move_to_end((owner, response_id))
-        return tokens
-
-    def put(self, owner: str, response_id: str, tokens: array[int]) -> None:
-        size = len(tokens) * tokens.itemsize
-        if size > self.budget_bytes:
-            return
-        self._entries[(owner, response_id)] = tokens
-        self.nbytes += size
-        while self.nbytes > self.budget_bytes:
-            _, old = self._entries.popitem(last=False)
-            self.nbytes -= len(old) * old.itemsize
-
-
 def _item_id(item: Item) -> str | None:
     item_id = getattr(item, "id", None)
     return item_id if isinstance(item_id, str) else None
@@ -390,6 +352,7 @@ class _Run:
             else None
         )
         self.sink: RecordingSink = self._sse or RecordingSink()
+        self._scope = scope
 
     def seed_from_token_cache(self) -> None:
         """With ``--http-token-cache``: when the parent's tokens are in memory, the
@@ -482,6 +445,8 @@ class _Run:
         try:
             turn = time.monotonic()
             while (record := await sink.next()) is not None:
+                if peer_gone(self._scope):
+                    return  # the client left: stop writing (the finally stops the rollout)
                 yield record
                 if time.monotonic() - turn >= WRITE_SLICE_SECONDS:  # others' turn
                     await asyncio.sleep(0)
@@ -490,6 +455,14 @@ class _Run:
             producer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await producer
+
+
+def _while_connected(response: Response, scope: Any) -> Response:
+    """A streamed response stops writing once its client is gone: the server
+    drops those writes, but asyncio logs each one (``serve.seam``)."""
+    if isinstance(response, StreamingResponse):
+        response.body_iterator = until_gone(scope, response.body_iterator)
+    return response
 
 
 def _too_large(size: int, limit: int) -> RemoteProtocolError:

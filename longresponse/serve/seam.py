@@ -15,20 +15,28 @@ transport (uvicorn's protocol objects hold it as ``transport``). An endpoint
 that cuts off a slow reader calls :func:`abort` with its scope; under a server
 without such a transport the call does nothing and the connection closes as
 the server closes it.
+
+The scope also carries whether the peer is gone (:func:`peer_gone`: the
+transport is closing, e.g. after a reset). A stream checks it before each
+write: the server drops writes to a lost connection silently, but asyncio
+logs every one past the fifth (``socket.send() raised exception``), and a
+stream whose queued records go out without a pause would write them all.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any, Final
 
-__all__ = ["ABORT_KEY", "Seam", "abort"]
+__all__ = ["ABORT_KEY", "GONE_KEY", "Seam", "abort", "peer_gone", "until_gone"]
 
 log = logging.getLogger(__name__)
 
 #: Where the scope carries the connection's abort callable.
 ABORT_KEY: Final = "longresponse.abort"
+#: Where the scope carries whether the connection's transport is closing.
+GONE_KEY: Final = "longresponse.gone"
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -53,6 +61,7 @@ class Seam:
             transport = _transport_of(send)
             if transport is not None:
                 scope[ABORT_KEY] = transport.abort
+                scope[GONE_KEY] = transport.is_closing
         await self.app(scope, receive, send)
 
     def __getattr__(self, name: str) -> Any:
@@ -68,3 +77,23 @@ def abort(scope: Scope, why: str) -> bool:
     log.info("dropping a connection: %s", why)
     drop()
     return True
+
+
+def peer_gone(scope: Scope) -> bool:
+    """The connection of ``scope`` is closing or lost: nothing written reaches the peer."""
+    gone = scope.get(GONE_KEY)
+    return gone is not None and bool(gone())
+
+
+async def until_gone(scope: Scope, records: AsyncIterable[Any]) -> AsyncIterator[Any]:
+    """``records``, until the peer of ``scope`` is gone (then ``records`` is closed)."""
+    iterator = aiter(records)
+    try:
+        async for record in iterator:
+            if peer_gone(scope):
+                return
+            yield record
+    finally:
+        close = getattr(iterator, "aclose", None)
+        if close is not None:
+            await close()

@@ -10,11 +10,13 @@ subprotocol or beta header, the shipped shape otherwise; the multi-agent beta,
 
 The :class:`Outbox` is the connection's :class:`EventSink`: it owns the
 server-role protocol ``Connection`` (every event is checked and recorded
-there, then encoded) and a bounded queue of encoded events. A sampling loop
+there, then encoded) and a queue of encoded events bounded in events
+(``send_queue_depth``) and in bytes (``send_queue_bytes``). A sampling loop
 that finds it full waits (a slow reader slows the stream); if it stays full
 for ``slow_reader_timeout`` the reader is disconnected (close 1008) and the
 socket abandoned. Error replies may go past the bound: at most one per client
-message, and the reader is what limits client messages.
+message, and the reader is what limits client messages (it stops reading
+while the queue is over twice either bound).
 
 The :class:`Session` owns tasks only, in one :class:`asyncio.TaskGroup`: the
 reader (messages into the protocol core, then to the shape), the writer (the
@@ -124,12 +126,17 @@ class Outbox:
             multi_agent=multi_agent,
         )
         self._queue: collections.deque[bytes] = collections.deque()
+        #: Bytes of the events in the queue.
+        self.queued_bytes = 0
         self._ready = asyncio.Event()
         self._space = asyncio.Event()
         self.closing: tuple[int, str] | None = None
         #: Most encoded events ever waiting (never above the depth except for
         #: error replies, one per client message).
         self.high_water = 0
+        #: Most bytes ever waiting (above the budget by at most one event, and
+        #: by the error replies).
+        self.high_water_bytes = 0
         #: Cancelled when a slow reader is abandoned (it is stuck in a send).
         self.writer: asyncio.Task[None] | None = None
         #: Drops the connection outright (``serve.seam.abort``), set by the endpoint.
@@ -143,13 +150,12 @@ class Outbox:
     async def room(self) -> None:
         """Wait while the queue is full. Raises :class:`ServerClosed` if the
         reader stays too slow or the session is closing."""
-        await self.below(self.config.send_queue_depth)
+        await self.below(self.config.send_queue_depth, self.config.send_queue_bytes)
 
     def push(self, event: ServerEvent) -> None:
         """Check and record ``event`` in the protocol core, queue its bytes (never waits)."""
-        self._queue.append(self.connection.send(event))
+        self._enqueue(self.connection.send(event))
         self.high_water = max(self.high_water, len(self._queue))
-        self._ready.set()
 
     def track(self, response_id: str) -> ResponseTrack:
         track = self.connection.response(response_id)
@@ -159,13 +165,19 @@ class Outbox:
 
     def error(self, error: ProtocolError, stream_id: str | None = None) -> None:
         """Queue an ``error`` event, even past the bound."""
-        self._queue.append(self.connection.send(error_event(error, stream_id=stream_id)))
+        self._enqueue(self.connection.send(error_event(error, stream_id=stream_id)))
+
+    def _enqueue(self, data: bytes) -> None:
+        self._queue.append(data)
+        self.queued_bytes += len(data)
+        self.high_water_bytes = max(self.high_water_bytes, self.queued_bytes)
         self._ready.set()
 
     # --- flow ----------------------------------------------------------------
 
-    async def below(self, limit: int) -> None:
-        while len(self._queue) >= limit:
+    async def below(self, limit: int, byte_limit: int) -> None:
+        """Wait while the queue holds ``limit`` events or ``byte_limit`` bytes."""
+        while len(self._queue) >= limit or self.queued_bytes >= byte_limit:
             if self.closing is not None:
                 raise ServerClosed("closing")
             self._space.clear()
@@ -179,6 +191,7 @@ class Outbox:
                 if self.writer is not None:
                     self.writer.cancel()
                 self._queue.clear()
+                self.queued_bytes = 0
                 if self.drop is not None:
                     self.drop()  # a graceful close would wait to flush what it never reads
                 raise ServerClosed("slow_reader") from None
@@ -198,6 +211,7 @@ class Outbox:
             turn = time.monotonic()
             while self._queue:
                 data = self._queue.popleft()
+                self.queued_bytes -= len(data)
                 self._space.set()
                 try:
                     await send({"type": "websocket.send", "text": data.decode()})
@@ -314,11 +328,13 @@ class Session:
                 return
             if kind != "websocket.receive":
                 continue
-            # Stop reading while the outbox is over twice its depth: TCP then
+            # Stop reading while the outbox is over twice its bounds: TCP then
             # pushes back on a client that writes without reading (only error
-            # replies can take it there; sampling stops at the depth, so a
+            # replies can take it there; sampling stops at the bounds, so a
             # paced stream never starves the reader of its turn).
-            await self.outbox.below(2 * self.config.send_queue_depth)
+            await self.outbox.below(
+                2 * self.config.send_queue_depth, 2 * self.config.send_queue_bytes
+            )
             received_at = time.perf_counter()
             data = message.get("text")
             if data is None:

@@ -1,0 +1,63 @@
+"""A frame past uvicorn's ``ws_max_size``: close 1009, and read on until the peer answers.
+
+Theory of operation
+-------------------
+Messages up to ``max_message_bytes`` reach the application, which answers one
+too large with an error event (the socket stays usable); uvicorn refuses
+what is past ``ws_max_size`` (twice that) itself, before buffering more. Its
+wsproto protocol then writes the close frame (1009, Message Too Big) and
+closes the TCP connection at once, while the client is still sending the
+rest of its frame. A socket closed with unread bytes in its receive buffer
+sends a reset, not a FIN, and a reset makes the client's kernel drop what it
+had not read yet, the 1009 close frame included: under load the client saw a
+bare "connection reset".
+
+:class:`LingeringWSProtocol` changes only that refusal: it drops what it had
+buffered of the message, writes the 1009 close frame, and keeps reading,
+discarding every frame, until the peer answers the close (the closing
+handshake, RFC 6455 §7.1.1) or uvicorn's close timeout runs out; then it
+closes the transport. Memory stays bounded (wsproto hands a frame over in
+pieces; a closing protocol keeps none of them).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import wsproto.events
+from uvicorn.protocols.websockets.wsproto_impl import FrameTooLargeError, WSProtocol
+
+__all__ = ["LingeringWSProtocol"]
+
+
+class LingeringWSProtocol(WSProtocol):
+    """uvicorn's wsproto protocol, with a 1009 that reaches the client."""
+
+    def handle_message(self, event: Any) -> None:
+        # As uvicorn's own, but for the refusal.
+        try:
+            self.buffer.extend(event)
+        except FrameTooLargeError:
+            self.refuse_oversize()
+            return
+        if event.message_finished:
+            self.queue.put_nowait(self.buffer.to_message())
+            self.buffer.clear()
+            if not self.read_paused:
+                self.read_paused = True
+                self.transport.pause_reading()
+
+    def refuse_oversize(self) -> None:
+        """Close 1009 and read on (discarding) until the peer answers the close."""
+        self.buffer.clear()
+        self.close_sent = True  # from now on handle_events ignores every message
+        reason = f"Message exceeds the maximum size ({self.config.ws_max_size} bytes)"
+        self.queue.put_nowait({"type": "websocket.disconnect", "code": 1009, "reason": reason})
+        if self.transport.is_closing():
+            return
+        close = wsproto.events.CloseConnection(code=1009, reason=reason)
+        self.transport.write(self.conn.send(close))
+        if self.read_paused:
+            self.read_paused = False
+            self.transport.resume_reading()
+        self.close_timer = self.loop.call_later(self.close_timeout, self.transport.close)
