@@ -73,7 +73,9 @@ Temperature = Annotated[float, Meta(ge=0, le=2)]
 TopP = Annotated[float, Meta(ge=0, le=1)]
 Penalty = Annotated[float, Meta(ge=-2, le=2)]
 TopLogprobs = Annotated[int, Meta(ge=0, le=20)]
-AtLeastOne = Annotated[int, Meta(ge=1)]
+#: A count of at least 1 and at most what a 32-bit signed integer holds (the
+#: bound keeps a 2**70 from reaching any arithmetic).
+AtLeastOne = Annotated[int, Meta(ge=1, le=2**31 - 1)]
 #: Request ``metadata``, as published: at most 16 pairs, keys of at most 64
 #: characters, values of at most 512.
 Metadata = Annotated[

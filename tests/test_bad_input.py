@@ -341,3 +341,17 @@ async def test_http_caps_input_items_like_the_websocket(make_server: Any) -> Non
         assert (error["code"], error["param"]) == ("too_many_items", "input")
         reply = await http.post(f"{small.http_url}/v1/responses", json={"input": items[:3]})
         assert reply.status_code == 200
+
+
+async def test_counts_beyond_any_sane_size_are_refused(server: Any) -> None:
+    async with connect(server.url) as client:
+        for field in ("max_output_tokens", "max_tool_calls"):
+            for value in (-1, 0, 2**31, 2**70):
+                frame = json.dumps({"type": "response.create", "input": "x", field: value})
+                await expect_error(client, frame, "invalid_value", field)
+    async with httpx.AsyncClient(timeout=30) as http:
+        reply = await http.post(
+            f"{server.http_url}/v1/responses", json={"input": "x", "max_output_tokens": 2**70}
+        )
+        assert reply.status_code == 400
+        assert reply.json()["error"]["param"] == "max_output_tokens"
