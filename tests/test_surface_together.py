@@ -263,3 +263,17 @@ def test_a_warm_up_refuses_a_compaction_trigger(server: Any) -> None:
             assert reply.status_code == 400, reply.text
             error = reply.json()["error"]
             assert (error["code"], error["param"]) == ("invalid_value", "input[3].type")
+
+
+def test_a_literal_route_answers_405_to_another_method(server: Any) -> None:
+    """``/v1/responses/compact`` is its own route, not a response id."""
+    with httpx.Client(timeout=30) as http:
+        for path in ("/v1/responses/compact", "/v1/responses/input_tokens"):
+            for method in ("GET", "DELETE"):
+                reply = http.request(method, f"{server.http_url}{path}")
+                assert reply.status_code == 405, (method, path, reply.text)
+                assert reply.json()["error"]["code"] == "method_not_allowed"
+                assert reply.headers["allow"] == "POST"
+        # A real response id still reads as one.
+        created = http.post(f"{server.http_url}/v1/responses", json={"input": "hi"}).json()
+        assert http.get(f"{server.http_url}/v1/responses/{created['id']}").status_code == 200

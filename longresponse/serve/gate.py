@@ -87,7 +87,16 @@ class RouteGate:
                 return http_error(
                     RemoteProtocolError(str(exc), code="invalid_api_key", status=401)
                 )
-        if any(match is Match.FULL for match, _ in matched):
+        # A literal path (``/v1/responses/compact``) is that route's, even where a
+        # parameter route (``/v1/responses/{response_id}``) would take the method.
+        literal = [
+            route
+            for match, route in matched
+            if isinstance(route, Route) and not route.param_convertors
+        ]
+        if literal and not any(m is Match.FULL for m, r in matched if r in literal):
+            matched = [(Match.PARTIAL, route) for route in literal]
+        elif any(match is Match.FULL for match, _ in matched):
             return None
         allowed = sorted(
             {m for _, route in matched if isinstance(route, Route) for m in route.methods or ()}
