@@ -266,8 +266,8 @@ async def compact_rollout(rollout: Rollout, reply: Reply, cached: int) -> None:
     assert rollout.compactor is not None, "the serve layer gives every rollout a compactor"
     await reply.sink.room()
     item, window = compact(rollout.context, rollout.compactor)
-    rollout.input_tokens += len(rollout.tokens)
-    rollout.cached_tokens += cached
+    rollout.counts.input_tokens += len(rollout.tokens)
+    rollout.counts.cached_tokens += cached
     start_window(rollout)
     rollout.tokens.extend(window)
     rollout.context.extend(window)

@@ -65,6 +65,9 @@ __all__ = ["INCOMPLETE_STOPS", "Rollout"]
 log = logging.getLogger(__name__)
 
 #: How :meth:`Rollout.settle` may stop short: the Response ends ``incomplete``.
+#: What one Boundary holds beside its prefix, about (its Response object and
+#: pending calls; measured on the simulated model's short answers).
+_BOUNDARY_BYTES: Final = 4096
 INCOMPLETE_STOPS: Final = frozenset({"max_output_tokens", "max_events", "pause_timeout"})
 
 
@@ -221,22 +224,6 @@ class Rollout:
             self.task.cancel()
 
     @property
-    def input_tokens(self) -> int:
-        return self.counts.input_tokens
-
-    @input_tokens.setter
-    def input_tokens(self, value: int) -> None:
-        self.counts.input_tokens = value
-
-    @property
-    def cached_tokens(self) -> int:
-        return self.counts.cached_tokens
-
-    @cached_tokens.setter
-    def cached_tokens(self, value: int) -> None:
-        self.counts.cached_tokens = value
-
-    @property
     def state(self) -> ResponseState:
         return self._current().state
 
@@ -265,8 +252,15 @@ class Rollout:
 
     @property
     def nbytes(self) -> int:
-        """Approximate memory held: tokens, plus the items (about as large again)."""
-        return 2 * self.tokens.nbytes + 64 * len(self.context)
+        """Approximate memory held: tokens, the items (about as large again), and
+        the boundaries (their prefixes, each distinct one once, and their Responses)."""
+        prefixes = {id(b.prefix): len(b.prefix) * b.prefix.itemsize for b in self.boundaries}
+        return (
+            2 * self.tokens.nbytes
+            + 64 * len(self.context)
+            + sum(prefixes.values())
+            + _BOUNDARY_BYTES * len(self.boundaries)
+        )
 
     # --- config --------------------------------------------------------------
 
@@ -307,8 +301,8 @@ class Rollout:
         self.tokens.extend(new_items)
         if fit_window(self):
             cached = 0
-        self.input_tokens += len(self.tokens)
-        self.cached_tokens += cached
+        self.counts.input_tokens += len(self.tokens)
+        self.counts.cached_tokens += cached
         self.model_seen = len(self.tokens)
 
     # --- the loop ------------------------------------------------------------
@@ -405,8 +399,8 @@ class Rollout:
         if fit_window(self):
             cached = 0
         uncached = len(self.tokens) - cached
-        self.input_tokens += cached + uncached
-        self.cached_tokens += cached
+        self.counts.input_tokens += cached + uncached
+        self.counts.cached_tokens += cached
         timing.new_tokens, timing.cached_tokens = added, cached
         sample_request = SampleRequest(
             context=self.context,

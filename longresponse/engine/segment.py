@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+from array import array
 from collections.abc import Awaitable, Callable
 
 from protocol import ResponseState
@@ -45,7 +46,7 @@ from protocol.response import Response
 
 from .failures import failure
 from .models import ModelSpec
-from .reply import Reply
+from .reply import Reply, TokenCounts
 from .rollout import INCOMPLETE_STOPS, Rollout
 from .stream import EventSink, StreamClosed
 
@@ -61,9 +62,10 @@ class Boundary:
     items: int
     tokens: int
     #: Tokens of the items alone (after the prefix), and the prefix in effect
-    #: then: a later segment may have swapped the prefix in place.
+    #: then: a later segment may have swapped the prefix in place. The prefix
+    #: is one array shared by the boundaries that had the same one.
     item_tokens: int
-    prefix: tuple[int, ...]
+    prefix: array[int]
     #: Client tool calls of the segment still waiting for their outputs.
     pending: dict[str, str]
     #: The finished segment's Response object.
@@ -151,7 +153,7 @@ class Segment:
                 items=len(rollout.context),
                 tokens=len(tokens),
                 item_tokens=len(tokens) - tokens.prefix_length,
-                prefix=tuple(tokens.tokens[: tokens.prefix_length]),
+                prefix=_shared_prefix(rollout, tokens.tokens[: tokens.prefix_length]),
                 pending=dict(reply.pending_calls),
                 response=response,
                 stream_id=self.stream_id,
@@ -193,11 +195,16 @@ def fork(parent: Rollout, boundary: Boundary) -> Rollout:
     child._prefix_key = (None, b"")  # unknown: the next segment compares the tokens
     index = parent.boundaries.index(boundary)
     child.boundaries = parent.boundaries[: index + 1]
-    child.input_tokens, child.cached_tokens = parent.input_tokens, parent.cached_tokens
+    child.counts = TokenCounts(parent.counts.input_tokens, parent.counts.cached_tokens)
     # A model server's prefix cache is shared by every request, so the fork's
     # prefix counts as processed, unless the prefix changed since.
-    same_prefix = parent.tokens.tokens[: parent.tokens.prefix_length].tolist() == list(
-        boundary.prefix
-    )
+    same_prefix = parent.tokens.tokens[: parent.tokens.prefix_length] == boundary.prefix
     child.model_seen = min(parent.model_seen, boundary.tokens) if same_prefix else 0
     return child
+
+
+def _shared_prefix(rollout: Rollout, prefix: array[int]) -> array[int]:
+    """``prefix``, or the previous boundary's equal one (one copy for a whole chain)."""
+    if rollout.boundaries and rollout.boundaries[-1].prefix == prefix:
+        return rollout.boundaries[-1].prefix
+    return prefix
