@@ -277,3 +277,17 @@ def test_a_literal_route_answers_405_to_another_method(server: Any) -> None:
         # A real response id still reads as one.
         created = http.post(f"{server.http_url}/v1/responses", json={"input": "hi"}).json()
         assert http.get(f"{server.http_url}/v1/responses/{created['id']}").status_code == 200
+
+
+def test_a_message_cut_by_max_output_tokens_is_incomplete(server: Any) -> None:
+    client = openai_client(server)
+    response = client.responses.create(
+        model="sim", input="Tell me everything.", max_output_tokens=3, store=False
+    )
+    assert response.status == "incomplete"
+    assert response.incomplete_details is not None
+    assert response.incomplete_details.reason == "max_output_tokens"
+    (message,) = [item for item in response.output if item.type == "message"]
+    assert message.status == "incomplete"
+    whole = client.responses.create(model="sim", input="Tell me everything.", store=False)
+    assert whole.output[-1].status == "completed"

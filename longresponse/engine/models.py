@@ -124,7 +124,9 @@ class ArgumentsDelta:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ItemEnd:
-    """The current output item (message or call) is finished."""
+    """The current output item is finished (``incomplete``: cut off by a budget)."""
+
+    incomplete: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -214,8 +216,6 @@ class ModelRegistry:
 
 
 # --- the simulated model ----------------------------------------------------
-
-
 def _out_of_range(key: str, value: str, what: str) -> RemoteProtocolError:
     return RemoteProtocolError(
         f"metadata.{key} must be {what}, written as a string, not {value!r}.",
@@ -405,7 +405,7 @@ class SimSampler:
         for piece in pieces[:fits]:
             await pacer.tick()
             yield TextDelta(piece)
-        yield ItemEnd()
+        yield ItemEnd(incomplete=fits < len(pieces))
         yield Stop("stop" if fits == len(pieces) else "max_output_tokens")
 
     async def _stream_text(
@@ -422,7 +422,7 @@ class SimSampler:
             await pacer.tick()
             yield TextDelta(piece)
         if fits < len(head):
-            yield ItemEnd()
+            yield ItemEnd(incomplete=True)
             yield Stop("max_output_tokens")
             return
         left = None if budget is None else budget - len(encode("".join(head)))
@@ -431,7 +431,7 @@ class SimSampler:
             if left is not None:
                 left -= tokens
                 if left < 0:
-                    yield ItemEnd()
+                    yield ItemEnd(incomplete=True)
                     yield Stop("max_output_tokens")
                     return
             await pacer.tick()

@@ -442,7 +442,7 @@ class Rollout:
                     isinstance(chunk, TextDelta | ToolCallStart)
                     and sink.track(reply.id).next_sequence >= self.max_events
                 ):  # never with a call half written
-                    stop, chunk = "max_events", ItemEnd()  # close the open message, stop
+                    stop, chunk = "max_events", ItemEnd(incomplete=True)  # close it, stop
                 await sink.room()
                 pushing = self.clock()
                 for event in builder.feed(chunk):  # no await: all of them, or none

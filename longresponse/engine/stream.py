@@ -235,7 +235,7 @@ class StreamBuilder:
                 )
             ]
         if isinstance(chunk, ItemEnd):
-            return self._end_item(index)
+            return self._end_item(index, incomplete=chunk.incomplete)
         if isinstance(chunk, Stop):
             return self._end_item(index) if self._kind is not None else []
         raise TypeError(f"unknown sampler chunk {chunk!r}")  # pragma: no cover
@@ -258,7 +258,7 @@ class StreamBuilder:
             OutputItemDone(sequence_number=self._next(), output_index=index, item=item, **extra),
         ]
 
-    def _end_item(self, index: int) -> list[ServerEvent]:
+    def _end_item(self, index: int, *, incomplete: bool = False) -> list[ServerEvent]:
         extra = self._extra
         text, tokens = self._text.finish()
         self.output_tokens += tokens
@@ -266,7 +266,10 @@ class StreamBuilder:
         if self._kind == "message":
             part = OutputText(text=text, annotations=[], logprobs=[])
             item: Item = Message(
-                role="assistant", content=[part], id=self._item_id, status="completed"
+                role="assistant",
+                content=[part],
+                id=self._item_id,
+                status="incomplete" if incomplete else "completed",
             )
             events = [
                 OutputTextDone(
