@@ -134,7 +134,7 @@ class Persistence:
         #: terminal event waits for them), as without an overlapping queue.
         self.overlapped = overlapped
         self._queue: asyncio.Queue[
-            tuple[StoredResponse | UsageRecord, asyncio.Future[None] | None] | None
+            tuple[UsageRecord, asyncio.Future[None] | None] | None
         ] = asyncio.Queue(depth)
         self._pending: dict[str, asyncio.Future[None]] = {}
         self._worker: asyncio.Task[None] | None = None
@@ -166,32 +166,21 @@ class Persistence:
             record, done = entry
             started = time.perf_counter()
             try:
-                if isinstance(record, UsageRecord):
-                    await self.store.put_usage(record)
-                    self.usage_written += 1
-                else:
-                    await self.store.put(record)
-                    self.written += 1
+                await self.store.put_usage(record)
+                self.usage_written += 1
             except Exception:
-                log.exception("post-inference write for %s failed", _record_id(record))
+                log.exception("usage record of %s failed", record.response_id)
             finally:
                 self.write_seconds += time.perf_counter() - started
-                if isinstance(record, StoredResponse):
-                    self._pending.pop(record.id, None)
                 if done is not None and not done.done():
                     done.set_result(None)
 
-    async def _enqueue(self, record: StoredResponse | UsageRecord) -> None:
-        # A future only where someone waits: readers of a stored response, or
-        # the caller when post-inference is not overlapped.
-        done: asyncio.Future[None] | None = None
-        if isinstance(record, StoredResponse) or not self.overlapped:
-            done = asyncio.get_running_loop().create_future()
-        if isinstance(record, StoredResponse) and done is not None:
-            self._pending[record.id] = done
+    async def _enqueue(self, record: UsageRecord) -> None:
+        # A future only when the caller waits (post-inference not overlapped).
+        done = None if self.overlapped else asyncio.get_running_loop().create_future()
         self.start()
         await self._queue.put((record, done))
-        if done is not None and not self.overlapped:
+        if done is not None:
             await asyncio.shield(done)
 
     def usage_nowait(self, response: Response, *, owner: str, transport: str) -> None:
@@ -331,10 +320,6 @@ class Persistence:
             if isinstance(item, FunctionCall) and item.call_id not in answered
         }
         return Conversation(items=items, last=last, pending=pending)
-
-
-def _record_id(record: StoredResponse | UsageRecord) -> str:
-    return record.id if isinstance(record, StoredResponse) else record.response_id
 
 
 def _usage_record(response: Response, *, owner: str, transport: str) -> UsageRecord:
