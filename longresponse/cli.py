@@ -13,6 +13,8 @@ from typing import Any
 from protocol import MAX_ITEMS_PER_EVENT, MAX_MESSAGE_BYTES
 
 from . import config as limits
+from .backends import settings as backend_settings
+from .backends.registry import missing_keys
 from .config import ServerConfig, SimConfig, Switches
 from .storage.keys import API_KEYS_ENV, ApiKeys, is_loopback
 from .storage.server_keys import COMPACTION_KEY_ENV
@@ -273,6 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="simulated models: context window in tokens (longer input: context_length_exceeded, "
         "or dropped oldest items with truncation=auto)",
     )
+    backend_settings.add_arguments(serve)
     serve.add_argument(
         "--log-level",
         default="info",
@@ -339,6 +342,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             resolution_reuse=args.resolution_reuse,
             overlapped_post_inference=args.overlapped_post_inference,
         ),
+        backends=backend_settings.backends_from_args(args),
         sim=SimConfig(
             time_to_first_token=args.sim_ttft_ms / 1000,
             tokens_per_second=args.sim_tokens_per_second,
@@ -398,7 +402,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "serve":
         import uvicorn
 
-        config = config_from_args(args)
+        try:
+            config = config_from_args(args)
+        except backend_settings.SettingsError as exc:
+            parser.error(str(exc))
+        if (missing := missing_keys(config.backends)) is not None:
+            parser.error(missing)
         keys = ApiKeys.from_env(config.api_keys)
         if not is_loopback(config.host) and not keys.enabled and not config.allow_unauthenticated:
             parser.error(

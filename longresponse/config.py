@@ -185,6 +185,50 @@ class SimConfig:
     context_window: int = 1_000_000
 
 
+#: The kinds of real model backend (``longresponse.backends``): an engine's
+#: Chat Completions API, a Responses API over HTTP (SSE), or over its WebSocket mode.
+BACKEND_KINDS: Final = ("chat", "responses", "responses-ws")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BackendConfig:
+    """One served model that a real engine answers (``longresponse.backends``).
+
+    The API key is never held here: ``api_key_env`` names the environment
+    variable that holds it, read when the backend opens.
+    """
+
+    #: The model name clients ask for (and ``GET /v1/models`` lists).
+    name: str
+    #: One of :data:`BACKEND_KINDS`.
+    kind: str
+    #: The engine's API root, e.g. ``http://127.0.0.1:8000/v1``.
+    base_url: str
+    #: The engine's own name for the model (default: ``name``).
+    upstream_model: str = ""
+    api_key_env: str | None = None
+    context_window: int = 128_000
+    max_output_tokens: int = 32_768
+    #: Seconds: to connect, from the request to the first token, between
+    #: two chunks of a stream.
+    connect_timeout: float = 10.0
+    first_token_timeout: float = 120.0
+    idle_timeout: float = 60.0
+    #: Retries of a request the upstream refused before any output (connect
+    #: errors, 429, 502/503/504), with exponential backoff from ``retry_backoff`` s.
+    max_retries: int = 2
+    retry_backoff: float = 0.25
+    #: The header carrying the rollout's affinity key (empty: none is sent).
+    affinity_header: str = "x-longresponse-affinity"
+    #: Responses kinds: the upstream stores responses, so a turn continues
+    #: with ``previous_response_id`` and only the new items (else full input).
+    upstream_store: bool = False
+
+    @property
+    def model(self) -> str:
+        return self.upstream_model or self.name
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class ServerConfig:
     host: str = DEFAULT_HOST
@@ -230,3 +274,5 @@ class ServerConfig:
     #: else a random key kept in the store: ``longresponse.storage.server_keys``).
     compaction_key: str | None = None
     sim: SimConfig = dataclasses.field(default_factory=SimConfig)
+    #: Models answered by real engines, beside the simulated ones.
+    backends: tuple[BackendConfig, ...] = ()

@@ -52,6 +52,10 @@ class ErrorCode(enum.StrEnum):
     TOO_MANY_ROLLOUTS = "too_many_rollouts"
     INVALID_ENCRYPTED_CONTENT = "invalid_encrypted_content"
     SERVER_ERROR = "server_error"
+    # A real model behind the server (longresponse.backends) failed.
+    UPSTREAM_UNAVAILABLE = "upstream_unavailable"
+    RATE_LIMIT_EXCEEDED = "rate_limit_exceeded"
+    CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
     # The shipped shape (compat layer).
     PREVIOUS_RESPONSE_NOT_FOUND = "previous_response_not_found"
     MISSING_TOOL_OUTPUT = "missing_tool_output"

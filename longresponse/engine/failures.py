@@ -5,7 +5,10 @@ shipped ``truncation`` setting says (drop the oldest items, or fail with
 :class:`ContextLengthExceeded`). :class:`TurnRefused` is raised by the serve
 layer's post-inference work when it cannot accept a finished turn (a
 ``store=true`` write that failed). :func:`failure` is the ``error`` a
-response that failed while running reports.
+response that failed while running reports. :class:`UpstreamError` is raised
+by a real model backend (``longresponse.backends``) whose engine failed or
+refused; it carries the shipped code, HTTP status, ``param`` and retry hint
+the server reports, and never the upstream's credentials.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from .render import items_to_drop, render_item, render_prefix
 if TYPE_CHECKING:
     from .rollout import Rollout
 
-__all__ = ["ContextLengthExceeded", "TurnRefused", "failure", "fit_window"]
+__all__ = ["ContextLengthExceeded", "TurnRefused", "UpstreamError", "failure", "fit_window"]
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +39,43 @@ class TurnRefused(Exception):
     def __init__(self, error: ResponseError) -> None:
         super().__init__(error.message)
         self.error = error
+
+
+class UpstreamError(Exception):
+    """The engine behind a model failed or refused a turn.
+
+    ``code`` is the shipped error code (``upstream_unavailable`` with status
+    502 when it cannot be reached or broke off; ``rate_limit_exceeded`` 429
+    with ``retry_after`` seconds; ``context_length_exceeded`` or
+    ``invalid_request_error`` codes 400 with ``param`` when it refused the
+    request). ``output_started`` says whether any of the turn's output had
+    already been produced when it failed.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str = "upstream_unavailable",
+        status: int = 502,
+        param: str | None = None,
+        retry_after: float | None = None,
+        output_started: bool = False,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        self.status = status
+        self.param = param
+        self.retry_after = retry_after
+        self.output_started = output_started
+
+    @property
+    def error_type(self) -> str:
+        """The envelope's ``type``: who is at fault."""
+        if self.status == 429:
+            return "rate_limit_error"
+        return "invalid_request_error" if 400 <= self.status < 500 else "server_error"
 
 
 def fit_window(rollout: Rollout) -> bool:
@@ -66,5 +106,7 @@ def failure(exc: Exception, response_id: str) -> ResponseError:
         return ResponseError(code="context_length_exceeded", message=str(exc))
     if isinstance(exc, TurnRefused):
         return exc.error
+    if isinstance(exc, UpstreamError):
+        return ResponseError(code=exc.code, message=exc.message)
     log.exception("response %s failed", response_id, exc_info=exc)
     return ResponseError(code="server_error", message="The model failed.")

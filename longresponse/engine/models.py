@@ -42,13 +42,12 @@ worker thread, and no longer than the Response's output budget.)
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import hashlib
 import math
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Mapping, Sequence
-from typing import Any, Final, Literal, Protocol
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Mapping
+from typing import Any, Final
 
 import msgspec
 
@@ -57,16 +56,26 @@ from protocol.items import (
     FunctionCall,
     FunctionCallOutput,
     FunctionTool,
-    Item,
     Message,
-    ToolChoice,
     ToolChoiceFunction,
     item_text,
 )
-from protocol.response import FormatText, TextFormat
+from protocol.response import FormatText
 
 from ..config import RANGES, SimConfig
 from .render import encode
+from .sampling import (
+    ArgumentsDelta,
+    ItemEnd,
+    ModelSpec,
+    SampleChunk,
+    Sampler,
+    SampleRequest,
+    Stop,
+    TextDelta,
+    ToolCallStart,
+    Usage,
+)
 from .structured import answer_in_format
 
 __all__ = [
@@ -88,6 +97,7 @@ __all__ = [
     "Stop",
     "TextDelta",
     "ToolCallStart",
+    "Usage",
     "check_sim_metadata",
     "example_for_schema",
 ]
@@ -104,73 +114,6 @@ MAX_SIM_TOKENS_PER_SECOND: Final = RANGES["sim_tokens_per_second"].high
 MAX_SIM_TTFT_MS: Final = RANGES["sim_ttft_ms"].high
 #: Generation that has not waited for this long gives the event loop a turn.
 SIM_YIELD_SECONDS: Final = 0.0005
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class TextDelta:
-    text: str
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class ToolCallStart:
-    call_id: str
-    name: str
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class ArgumentsDelta:
-    delta: str
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class ItemEnd:
-    """The current output item is finished (``incomplete``: cut off by a budget)."""
-
-    incomplete: bool = False
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Stop:
-    reason: Literal["stop", "tool_calls", "max_output_tokens"]
-
-
-SampleChunk = TextDelta | ToolCallStart | ArgumentsDelta | ItemEnd | Stop
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class SampleRequest:
-    """What one sampling turn sees: the whole context and how much is cached."""
-
-    context: Sequence[Item]
-    tools: Sequence[FunctionTool]
-    tool_choice: ToolChoice
-    parallel_tool_calls: bool
-    metadata: Mapping[str, str]
-    cached_tokens: int
-    uncached_tokens: int
-    #: Output tokens this turn may still write (the Response's budget left).
-    max_output_tokens: int | None = None
-    #: ``text.format``: plain text, or JSON.
-    text_format: TextFormat | None = None
-
-
-class Sampler(Protocol):
-    def sample(self, request: SampleRequest) -> AsyncGenerator[SampleChunk, None]: ...
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class ModelSpec:
-    """A resolved model: its limits, and how to make a sampler for one rollout."""
-
-    name: str
-    context_window: int
-    max_output_tokens: int
-    make_sampler: Callable[[], Sampler]
-
-    def too_long(self, tokens: int) -> str:
-        """The message of ``context_length_exceeded`` for a context of ``tokens``."""
-        window = self.context_window
-        return f"Your input is {tokens} tokens; the context window of {self.name} is {window}."
 
 
 class ModelRegistry:
@@ -195,6 +138,13 @@ class ModelRegistry:
 
     def names(self) -> list[str]:
         return sorted(self._models)
+
+    def specs(self) -> list[ModelSpec]:
+        return [self._models[name] for name in self.names()]
+
+    def add(self, spec: ModelSpec) -> None:
+        """Serve ``spec`` under its name (a real backend; replaces a sim of that name)."""
+        self._models[spec.name] = spec
 
     def resolve(self, name: str | None) -> ModelSpec:
         """The model named ``name`` (``None`` means the default, ``sim``).

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
@@ -55,6 +55,9 @@ from protocol.response import (
 
 from .classifier import Finding
 from .stream import EventSink, StreamBuilder
+
+if TYPE_CHECKING:
+    from . import models
 
 __all__ = ["Reply", "TokenCounts"]
 
@@ -204,6 +207,14 @@ class Reply:
             output_tokens_details=OutputTokensDetails(),
             total_tokens=input_tokens + output,
         )
+
+    def bill_upstream(self, counted: models.Usage, estimate: tuple[int, int, int]) -> None:
+        """Replace this turn's estimated counts (input, cached, output) with the
+        engine's own (a real backend's :class:`~longresponse.engine.models.Usage`)."""
+        input_tokens, cached, output = estimate
+        self._counts.input_tokens += counted.input_tokens - input_tokens
+        self._counts.cached_tokens += counted.cached_tokens - cached
+        self.builder.output_tokens += counted.output_tokens - output
 
     # --- sending ----------------------------------------------------------------
 

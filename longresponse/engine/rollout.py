@@ -47,6 +47,7 @@ from protocol.items import Item, as_items
 from protocol.response import Response, ResponseError
 
 from ..config import MAX_RESPONSE_EVENTS, MAX_RESPONSE_OUTPUT_TOKENS, Switches
+from . import models
 from .admission import Pipeline
 from .classifier import Finding
 from .compaction import Compactor, Intake, compact_rollout, compact_threshold, intake, start_window
@@ -431,11 +432,16 @@ class Rollout:
         stop = "stop"
         builder, sink = reply.builder, reply.sink
         first_output = len(builder.output)
+        output_before = builder.output_tokens
         async with contextlib.aclosing(self.sampler.sample(sample_request)) as chunks:
             async for chunk in chunks:
                 if first:
                     timing.time_to_first_token = self.clock() - sampling_started
                     first = False
+                if isinstance(chunk, models.Usage):  # a real engine's own counts
+                    estimate = (cached + uncached, cached, builder.output_tokens - output_before)
+                    reply.bill_upstream(chunk, estimate)
+                    continue
                 if isinstance(chunk, Stop):
                     stop = chunk.reason
                 elif (

@@ -24,6 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 
+from ..backends.registry import close_backends, open_backends, serve_backends
 from ..config import ServerConfig
 from ..engine.admission import Pipeline
 from ..engine.classifier import Policy
@@ -74,6 +75,8 @@ def create_app(config: ServerConfig | None = None) -> Seam:
     config = config or ServerConfig()
     encode("")  # load the tokenizer now, not inside the first request
     models = ModelRegistry(config.sim)
+    backends = open_backends(config.backends)  # real engines (longresponse.backends)
+    serve_backends(models, backends)
     pipeline = Pipeline(config.switches, Policy(config.secrets_policy))
     models.counters = pipeline.counters
     metrics = ServerMetrics(pipeline.counters)
@@ -121,6 +124,7 @@ def create_app(config: ServerConfig | None = None) -> Seam:
             await background.aclose()  # what still runs ends failed, and is stored
             await persistence.drain()  # a clean stop loses no queued write
             await store.aclose()
+            await close_backends(backends)
             services.persistence = None
             services.compaction_key = None
 
@@ -129,8 +133,8 @@ def create_app(config: ServerConfig | None = None) -> Seam:
             {
                 "object": "list",
                 "data": [
-                    {"id": name, "object": "model", "created": 0, "owned_by": "longresponse"}
-                    for name in models.names()
+                    {"id": spec.name, "object": "model", "created": 0, "owned_by": spec.owned_by}
+                    for spec in models.specs()
                 ],
             }
         )

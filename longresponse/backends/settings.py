@@ -1,0 +1,184 @@
+"""Which real engines serve which model names: a TOML file, flags, environment.
+
+The registry of real backends is read from three places, the later adding to
+(and, for a name already present, replacing) the earlier:
+
+1. a TOML file (``--config PATH`` or ``LONGRESPONSE_CONFIG``), one table per
+   served model name under ``[models]``::
+
+       [models.qwen]
+       kind = "chat"                          # chat | responses | responses-ws
+       base_url = "http://127.0.0.1:8000/v1"
+       upstream_model = "Qwen/Qwen3-8B"       # the engine's own name
+       api_key_env = "VLLM_API_KEY"           # the variable holding the key
+       context_window = 32768
+       first_token_timeout = 300
+
+2. the simple case as flags (``--upstream URL --upstream-model M``, with
+   ``--upstream-kind``, ``--upstream-api-key-env``, ``--served-model-name``,
+   ``--upstream-context-window``),
+3. or the same as ``LONGRESPONSE_UPSTREAM``, ``LONGRESPONSE_UPSTREAM_MODEL``,
+   ``LONGRESPONSE_UPSTREAM_KIND``, ``LONGRESPONSE_UPSTREAM_API_KEY_ENV``,
+   ``LONGRESPONSE_SERVED_MODEL_NAME``, ``LONGRESPONSE_UPSTREAM_CONTEXT_WINDOW``
+   (a flag wins over its variable).
+
+Every field of :class:`~longresponse.config.BackendConfig` may appear in a
+table; an unknown key, a wrong type or a value out of range is refused with a
+message naming the table and the key (:class:`SettingsError`; ``serve``
+exits 2). An API key itself is never read from the file or a flag, only the
+name of the variable that holds it, so it cannot end up in a log or a shell
+history by way of the configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import tomllib
+from collections.abc import Mapping
+from typing import Any, Final
+from urllib.parse import urlsplit
+
+from ..config import BACKEND_KINDS, BackendConfig
+
+__all__ = ["ENV", "SettingsError", "add_arguments", "backends_from_args", "load_toml"]
+
+#: flag destination -> environment variable.
+ENV: Final[Mapping[str, str]] = {
+    "config": "LONGRESPONSE_CONFIG",
+    "upstream": "LONGRESPONSE_UPSTREAM",
+    "upstream_model": "LONGRESPONSE_UPSTREAM_MODEL",
+    "upstream_kind": "LONGRESPONSE_UPSTREAM_KIND",
+    "upstream_api_key_env": "LONGRESPONSE_UPSTREAM_API_KEY_ENV",
+    "served_model_name": "LONGRESPONSE_SERVED_MODEL_NAME",
+    "upstream_context_window": "LONGRESPONSE_UPSTREAM_CONTEXT_WINDOW",
+}
+
+#: (smallest, largest) of the numeric fields.
+_RANGES: Final[Mapping[str, tuple[float, float]]] = {
+    "context_window": (1, 100_000_000),
+    "max_output_tokens": (1, 100_000_000),
+    "connect_timeout": (0.001, 3600),
+    "first_token_timeout": (0.001, 86_400),
+    "idle_timeout": (0.001, 86_400),
+    "max_retries": (0, 10),
+    "retry_backoff": (0, 60),
+}
+
+
+class SettingsError(ValueError):
+    """The backend configuration cannot be used; the message says where and why."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``serve`` flags of the backend registry."""
+    group = parser.add_argument_group("real model backends (see README: Real models)")
+    group.add_argument("--config", metavar="PATH", help="TOML file of served models")
+    group.add_argument("--upstream", metavar="URL", help="an engine's API root, e.g. .../v1")
+    group.add_argument("--upstream-model", metavar="NAME", help="the engine's name of the model")
+    group.add_argument(
+        "--upstream-kind", choices=BACKEND_KINDS, help="the engine's API (default: chat)"
+    )
+    group.add_argument(
+        "--upstream-api-key-env", metavar="VAR", help="environment variable holding the key"
+    )
+    group.add_argument(
+        "--served-model-name", metavar="NAME", help="the name clients use (default: the model's)"
+    )
+    group.add_argument(
+        "--upstream-context-window", type=int, metavar="TOKENS", help="the model's window"
+    )
+
+
+def _setting(args: argparse.Namespace, name: str, env: Mapping[str, str]) -> Any:
+    value = getattr(args, name, None)
+    return value if value is not None else env.get(ENV[name]) or None
+
+
+def backends_from_args(
+    args: argparse.Namespace, env: Mapping[str, str] | None = None
+) -> tuple[BackendConfig, ...]:
+    """The configured backends: the TOML file's, then the one of the flags/environment."""
+    env = os.environ if env is None else env
+    backends: dict[str, BackendConfig] = {}
+    path = _setting(args, "config", env)
+    if path is not None:
+        backends.update((b.name, b) for b in load_toml(path))
+    url = _setting(args, "upstream", env)
+    model = _setting(args, "upstream_model", env)
+    if url is None and model is None:
+        return tuple(backends.values())
+    if url is None or model is None:
+        raise SettingsError("--upstream and --upstream-model go together (or their variables)")
+    table: dict[str, Any] = {
+        "kind": _setting(args, "upstream_kind", env) or "chat",
+        "base_url": url,
+        "upstream_model": model,
+    }
+    if (key_env := _setting(args, "upstream_api_key_env", env)) is not None:
+        table["api_key_env"] = key_env
+    if (window := _setting(args, "upstream_context_window", env)) is not None:
+        try:
+            table["context_window"] = int(window)
+        except ValueError:
+            raise SettingsError(f"the context window must be an integer, not {window!r}") from None
+    name = _setting(args, "served_model_name", env) or model
+    backends[name] = backend(name, table, where="--upstream")
+    return tuple(backends.values())
+
+
+def load_toml(path: str) -> tuple[BackendConfig, ...]:
+    """The ``[models.NAME]`` tables of the TOML file at ``path``."""
+    try:
+        with open(path, "rb") as file:
+            data = tomllib.load(file)
+    except OSError as exc:
+        raise SettingsError(f"cannot read {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise SettingsError(f"{path} is not valid TOML: {exc}") from None
+    unknown = sorted(set(data) - {"models"})
+    if unknown:
+        raise SettingsError(f"{path}: unknown table {unknown[0]!r} (only [models.NAME])")
+    models = data.get("models", {})
+    if not isinstance(models, dict) or not all(isinstance(t, dict) for t in models.values()):
+        raise SettingsError(f"{path}: [models] must hold one table per served model name")
+    return tuple(
+        backend(name, table, where=f"{path}: [models.{name}]") for name, table in models.items()
+    )
+
+
+def backend(name: str, table: Mapping[str, Any], *, where: str) -> BackendConfig:
+    """One checked :class:`BackendConfig` from a table of settings."""
+    fields = {f.name: f for f in dataclasses.fields(BackendConfig)}
+    for key, value in table.items():
+        field = fields.get(key)
+        if field is None or key == "name":
+            raise SettingsError(f"{where}: unknown setting {key!r}")
+        _check(where, key, value, str(field.type))
+    kind = table.get("kind")
+    if kind not in BACKEND_KINDS:
+        kinds = ", ".join(BACKEND_KINDS)
+        raise SettingsError(f"{where}: kind must be one of {kinds}, not {kind!r}")
+    url = table.get("base_url")
+    if not isinstance(url, str) or urlsplit(url).scheme not in ("http", "https", "ws", "wss"):
+        raise SettingsError(f"{where}: base_url must be an http(s) or ws(s) URL, not {url!r}")
+    if not urlsplit(url).hostname:
+        raise SettingsError(f"{where}: base_url {url!r} names no host")
+    return BackendConfig(name=name, **table)
+
+
+def _check(where: str, key: str, value: Any, annotation: str) -> None:
+    if "bool" in annotation:
+        ok = isinstance(value, bool)
+    elif "int" in annotation:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif "float" in annotation:
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, str) or ("None" in annotation and value is None)
+    if not ok:
+        raise SettingsError(f"{where}: {key} must be of type {annotation}, not {value!r}")
+    low, high = _RANGES.get(key, (None, None))
+    if low is not None and high is not None and not low <= value <= high:
+        raise SettingsError(f"{where}: {key} must be from {low:g} to {high:g}, not {value!r}")
