@@ -9,16 +9,20 @@ then walks away from.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
 from typing import Any
 
 import httpx
+import msgspec
 import openai
 import pytest
 
 from longresponse.config import SimConfig
+from longresponse.engine.chat_map import items_from_messages, messages_from_items
+from longresponse.engine.chat_wire import ChatRequest, decode_chat_request
 from longresponse.engine.prefix_cache import BLOCK_TOKENS
 from tests.conftest import openai_client
 
@@ -311,6 +315,27 @@ def test_a_follow_up_finds_the_shared_prefix_cached(make_server: Any) -> None:
     assert cache.tokens_found >= expected + cached
 
 
+def test_prefill_is_charged_for_the_uncached_tokens_only(server: Any) -> None:
+    """The sampler (whose prefill delay is uncached tokens / prefill rate) is
+    told exactly the tokens the cache did not have."""
+    chat = server.app.state.chat
+    messages = [user(f"{uuid.uuid4()} " + "cache me " * 60)]
+    body = json.dumps({"model": "sim", "messages": messages}).encode()
+
+    def start() -> Any:
+        started = chat._start(decode_chat_request(body))
+        turn, _ = asyncio.run_coroutine_threadsafe(started, server.app.state.loop).result(10)
+        return turn.sample_request
+
+    cold = start()
+    assert cold.cached_tokens == 0
+    assert cold.uncached_tokens == tokenize(server, messages=messages)["count"]
+    openai_client(server).chat.completions.create(model="sim", messages=messages)
+    warm = start()
+    assert warm.cached_tokens == (cold.uncached_tokens - 1) // BLOCK_TOKENS * BLOCK_TOKENS > 0
+    assert warm.uncached_tokens == cold.uncached_tokens - warm.cached_tokens
+
+
 def test_a_tiny_budget_evicts_least_recently_used_first(make_server: Any) -> None:
     running = make_server(chat_prefix_cache_tokens=4 * BLOCK_TOKENS)
     client = openai_client(running)
@@ -345,6 +370,39 @@ def test_a_zero_budget_turns_the_cache_off(make_server: Any) -> None:
     assert len(running.app.state.chat.cache) == 0
 
 
+# --- the mapping, both ways ----------------------------------------------------------
+
+
+def test_messages_and_items_map_both_ways() -> None:
+    call = {**CALL, "function": {"name": "get_weather", "arguments": '{"city":"Oslo"}'}}
+    conversation = [
+        {"role": "system", "content": "Be terse."},
+        {"role": "developer", "content": "Use tools."},
+        user("Weather in Oslo?"),
+        {
+            "role": "assistant",
+            "content": "Looking.",
+            "tool_calls": [call],
+            "reasoning_content": "x",
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "Snow"},
+        {"role": "assistant", "content": "Snow in Oslo."},
+    ]
+    body = json.dumps({"model": "sim", "messages": conversation}).encode()
+    request = decode_chat_request(body)
+    items = items_from_messages(request.messages)
+    kinds = [type(item).__name__ for item in items]
+    assert kinds == [
+        "Message", "Message", "Message", "Reasoning", "Message", "FunctionCall",
+        "FunctionCallOutput", "Message",
+    ]  # fmt: skip
+    back = messages_from_items(items)
+    assert back == request.messages
+    again = msgspec.json.decode(msgspec.json.encode(ChatRequest(model="sim", messages=back)))
+    assert again["messages"][3]["tool_calls"][0]["function"]["arguments"] == '{"city":"Oslo"}'
+    assert again["messages"][4] == {"role": "tool", "content": "Snow", "tool_call_id": "call_1"}
+
+
 # --- the stream's end -------------------------------------------------------------
 
 
@@ -372,6 +430,19 @@ def test_a_client_that_leaves_mid_stream_stops_the_generation(server: Any) -> No
     left = time.monotonic()
     wait_for(lambda: chat.stopped == stopped + 1 and chat.running == 0, "the turn to stop")
     assert time.monotonic() - left < 10  # stopped, not run to its end
+
+
+def test_a_client_that_hangs_up_on_a_completion_stops_it(server: Any) -> None:
+    chat = server.app.state.chat
+    stopped = chat.stopped
+    body = {
+        "model": "sim",
+        "messages": [user("Talk for a long time, then answer.")],
+        "metadata": {"sim_output_tokens": "100000", "sim_tokens_per_second": "200"},
+    }
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server.http_url}/v1/chat/completions", json=body, timeout=0.5)
+    wait_for(lambda: chat.stopped == stopped + 1 and chat.running == 0, "the turn to stop")
 
 
 def test_a_stream_ends_with_done(server: Any) -> None:

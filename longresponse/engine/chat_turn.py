@@ -119,6 +119,11 @@ class ChatTurn:
         self.finish_reason: FinishReason | None = None
 
     @property
+    def sample_request(self) -> SampleRequest:
+        """What the sampler is asked: the context, and how much of it is cached."""
+        return self._request
+
+    @property
     def prompt_tokens(self) -> int:
         return self._request.cached_tokens + self._request.uncached_tokens
 

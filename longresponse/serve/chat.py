@@ -137,7 +137,7 @@ class ChatCompletions:
             return StreamingResponse(
                 self._sse(turn, prompt, request.scope), media_type="text/event-stream"
             )
-        return await self._json(turn, prompt)
+        return await self._json(turn, prompt, request)
 
     async def _start(self, body: ChatRequest) -> tuple[ChatTurn, ChatPrompt]:
         """Check ``body`` and make its turn. Raises :class:`RemoteProtocolError`."""
@@ -207,17 +207,36 @@ class ChatCompletions:
         digests = await asyncio.to_thread(_answer_digests, turn.model, prompt, answer)
         self.cache.insert(digests)
 
-    async def _json(self, turn: ChatTurn, prompt: ChatPrompt) -> Response:
-        self.running += 1
-        try:
+    async def _json(self, turn: ChatTurn, prompt: ChatPrompt, request: Request) -> Response:
+        """The whole answer as one ``chat.completion``; a client that hangs up
+        first stops the turn (its ``http.disconnect`` is watched meanwhile)."""
+
+        async def run() -> None:
             async for _ in turn.chunks():
                 pass
             await self._remember(turn, prompt)
-        except BaseException:
-            self.stopped += 1
-            raise
+
+        async def hung_up() -> None:
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+
+        self.running += 1
+        work = asyncio.ensure_future(run())
+        watch = asyncio.ensure_future(hung_up())
+        try:
+            await asyncio.wait((work, watch), return_when=asyncio.FIRST_COMPLETED)
         finally:
             self.running -= 1
+            for task in (work, watch):
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch
+            try:
+                await work
+            except asyncio.CancelledError:
+                self.stopped += 1
+        if work.cancelled():  # the client is gone: nobody reads this
+            return Response(status_code=499)
         return Response(_encoder.encode(turn.completion()), media_type="application/json")
 
     async def _sse(self, turn: ChatTurn, prompt: ChatPrompt, scope: Any) -> AsyncIterator[bytes]:
