@@ -10,7 +10,9 @@ then walks away from.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import socket
 import time
 import uuid
 from typing import Any
@@ -443,6 +445,38 @@ def test_a_client_that_hangs_up_on_a_completion_stops_it(server: Any) -> None:
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{server.http_url}/v1/chat/completions", json=body, timeout=0.5)
     wait_for(lambda: chat.stopped == stopped + 1 and chat.running == 0, "the turn to stop")
+
+
+def test_a_slow_stream_reader_is_dropped_and_its_turn_stopped(make_server: Any) -> None:
+    running = make_server(slow_reader_timeout=0.3)
+    chat = running.app.state.chat
+    body = json.dumps(
+        {
+            "model": "sim",
+            "messages": [user("flood me")],
+            "stream": True,
+            "metadata": {"sim_output_tokens": "2000000"},
+        }
+    ).encode()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.settimeout(10)
+    with sock:
+        sock.connect(("127.0.0.1", running.port))
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        wait_for(lambda: chat.running == 1, "the turn to start")
+        # Never reading: the connection is dropped and the turn stopped.
+        wait_for(lambda: chat.stopped == 1 and chat.running == 0, "the reader's drop", 30)
+        received = b""
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := sock.recv(1 << 20):
+                received += chunk
+    assert received.startswith(b"HTTP/1.1 200")
+    assert len(received) < 4 * 1024 * 1024
+    assert b"data: [DONE]" not in received
 
 
 def test_a_stream_ends_with_done(server: Any) -> None:
