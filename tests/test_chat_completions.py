@@ -24,7 +24,12 @@ import pytest
 
 from longresponse.config import SimConfig
 from longresponse.engine.chat_map import items_from_messages, messages_from_items
-from longresponse.engine.chat_wire import ChatRequest, decode_chat_request
+from longresponse.engine.chat_wire import (
+    ChatRequest,
+    decode_chat_chunk,
+    decode_chat_completion,
+    decode_chat_request,
+)
 from longresponse.engine.prefix_cache import BLOCK_TOKENS
 from tests.conftest import openai_client
 
@@ -403,6 +408,41 @@ def test_messages_and_items_map_both_ways() -> None:
     again = msgspec.json.decode(msgspec.json.encode(ChatRequest(model="sim", messages=back)))
     assert again["messages"][3]["tool_calls"][0]["function"]["arguments"] == '{"city":"Oslo"}'
     assert again["messages"][4] == {"role": "tool", "content": "Snow", "tool_call_id": "call_1"}
+
+
+def test_an_engines_answers_decode_with_the_same_structs(server: Any) -> None:
+    """A backend reads an engine's stream with these Structs: this server's own,
+    and vLLM's (nulls, extra fields, ``reasoning_content``)."""
+    body = {
+        "model": "sim",
+        "messages": [user("Weather?")],
+        "tools": [WEATHER],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    answer = httpx.post(f"{server.http_url}/v1/chat/completions", json=body)
+    records = [line[6:] for line in answer.text.split("\n\n") if line.startswith("data: {")]
+    chunks = [decode_chat_chunk(record) for record in records]
+    assert msgspec.json.encode(chunks[0]) == records[0].encode()  # lossless both ways
+    assert chunks[-1].usage is not None
+    calls = [d for c in chunks for ch in c.choices for d in ch.delta.tool_calls or []]
+    assert calls[0].id is not None
+    vllm = (
+        '{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m",'
+        '"system_fingerprint":null,"choices":[{"index":0,"delta":{"role":null,"content":null,'
+        '"reasoning_content":"think","tool_calls":[{"index":0,"id":null,"type":null,'
+        '"function":{"name":null,"arguments":"{}"}}]},"logprobs":null,"finish_reason":null,'
+        '"stop_reason":null}],"usage":{"prompt_tokens":3,"completion_tokens":1,'
+        '"total_tokens":4,"prompt_tokens_details":null}}'
+    )
+    chunk = decode_chat_chunk(vllm)
+    assert chunk.choices[0].delta.reasoning_content == "think"
+    assert chunk.usage is not None
+    assert chunk.usage.prompt_tokens_details is None
+    whole = httpx.post(f"{server.http_url}/v1/chat/completions", json={**GOOD, "tools": [WEATHER]})
+    completion = decode_chat_completion(whole.content)
+    assert completion.choices[0].finish_reason == "tool_calls"
+    assert msgspec.json.decode(msgspec.json.encode(completion)) == whole.json()
 
 
 # --- the stream's end -------------------------------------------------------------
