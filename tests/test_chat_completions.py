@@ -30,7 +30,7 @@ from longresponse.engine.chat_wire import (
     decode_chat_completion,
     decode_chat_request,
 )
-from longresponse.engine.prefix_cache import BLOCK_TOKENS
+from longresponse.engine.prefix_cache import BLOCK_TOKENS, ENTRY_BYTES, PrefixCache, block_digests
 from tests.conftest import openai_client
 
 WEATHER = {
@@ -341,6 +341,20 @@ def test_prefill_is_charged_for_the_uncached_tokens_only(server: Any) -> None:
     warm = start()
     assert warm.cached_tokens == (cold.uncached_tokens - 1) // BLOCK_TOKENS * BLOCK_TOKENS > 0
     assert warm.uncached_tokens == cold.uncached_tokens - warm.cached_tokens
+
+
+def test_a_block_matches_only_with_its_whole_prefix() -> None:
+    cache = PrefixCache(64 * BLOCK_TOKENS)
+    tokens = list(range(10 * BLOCK_TOKENS))
+    cache.insert(block_digests("sim", tokens))
+    assert cache.cached_tokens(block_digests("sim", tokens), len(tokens)) == 9 * BLOCK_TOKENS
+    longer = [*tokens, 1, 2, 3]
+    assert cache.cached_tokens(block_digests("sim", longer), len(longer)) == 10 * BLOCK_TOKENS
+    changed = [99999, *tokens[1:]]  # the same later blocks, after another first token
+    assert cache.cached_tokens(block_digests("sim", changed), len(changed)) == 0
+    assert cache.cached_tokens(block_digests("sim-alt", tokens), len(tokens)) == 0
+    assert len(cache) == 10
+    assert cache.nbytes == 10 * ENTRY_BYTES
 
 
 def test_a_tiny_budget_evicts_least_recently_used_first(make_server: Any) -> None:
