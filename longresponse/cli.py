@@ -215,8 +215,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--ws-compression",
         choices=("on", "off"),
         default="on" if limits.WS_COMPRESSION else "off",
-        help="accept permessage-deflate when a WebSocket client offers it (the openai SDK "
-        "and the websockets library do); off costs less memory per connection and CPU",
+        help="accept permessage-deflate when a WebSocket client offers it (the websockets "
+        "library does by default; the openai SDK only when asked); off costs less memory per "
+        "connection and CPU",
     )
     serve.add_argument(
         "--http-token-cache",
