@@ -1,9 +1,10 @@
 """WebSocket compression on or off: memory per paused rollout and stream rate, side by side.
 
-The `websockets` library and the official `openai` SDK offer permessage-deflate
-by default; a server that accepts it keeps a compressor (and a decompressor)
-per connection. This script starts one server with ``--ws-compression on``
-and one with ``off``, then with the `websockets` client at its defaults:
+The `websockets` library offers permessage-deflate by default (the official
+`openai` SDK's ``responses.connect()`` only when asked); a server that
+accepts it keeps a compressor (and a decompressor) per connection. This
+script starts one server with ``--ws-compression on`` and one with ``off``,
+then with the `websockets` client at its defaults:
 
 - opens ``--connections`` append-mode connections, each with one rollout
   paused on a tool call, and reports the server's resident memory per paused

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
+import importlib.util
 import logging
 import math
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Final
 
 from protocol import MAX_ITEMS_PER_EVENT, MAX_MESSAGE_BYTES
 
@@ -19,7 +21,28 @@ from .config import ServerConfig, SimConfig, Switches
 from .storage.keys import API_KEYS_ENV, ApiKeys, is_loopback
 from .storage.server_keys import COMPACTION_KEY_ENV
 
-__all__ = ["build_parser", "config_from_args", "main", "uvicorn_config"]
+__all__ = ["BENCH_EXTRA", "build_parser", "config_from_args", "main", "uvicorn_config"]
+
+#: The benchmark commands and the module behind each.
+BENCH_COMMANDS: Final = {
+    "bench": ("compare", "compare every transport and reuse switch on simulated rollouts"),
+    "bench-throughput": ("throughput", "stream throughput of one connection"),
+    "bench-scale": ("scale", "many concurrent paused rollouts: memory and resume latency"),
+    "soak": ("soak", "connections of mixed shapes for minutes: errors, latency, memory"),
+}
+#: What the benchmark commands import beyond the server: the ``[bench]`` extra.
+BENCH_EXTRA: Final = ("httpx", "matplotlib", "tqdm", "openai")
+
+
+def missing_bench_dependency() -> str | None:
+    """The first package of the ``[bench]`` extra that cannot be imported, or ``None``."""
+    for name in BENCH_EXTRA:
+        try:
+            if importlib.util.find_spec(name) is None:
+                return name
+        except ImportError:
+            return name
+    return None
 
 
 def _ranged(name: str, kind: type[int] | type[float]) -> Callable[[str], Any]:
@@ -194,8 +217,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--ws-compression",
         choices=("on", "off"),
         default="on" if limits.WS_COMPRESSION else "off",
-        help="accept permessage-deflate when a WebSocket client offers it (the openai SDK "
-        "and the websockets library do); off costs less memory per connection and CPU",
+        help="accept permessage-deflate when a WebSocket client offers it (the websockets "
+        "library does by default; the openai SDK only when asked); off costs less memory per "
+        "connection and CPU",
     )
     serve.add_argument(
         "--http-token-cache",
@@ -290,12 +314,8 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["critical", "error", "warning", "info", "debug"],
         help="log verbosity",
     )
-    for name, module, summary in (
-        ("bench", "compare", "compare every transport and reuse switch on simulated rollouts"),
-        ("bench-throughput", "throughput", "stream throughput of one connection"),
-        ("bench-scale", "scale", "many concurrent paused rollouts: memory and resume latency"),
-        ("soak", "soak", "connections of mixed shapes for minutes: errors, latency, memory"),
-    ):
+    missing = missing_bench_dependency()
+    for name, (module, summary) in BENCH_COMMANDS.items():
         sub = commands.add_parser(
             name,
             help=summary,
@@ -303,13 +323,12 @@ def build_parser() -> argparse.ArgumentParser:
             formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         )
         sub.set_defaults(bench_module=module)
-        _bench_module(module).add_arguments(sub)
+        if missing is None:  # without the [bench] extra, main() refuses before parsing
+            _bench_module(module).add_arguments(sub)
     return parser
 
 
 def _bench_module(name: str) -> Any:
-    import importlib
-
     return importlib.import_module(f"longresponse.bench.{name}")
 
 
@@ -406,6 +425,14 @@ def store_problem(config: ServerConfig) -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in BENCH_COMMANDS and (missing := missing_bench_dependency()):
+        print(
+            f"longresponse {argv[0]}: needs the [bench] extra ({missing} is not installed): "
+            "pip install 'longresponse[bench]'",
+            file=sys.stderr,
+        )
+        return 2
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "serve":

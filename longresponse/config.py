@@ -263,7 +263,8 @@ class ServerConfig:
     allow_unauthenticated: bool = False
     #: The HTTP path's optional process-wide token cache, and its byte budget.
     #: Accept permessage-deflate when a client offers it (the ``websockets``
-    #: library and the official SDK do). Off by default: see WS_COMPRESSION.
+    #: library does by default; the official SDK only when asked). Off by
+    #: default: see WS_COMPRESSION.
     ws_compression: bool = WS_COMPRESSION
     http_token_cache: bool = False
     http_token_cache_bytes: int = 256 * 1024 * 1024

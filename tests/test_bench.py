@@ -75,6 +75,33 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]
             "--no-ablations",
             "--growth-tool-calls", str(GROWTH_TOOL_CALLS),
             "--growth-output-tokens", "40",
+            "--ws-compression", "off",
+            "--no-progress",
+            "--out", str(out),
+        ]
+    )  # fmt: skip
+    assert status == 0
+    return out, json.loads((out / "turns.json").read_text())
+
+
+COMPRESSION_TRANSPORTS = ("ws", "ws-sdk", "http")
+
+
+@pytest.fixture(scope="module")
+def compression_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    out = tmp_path_factory.mktemp("bench-compression")
+    status = cli.main(
+        [
+            "bench",
+            "--tool-calls", "2",
+            "--output-tokens", "40",
+            "--tokens-per-second", "0",
+            "--rollouts", "1",
+            "--transports", ",".join(COMPRESSION_TRANSPORTS),
+            "--no-ablations",
+            "--growth-tool-calls", "0",
+            "--no-echo",
+            "--ws-compression", "both",
             "--no-progress",
             "--out", str(out),
         ]
@@ -232,6 +259,40 @@ def test_plots_are_png_files(run: tuple[Path, dict[str, Any]]) -> None:
     for name in report.PLOTS:
         data = (out / name).read_bytes()
         assert data.startswith(PNG_SIGNATURE), name
+
+
+def test_ws_compression_both_runs_every_websocket_transport_side_by_side(
+    compression_run: tuple[Path, dict[str, Any]],
+) -> None:
+    out, document = compression_run
+    records = {r["transport"]: r for r in _main(document)}
+    assert sorted(records) == ["http", "ws", "ws+deflate", "ws-sdk", "ws-sdk+deflate"]
+    assert [r for r in document["rollouts"] if r["error"]] == []
+    for name, record in records.items():
+        on = name.endswith("+deflate")
+        assert ("--ws-compression" in record["server_flags"]) is on, name
+        assert record["ws_compression"] == (None if name == "http" else "on" if on else "off")
+    assert len({r["final_answer"] for r in records.values()}) == 1
+    summary = (out / "summary.md").read_text()
+    assert "Server `--ws-compression` off vs on" in summary
+    assert "| `ws-sdk` | yes |" in summary
+    assert "| `ws` | no (not offered) |" in summary
+
+
+def test_compression_names_and_settings() -> None:
+    deflated = compare.Transport.parse("ws-sdk+deflate")
+    assert (deflated.shape, deflated.ws_compression) == ("ws-sdk", True)
+    assert deflated.server_flags == ("--ws-compression", "on")
+    assert compare.Transport.parse("append").deflated().name == "append+deflate"
+    with pytest.raises(ValueError, match="WebSocket transports only"):
+        compare.Transport.parse("http+deflate")
+    chosen = [compare.Transport.parse(name) for name in ("http", "append")]
+    for setting, expected in (
+        ("off", ["http", "append"]),
+        ("on", ["http", "append+deflate"]),
+        ("both", ["http", "append", "append+deflate"]),
+    ):
+        assert [t.name for t in compare._with_compression(chosen, setting)] == expected
 
 
 def test_transport_names() -> None:

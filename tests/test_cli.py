@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -45,3 +46,79 @@ async def test_server_process_serves_a_rollout(server_process: ServerProcess) ->
         done = (await client.until_done())[-1]
         assert isinstance(done, ResponseDone)
         assert done.response.status == "completed"
+
+
+#: A sitecustomize that makes the [bench] extra's packages unimportable, as in
+#: an environment where only the server was installed (``pip install -e .``).
+_HIDE_BENCH_EXTRA = '''
+import sys
+
+class _Hidden:
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in {"httpx", "matplotlib", "tqdm", "openai"}:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+sys.meta_path.insert(0, _Hidden())
+'''
+
+
+@pytest.fixture
+def without_bench_extra(tmp_path: Any) -> dict[str, str]:
+    """An environment for a child process in which the [bench] extra is missing."""
+    (tmp_path / "sitecustomize.py").write_text(_HIDE_BENCH_EXTRA)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), os.getcwd()])
+    return env
+
+
+@pytest.mark.parametrize("command", ["bench", "bench-throughput", "bench-scale", "soak"])
+def test_a_bench_command_without_the_extra_names_it_in_one_line(
+    without_bench_extra: dict[str, str], command: str
+) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "longresponse", command, "--rollouts", "1"],
+        capture_output=True,
+        text=True,
+        env=without_bench_extra,
+    )
+    assert result.returncode == 2
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "pip install 'longresponse[bench]'" in lines[0]
+    assert lines[0].startswith(f"longresponse {command}: ")
+
+
+def test_the_server_serves_without_the_bench_extra(
+    without_bench_extra: dict[str, str], tmp_path: Any
+) -> None:
+    script = (
+        "import sys, trio\n"
+        "from longresponse.client import connect\n"
+        "from longresponse.server_process import ServerProcess\n"
+        "async def main(url):\n"
+        "    async with connect(url) as client:\n"
+        "        await client.create(model='sim', input='hello without the bench extra')\n"
+        "        print((await client.until_done())[-1].response.status)\n"
+        "with ServerProcess('--store', 'memory://') as server:\n"
+        "    trio.run(main, server.url)\n"
+        "assert not {'httpx', 'matplotlib', 'tqdm', 'openai'} & set(sys.modules)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env=without_bench_extra,
+        timeout=50,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "completed"
+    help_text = subprocess.run(
+        [sys.executable, "-m", "longresponse", "serve", "--help"],
+        capture_output=True,
+        text=True,
+        env=without_bench_extra,
+        check=True,
+    ).stdout
+    assert "--ws-compression" in help_text

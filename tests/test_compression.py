@@ -1,7 +1,8 @@
 """WebSocket compression is a setting: off by default, negotiated when turned on.
 
-The `websockets` library (and so the official SDK) offers permessage-deflate
-at its defaults; the server accepts it only with ``--ws-compression on``.
+The `websockets` library offers permessage-deflate at its defaults (the
+official SDK turns that off unless asked); the server accepts it only with
+``--ws-compression on``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import pytest
 from websockets.sync.client import connect
 
 from protocol import APPEND_SUBPROTOCOL
+from tests.conftest import openai_client
 
 
 def turn(url: str) -> tuple[str, str]:
@@ -38,3 +40,23 @@ def test_the_setting_decides(make_server: Any, on: bool) -> None:
     extensions, status = turn(running.url)
     assert ("permessage-deflate" in extensions) is on
     assert status == "completed"
+
+
+@pytest.mark.parametrize(("offer", "on"), [(False, True), (True, True), (True, False)])
+def test_the_official_sdk_offers_it_only_when_asked(
+    make_server: Any, offer: bool, on: bool
+) -> None:
+    """``responses.connect()`` (openai 3.x) turns the ``websockets`` default off: it offers
+    permessage-deflate only with ``websocket_connection_options={"compression": "deflate"}``
+    (what ``longresponse bench`` does for ``ws-sdk+deflate``); the server's setting decides
+    the rest."""
+    running = make_server(ws_compression=on)
+    options: dict[str, Any] = {"compression": "deflate"} if offer else {}
+    with openai_client(running).responses.connect(websocket_connection_options=options) as conn:
+        extensions = conn._connection.response.headers.get("Sec-WebSocket-Extensions") or ""
+        conn.response.create(model="sim", input="hello")
+        for event in conn:
+            if event.type == "response.completed":
+                break
+    assert ("permessage-deflate" in extensions) is (offer and on)
+    assert event.response.status == "completed"

@@ -112,7 +112,7 @@ def _plan(options: BenchOptions) -> tuple[list[_Block], list[str]]:
     """The blocks to run, and notes on what was left out and why."""
     notes: list[str] = []
     chosen = [Transport.parse(name) for name in options.transports]
-    base = [t for t in chosen if t.switch_off is None]
+    base = _with_compression([t for t in chosen if t.switch_off is None], options.ws_compression)
     ablations = [t for t in chosen if t.switch_off is not None]
     if options.ablations:
         for shape in ABLATED:
@@ -148,6 +148,21 @@ def _plan(options: BenchOptions) -> tuple[list[_Block], list[str]]:
             growth_speed = None  # once, even if the speed is listed twice
         blocks.append(_Block(speed, transports, scenarios))
     return blocks, notes
+
+
+def _with_compression(transports: list[Transport], setting: str) -> list[Transport]:
+    """Every WebSocket transport with the server's compression off, on (named with
+    ``+deflate``) or both side by side; HTTP and already-named ones as they are."""
+    chosen: list[Transport] = []
+    for transport in transports:
+        if not transport.websocket or transport.ws_compression:
+            chosen.append(transport)
+            continue
+        if setting in ("off", "both"):
+            chosen.append(transport)
+        if setting in ("on", "both"):
+            chosen.append(transport.deflated())
+    return list(dict.fromkeys(chosen))
 
 
 def _server_flags(options: BenchOptions, speed: float, store_dir: str) -> tuple[str, ...]:
@@ -223,6 +238,9 @@ async def _run_block(
                         "transport": transport.name,
                         "shape": transport.shape,
                         "switch_off": transport.switch_off,
+                        "ws_compression": ("on" if transport.ws_compression else "off")
+                        if transport.websocket
+                        else None,
                         "tokens_per_second": block.speed,
                         "tool_calls": workload.tool_calls,
                         "output_tokens": workload.output_tokens,

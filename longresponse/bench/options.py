@@ -26,6 +26,16 @@ transport (a :class:`Transport`: a client shape and the server flags it needs):
 and, with ``--ablations``, ``append`` and ``ws`` with each reuse switch of the
 pipeline turned off (``append/no-token-cache``, ...; :data:`ABLATION_SWITCHES`).
 
+``--ws-compression`` picks the server side of every WebSocket transport:
+``off`` (the server's default), ``on`` (the transport named with
+:data:`DEFLATE`, e.g. ``ws-sdk+deflate``, against a server started with
+``--ws-compression on``), or ``both``, side by side. The clients: the official
+SDK's ``responses.connect()`` offers no compression at its defaults (openai
+3.x sets the ``websockets`` option off), so ``ws-sdk+deflate`` asks for it as
+the ``websockets`` library does by default (``compression="deflate"``) and
+fails unless it was negotiated; the trio client never offers it, so its
+``+deflate`` rows measure the server setting alone.
+
 A :class:`Workload` is the knobs of one rollout; the simulated model's own
 time for a turn follows from them (:data:`MODEL_TIME_FORMULA`).
 :class:`BenchOptions` is one whole run, as :func:`add_arguments` registers
@@ -48,12 +58,14 @@ __all__ = [
     "ABLATED",
     "ABLATION_SWITCHES",
     "BASE_TRANSPORTS",
+    "DEFLATE",
     "ECHO_SHAPES",
     "GROWTH_TRANSPORTS",
     "MODEL_TIME_FORMULA",
     "SDK_TRANSPORTS",
     "SERVER_OVERHEAD_FORMULA",
     "URL_TRANSPORTS",
+    "WS_COMPRESSION_CHOICES",
     "BenchOptions",
     "Transport",
     "Workload",
@@ -100,6 +112,10 @@ URL_TRANSPORTS: Final = (
     "http-sdk",
     "ws-sdk",
 )
+#: The suffix of a WebSocket transport whose server accepts compression (``--ws-compression on``).
+DEFLATE: Final = "+deflate"
+#: ``--ws-compression``: the server setting(s) every WebSocket transport runs with.
+WS_COMPRESSION_CHOICES: Final = ("off", "on", "both")
 
 #: How the simulated model's own time for a turn is computed (:meth:`Workload.model_ms`).
 MODEL_TIME_FORMULA: Final = (
@@ -128,16 +144,26 @@ class Transport:
     name: str
     shape: str  # one of BASE_TRANSPORTS
     switch_off: str | None = None
+    ws_compression: bool = False  # the server accepts permessage-deflate
 
     @classmethod
     def parse(cls, name: str) -> Transport:
-        """``shape`` or ``shape/no-<switch>``; ``ValueError`` for an unknown one."""
-        shape, _, switch = name.partition("/no-")
+        """``shape``, ``shape/no-<switch>``, either with :data:`DEFLATE` for a WebSocket
+        shape; ``ValueError`` for an unknown one."""
+        deflate = name.endswith(DEFLATE)
+        shape, _, switch = name.removesuffix(DEFLATE).partition("/no-")
         if shape not in BASE_TRANSPORTS or (switch and switch not in ABLATION_SWITCHES):
             raise ValueError(f"unknown transport {name!r}")
         if switch and shape not in ABLATED:
             raise ValueError(f"ablations exist for {' and '.join(ABLATED)} only, not {name!r}")
-        return cls(name=name, shape=shape, switch_off=switch or None)
+        transport = cls(name=name, shape=shape, switch_off=switch or None, ws_compression=deflate)
+        if deflate and not transport.websocket:
+            raise ValueError(f"{DEFLATE} is for WebSocket transports only, not {name!r}")
+        return transport
+
+    def deflated(self) -> Transport:
+        """This WebSocket transport against a server that accepts compression."""
+        return Transport.parse(self.name + DEFLATE)
 
     @property
     def websocket(self) -> bool:
@@ -162,6 +188,8 @@ class Transport:
             flags.append("--http-token-cache")
         if self.switch_off:
             flags.append(f"--no-{self.switch_off}")
+        if self.ws_compression:
+            flags += ["--ws-compression", "on"]
         return tuple(flags)
 
 
@@ -208,6 +236,7 @@ class BenchOptions:
     out: Path = Path("bench-results")
     echo: bool = True
     progress: bool = True
+    ws_compression: str = "both"  # one of WS_COMPRESSION_CHOICES
 
     def workload(self, speed: float, *, growth: bool = False) -> Workload:
         """The knobs of one rollout at ``speed`` (of the growth scenario with ``growth``)."""
@@ -374,6 +403,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the servers' --store; 'sqlite' = a fresh SQLite file per server in a temporary "
         "directory",
     )
+    add(
+        "--ws-compression",
+        choices=WS_COMPRESSION_CHOICES,
+        default=defaults.ws_compression,
+        help="the servers' --ws-compression for every WebSocket transport (clients keep their "
+        "own: the trio client offers no compression; ws-sdk+deflate asks the openai SDK for "
+        "permessage-deflate, which it leaves off by default); "
+        f"'on' names a transport with {DEFLATE}, 'both' runs each side by side",
+    )
     add("--out", type=Path, default=defaults.out, help="directory for the results")
     add(
         "--echo",
@@ -406,4 +444,5 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
         out=args.out,
         echo=args.echo,
         progress=args.progress,
+        ws_compression=args.ws_compression,
     )

@@ -36,6 +36,7 @@ from .analysis import (
     successful,
     targets,
 )
+from .options import DEFLATE, Transport
 from .plots import PLOTS, write_plots
 
 __all__ = [
@@ -88,6 +89,43 @@ def _sdk_rows(grouped: dict[str, list[Record]]) -> list[str]:
             "| TTFT client (ms) | diff | server overhead SDK (ms) | server overhead client "
             "(ms) | diff | e2e SDK (s) | e2e client (s) |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+    return rows
+
+
+def _compression_rows(grouped: dict[str, list[Record]]) -> list[str]:
+    """Each WebSocket transport against a server with compression off and on, same client."""
+    rows = []
+    for deflated, records in grouped.items():
+        plain = deflated.removesuffix(DEFLATE)
+        if plain == deflated or plain not in grouped:
+            continue
+        cells = []
+        for key in ("overhead_ms", "client_ttft_ms"):
+            off = continuations(grouped[plain], key, skip_last=True)
+            on = continuations(records, key, skip_last=True)
+            cells += [fmt(off, 3), fmt(on, 3), fmt(on - off, 3)]
+        cells += [
+            fmt(e2e_s(grouped[plain]), 3),
+            fmt(e2e_s(records), 3),
+            fmt(median(r["cpu_s"] for r in grouped[plain]), 3),
+            fmt(median(r["cpu_s"] for r in records), 3),
+        ]
+        negotiated = "yes" if Transport.parse(deflated).sdk else "no (not offered)"
+        rows.append(f"| `{plain}` | {negotiated} | " + " | ".join(cells) + " |")
+    if rows:
+        rows[:0] = [
+            "",
+            "Server `--ws-compression` off vs on (with it on, the official SDK is asked for "
+            "permessage-deflate, as the `websockets` library offers by default, and the "
+            "rollout fails unless it was negotiated; the trio client never offers it; medians "
+            "over continuation turns before the final answer; on - off in the third column "
+            "of each group):",
+            "",
+            "| transport | deflate negotiated when on | overhead off (ms) | overhead on (ms) "
+            "| diff | TTFT off (ms) | TTFT on (ms) | diff | e2e off (s) | e2e on (s) "
+            "| server CPU s off | server CPU s on |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
     return rows
 
@@ -185,6 +223,7 @@ def summary_markdown(document: dict[str, Any]) -> str:
         if savings and "http" in grouped:
             lines += ["", "End-to-end saving vs `http`: " + ", ".join(savings) + "."]
         lines += _sdk_rows(grouped)
+        lines += _compression_rows(grouped)
     growth = by_transport(successful(document, "growth"))
     if growth:
         sample = next(iter(growth.values()))[0]

@@ -88,7 +88,18 @@ def _ws_sdk_rollout(
     state = RolloutState(transport, workload, via_url=via_url)
     turns: list[Turn] = []
     client = _sdk_client(endpoint)
-    with client, client.responses.connect(extra_headers=dict([TIMING_HEADER])) as conn:
+    # At its defaults the SDK offers no compression; ws-sdk+deflate asks for it
+    # (the websockets library's default) and checks that the server agreed.
+    options = {"compression": "deflate"} if transport.ws_compression else {}
+    with (
+        client,
+        client.responses.connect(
+            extra_headers=dict([TIMING_HEADER]), websocket_connection_options=options
+        ) as conn,
+    ):
+        extensions = conn._connection.response.headers.get("Sec-WebSocket-Extensions") or ""
+        if ("permessage-deflate" in extensions) is not transport.ws_compression:
+            raise RuntimeError(f"{transport.name}: Sec-WebSocket-Extensions: {extensions!r}")
         body = state.first_body()
         latency = 0.0
         for index in range(workload.tool_calls + 1):
