@@ -16,6 +16,7 @@ import pytest
 
 from longresponse import cli
 from longresponse.bench import compare, report
+from longresponse.server_process import ServerProcess
 
 TOOL_CALLS = 3
 GROWTH_TOOL_CALLS = 4
@@ -301,6 +302,34 @@ def test_transport_names() -> None:
     for bad in ("carrier-pigeon", "http/no-token-cache", "append/no-such-switch"):
         with pytest.raises(ValueError, match=r"transport|ablations"):
             compare.Transport.parse(bad)
+
+
+def test_gateway_names_and_plan() -> None:
+    gateway = compare.Transport.parse("append@responses-ws+deflate")
+    assert (gateway.shape, gateway.gateway, gateway.ws_compression) == (
+        "append",
+        "responses-ws",
+        True,
+    )
+    assert compare.Transport.parse("http@chat").gateway == "chat"
+    assert compare.Transport.parse("http").gateway is None
+    with pytest.raises(ValueError, match="unknown gateway kind"):
+        compare.Transport.parse("append@grpc")
+    options = compare.BenchOptions(
+        transports=("append",),
+        speeds=(1000.0,),
+        gateways=True,
+        ws_compression="off",
+        ablations=False,
+    )
+    (block,), _ = compare._plan(options)
+    assert [t.name for t in block.transports] == ["append", *compare.GATEWAY_TRANSPORTS]
+    assert compare._gateway_flags("chat", ServerProcess(port=1234)) == (
+        "--upstream", "http://127.0.0.1:1234/v1",
+        "--upstream-model", "sim",
+        "--upstream-kind", "chat",
+        "--served-model-name", "sim",
+    )  # fmt: skip
 
 
 def test_model_time_formula() -> None:

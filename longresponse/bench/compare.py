@@ -61,6 +61,7 @@ from .options import (
     ABLATION_SWITCHES,
     BASE_TRANSPORTS,
     ECHO_SHAPES,
+    GATEWAY_TRANSPORTS,
     GROWTH_TRANSPORTS,
     MODEL_TIME_FORMULA,
     SERVER_OVERHEAD_FORMULA,
@@ -76,6 +77,7 @@ __all__ = [
     "ABLATION_SWITCHES",
     "BASE_TRANSPORTS",
     "ECHO_SHAPES",
+    "GATEWAY_TRANSPORTS",
     "MODEL_TIME_FORMULA",
     "SERVER_OVERHEAD_FORMULA",
     "URL_TRANSPORTS",
@@ -111,7 +113,7 @@ class _Block:
 def _plan(options: BenchOptions) -> tuple[list[_Block], list[str]]:
     """The blocks to run, and notes on what was left out and why."""
     notes: list[str] = []
-    chosen = [Transport.parse(name) for name in options.transports]
+    chosen = [Transport.parse(name) for name in options.chosen_transports]
     base = _with_compression([t for t in chosen if t.switch_off is None], options.ws_compression)
     ablations = [t for t in chosen if t.switch_off is not None]
     if options.ablations:
@@ -177,6 +179,18 @@ def _server_flags(options: BenchOptions, speed: float, store_dir: str) -> tuple[
     )  # fmt: skip
 
 
+def _gateway_flags(kind: str, engine: ServerProcess) -> tuple[str, ...]:
+    """A gateway's flags: serve ``sim`` through the ``kind`` backend in front of ``engine``
+    (the engine runs the simulated model at the block's speed; the gateway's own sim
+    is replaced, and the client's ``sim_*`` metadata reaches the engine)."""
+    return (
+        "--upstream", f"{engine.http_url}/v1",
+        "--upstream-model", "sim",
+        "--upstream-kind", kind,
+        "--served-model-name", "sim",
+    )  # fmt: skip
+
+
 @contextlib.contextmanager
 def _endpoints(
     options: BenchOptions, block: _Block, store_dir: str
@@ -186,23 +200,27 @@ def _endpoints(
         endpoint = Endpoint.from_url(options.url)
         yield {t.name: endpoint for t in block.transports}
         return
-    servers = {
-        transport.name: ServerProcess(
-            *_server_flags(options, block.speed, store_dir), *transport.server_flags
-        )
-        for transport in block.transports
-    }
+    servers: dict[str, ServerProcess] = {}
+    engines: list[ServerProcess] = []  # the gateways' upstreams (not endpoints)
+    for transport in block.transports:
+        flags = (*_server_flags(options, block.speed, store_dir), *transport.server_flags)
+        if transport.gateway is not None:
+            engine = ServerProcess(*_server_flags(options, block.speed, store_dir))
+            engines.append(engine)
+            flags += _gateway_flags(transport.gateway, engine)
+        servers[transport.name] = ServerProcess(*flags)
+    processes = [*engines, *servers.values()]
     # A worker per CPU: more processes importing at once only thrash.
     with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
         try:
-            for started in [pool.submit(server.start) for server in servers.values()]:
+            for started in [pool.submit(server.start) for server in processes]:
                 started.result()
             yield {
                 name: Endpoint.from_url(server.url, server.flags)
                 for name, server in servers.items()
             }
         finally:  # stopped side by side too (each waits for its process to drain)
-            for stopped in [pool.submit(server.stop) for server in servers.values()]:
+            for stopped in [pool.submit(server.stop) for server in processes]:
                 stopped.result()
 
 
@@ -331,7 +349,7 @@ def _knobs(options: BenchOptions) -> dict[str, Any]:
     knobs = dataclasses.asdict(options)
     knobs["out"] = str(options.out)
     knobs["speeds"] = list(options.speeds)
-    knobs["transports"] = list(options.transports)
+    knobs["transports"] = list(options.chosen_transports)
     return knobs
 
 

@@ -60,6 +60,8 @@ __all__ = [
     "BASE_TRANSPORTS",
     "DEFLATE",
     "ECHO_SHAPES",
+    "GATEWAY_KINDS",
+    "GATEWAY_TRANSPORTS",
     "GROWTH_TRANSPORTS",
     "MODEL_TIME_FORMULA",
     "SDK_TRANSPORTS",
@@ -114,6 +116,12 @@ URL_TRANSPORTS: Final = (
 )
 #: The suffix of a WebSocket transport whose server accepts compression (``--ws-compression on``).
 DEFLATE: Final = "+deflate"
+#: ``<shape>@<kind>``: the transport's server is a gateway in front of a second
+#: longresponse process (the engine, running the simulated model) reached through
+#: the real backend of that kind (``longresponse.backends``).
+GATEWAY_KINDS: Final = ("chat", "responses", "responses-ws")
+#: The gateway topologies of issue 11, run by ``--gateways``.
+GATEWAY_TRANSPORTS: Final = ("append@chat", "append@responses-ws", "http@chat")
 #: ``--ws-compression``: the server setting(s) every WebSocket transport runs with.
 WS_COMPRESSION_CHOICES: Final = ("off", "on", "both")
 
@@ -145,18 +153,28 @@ class Transport:
     shape: str  # one of BASE_TRANSPORTS
     switch_off: str | None = None
     ws_compression: bool = False  # the server accepts permessage-deflate
+    gateway: str | None = None  # one of GATEWAY_KINDS: the server fronts an engine process
 
     @classmethod
     def parse(cls, name: str) -> Transport:
-        """``shape``, ``shape/no-<switch>``, either with :data:`DEFLATE` for a WebSocket
-        shape; ``ValueError`` for an unknown one."""
+        """``shape``, ``shape/no-<switch>`` or ``shape@<gateway kind>``, any with
+        :data:`DEFLATE` for a WebSocket shape; ``ValueError`` for an unknown one."""
         deflate = name.endswith(DEFLATE)
-        shape, _, switch = name.removesuffix(DEFLATE).partition("/no-")
+        shape, _, gateway = name.removesuffix(DEFLATE).partition("@")
+        if gateway and gateway not in GATEWAY_KINDS:
+            raise ValueError(f"unknown gateway kind in {name!r} (one of {GATEWAY_KINDS})")
+        shape, _, switch = shape.partition("/no-")
         if shape not in BASE_TRANSPORTS or (switch and switch not in ABLATION_SWITCHES):
             raise ValueError(f"unknown transport {name!r}")
         if switch and shape not in ABLATED:
             raise ValueError(f"ablations exist for {' and '.join(ABLATED)} only, not {name!r}")
-        transport = cls(name=name, shape=shape, switch_off=switch or None, ws_compression=deflate)
+        transport = cls(
+            name=name,
+            shape=shape,
+            switch_off=switch or None,
+            ws_compression=deflate,
+            gateway=gateway or None,
+        )
         if deflate and not transport.websocket:
             raise ValueError(f"{DEFLATE} is for WebSocket transports only, not {name!r}")
         return transport
@@ -237,6 +255,13 @@ class BenchOptions:
     echo: bool = True
     progress: bool = True
     ws_compression: str = "both"  # one of WS_COMPRESSION_CHOICES
+    gateways: bool = False  # also run GATEWAY_TRANSPORTS
+
+    @property
+    def chosen_transports(self) -> tuple[str, ...]:
+        """``transports``, with the gateway topologies when ``gateways``."""
+        extra = GATEWAY_TRANSPORTS if self.gateways else ()
+        return tuple(dict.fromkeys((*self.transports, *extra)))
 
     def workload(self, speed: float, *, growth: bool = False) -> Workload:
         """The knobs of one rollout at ``speed`` (of the growth scenario with ``growth``)."""
@@ -363,7 +388,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=",".join(defaults.transports),
         help="comma-separated subset of: "
         + ", ".join(BASE_TRANSPORTS)
-        + "; ablations by name too, e.g. append/no-token-cache",
+        + "; ablations by name too, e.g. append/no-token-cache; a gateway in front of an "
+        + "engine process as <shape>@<kind>, kind one of "
+        + ", ".join(GATEWAY_KINDS),
     )
     add(
         "--ablations",
@@ -412,6 +439,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "permessage-deflate, which it leaves off by default); "
         f"'on' names a transport with {DEFLATE}, 'both' runs each side by side",
     )
+    add(
+        "--gateways",
+        action=argparse.BooleanOptionalAction,
+        default=defaults.gateways,
+        help="also run the gateway topologies (" + ", ".join(GATEWAY_TRANSPORTS) + "): the "
+        "transport's server fronts a second process running the simulated model",
+    )
     add("--out", type=Path, default=defaults.out, help="directory for the results")
     add(
         "--echo",
@@ -445,4 +479,5 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
         echo=args.echo,
         progress=args.progress,
         ws_compression=args.ws_compression,
+        gateways=args.gateways,
     )
