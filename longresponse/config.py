@@ -160,6 +160,7 @@ RANGES: Final[Mapping[str, Range]] = {
     "sim_tokens_per_second": Range(1, 1_000_000, zero=True),
     "sim_prefill_tokens_per_second": Range(1, 1_000_000_000, zero=True),
     "sim_context_window": Range(1, 1_000_000_000),
+    "upstream_context_window": Range(1, 100_000_000),
     "chat_prefix_cache_tokens": Range(16, 1_000_000_000, zero=True),
 }
 

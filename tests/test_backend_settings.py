@@ -131,7 +131,7 @@ def test_flags_and_environment_for_the_simple_case(tmp_path: Path) -> None:
     assert backends_from_args(parse(), env={}) == ()
     with pytest.raises(SettingsError, match="go together"):
         backends_from_args(parse("--upstream", "http://e/v1"), env={})
-    with pytest.raises(SettingsError, match="must be an integer"):
+    with pytest.raises(SettingsError, match="context window not an integer"):
         backends_from_args(parse(), env={**env, "LONGRESPONSE_UPSTREAM_CONTEXT_WINDOW": "x"})
 
 

@@ -40,7 +40,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 from urllib.parse import urlsplit
 
-from ..config import BACKEND_KINDS, BackendConfig
+from ..config import BACKEND_KINDS, RANGES, BackendConfig
 
 __all__ = ["ENV", "SettingsError", "add_arguments", "backends_from_args", "load_toml"]
 
@@ -87,8 +87,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--served-model-name", metavar="NAME", help="the name clients use (default: the model's)"
     )
     group.add_argument(
-        "--upstream-context-window", type=int, metavar="TOKENS", help="the model's window"
+        "--upstream-context-window",
+        type=_window,
+        metavar="TOKENS",
+        help=f"the model's window ({RANGES['upstream_context_window']})",
     )
+
+
+def _window(text: str) -> int:
+    """An argparse type: a context window within its range (``config.RANGES``)."""
+    accepted = RANGES["upstream_context_window"]
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value not in accepted:
+        raise argparse.ArgumentTypeError(f"must be {accepted}, not {text}")
+    return value
+
+
+_window.__name__ = "int"  # argparse names the type in its messages
 
 
 def _setting(args: argparse.Namespace, name: str, env: Mapping[str, str]) -> Any:
@@ -120,9 +138,9 @@ def backends_from_args(
         table["api_key_env"] = key_env
     if (window := _setting(args, "upstream_context_window", env)) is not None:
         try:
-            table["context_window"] = int(window)
-        except ValueError:
-            raise SettingsError(f"the context window must be an integer, not {window!r}") from None
+            table["context_window"] = _window(str(window))
+        except argparse.ArgumentTypeError as exc:
+            raise SettingsError(f"the upstream's context window {exc}") from None
     name = _setting(args, "served_model_name", env) or model
     backends[name] = backend(name, table, where="--upstream")
     return tuple(backends.values())
