@@ -308,8 +308,14 @@ async def test_the_json_endpoint_and_the_feed(make_server: Any) -> None:
         assert rollout["pending_call_ids"] == [pending]
         assert state["server"]["paused_rollouts"] == 1
         assert {c["shape"] for c in state["connections"]} == {"http", "append"}
-        # The rollout, with its timeline and its events.
+        # The rollout, with its timeline and its events; its connection closed
+        # (once the server has seen it go), it was cut off, as the server ended it.
+        with trio.fail_after(5):
+            while server.live_sessions:  # noqa: ASYNC110 - the server's own count
+                await trio.sleep(0.01)
         detail = (await http.get(f"/inspect/api/rollouts/{response_id}")).json()
+        assert detail["status"] == "cancelled"
+        assert detail["pending_call_ids"] == []
         assert len(detail["timeline"]) == 2
         second = detail["timeline"][1]
         assert second["cached_tokens"] > 0
@@ -415,9 +421,8 @@ async def test_each_rollout_keeps_a_bounded_ring_and_rollouts_are_pruned(
     inspector = server.app.state.inspector
     inspector.ring = 16
     inspector.max_rollouts = 3
-    async with httpx.AsyncClient(base_url=server.http_url) as http:
-        async with connect(server.url) as client:
-            response_id, _ = await paused_append_rollout(client, answered=3)
+    async with httpx.AsyncClient(base_url=server.http_url) as http, connect(server.url) as client:
+        response_id, _ = await paused_append_rollout(client, answered=3)
         detail = (await http.get(f"/inspect/api/rollouts/{response_id}")).json()
         events = detail["events"]
         assert len(events) == 16

@@ -212,6 +212,14 @@ class Inspector:
         record.closed = time.time()
         record.session = None
         self.connections.pop(record.id, None)
+        # What ran on it is cut off, as the server ends it (cancelled); a shipped
+        # chain paused between responses may go on elsewhere, from the store.
+        for rollout in self.rollouts.values():
+            if rollout.connection is record and (
+                rollout.status == "sampling"
+                or (rollout.status == "paused" and rollout.shape == "append")
+            ):
+                rollout.status, rollout.pending, rollout.running = "cancelled", [], False
         if self.watchers:
             self.publish("connection", record.summary())
 
