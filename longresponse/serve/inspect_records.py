@@ -24,6 +24,7 @@ counts from there), the time the rollout waited for the client's tools.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import itertools
 import time
 from collections.abc import Callable
@@ -48,8 +49,8 @@ if TYPE_CHECKING:
 
 __all__ = ["FINISHED", "MAX_TURNS", "SPARK_TURNS", "RolloutRecord", "WatchedSink"]
 
-#: Turns kept per rollout.
-MAX_TURNS: Final = 1000
+#: Turns kept per rollout (a 200-call rollout, the bench's longest, fits).
+MAX_TURNS: Final = 250
 #: Turns a rollout's summary gives per-turn figures of (the page's sparklines).
 SPARK_TURNS: Final = 60
 #: Response statuses after which a rollout (not paused) is finished.
@@ -119,7 +120,7 @@ class RolloutRecord:
         self.pending: list[str] = []
         self.error: str | None = None
         self.events: collections.deque[tuple[Any, ...]] = collections.deque(maxlen=inspector.ring)
-        self.turns: collections.deque[dict[str, Any]] = collections.deque(maxlen=MAX_TURNS)
+        self.turns: collections.deque[_Turn] = collections.deque(maxlen=MAX_TURNS)
         self.turn_count = 0
         self.seq = 0
         self.bytes_in = self.bytes_out = 0
@@ -182,7 +183,6 @@ class RolloutRecord:
     def turn_ended(self, timing: TurnTiming, response_id: str) -> None:
         """A turn is over: its phases, tokens and bytes become a timeline row."""
         now = time.perf_counter()
-        server = timing.as_metrics()
         # The turn began when its client message arrived (``resume`` runs from
         # there to the sampler); before that, since the last turn ended, the
         # rollout waited for the client: its tools, its network.
@@ -190,30 +190,27 @@ class RolloutRecord:
         pause = 0.0 if self._turn_end is None else max(0.0, began - self._turn_end)
         self._turn_end = now
         self.turn_count += 1
-        row = {
-            "turn": self.turn_count,
-            "response_id": response_id,
-            "at": time.time(),
-            "pause_ms": pause * 1000,
-            "new_tokens": timing.new_tokens,
-            "cached_tokens": timing.cached_tokens,
-            "input_tokens": timing.input_tokens,
-            "bytes_in": self.bytes_in - self._counted_in,
-            "bytes_out": self.bytes_out - self._counted_out,
-            "server": server,
-        }
+        row = _Turn(
+            self.turn_count,
+            response_id,
+            time.time(),
+            pause,
+            self.bytes_in - self._counted_in,
+            self.bytes_out - self._counted_out,
+            timing,  # the rollout's own record of the turn, not a copy
+        )
         self._counted_in, self._counted_out = self.bytes_in, self.bytes_out
         self.turns.append(row)
         self.active = time.monotonic()
         if self.inspector.watchers:
-            self.inspector.publish("turn", {"rollout": self.id, "turn": row})
+            self.inspector.publish("turn", {"rollout": self.id, "turn": row.as_json()})
 
     def sent_late(self, nbytes: int) -> None:
         """Bytes of the last turn sent after it was recorded (an HTTP JSON body)."""
         self.bytes_out += nbytes
         self.connection.bytes_out += nbytes
         if self.turns:
-            self.turns[-1]["bytes_out"] += nbytes
+            self.turns[-1].bytes_out += nbytes
         self._counted_out = self.bytes_out
 
     # --- reading -------------------------------------------------------------------
@@ -237,8 +234,8 @@ class RolloutRecord:
             # The last turns' server time before the model, and bytes on the wire:
             # the page's sparklines (HTTP's growth next to append's flat line).
             "per_turn": {
-                "pre_inference_ms": [t["server"]["pre_inference_ms"] for t in recent],
-                "bytes": [t["bytes_in"] + t["bytes_out"] for t in recent],
+                "pre_inference_ms": [t.timing.pre_inference * 1000 for t in recent],
+                "bytes": [t.bytes_in + t.bytes_out for t in recent],
             },
         }
 
@@ -246,9 +243,37 @@ class RolloutRecord:
         return {
             **self.summary(),
             "response_ids": list(self.responses),
-            "timeline": list(self.turns),
+            "timeline": [t.as_json() for t in self.turns],
             "events": [_entry_json(e) for e in self.events],
             "events_kept": self.inspector.ring,
+        }
+
+
+@dataclasses.dataclass(slots=True)
+class _Turn:
+    """One row of a rollout's timeline (see :meth:`RolloutRecord.turn_ended`)."""
+
+    turn: int
+    response_id: str
+    at: float
+    pause: float
+    bytes_in: int
+    bytes_out: int
+    timing: TurnTiming
+
+    def as_json(self) -> dict[str, Any]:
+        timing = self.timing
+        return {
+            "turn": self.turn,
+            "response_id": self.response_id,
+            "at": self.at,
+            "pause_ms": self.pause * 1000,
+            "new_tokens": timing.new_tokens,
+            "cached_tokens": timing.cached_tokens,
+            "input_tokens": timing.input_tokens,
+            "bytes_in": self.bytes_in,
+            "bytes_out": self.bytes_out,
+            "server": timing.as_metrics(),
         }
 
 

@@ -69,7 +69,7 @@ __all__ = [
 #: Recent events kept per rollout (client and server).
 RING_EVENTS: Final = 512
 #: Rollout records kept in all.
-MAX_ROLLOUTS: Final = 256
+MAX_ROLLOUTS: Final = 128
 #: Seconds a finished rollout's record stays after its last event.
 FORGET_AFTER: Final = 900.0
 #: Live feeds at once.
