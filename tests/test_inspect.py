@@ -13,6 +13,7 @@ import collections
 import itertools
 import json
 import shutil
+import signal
 import tempfile
 import threading
 import time
@@ -30,6 +31,7 @@ from longresponse.bench.options import Workload
 from longresponse.client import AppendClient, connect
 from longresponse.engine.timing import TurnTiming
 from longresponse.serve.inspector import Watcher
+from longresponse.server_process import ServerProcess
 from protocol.events import OutputItemDone, ResponseDone
 from protocol.items import FunctionCall
 from tests.conftest import RunningServer, openai_client
@@ -465,3 +467,32 @@ def test_a_watcher_that_falls_behind_is_told_and_dropped() -> None:
     assert drained[-1] == ("lagged", {})
     # The oldest gave way to the word that ends the feed; nothing after it was taken.
     assert [d for _, d in drained[:-1]] == [{"n": 1}, {"n": 2}]
+
+
+def test_an_open_feed_does_not_hold_up_a_graceful_shutdown() -> None:
+    """SIGTERM with a feed open: the feed ends and the process exits well within
+    the drain timeout (a feed is not a turn to wait for)."""
+    with ServerProcess("--store", "memory://", "--shutdown-drain-timeout", "20") as server:
+        opened = threading.Event()
+        kinds: list[str] = []
+
+        def follow() -> None:
+            url = f"{server.http_url}/inspect/api/feed"
+            with httpx.Client(timeout=30) as reader, reader.stream("GET", url) as feed:
+                for line in feed.iter_lines():
+                    if line.startswith("event: "):
+                        kinds.append(line.removeprefix("event: "))
+                        opened.set()
+
+        follower = threading.Thread(target=follow)
+        follower.start()
+        assert opened.wait(10)
+        assert server.process is not None
+        sent = time.monotonic()
+        server.process.send_signal(signal.SIGTERM)
+        server.process.wait(timeout=20)  # (uvicorn re-raises the signal once it is done)
+        elapsed = time.monotonic() - sent
+        follower.join(timeout=10)
+        assert not follower.is_alive()
+    assert kinds[0] == "state"
+    assert elapsed < 5, f"shutdown took {elapsed:.1f} s with a feed open"
