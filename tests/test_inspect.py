@@ -496,3 +496,71 @@ def test_an_open_feed_does_not_hold_up_a_graceful_shutdown() -> None:
         assert not follower.is_alive()
     assert kinds[0] == "state"
     assert elapsed < 5, f"shutdown took {elapsed:.1f} s with a feed open"
+
+
+def test_a_shipped_chain_paused_on_a_call_and_its_open_connection(make_server: Any) -> None:
+    server = make_server()
+    client = openai_client(server)
+    with client.responses.connect() as conn, httpx.Client(base_url=server.http_url) as http:
+        conn.response.create(
+            model="sim",
+            input="Check the weather.",
+            tools=[READ_TOOL],
+            store=False,
+            metadata={"sim_tool_calls": "1"},
+        )
+        event = conn.recv()
+        while event.type != "response.completed":
+            event = conn.recv()
+        (call,) = [o for o in event.response.output if o.type == "function_call"]
+        state = http.get("/inspect/api/state").json()
+        (shipped,) = [c for c in state["connections"] if c["shape"] == "shipped"]
+        assert shipped["open"] is True
+        assert shipped["lanes"] == 1  # the default lane
+        assert shipped["outbox_events"] == 0
+        assert shipped["bytes_in"] > 0
+        (rollout,) = state["rollouts"]
+        assert rollout["id"] == event.response.id
+        assert rollout["connection"] == shipped["id"]
+        # Completed with a client call unanswered: the chain waits for it.
+        assert rollout["status"] == "paused"
+        assert rollout["pending_call_ids"] == [call.call_id]
+        conn.response.create(
+            model="sim",
+            previous_response_id=event.response.id,
+            input=[{"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}],
+            tools=[READ_TOOL],
+            store=False,
+            metadata={"sim_tool_calls": "1"},
+        )
+        event = conn.recv()
+        while event.type != "response.completed":
+            event = conn.recv()
+        detail = http.get(f"/inspect/api/rollouts/{rollout['id']}").json()
+    # The continuation is the same rollout's second turn; nothing is pending now.
+    assert detail["status"] == "completed"
+    assert detail["pending_call_ids"] == []
+    assert detail["response_ids"] == [rollout["id"], event.response.id]
+    assert [t["response_id"] for t in detail["timeline"]] == detail["response_ids"]
+    assert detail["timeline"][1]["cached_tokens"] > 0  # continued in place
+
+
+def test_an_http_chain_is_one_rollout_and_a_fork_opens_another(make_server: Any) -> None:
+    server = make_server()
+    with httpx.Client(base_url=server.http_url) as http:
+        first = http.post("/v1/responses", json={"model": "sim", "input": "one"}).json()
+        body = {"model": "sim", "input": "two", "previous_response_id": first["id"]}
+        second = http.post("/v1/responses", json=body).json()
+        fork = http.post("/v1/responses", json=body).json()  # from `first` again
+        state = http.get("/inspect/api/state").json()
+        chain = http.get(f"/inspect/api/rollouts/{first['id']}").json()
+    assert [r["id"] for r in state["rollouts"]] == [first["id"], fork["id"]]
+    assert chain["response_ids"] == [first["id"], second["id"]]
+    assert chain["shape"] == "http"
+    assert chain["connection"] == "http"
+    # HTTP reads the stored history back and renders it every request.
+    assert chain["timeline"][1]["cached_tokens"] == 0
+    assert chain["timeline"][1]["new_tokens"] > chain["timeline"][0]["new_tokens"]
+    assert chain["timeline"][1]["bytes_out"] > 0  # the JSON body
+    (forked,) = [r for r in state["rollouts"] if r["id"] == fork["id"]]
+    assert forked["parent"] == first["id"]
