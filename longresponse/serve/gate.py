@@ -140,7 +140,7 @@ def _authorization(scope: Scope) -> str | None:
     """The request's ``Authorization``; under ``/inspect``, else ``?key=`` as a bearer."""
     authorization = Headers(scope=scope).get("authorization")
     path = scope["path"]
-    if authorization is None and (path == INSPECT_PREFIX or path.startswith("/inspect/")):
+    if authorization is None and (path == INSPECT_PREFIX or path.startswith(f"{INSPECT_PREFIX}/")):
         key = QueryParams(scope["query_string"]).get("key")
         if key:
             return f"Bearer {key}"

@@ -118,7 +118,6 @@ class RolloutRecord:
         self.responses: list[str] = []
         self.status = "sampling"
         self.pending: list[str] = []
-        self.error: str | None = None
         self.events: collections.deque[tuple[Any, ...]] = collections.deque(maxlen=inspector.ring)
         self.turns: collections.deque[_Turn] = collections.deque(maxlen=MAX_TURNS)
         self.turn_count = 0
