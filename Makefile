@@ -28,7 +28,8 @@ lint: $(VENV)/.installed-test
 	$(BIN)/mypy protocol longresponse
 
 # The tests start a real redis-server (tests/redis_server.py) and a real nginx
-# (tests/nginx_server.py); install what is missing (CI runs as root).
+# (tests/nginx_server.py), and open /inspect in Debian's headless chromium
+# (tests/test_inspect.py); install what is missing (CI runs as root).
 NGINX := $(shell command -v nginx || ls /usr/sbin/nginx 2>/dev/null)
 test-services:
 	@command -v redis-server >/dev/null || (apt-get update -qq && \
@@ -36,6 +37,9 @@ test-services:
 	@test -n "$(NGINX)" || (apt-get update -qq && \
 		(DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light >/dev/null || \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx >/dev/null))
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+		chromium chromium-driver >/dev/null)
 
 # Branch coverage of the whole suite; the sans-IO core must stay near 100%.
 test: lint test-services

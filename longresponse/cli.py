@@ -228,6 +228,18 @@ def build_parser() -> argparse.ArgumentParser:
         "continuation reads its history from the store but does not render it again",
     )
     serve.add_argument(
+        "--inspector",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="keep the observations behind /inspect (off: every hook returns at once)",
+    )
+    serve.add_argument(
+        "--inspector-watchers",
+        type=_ranged("inspector_watchers", int),
+        default=4,
+        help="live /inspect feeds open at once; one more gets 429 (too_many_watchers)",
+    )
+    serve.add_argument(
         "--max-background",
         type=_ranged("max_background", int),
         default=limits.MAX_BACKGROUND,
@@ -360,6 +372,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         http_token_cache=args.http_token_cache,
         ws_compression=args.ws_compression == "on",
         max_background=args.max_background,
+        inspector=args.inspector,
+        inspector_watchers=args.inspector_watchers,
         background_log_bytes=args.background_log_bytes,
         background_endings_bytes=args.background_endings_bytes,
         switches=Switches(

@@ -156,6 +156,7 @@ RANGES: Final[Mapping[str, Range]] = {
     "background_endings_bytes": Range(1, 1024 * _GIB),
     "max_response_events": Range(1, 1_000_000_000),
     "max_response_output_tokens": Range(1, 1_000_000_000),
+    "inspector_watchers": Range(1, 1_000),
     "sim_ttft_ms": Range(0, 600_000),
     "sim_tokens_per_second": Range(1, 1_000_000, zero=True),
     "sim_prefill_tokens_per_second": Range(1, 1_000_000_000, zero=True),
@@ -280,6 +281,9 @@ class ServerConfig:
     #: The secret compaction items are sealed with (else LONGRESPONSE_COMPACTION_KEY,
     #: else a random key kept in the store: ``longresponse.storage.server_keys``).
     compaction_key: str | None = None
+    #: The inspector (``/inspect``): keeping observations, and live feeds at once.
+    inspector: bool = True
+    inspector_watchers: int = 4
     sim: SimConfig = dataclasses.field(default_factory=SimConfig)
     #: Models answered by real engines, beside the simulated ones.
     backends: tuple[BackendConfig, ...] = ()

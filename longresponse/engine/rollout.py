@@ -403,6 +403,7 @@ class Rollout:
         self.counts.input_tokens += cached + uncached
         self.counts.cached_tokens += cached
         timing.new_tokens, timing.cached_tokens = added, cached
+        timing.input_tokens = cached + uncached
         sample_request = SampleRequest(
             context=self.context,
             tools=request.tools,

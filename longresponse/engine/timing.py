@@ -39,6 +39,8 @@ class TurnTiming:
     post_inference: float = 0.0
     new_tokens: int = 0
     cached_tokens: int = 0
+    #: Input tokens the model read this turn (cached + uncached; the inspector's total).
+    input_tokens: int = 0
 
     def as_metrics(self) -> dict[str, float]:
         return {

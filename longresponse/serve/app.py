@@ -11,7 +11,9 @@ after the HTTP ``background: true`` responses still running
 (``longresponse.serve.background``) have been ended and queued for writing.
 ``/v1/models``, ``/metrics`` and ``/healthz`` are here; the lifespan also
 runs the event-loop lag monitor behind ``/metrics``
-(``longresponse.serve.metrics.LoopLagMonitor``).
+(``longresponse.serve.metrics.LoopLagMonitor``). ``/inspect`` and its API are
+``longresponse.serve.inspect_routes``, over the app's
+``longresponse.serve.inspector.Inspector``.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ from .compact import CompactHTTP
 from .gate import RouteGate
 from .http import ResponsesHTTP
 from .input_tokens import InputTokens
+from .inspect_routes import InspectRoutes
+from .inspector import Inspector
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import LoopLagMonitor, ServerMetrics
 from .seam import Seam
@@ -59,6 +63,7 @@ class _Services:
 
     persistence: Persistence | None = None
     compaction_key: CompactionKey | None = None
+    lag: LoopLagMonitor | None = None
 
     def get_persistence(self) -> Persistence:
         if self.persistence is None:
@@ -84,6 +89,7 @@ def create_app(config: ServerConfig | None = None) -> Seam:
     metrics = ServerMetrics(pipeline.counters)
     keys = ApiKeys.from_env(config.api_keys)
     services = _Services()
+    inspector = Inspector(enabled=config.inspector, max_watchers=config.inspector_watchers)
     turns = Turns(
         config,
         models,
@@ -91,6 +97,7 @@ def create_app(config: ServerConfig | None = None) -> Seam:
         metrics=metrics,
         persistence=services.get_persistence,
         compaction_key=services.get_compaction_key,
+        inspector=inspector,
     )
     endpoint = ResponsesEndpoint(config, turns, keys)
     background = BackgroundResponses(
@@ -117,7 +124,8 @@ def create_app(config: ServerConfig | None = None) -> Seam:
         )
         app.state.loop = asyncio.get_running_loop()  # for tests that reach into the store
         services.persistence = app.state.persistence = persistence
-        lag = asyncio.create_task(LoopLagMonitor(metrics).run(), name="loop-lag")
+        services.lag = LoopLagMonitor(metrics)
+        lag = asyncio.create_task(services.lag.run(), name="loop-lag")
         try:
             yield
         finally:
@@ -170,6 +178,12 @@ def create_app(config: ServerConfig | None = None) -> Seam:
             Route("/v1/models", list_models),
             Route("/metrics", metrics_page),
             Route("/healthz", health),
+            *InspectRoutes(
+                inspector,
+                persistence=lambda: services.persistence,
+                lag=lambda: services.lag,
+                live_sessions=lambda: endpoint.live_sessions,
+            ).routes(),
         ],
         lifespan=lifespan,
     )
@@ -184,4 +198,5 @@ def create_app(config: ServerConfig | None = None) -> Seam:
     app.state.pipeline = pipeline
     app.state.turns = turns
     app.state.metrics = metrics
+    app.state.inspector = inspector
     return Seam(app)

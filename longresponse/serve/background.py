@@ -65,6 +65,7 @@ from ..config import BACKGROUND_ENDINGS_BYTES, BACKGROUND_LOG_BYTES, MAX_BACKGRO
 from ..engine.models import ModelSpec
 from ..ids import new_id
 from ..storage.persistence import Persistence, StoreWriteFailed
+from .inspect_records import WatchedSink
 from .turns import Started, Turns
 
 __all__ = [
@@ -239,8 +240,11 @@ class BackgroundResponses:
         Raises :class:`RemoteProtocolError` (429, nothing started) beyond the limit.
         """
         self.check_room()
-        assert isinstance(started.reply.sink, EventLog)
-        entry = BackgroundResponse(started, owner=owner, log=started.reply.sink)
+        log = started.reply.sink
+        if isinstance(log, WatchedSink):  # the inspector's note-taker around it
+            log = log.sink
+        assert isinstance(log, EventLog)
+        entry = BackgroundResponse(started, owner=owner, log=log)
         self._running[entry.id] = entry
         entry.task = asyncio.get_running_loop().create_task(
             self._run(entry, history, received_at), name=f"background {entry.id}"

@@ -8,7 +8,9 @@ request it matches the path against the app's own routes, in this order:
 1. no route has the path: **404**, ``code: "unknown_url"``, whoever asks;
 2. with API keys on, a request without a valid ``Authorization: Bearer`` key:
    **401**, ``code: "invalid_api_key"``, on every known route (``/v1/models``,
-   ``/metrics`` and ``/healthz`` included), before the route runs;
+   ``/metrics`` and ``/healthz`` included), before the route runs; under
+   ``/inspect`` only, the key may come as ``?key=`` instead (a browser's page
+   load and ``EventSource`` cannot set a header);
 3. the path is known but not with this method: **405**,
    ``code: "method_not_allowed"``, with an ``Allow`` header listing the
    methods it has;
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from starlette.datastructures import Headers
+from starlette.datastructures import Headers, QueryParams
 from starlette.routing import BaseRoute, Match, Route, Router
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -35,12 +37,14 @@ from protocol import RemoteProtocolError
 from ..storage.keys import ApiKeys, Unauthorized
 from .http import http_error
 
-__all__ = ["METHOD_NOT_ALLOWED", "UNKNOWN_URL", "RouteGate"]
+__all__ = ["INSPECT_PREFIX", "METHOD_NOT_ALLOWED", "UNKNOWN_URL", "RouteGate"]
 
 #: ``error.code`` of a path the server does not have.
 UNKNOWN_URL: Final = "unknown_url"
 #: ``error.code`` of a known path asked with a method it does not take.
 METHOD_NOT_ALLOWED: Final = "method_not_allowed"
+#: The inspector's paths, where the key may also come as the query's ``key``.
+INSPECT_PREFIX: Final = "/inspect"
 
 
 class RouteGate:
@@ -82,7 +86,7 @@ class RouteGate:
             )
         if self.keys.enabled:
             try:
-                self.keys.owner(Headers(scope=scope).get("authorization"))
+                self.keys.owner(_authorization(scope))
             except Unauthorized as exc:
                 return http_error(
                     RemoteProtocolError(str(exc), code="invalid_api_key", status=401)
@@ -130,3 +134,14 @@ class RouteGate:
             }
         )
         await send({"type": "websocket.http.response.body", "body": response.body})
+
+
+def _authorization(scope: Scope) -> str | None:
+    """The request's ``Authorization``; under ``/inspect``, else ``?key=`` as a bearer."""
+    authorization = Headers(scope=scope).get("authorization")
+    path = scope["path"]
+    if authorization is None and (path == INSPECT_PREFIX or path.startswith(f"{INSPECT_PREFIX}/")):
+        key = QueryParams(scope["query_string"]).get("key")
+        if key:
+            return f"Bearer {key}"
+    return authorization

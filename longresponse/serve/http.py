@@ -143,7 +143,9 @@ class ResponsesHTTP:
         self.requests += 1
         try:
             owner = self._owner(request)
-            body = decode_create_body(await self._body(request))
+            raw = await self._body(request)
+            body = decode_create_body(raw)
+            self.turns.inspector.http.client(body, len(raw))
             if body.stream_id is not msgspec.UNSET:
                 raise RemoteProtocolError(
                     "Unknown parameter: 'stream_id' (it exists on WebSocket connections only).",
@@ -415,6 +417,9 @@ class _Run:
                 )
             )
         response = _json(self.final)
+        seen = self.http.turns.inspector.record_of(self.started.rollout)
+        if seen is not None:  # the body's bytes, for the inspector's timeline
+            seen.sent_late(len(response.body))
         timings = self.started.rollout.timings
         if timings:
             # Server-side phase times of this request (RFC Server-Timing).

@@ -87,6 +87,11 @@ class SSESink(RecordingSink):
                     self._drop()
                 raise ServerClosed("slow_reader") from None
 
+    @property
+    def queued_bytes(self) -> int:
+        """Bytes of the records waiting (the inspector reads each event's size here)."""
+        return self._bytes
+
     def push(self, event: ServerEvent) -> None:
         record = self.connection.send(event)
         self._records.append(record)

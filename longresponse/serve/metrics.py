@@ -153,6 +153,11 @@ class LoopLagMonitor:
             await asyncio.sleep(self.interval)
             self.observe(max(0.0, time.monotonic() - asked))
 
+    @property
+    def recent(self) -> tuple[float, float]:
+        """The last lag and the worst of the window, in seconds (0 before any)."""
+        return (self._recent[-1], max(self._recent)) if self._recent else (0.0, 0.0)
+
     def observe(self, lag: float) -> None:
         self._recent.append(lag)
         self.metrics.loop_lag.observe(lag)

@@ -43,7 +43,10 @@ from ..engine.reply import Reply
 from ..engine.rollout import Rollout
 from ..engine.segment import Boundary, Segment
 from ..engine.stream import EventSink
+from ..engine.timing import TurnTiming
 from ..storage.persistence import Persistence, StoreWriteFailed
+from .inspect_records import RolloutRecord
+from .inspector import Inspector
 from .metrics import ServerMetrics
 
 __all__ = ["TRANSPORTS", "Started", "Turns"]
@@ -81,8 +84,11 @@ class Turns:
         metrics: ServerMetrics | None = None,
         persistence: Callable[[], Persistence] | None = None,
         compaction_key: Callable[[], CompactionKey] | None = None,
+        inspector: Inspector | None = None,
     ) -> None:
         self.config = config
+        #: The inspector's observations (off unless the app gives one).
+        self.inspector = inspector or Inspector(enabled=False)
         self.models = models
         self.pipeline = pipeline
         self.metrics = metrics
@@ -212,6 +218,7 @@ class Turns:
         append = transport == "append"
         if rollout is None:
             rollout = self.new_rollout(request, model, admission.items if append else [])
+        sink, seen = self.inspector.watch(rollout, request, response_id, sink)
         segment: Segment | None = None
         if append:
             reply = rollout.open_reply(response_id, sink, append=True, send_timing=send_timing)
@@ -234,10 +241,23 @@ class Turns:
             validate=admission.validate_seconds,
             classify=admission.classify_seconds,
         )
-        if self.metrics is not None:
-            metrics = self.metrics
-            rollout.on_timing = lambda timing: metrics.observe_turn(transport, timing)
+        if self.metrics is not None or seen is not None:
+            rollout.on_timing = self._timing_hook(transport, response_id, seen)
         return Started(rollout, model, admission.items, reply, segment)
+
+    def _timing_hook(
+        self, transport: str, response_id: str, seen: RolloutRecord | None
+    ) -> Callable[[TurnTiming], None]:
+        """Each finished turn: to ``/metrics`` and to the inspector's timeline."""
+        metrics = self.metrics
+
+        def on_timing(timing: TurnTiming) -> None:
+            if metrics is not None:
+                metrics.observe_turn(transport, timing)
+            if seen is not None:
+                seen.turn_ended(timing, response_id)
+
+        return on_timing
 
     def new_rollout(
         self, request: ResponseCreate, model: ModelSpec, input_items: list[Item] | None = None

@@ -68,6 +68,7 @@ from ..config import WRITE_SLICE_SECONDS, ServerConfig
 from ..engine.stream import PeerGone, ServerClosed, StreamClosed
 from ..storage.keys import ApiKeys, Unauthorized
 from .append import AppendShape
+from .inspector import ConnectionRecord
 from .seam import abort
 from .shipped import ShippedShape
 from .turns import Turns
@@ -263,6 +264,8 @@ class Session:
                 config, turns, self.outbox, spawn=self.spawn, send_timing=send_timing, owner=owner
             )
         self._decoded_at = 0.0
+        #: This connection's record in the inspector (None with the inspector off).
+        self.seen: ConnectionRecord | None = None
         #: Graceful shutdown has begun: client messages are no longer read.
         self.draining = False
 
@@ -355,6 +358,8 @@ class Session:
         try:
             self.connection.receive_message(data, admit=self._admit)
             event = self.connection.next_event()
+            if self.seen is not None:
+                self.seen.client(event, len(data))  # type: ignore[arg-type]
             decode = self._decoded_at - received_at
             self.shape.handle(event, received_at, decode)  # type: ignore[arg-type]
         except ProtocolError as error:
@@ -419,6 +424,7 @@ class ResponsesEndpoint:
         cut off.
         """
         self.draining = True
+        self.turns.inspector.stopping = True  # the inspector's feeds end too
         try:
             for session in list(self.sessions):
                 session.stop_intake()
@@ -483,12 +489,14 @@ class ResponsesEndpoint:
         self.live_sessions += 1
         self.last_session = session
         self.sessions.add(session)
+        session.seen = self.turns.inspector.open_connection(session, mode)
         try:
             await send({"type": "websocket.accept", "subprotocol": subprotocol})
             await session.serve(receive, send)
         finally:
             self.live_sessions -= 1
             self.sessions.discard(session)
+            self.turns.inspector.close_connection(session.seen)
 
 
 def _betas(headers: dict[str, list[str]]) -> set[str]:
