@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,10 +23,11 @@ from openai import OpenAI
 
 from longresponse.client import connect
 from longresponse.config import BackendConfig
-from longresponse.server_process import ServerProcess
-from protocol.events import OutputItemDone, ResponseDone
+from longresponse.server_process import ServerProcess, free_port
+from protocol.events import OutputItemDone, OutputTextDelta, ResponseDone
 from protocol.items import FunctionCall, Message, OutputText
 from tests.conftest import openai_client
+from tests.raw_ws import wait_until
 
 KINDS = ("responses", "responses-ws")
 TOOL = {
@@ -47,7 +49,8 @@ def upstream() -> Iterator[ServerProcess]:
         yield process
 
 
-def backend(upstream: ServerProcess, kind: str, **fields: Any) -> BackendConfig:
+def backend(upstream: Any, kind: str, **fields: Any) -> BackendConfig:
+    """The gateway's model ``up``: ``sim`` on ``upstream`` (a process, or in-thread)."""
     config = BackendConfig(
         name="up",
         kind=kind,
@@ -262,3 +265,224 @@ async def test_store_false_sends_the_full_input_each_turn(
     # store: false upstream: nothing was kept there.
     missing = httpx.get(f"{upstream.http_url}/v1/responses/{chain[-1][0]}")  # noqa: ASYNC210
     assert missing.status_code == 404
+
+
+# --- failures: each one made real against the upstream --------------------------------
+
+
+def failure_of(events: list[Any]) -> tuple[str, str]:
+    """(code, message) of a response that failed, as the shipped shape reports it."""
+    last = events[-1]
+    if last.type == "error":
+        return last.error.code, last.error.message
+    assert last.type == "response.failed", [e.type for e in events]
+    assert last.response.error is not None
+    return last.response.error.code, last.response.error.message
+
+
+def failed_turn(gateway: Any, **create: Any) -> tuple[str, str]:
+    """One shipped-shape turn over the SDK's socket that must fail; the connection
+    stays usable (a second request is answered)."""
+    create.setdefault("input", "hello")
+    with sdk(gateway).responses.connect() as conn:
+        conn.response.create(model="up", store=False, **create)
+        found = failure_of(sdk_turn(conn))
+        conn.response.create(model="sim", input="still there?", store=False)
+        assert sdk_turn(conn)[-1].type == "response.completed"
+    return found
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_nothing_listening_is_upstream_unavailable(make_server: Any, kind: str) -> None:
+    dead = BackendConfig(
+        name="up", kind=kind, base_url=f"http://127.0.0.1:{free_port()}/v1", max_retries=1,
+        retry_backoff=0.01,
+    )  # fmt: skip
+    gateway = make_server(backends=(dead,))
+    code, message = failed_turn(gateway)
+    assert code == "upstream_unavailable"
+    assert "could not be reached" in message
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_upstream_without_the_model_is_upstream_unavailable(
+    make_server: Any, upstream: ServerProcess, kind: str
+) -> None:
+    # The client asked for a model the gateway serves: the backend's upstream
+    # model name is wrong, which is the server's fault (502), not a 404 to the client.
+    gateway = make_server(backends=(backend(upstream, kind, upstream_model="no-such-model"),))
+    code, message = failed_turn(gateway)
+    assert code == "upstream_unavailable"
+    assert "does not serve" in message
+    assert "no-such-model" in message
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_context_too_long_upstream(make_server: Any, upstream: ServerProcess, kind: str) -> None:
+    gateway = make_server(backends=(backend(upstream, kind),))  # its own window is 128k
+    code, message = failed_turn(gateway, input="word " * 5000)  # the upstream's is 4000
+    assert code == "context_length_exceeded"
+    assert "4000" in message
+
+
+KEY_ENV = "LONGRESPONSE_TEST_UPSTREAM_KEY"
+UPSTREAM_KEY = "sk-upstream-test-key-0123456789"
+
+
+@pytest.fixture(scope="module")
+def strict_upstream() -> Iterator[ServerProcess]:
+    """An upstream that wants an API key and refuses secrets in input."""
+    with ServerProcess(*FAST, "--api-key", UPSTREAM_KEY, "--secrets-policy", "refuse") as up:
+        yield up
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_upstream_refusal_keeps_its_code(
+    make_server: Any, strict_upstream: ServerProcess, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(KEY_ENV, UPSTREAM_KEY)
+    gateway = make_server(backends=(backend(strict_upstream, kind, api_key_env=KEY_ENV),))
+    # The key is accepted: a plain turn works.
+    with sdk(gateway).responses.connect() as conn:
+        conn.response.create(model="up", input="hello", store=False)
+        assert sdk_turn(conn)[-1].type == "response.completed"
+    # The gateway flags secrets (its default); the upstream refuses them (400,
+    # secret_detected, param input[0]): the client gets the upstream's code.
+    token = "ghp_" + "aB3dE5gH7jK9mN1pQ3sT5vW7yZ9bC1dF3hJ5"
+    code, message = failed_turn(gateway, input=f"my token is {token}")
+    assert code == "secret_detected"
+    assert "looks like a secret" in message
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_refused_credentials_never_show_the_key(
+    make_server: Any,
+    strict_upstream: ServerProcess,
+    kind: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG)  # every logger, the HTTP and WebSocket libraries too
+    wrong = "sk-wrong-key-that-must-not-leak-42"
+    monkeypatch.setenv(KEY_ENV, wrong)
+    gateway = make_server(backends=(backend(strict_upstream, kind, api_key_env=KEY_ENV),))
+    code, message = failed_turn(gateway)
+    assert code == "upstream_unavailable"
+    assert "refused this server's credentials (HTTP 401)" in message
+    assert wrong not in message
+    assert wrong not in caplog.text
+    assert caplog.records  # the libraries did log at DEBUG: the check above read them
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_killing_the_upstream_mid_stream_is_upstream_unavailable(
+    make_server: Any, kind: str
+) -> None:
+    with ServerProcess(*FAST) as doomed:
+        gateway = make_server(backends=(backend(doomed, kind),))
+        meta = {"sim_tool_calls": "0", "sim_output_tokens": "20000", "sim_tokens_per_second": "200"}
+        with sdk(gateway).responses.connect() as conn:
+            conn.response.create(model="up", input="Talk a lot.", store=False, metadata=meta)
+            for event in conn:  # up to the first output the client sees
+                if event.type == "response.output_text.delta":
+                    break
+            assert doomed.process is not None
+            doomed.process.kill()
+            doomed.process.wait()
+            code, _ = failure_of(sdk_turn(conn))
+            assert code == "upstream_unavailable"
+            conn.response.create(model="sim", input="still there?", store=False)
+            assert sdk_turn(conn)[-1].type == "response.completed"
+
+
+# --- the upstream socket's life (kind responses-ws; the upstream in-thread, to count
+# --- its live sessions) ---------------------------------------------------------------
+
+
+async def test_one_upstream_socket_per_rollout_closed_when_it_ends(make_server: Any) -> None:
+    upstream = make_server()
+    gateway = make_server(backends=(backend(upstream, "responses-ws"),))
+    async with connect(gateway.url) as client:
+        await client.create(model="up", input="go", tools=[TOOL], metadata={"sim_tool_calls": "2"})
+        for turn in range(2):
+            events = await client.until_done()
+            done = events[-1]
+            assert isinstance(done, ResponseDone)
+            assert done.response.status == "requires_action"
+            # Paused while the client runs its tool: the socket stays open, one only.
+            assert upstream.live_sessions == 1
+            (call,) = [
+                e.item for e in events
+                if isinstance(e, OutputItemDone) and isinstance(e.item, FunctionCall)
+            ]  # fmt: skip
+            await client.append(
+                [{"type": "function_call_output", "call_id": call.call_id, "output": f"o{turn}"}]
+            )
+        done = (await client.until_done())[-1]
+        assert isinstance(done, ResponseDone)
+        assert done.response.status == "completed"
+        # The rollout ended: its upstream socket is closed, the connection still open.
+        await wait_until(lambda: upstream.live_sessions == 0)
+        assert gateway.live_sessions == 1
+
+
+def test_shipped_connection_holds_the_socket_until_it_closes(make_server: Any) -> None:
+    upstream = make_server()
+    gateway = make_server(backends=(backend(upstream, "responses-ws"),))
+    with sdk(gateway).responses.connect() as conn:
+        conn.response.create(model="up", input="first", store=False)
+        first = sdk_turn(conn)[-1].response
+        assert upstream.live_sessions == 1  # kept for the next segment of the rollout
+        conn.response.create(model="up", input="second", previous_response_id=first.id, store=False)
+        second = sdk_turn(conn)[-1].response
+        assert second.status == "completed"
+        assert upstream.live_sessions == 1
+    deadline = time.monotonic() + 5
+    while upstream.live_sessions and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert upstream.live_sessions == 0
+
+
+async def test_cancel_closes_the_upstream_socket_at_once(make_server: Any) -> None:
+    upstream = make_server()
+    gateway = make_server(backends=(backend(upstream, "responses-ws"),))
+    meta = {"sim_tool_calls": "0", "sim_output_tokens": "100000", "sim_tokens_per_second": "100"}
+    async with connect(gateway.url) as client:
+        await client.create(model="up", input="Talk for a long time.", metadata=meta)
+        while not isinstance(await client.next_event(), OutputTextDelta):
+            pass
+        assert upstream.live_sessions == 1
+        await client.cancel()
+        done = (await client.until_done())[-1]
+        assert isinstance(done, ResponseDone)
+        assert done.response.status == "cancelled"
+        # The upstream saw its client go (its turn would have run for minutes).
+        await wait_until(lambda: upstream.live_sessions == 0, seconds=2.0)
+
+
+async def test_a_socket_the_upstream_closed_is_reopened_with_full_input(
+    make_server: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="longresponse.backends")
+    upstream = make_server(connection_lifetime=1.0)  # its "60-minute" limit, shortened
+    gateway = make_server(backends=(backend(upstream, "responses-ws"),))
+    async with connect(gateway.url) as client:
+        await client.create(model="up", input="go", tools=[TOOL], metadata={"sim_tool_calls": "1"})
+        events = await client.until_done()
+        (call,) = [
+            e.item
+            for e in events
+            if isinstance(e, OutputItemDone) and isinstance(e.item, FunctionCall)
+        ]
+        # The tool takes longer than the upstream lets a socket live.
+        await wait_until(lambda: upstream.live_sessions == 0)
+        await client.append(
+            [{"type": "function_call_output", "call_id": call.call_id, "output": "late"}]
+        )
+        done = (await client.until_done())[-1]
+        assert isinstance(done, ResponseDone)
+        assert done.response.status == "completed"
+        assert "«late»" in text_of(done.response.output[-1])
+    chain = upstream_chain(caplog)
+    # The second turn went on a new socket, with the whole context and no previous id.
+    assert [(previous, sent) for _, previous, sent in chain] == [(None, 1), (None, 3)]

@@ -210,9 +210,7 @@ def _mapped(
         return UpstreamError(message or "The upstream lost the chain's previous response.",
                              code=code, status=400, param=param)  # fmt: skip
     if status in (401, 403):
-        return UpstreamError(
-            f"The upstream refused this server's credentials (HTTP {status})."
-        )
+        return UpstreamError(f"The upstream refused this server's credentials (HTTP {status}).")
     if status == 429 or code == "rate_limit_exceeded":
         return UpstreamError(
             message or "The upstream is rate limiting requests.",

@@ -163,9 +163,7 @@ class ResponsesWSSampler:
             body: Any = None
             with contextlib.suppress(msgspec.DecodeError):
                 body = msgspec.json.decode(response.body or b"null")
-            raise refused(
-                response.status_code, body, response.headers.get("Retry-After")
-            ) from None
+            raise refused(response.status_code, body, response.headers.get("Retry-After")) from None
         except (OSError, TimeoutError, InvalidHandshake, InvalidURI) as exc:
             raise UpstreamError(
                 f"The upstream could not be reached ({type(exc).__name__})."
