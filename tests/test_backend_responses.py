@@ -21,8 +21,11 @@ import httpx
 import pytest
 from openai import OpenAI
 
+from longresponse.backends.responses_http import retry_wait
+from longresponse.backends.responses_wire import refused
 from longresponse.client import connect
 from longresponse.config import BackendConfig
+from longresponse.engine.failures import UpstreamError
 from longresponse.server_process import ServerProcess, free_port
 from protocol.events import OutputItemDone, OutputTextDelta, ResponseDone
 from protocol.items import FunctionCall, Message, OutputText
@@ -486,3 +489,124 @@ async def test_a_socket_the_upstream_closed_is_reopened_with_full_input(
     chain = upstream_chain(caplog)
     # The second turn went on a new socket, with the whole context and no previous id.
     assert [(previous, sent) for _, previous, sent in chain] == [(None, 1), (None, 3)]
+
+
+# --- when the chain cannot go on ------------------------------------------------------
+
+
+async def test_an_upstream_that_forgot_the_chain_gets_the_full_input(
+    make_server: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="longresponse.backends")
+    first = ServerProcess(*FAST).start()  # its store is memory: a restart forgets it
+    try:
+        gateway = make_server(backends=(backend(first, "responses", upstream_store=True),))
+        async with connect(gateway.url) as client:
+            await client.create(
+                model="up", input="go", tools=[TOOL], metadata={"sim_tool_calls": "1"}
+            )
+            events = await client.until_done()
+            (call,) = [
+                e.item
+                for e in events
+                if isinstance(e, OutputItemDone) and isinstance(e.item, FunctionCall)
+            ]
+            first.stop()
+            with ServerProcess(*FAST, port=first.port):
+                output = {"type": "function_call_output", "call_id": call.call_id, "output": "o"}
+                await client.append([output])
+                done = (await client.until_done())[-1]
+        assert isinstance(done, ResponseDone)
+        assert done.response.status == "completed"
+        assert "«go»" in text_of(done.response.output[-1])
+    finally:
+        first.stop()
+    chain = upstream_chain(caplog)
+    # previous_response_not_found from the new process: the turn was sent again, whole.
+    assert [(previous, sent) for _, previous, sent in chain] == [(None, 1), (None, 3)]
+
+
+async def test_a_truncated_context_is_sent_whole(
+    make_server: Any, upstream: ServerProcess, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="longresponse.backends")
+    # The gateway's own window is small: truncation=auto drops the oldest items.
+    config = backend(upstream, "responses", upstream_store=True, context_window=600)
+    gateway = make_server(backends=(config,))
+    dones: list[ResponseDone] = []
+    async with connect(gateway.url) as client:
+        await client.create(
+            model="up",
+            input="go",
+            tools=[TOOL],
+            truncation="auto",
+            metadata={"sim_tool_calls": "4"},
+        )
+        while True:
+            events = await client.until_done()
+            done = events[-1]
+            assert isinstance(done, ResponseDone)
+            dones.append(done)
+            if done.response.status != "requires_action":
+                break
+            (call,) = [
+                e.item
+                for e in events
+                if isinstance(e, OutputItemDone) and isinstance(e.item, FunctionCall)
+            ]
+            long_output = f"output {len(dones)} " + "lorem ipsum " * 60
+            await client.append(
+                [{"type": "function_call_output", "call_id": call.call_id, "output": long_output}]
+            )
+    assert dones[-1].response.status == "completed"
+    chain = upstream_chain(caplog)
+    assert len(chain) == len(dones)
+    # Turn 2 continued the chain; once items were dropped, the prefix was not the
+    # one sent, so those turns went without a previous id and with every item kept.
+    assert chain[1][1] == chain[0][0]
+    assert chain[1][2] == 1
+    cut = [(previous, sent) for _, previous, sent in chain[2:] if previous is None]
+    assert cut
+    assert all(sent > 1 for _, sent in cut)
+
+
+# --- the mapping of refusals that the upstream longresponse never makes (pure) ---------
+
+
+@pytest.mark.parametrize(
+    ("status", "error", "retry_after", "expected"),
+    [
+        (429, {"code": "rate_limit_exceeded", "message": "slow down"}, "7",
+         ("rate_limit_exceeded", 429, None, 7.0, "slow down")),
+        (429, None, None, ("rate_limit_exceeded", 429, None, None, "rate limiting")),
+        (403, {"code": "forbidden", "message": "key sk-abc is revoked"}, None,
+         ("upstream_unavailable", 502, None, None, "refused this server's credentials")),
+        (503, {"message": "overloaded"}, None,
+         ("upstream_unavailable", 502, None, None, "overloaded")),
+        (400, {"code": "invalid_value", "message": "bad", "param": "tools[0].parameters"}, None,
+         ("invalid_value", 400, "tools[0].parameters", None, "bad")),
+        (400, {"message": "no code"}, None,
+         ("invalid_request_error", 400, None, None, "no code")),
+        (404, {"code": "previous_response_not_found", "message": "gone",
+               "param": "previous_response_id"}, None,
+         ("previous_response_not_found", 400, "previous_response_id", None, "gone")),
+    ],
+)  # fmt: skip
+def test_refusals_map_to_shipped_codes(
+    status: int, error: dict[str, str] | None, retry_after: str | None, expected: tuple[Any, ...]
+) -> None:
+    exc = refused(status, {"error": error} if error else None, retry_after)
+    code, http_status, param, hint, words = expected
+    assert (exc.code, exc.status, exc.param, exc.retry_after) == (code, http_status, param, hint)
+    assert words in exc.message
+    assert "sk-abc" not in exc.message  # a refusal of credentials is worded here
+
+
+def test_retries_wait_with_backoff_and_honour_retry_after() -> None:
+    config = BackendConfig(name="m", kind="responses", base_url="http://h/v1", max_retries=2)
+    down = UpstreamError("down")
+    assert [retry_wait(config, down, attempt) for attempt in range(3)] == [0.25, 0.5, None]
+    assert retry_wait(config, refused(429, None, "3"), 0) == 3.0
+    assert retry_wait(config, refused(429, None, "3600"), 0) is None  # too long: report it
+    assert retry_wait(config, UpstreamError("cut", output_started=True), 0) is None
+    assert retry_wait(config, refused(400, None), 0) is None
