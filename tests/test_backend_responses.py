@@ -11,6 +11,7 @@ sends, so chaining shows as fewer items), its stored responses, its sockets.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import re
 import time
@@ -22,10 +23,18 @@ import pytest
 from openai import OpenAI
 
 from longresponse.backends.responses_http import retry_wait
-from longresponse.backends.responses_wire import refused
+from longresponse.backends.responses_wire import TurnReader, decode_event, refused
 from longresponse.client import connect
 from longresponse.config import BackendConfig
 from longresponse.engine.failures import UpstreamError
+from longresponse.engine.sampling import (
+    ArgumentsDelta,
+    ItemEnd,
+    Stop,
+    TextDelta,
+    ToolCallStart,
+    Usage,
+)
 from longresponse.server_process import ServerProcess, free_port
 from protocol.events import OutputItemDone, OutputTextDelta, ResponseDone
 from protocol.items import FunctionCall, Message, OutputText
@@ -610,3 +619,66 @@ def test_retries_wait_with_backoff_and_honour_retry_after() -> None:
     assert retry_wait(config, refused(429, None, "3600"), 0) is None  # too long: report it
     assert retry_wait(config, UpstreamError("cut", output_started=True), 0) is None
     assert retry_wait(config, refused(400, None), 0) is None
+
+
+def test_switching_models_releases_the_old_socket(make_server: Any) -> None:
+    upstream = make_server()
+    gateway = make_server(backends=(backend(upstream, "responses-ws"),))
+    with sdk(gateway).responses.connect() as conn:
+        conn.response.create(model="up", input="first", store=False)
+        first = sdk_turn(conn)[-1].response
+        assert upstream.live_sessions == 1
+        # The rollout goes on with the simulated model: the upstream socket is let go.
+        conn.response.create(
+            model="sim", input="second", previous_response_id=first.id, store=False
+        )
+        assert sdk_turn(conn)[-1].type == "response.completed"
+        deadline = time.monotonic() + 5
+        while upstream.live_sessions and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert upstream.live_sessions == 0
+        assert gateway.live_sessions == 1
+
+
+def test_items_sent_whole_without_deltas_are_passed_on() -> None:
+    # Some Responses servers send an item only when it is done: it still arrives.
+    reader = TurnReader()
+    call = {"type": "function_call", "call_id": "c1", "name": "read_file", "arguments": ""}
+    events = [
+        {"type": "response.created", "response": {"id": "resp_1"}},
+        {"type": "response.output_item.added", "item": call},
+        {"type": "response.output_item.done", "item": {**call, "arguments": '{"path":"a"}'}},
+        {"type": "response.output_item.added", "item": {"type": "message", "content": []}},
+        {
+            "type": "response.output_item.done",
+            "item": {
+                "type": "message",
+                "status": "incomplete",
+                "content": [{"type": "output_text", "text": "cut"}],
+            },
+        },
+        {
+            "type": "response.incomplete",
+            "response": {
+                "id": "resp_1",
+                "incomplete_details": {"reason": "max_output_tokens"},
+                "usage": {
+                    "input_tokens": 10,
+                    "input_tokens_details": {"cached_tokens": 4},
+                    "output_tokens": 5,
+                    "output_tokens_details": {"reasoning_tokens": 2},
+                },
+            },
+        },
+    ]
+    chunks = [c for e in events for c in reader.read(decode_event(json.dumps(e)))]
+    assert chunks == [
+        ToolCallStart("c1", "read_file"),
+        ArgumentsDelta('{"path":"a"}'),
+        ItemEnd(),
+        TextDelta("cut"),
+        ItemEnd(incomplete=True),
+        Usage(input_tokens=10, cached_tokens=4, output_tokens=5, reasoning_tokens=2),
+        Stop("max_output_tokens"),
+    ]
+    assert (reader.response_id, reader.produced, reader.ended) == ("resp_1", 2, True)

@@ -255,6 +255,7 @@ class TurnReader:
     #: The terminal event arrived.
     ended: bool = False
     _open: str | None = None  # the type of the item being passed on
+    _streamed: bool = False  # the open call's arguments came as deltas
     _calls: bool = False
 
     def read(self, event: _Event) -> Iterator[SampleChunk]:
@@ -269,17 +270,26 @@ class TurnReader:
                 yield TextDelta(event.delta)
         elif kind == "response.function_call_arguments.delta":
             if self._open == "function_call" and event.delta:
+                self._streamed = True
                 yield ArgumentsDelta(event.delta)
         elif kind == "response.output_item.added":
             item = event.item or {}
             if item.get("type") == "function_call":
                 self._open, self.started, self._calls = "function_call", True, True
+                self._streamed = False
                 yield ToolCallStart(str(item.get("call_id", "")), str(item.get("name", "")))
         elif kind == "response.output_item.done":
+            item = event.item or {}
+            # An upstream that sent the item whole, without deltas: pass it on whole.
+            if self._open == "function_call" and not self._streamed and item.get("arguments"):
+                yield ArgumentsDelta(str(item["arguments"]))
+            elif self._open is None and item.get("type") == "message" and (text := _text(item)):
+                self._open, self.started = "message", True
+                yield TextDelta(text)
             if self._open is not None:
                 self._open = None
                 self.produced += 1
-                yield ItemEnd(incomplete=(event.item or {}).get("status") == "incomplete")
+                yield ItemEnd(incomplete=item.get("status") == "incomplete")
         elif kind in ("response.created", "response.in_progress", "response.queued"):
             if event.response is not None and self.response_id is None:
                 self.response_id = event.response.get("id")
@@ -311,6 +321,18 @@ class TurnReader:
         exc = _mapped(status, code, message, param, None)
         exc.output_started = self.started
         return exc
+
+
+def _text(item: Mapping[str, Any]) -> str:
+    """The output text of a message item."""
+    content = item.get("content")
+    if not isinstance(content, list):
+        return ""
+    return "".join(
+        str(part.get("text", ""))
+        for part in content
+        if isinstance(part, Mapping) and part.get("type") == "output_text"
+    )
 
 
 def _usage(usage: Any) -> Usage:
