@@ -682,3 +682,24 @@ def test_items_sent_whole_without_deltas_are_passed_on() -> None:
         Stop("max_output_tokens"),
     ]
     assert (reader.response_id, reader.produced, reader.ended) == ("resp_1", 2, True)
+
+
+async def test_cancel_closes_the_upstream_http_stream_at_once(make_server: Any) -> None:
+    upstream = make_server()
+    gateway = make_server(backends=(backend(upstream, "responses"),))
+
+    def upstream_connections() -> int:  # uvicorn's open connections on the upstream
+        return len(upstream.server.server_state.connections)
+
+    meta = {"sim_tool_calls": "0", "sim_output_tokens": "100000", "sim_tokens_per_second": "100"}
+    async with connect(gateway.url) as client:
+        await client.create(model="up", input="Talk for a long time.", metadata=meta)
+        while not isinstance(await client.next_event(), OutputTextDelta):
+            pass
+        assert upstream_connections() == 1  # the gateway's streaming POST
+        await client.cancel()
+        done = (await client.until_done())[-1]
+        assert isinstance(done, ResponseDone)
+        assert done.response.status == "cancelled"
+        # The stream's connection was closed, not left to finish its minutes of text.
+        await wait_until(lambda: upstream_connections() == 0, seconds=2.0)
