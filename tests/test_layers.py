@@ -241,3 +241,9 @@ def test_a_closing_outbox_raises_server_closed_and_a_failed_send_peer_gone() -> 
         assert not isinstance(gone.value, ServerClosed)
 
     asyncio.run(scenario())
+
+
+def test_backends_import_nothing_of_serve_or_storage() -> None:
+    # A backend is a sampler behind the engine: it knows no socket of ours, no store.
+    assert offenders("longresponse.backends", ("longresponse.serve", "longresponse.storage")) == {}
+    assert offenders("longresponse.engine", ("longresponse.backends",)) == {}

@@ -419,13 +419,12 @@ class Rollout:
                 - reply.builder.output_tokens,
             ),
             text_format=request.text.format if request.text is not None else None,
+            instructions=request.instructions,
+            temperature=request.temperature,
+            top_p=request.top_p,
         )
         sampling_started = self.clock()
-        timing.resolve = resolved - started
-        timing.render = rendered - resolved
-        timing.pre_inference = (
-            sampling_started - started + timing.decode + timing.validate + timing.classify
-        )
+        timing.stages(started, resolved, rendered, sampling_started)
         if self._resume_mark is not None:
             timing.resume = sampling_started - self._resume_mark
             self._resume_mark = None

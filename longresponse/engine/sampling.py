@@ -29,6 +29,7 @@ __all__ = [
     "TextDelta",
     "ToolCallStart",
     "Usage",
+    "release",
 ]
 
 
@@ -92,10 +93,22 @@ class SampleRequest:
     max_output_tokens: int | None = None
     #: ``text.format``: plain text, or JSON.
     text_format: TextFormat | None = None
+    #: The request's sampling settings, for a real engine (the sim ignores them).
+    instructions: str | None = None
+    temperature: float | None = None
+    top_p: float | None = None
 
 
 class Sampler(Protocol):
     def sample(self, request: SampleRequest) -> AsyncGenerator[SampleChunk, None]: ...
+
+
+async def release(sampler: Sampler) -> None:
+    """Its rollout is over: let ``sampler`` close what it holds for it (an upstream
+    socket) if it has an ``aclose()``. A sampler used again later reopens it."""
+    close = getattr(sampler, "aclose", None)
+    if close is not None:
+        await close()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

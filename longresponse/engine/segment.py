@@ -48,6 +48,7 @@ from .failures import failure
 from .models import ModelSpec
 from .reply import Reply, TokenCounts
 from .rollout import INCOMPLETE_STOPS, Rollout
+from .sampling import release
 from .stream import EventSink, StreamClosed
 
 __all__ = ["Boundary", "Segment", "fork"]
@@ -98,7 +99,10 @@ class Segment:
         self.waits = waits
         #: Its turns are over: input that comes now can no longer be taken in.
         self.finishing = False
+        sampler = rollout.sampler
         self._prefix_changed = rollout.configure(request, model)
+        #: Another model's sampler replaced this one: released when the segment runs.
+        self._replaced = sampler if rollout.sampler is not sampler else None
         self.reply: Reply = rollout.open_reply(
             segment_id, sink, append=False, stream_id=stream_id, send_timing=send_timing
         )
@@ -123,6 +127,8 @@ class Segment:
         rollout, reply = self.rollout, self.reply
         rollout.busy = True
         try:
+            if self._replaced is not None:
+                await release(self._replaced)
             rollout.take_in(new_items, received_at)
             await reply.announce(ResponseCreated, ResponseState.QUEUED if queued else None)
             await reply.announce(ResponseInProgress, ResponseState.IN_PROGRESS)

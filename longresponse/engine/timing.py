@@ -42,6 +42,12 @@ class TurnTiming:
     #: Input tokens the model read this turn (cached + uncached; the inspector's total).
     input_tokens: int = 0
 
+    def stages(self, started: float, resolved: float, rendered: float, sampling: float) -> None:
+        """Set the pre-inference stages from the clock's marks of one turn."""
+        self.resolve = resolved - started
+        self.render = rendered - resolved
+        self.pre_inference = sampling - started + self.decode + self.validate + self.classify
+
     def as_metrics(self) -> dict[str, float]:
         return {
             "turn": self.turn,

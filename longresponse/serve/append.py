@@ -40,6 +40,7 @@ from protocol.response import Response
 from ..config import ServerConfig
 from ..engine.admission import Admission
 from ..engine.rollout import Rollout
+from ..engine.sampling import release
 from ..engine.stream import EventSink, StreamClosed
 from ..ids import new_id
 from .continuation import check_continuation
@@ -161,6 +162,7 @@ class AppendShape:
                 # still billed. Nothing may wait here, so the record is queued
                 # without waiting for room.
                 self.turns.bill_nowait(rollout.snapshot(), owner=self.owner, transport=TRANSPORT)
+            await release(rollout.sampler)  # the rollout is over: an upstream socket closes
 
     async def _post_inference(self, response: Response) -> None:
         """A rollout finished: its usage record (and metrics), before its terminal event."""

@@ -34,6 +34,7 @@ from protocol.items import Compaction, Item, as_items
 from protocol.response import Response as ResponseObject
 
 from ..config import WRITE_SLICE_SECONDS, ServerConfig
+from ..engine.sampling import release
 from ..engine.stream import StreamClosed
 from ..engine.timing import TurnTiming
 from ..ids import new_id
@@ -375,13 +376,16 @@ class _Run:
     async def _segment(self) -> bool:
         assert self.started is not None
         rollout = self.started.rollout
-        boundary = await self.http.turns.run_segment(
-            self.started,
-            owner=self.owner,
-            transport=TRANSPORT,
-            history=self.history,
-            received_at=self.received_at,
-        )
+        try:
+            boundary = await self.http.turns.run_segment(
+                self.started,
+                owner=self.owner,
+                transport=TRANSPORT,
+                history=self.history,
+                received_at=self.received_at,
+            )
+        finally:
+            await release(rollout.sampler)  # a request's rollout ends with it
         if boundary is None:
             return False
         self.final = boundary.response

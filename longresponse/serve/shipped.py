@@ -42,6 +42,7 @@ from protocol.items import as_items
 from ..config import ServerConfig
 from ..engine.admission import Admission
 from ..engine.rollout import Rollout
+from ..engine.sampling import release
 from ..engine.segment import Boundary, Segment
 from ..engine.stream import EventSink, StreamClosed
 from ..ids import new_id
@@ -76,6 +77,8 @@ class SegmentCache:
             collections.OrderedDict()
         )
         self.evictions = 0
+        #: Rollouts no longer cached, whose samplers are yet to be released.
+        self.dropped: list[Rollout] = []
 
     def __len__(self) -> int:
         return len(self._segments)
@@ -107,12 +110,19 @@ class SegmentCache:
             entry[1].remove(segment_id)
             if not entry[1]:
                 del self._rollouts[id(rollout)]
+                self.dropped.append(rollout)
 
     def drop_rollout(self, rollout: Rollout) -> None:
         entry = self._rollouts.pop(id(rollout), None)
         if entry is not None:
             for segment_id in entry[1]:
                 self._segments.pop(segment_id, None)
+            self.dropped.append(rollout)
+
+    def clear(self) -> None:
+        """Forget every segment (the connection is closing)."""
+        for rollout, _ in list(self._rollouts.values()):
+            self.drop_rollout(rollout)
 
     @property
     def nbytes(self) -> int:
@@ -338,6 +348,19 @@ class ShippedShape:
         # but its earlier boundaries stay valid to fork from.
         if boundary is not None:
             self.cache.add(started.rollout, boundary)
+        else:
+            await release(started.rollout.sampler)
+        await self.release_dropped()
+
+    async def release_dropped(self, *, every: bool = False) -> None:
+        """Release the samplers of rollouts the cache let go (``every``: all of them,
+        the connection is closing); one a segment still runs is left to it."""
+        if every:
+            self.cache.clear()
+        dropped, self.cache.dropped = self.cache.dropped, []
+        for rollout in dropped:
+            if every or not rollout.busy:
+                await release(rollout.sampler)
 
     # --- graceful shutdown ----------------------------------------------------------
 

@@ -309,6 +309,9 @@ class Session:
                 raise _SessionOver  # cancels every task the group still holds
         except* (StreamClosed, _SessionOver):
             pass
+        finally:
+            if self.shipped is not None:  # its rollouts end with the connection
+                await self.shipped.release_dropped(every=True)
 
     async def _expire(self) -> None:
         """The connection lifetime limit: an error event, then a normal close."""

@@ -1,0 +1,232 @@
+"""The Responses backend over HTTP: each model turn is one streaming ``POST /responses``.
+
+Theory of operation
+-------------------
+:class:`ResponsesBackend` owns one ``httpx.AsyncClient`` (a connection pool)
+for every rollout of its model; each rollout gets a :class:`ResponsesSampler`
+of its own, which holds the rollout's :class:`~.responses_wire.Chain`. A turn
+posts the create of :func:`~.responses_wire.create_body` with ``stream:
+true`` and reads the Server-Sent Events as they come, each record's data
+decoded and passed to a :class:`~.responses_wire.TurnReader`.
+
+With ``upstream_store`` the upstream keeps every response, so a turn
+continues the last one with ``previous_response_id`` and only the items
+added since; without it each turn sends ``store: false`` and the whole
+context. An upstream that no longer has the previous response
+(``previous_response_not_found``) gets the full input at once.
+
+Timeouts: connecting (``connect_timeout``, httpx's), the first event within
+``first_token_timeout`` of the request, then at most ``idle_timeout``
+between two events. A request that failed before any output (unreachable,
+reset, 502/503/504, 429) is sent again up to ``max_retries`` times with
+exponential backoff from ``retry_backoff`` (or the upstream's ``Retry-After``
+if longer, up to :data:`MAX_RETRY_WAIT`); after output has begun a failure is
+final. When the rollout's turn is cancelled (a client's ``response.cancel``,
+a disconnect) the generator is closed, and with it the request: the
+streaming response's ``async with`` closes its connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from typing import Any, Final
+
+import httpx
+import msgspec
+
+from ..config import BackendConfig
+from ..engine.failures import UpstreamError
+from ..engine.sampling import SampleChunk, SampleRequest, Usage
+from .responses_wire import CHAIN_LOST, Chain, TurnReader, create_body, decode_event, refused
+from .responses_wire import retryable as _retryable
+from .settings import SettingsError
+
+__all__ = ["MAX_RETRY_WAIT", "ResponsesBackend", "ResponsesSampler", "auth_headers", "retry_wait"]
+
+log = logging.getLogger(__name__)
+
+#: The longest wait before a retry; a longer ``Retry-After`` ends the turn at once.
+MAX_RETRY_WAIT: Final = 10.0
+
+
+def auth_headers(config: BackendConfig) -> dict[str, str]:
+    """The ``Authorization`` header from ``config.api_key_env`` (none without one).
+
+    Raises :class:`SettingsError` naming the variable (never a value) if it is unset.
+    """
+    if not config.api_key_env:
+        return {}
+    key = os.environ.get(config.api_key_env)
+    if not key:
+        raise SettingsError(
+            f"model {config.name!r}: the environment variable {config.api_key_env} "
+            "(its API key) is not set"
+        )
+    return {"Authorization": f"Bearer {key}"}
+
+
+def retry_wait(config: BackendConfig, exc: UpstreamError, attempt: int) -> float | None:
+    """Seconds to wait before sending again, or None: the failure is final."""
+    if attempt >= config.max_retries or not _retryable(exc):
+        return None
+    wait = max(config.retry_backoff * 2**attempt, exc.retry_after or 0.0)
+    return wait if wait <= MAX_RETRY_WAIT else None
+
+
+class ResponsesBackend:
+    """A Responses server over HTTP (OpenAI, or another longresponse)."""
+
+    def __init__(self, config: BackendConfig) -> None:
+        self.config = config
+        self.url = config.base_url.rstrip("/") + "/responses"
+        self.client = httpx.AsyncClient(
+            headers={**auth_headers(config), "Content-Type": "application/json"},
+            timeout=httpx.Timeout(
+                connect=config.connect_timeout,
+                read=None,  # the first-token and idle deadlines are the sampler's
+                write=config.idle_timeout,
+                pool=config.connect_timeout,
+            ),
+        )
+
+    def make_sampler(self) -> ResponsesSampler:
+        return ResponsesSampler(self)
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
+class ResponsesSampler:
+    """One rollout's turns: its chain of upstream responses, and its affinity key."""
+
+    def __init__(self, backend: ResponsesBackend) -> None:
+        self.backend = backend
+        self.chain = Chain()
+        config = backend.config
+        self.headers = (
+            {config.affinity_header: secrets.token_hex(8)} if config.affinity_header else {}
+        )
+
+    async def sample(self, request: SampleRequest) -> AsyncGenerator[SampleChunk, None]:
+        config = self.backend.config
+        attempt = 0
+        while True:
+            sent = list(request.context)
+            previous, items = (
+                self.chain.continuation(sent) if config.upstream_store else (None, sent)
+            )
+            body = create_body(config, request, items, previous)
+            body["stream"] = True
+            reader = TurnReader()
+            try:
+                async for chunk in self._turn(body, reader):
+                    if isinstance(chunk, Usage) and reader.response_id:
+                        log.debug("upstream response %s after %s: %d items sent",
+                                  reader.response_id, previous, len(items))  # fmt: skip
+                        if config.upstream_store:
+                            self.chain.ended(reader.response_id, sent, reader.produced)
+                    yield chunk
+                return
+            except UpstreamError as exc:
+                if previous is not None and exc.code in CHAIN_LOST and not reader.started:
+                    self.chain.forget()  # the upstream forgot it: send everything
+                    continue
+                wait = retry_wait(config, exc, attempt)
+                if wait is None:
+                    raise
+            attempt += 1
+            await asyncio.sleep(wait)
+
+    async def _turn(
+        self, body: dict[str, Any], reader: TurnReader
+    ) -> AsyncGenerator[SampleChunk, None]:
+        config = self.backend.config
+        first_deadline = asyncio.get_running_loop().time() + config.first_token_timeout
+        try:
+            async with asyncio.timeout_at(first_deadline):
+                response = await self.backend.client.send(
+                    self.backend.client.build_request(
+                        "POST", self.backend.url, content=msgspec.json.encode(body),
+                        headers=self.headers,
+                    ),
+                    stream=True,
+                )  # fmt: skip
+        except TimeoutError:
+            raise UpstreamError(
+                f"The upstream did not answer within {config.first_token_timeout:g} s."
+            ) from None
+        except httpx.HTTPError as exc:
+            raise UpstreamError(f"The upstream could not be reached ({_kind(exc)}).") from None
+        try:
+            if response.status_code != 200:
+                raise refused(
+                    response.status_code,
+                    await _json_body(response),
+                    response.headers.get("retry-after"),
+                )
+            async with contextlib.aclosing(_records(response.aiter_lines())) as records:
+                while not reader.ended:
+                    data = await self._next(records, reader, first_deadline)
+                    for chunk in reader.read(decode_event(data)):
+                        yield chunk
+        finally:
+            await response.aclose()  # mid-stream: the connection is closed, not reused
+
+    async def _next(
+        self, records: AsyncGenerator[str, None], reader: TurnReader, first_deadline: float
+    ) -> str:
+        """The next event's data, within the first-token or the idle deadline."""
+        config = self.backend.config
+        if reader.started:
+            wait = config.idle_timeout
+            deadline = asyncio.get_running_loop().time() + wait
+        else:
+            wait, deadline = config.first_token_timeout, first_deadline
+        try:
+            async with asyncio.timeout_at(deadline):
+                data = await anext(records, None)
+        except TimeoutError:
+            raise UpstreamError(
+                f"The upstream sent nothing for {wait:g} s.", output_started=reader.started
+            ) from None
+        except httpx.HTTPError as exc:
+            raise UpstreamError(
+                f"The upstream broke off the stream ({_kind(exc)}).",
+                output_started=reader.started,
+            ) from None
+        if data is None:
+            raise UpstreamError(
+                "The upstream ended the stream before the response ended.",
+                output_started=reader.started,
+            )
+        return data
+
+
+async def _records(lines: AsyncIterator[str]) -> AsyncGenerator[str, None]:
+    """The data of each Server-Sent Event (``event:`` names and comments ignored)."""
+    data: list[str] = []
+    async for line in lines:
+        if line.startswith("data:"):
+            data.append(line[6:] if line.startswith("data: ") else line[5:])
+        elif not line and data:
+            record, data = "\n".join(data), []
+            if record != "[DONE]":
+                yield record
+
+
+async def _json_body(response: httpx.Response) -> Mapping[str, Any] | None:
+    try:
+        body = msgspec.json.decode(await response.aread())
+    except (msgspec.DecodeError, httpx.HTTPError):
+        return None
+    return body if isinstance(body, Mapping) else None
+
+
+def _kind(exc: Exception) -> str:
+    """What went wrong, without the request (whose headers hold the key)."""
+    return type(exc).__name__

@@ -1,0 +1,347 @@
+"""The Responses API as an upstream speaks it: one turn's create, the chain, the events.
+
+Theory of operation
+-------------------
+Both Responses backends (HTTP SSE in :mod:`.responses_http`, WebSocket mode
+in :mod:`.responses_ws`) send the same create body and read the same event
+stream; only the transport differs. This module holds what they share.
+
+:class:`Chain` is a rollout's memory of its upstream conversation: the id of
+the last upstream response that ended, the context that turn sent, and how
+many output items the gateway's rollout took from it. The next turn
+continues with ``previous_response_id`` and only the items added since (the
+client's tool outputs, steering), provided the context still starts with
+exactly what was sent, item for item, followed by that turn's output; if it
+was rewritten (truncation dropped the oldest items, a compaction replaced
+it, a model switch made a new sampler), or the last turn did not end, the
+turn sends the full input without a previous id.
+
+:func:`create_body` is one turn's create: the items as ``input`` (they are
+Responses items already; item ids, which are the gateway's own, are dropped,
+and so are reasoning and compaction items, which are the gateway's and
+which an upstream could not open), instructions, tools, tool choice, the
+budget left, metadata (a longresponse upstream's ``sim_*`` keys pass
+through), temperature and top_p, ``text.format``.
+
+:class:`TurnReader` turns the upstream's events into sampler chunks:
+``response.output_text.delta`` → TextDelta; a ``function_call`` item added →
+ToolCallStart; ``response.function_call_arguments.delta`` → ArgumentsDelta;
+an item done → ItemEnd (incomplete when its status says so); the terminal
+``response.completed`` / ``response.incomplete`` → Usage (the upstream's own
+counts) and Stop. Reasoning items are not streamed: their summary and
+content are skipped (the StreamBuilder writes messages and calls only), and
+only their token count reaches the usage. ``response.failed`` and ``error``
+events, and the HTTP statuses of a refused request (:func:`refused`), become
+:class:`~longresponse.engine.failures.UpstreamError` with the shipped code.
+No message of this module ever holds the API key: the errors quote the
+upstream's own message, and a refusal of the credentials is worded here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Final
+
+import msgspec
+from msgspec import UNSET
+
+from protocol.items import FunctionCall, FunctionCallOutput, Item, Message
+
+from ..config import BackendConfig
+from ..engine.failures import UpstreamError
+from ..engine.sampling import (
+    ArgumentsDelta,
+    ItemEnd,
+    SampleChunk,
+    SampleRequest,
+    Stop,
+    TextDelta,
+    ToolCallStart,
+    Usage,
+)
+
+__all__ = [
+    "CHAIN_LOST",
+    "MIN_OUTPUT_TOKENS",
+    "Chain",
+    "TurnReader",
+    "create_body",
+    "decode_event",
+    "refused",
+    "retryable",
+    "upstream_input",
+]
+
+#: The least ``max_output_tokens`` the shipped API accepts; a smaller budget
+#: left is sent as this (the turn may overrun it by as much).
+MIN_OUTPUT_TOKENS: Final = 16
+#: Upstream codes that mean the chain's parent is gone: resend the full input.
+CHAIN_LOST: Final = frozenset({"previous_response_not_found"})
+
+
+# --- what a turn sends ------------------------------------------------------------
+
+
+def upstream_input(items: Sequence[Item]) -> list[Item]:
+    """``items`` as an upstream may read them: messages, calls and outputs, no ids."""
+    out: list[Item] = []
+    for item in items:
+        if isinstance(item, Message | FunctionCall | FunctionCallOutput):
+            out.append(msgspec.structs.replace(item, id=UNSET) if item.id else item)
+    return out
+
+
+@dataclasses.dataclass(slots=True)
+class Chain:
+    """One rollout's upstream conversation: where the next turn continues from."""
+
+    response_id: str | None = None
+    #: The context as the last ended turn sent it (the same item objects).
+    sent: list[Item] = dataclasses.field(default_factory=list)
+    #: Output items that turn added to the rollout's context.
+    produced: int = 0
+
+    def continuation(self, context: Sequence[Item]) -> tuple[str | None, Sequence[Item]]:
+        """The previous id to continue from and the items to send (all of them, and
+        no id, unless ``context`` still starts with what was sent and its output)."""
+        sent, start = self.sent, len(self.sent) + self.produced
+        if (
+            self.response_id is None
+            or len(context) < start
+            or any(a is not b for a, b in zip(sent, context, strict=False))
+            or not all(isinstance(i, Message | FunctionCall) for i in context[len(sent) : start])
+        ):
+            return None, context
+        return self.response_id, context[start:]
+
+    def ended(self, response_id: str, context: Sequence[Item], produced: int) -> None:
+        self.response_id, self.sent, self.produced = response_id, list(context), produced
+
+    def forget(self) -> None:
+        self.response_id, self.sent, self.produced = None, [], 0
+
+
+def create_body(
+    config: BackendConfig,
+    request: SampleRequest,
+    items: Sequence[Item],
+    previous_response_id: str | None,
+) -> dict[str, Any]:
+    """The ``response.create`` / ``POST /responses`` body of one turn (without ``stream``)."""
+    body: dict[str, Any] = {
+        "model": config.model,
+        "input": upstream_input(items),
+        "store": config.upstream_store,
+        "tool_choice": request.tool_choice,
+        "parallel_tool_calls": request.parallel_tool_calls,
+    }
+    if previous_response_id is not None:
+        body["previous_response_id"] = previous_response_id
+    if request.instructions is not None:
+        body["instructions"] = request.instructions
+    if request.tools:
+        body["tools"] = list(request.tools)
+    budget = config.max_output_tokens
+    if request.max_output_tokens is not None:
+        budget = min(budget, request.max_output_tokens)
+    body["max_output_tokens"] = max(MIN_OUTPUT_TOKENS, budget)
+    if request.metadata:
+        body["metadata"] = dict(request.metadata)
+    if request.temperature is not None:
+        body["temperature"] = request.temperature
+    if request.top_p is not None:
+        body["top_p"] = request.top_p
+    if request.text_format is not None:
+        body["text"] = {"format": request.text_format}
+    return body
+
+
+# --- what comes back --------------------------------------------------------------
+
+
+class _Event(msgspec.Struct, frozen=True):
+    """The fields of an upstream event this gateway reads (the rest is ignored)."""
+
+    type: str
+    delta: str = ""
+    item: dict[str, Any] | None = None
+    response: dict[str, Any] | None = None
+    #: ``error``: nested (WebSocket mode) or flat (SSE).
+    error: dict[str, Any] | None = None
+    code: str | None = None
+    message: str | None = None
+    param: str | None = None
+    status: int | None = None
+
+
+_decoder: Final = msgspec.json.Decoder(_Event)
+
+
+def decode_event(data: bytes | str) -> _Event:
+    """One upstream event. Raises :class:`UpstreamError` if it is not one."""
+    try:
+        return _decoder.decode(data)
+    except msgspec.DecodeError:
+        raise UpstreamError("The upstream sent an event that is not valid JSON.") from None
+
+
+def retryable(exc: UpstreamError) -> bool:
+    """Worth sending again: nothing was produced, and the upstream was down or busy."""
+    return not exc.output_started and exc.code in ("upstream_unavailable", "rate_limit_exceeded")
+
+
+def refused(
+    status: int, body: Mapping[str, Any] | None, retry_after: str | None = None
+) -> UpstreamError:
+    """The error of an upstream that refused the request with HTTP ``status``."""
+    error = body.get("error") if isinstance(body, Mapping) else None
+    error = error if isinstance(error, Mapping) else {}
+    code = error.get("code") if isinstance(error.get("code"), str) else None
+    message = error.get("message") if isinstance(error.get("message"), str) else None
+    param = error.get("param") if isinstance(error.get("param"), str) else None
+    return _mapped(status, code, message, param, retry_after)
+
+
+def _mapped(
+    status: int, code: str | None, message: str | None, param: str | None, retry_after: str | None
+) -> UpstreamError:
+    if code in CHAIN_LOST:
+        return UpstreamError(message or "The upstream lost the chain's previous response.",
+                             code=code, status=400, param=param)  # fmt: skip
+    if status in (401, 403):
+        return UpstreamError(f"The upstream refused this server's credentials (HTTP {status}).")
+    if status == 429 or code == "rate_limit_exceeded":
+        return UpstreamError(
+            message or "The upstream is rate limiting requests.",
+            code="rate_limit_exceeded",
+            status=429,
+            retry_after=_seconds(retry_after),
+        )
+    if code == "context_length_exceeded":
+        return UpstreamError(message or "The input is too long for the upstream model.",
+                             code=code, status=400, param=param)  # fmt: skip
+    if code == "model_not_found" or status == 404:
+        # The client asked for a model this server serves: the backend is
+        # misconfigured, which is the server's fault, not the client's.
+        return UpstreamError(f"The upstream does not serve this backend's model ({message}).")
+    if 400 <= status < 500 or (status == 0 and code not in (None, "server_error")):
+        return UpstreamError(
+            message or f"The upstream refused the request (HTTP {status}).",
+            code=code or "invalid_request_error",
+            status=400,
+            param=param,
+        )
+    return UpstreamError(message or f"The upstream failed (HTTP {status}).")
+
+
+def _seconds(value: str | None) -> float | None:
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except ValueError:
+        return None  # an HTTP date: no hint
+
+
+@dataclasses.dataclass(slots=True)
+class TurnReader:
+    """Reads one upstream response's events as sampler chunks."""
+
+    #: The upstream response's id (from its first event).
+    response_id: str | None = None
+    #: Output items the gateway's rollout gets from this turn (one per ItemEnd).
+    produced: int = 0
+    #: Something was already passed on (a retry would repeat it).
+    started: bool = False
+    #: The terminal event arrived.
+    ended: bool = False
+    _open: str | None = None  # the type of the item being passed on
+    _streamed: bool = False  # the open call's arguments came as deltas
+    _calls: bool = False
+
+    def read(self, event: _Event) -> Iterator[SampleChunk]:
+        """The chunks of ``event`` (Usage then Stop for the terminal one).
+
+        Raises :class:`UpstreamError` for ``response.failed`` and ``error``.
+        """
+        kind = event.type
+        if kind == "response.output_text.delta":
+            if event.delta:
+                self._open, self.started = "message", True
+                yield TextDelta(event.delta)
+        elif kind == "response.function_call_arguments.delta":
+            if self._open == "function_call" and event.delta:
+                self._streamed = True
+                yield ArgumentsDelta(event.delta)
+        elif kind == "response.output_item.added":
+            item = event.item or {}
+            if item.get("type") == "function_call":
+                self._open, self.started, self._calls = "function_call", True, True
+                self._streamed = False
+                yield ToolCallStart(str(item.get("call_id", "")), str(item.get("name", "")))
+        elif kind == "response.output_item.done":
+            item = event.item or {}
+            # An upstream that sent the item whole, without deltas: pass it on whole.
+            if self._open == "function_call" and not self._streamed and item.get("arguments"):
+                yield ArgumentsDelta(str(item["arguments"]))
+            elif self._open is None and item.get("type") == "message" and (text := _text(item)):
+                self._open, self.started = "message", True
+                yield TextDelta(text)
+            if self._open is not None:
+                self._open = None
+                self.produced += 1
+                yield ItemEnd(incomplete=item.get("status") == "incomplete")
+        elif kind in ("response.created", "response.in_progress", "response.queued"):
+            if event.response is not None and self.response_id is None:
+                self.response_id = event.response.get("id")
+        elif kind in ("response.completed", "response.incomplete"):
+            self.ended = True
+            response = event.response or {}
+            self.response_id = response.get("id") or self.response_id
+            yield _usage(response.get("usage"))
+            details = response.get("incomplete_details") or {}
+            if kind == "response.incomplete" and details.get("reason") == "max_output_tokens":
+                yield Stop("max_output_tokens")
+            else:
+                yield Stop("tool_calls" if self._calls else "stop")
+        elif kind == "response.failed":
+            error = (event.response or {}).get("error") or {}
+            raise self._failed(0, error.get("code"), error.get("message"), None)
+        elif kind == "error":
+            nested = event.error or {}
+            raise self._failed(
+                event.status or 0,
+                nested.get("code", event.code),
+                nested.get("message", event.message),
+                nested.get("param", event.param),
+            )
+
+    def _failed(
+        self, status: int, code: str | None, message: str | None, param: str | None
+    ) -> UpstreamError:
+        exc = _mapped(status, code, message, param, None)
+        exc.output_started = self.started
+        return exc
+
+
+def _text(item: Mapping[str, Any]) -> str:
+    """The output text of a message item."""
+    content = item.get("content")
+    if not isinstance(content, list):
+        return ""
+    return "".join(
+        str(part.get("text", ""))
+        for part in content
+        if isinstance(part, Mapping) and part.get("type") == "output_text"
+    )
+
+
+def _usage(usage: Any) -> Usage:
+    usage = usage if isinstance(usage, Mapping) else {}
+    inputs = usage.get("input_tokens_details") or {}
+    outputs = usage.get("output_tokens_details") or {}
+    return Usage(
+        input_tokens=int(usage.get("input_tokens") or 0),
+        cached_tokens=int(inputs.get("cached_tokens") or 0),
+        output_tokens=int(usage.get("output_tokens") or 0),
+        reasoning_tokens=int(outputs.get("reasoning_tokens") or 0),
+    )

@@ -1,0 +1,234 @@
+"""The Responses backend over the upstream's WebSocket mode: one socket per rollout.
+
+Theory of operation
+-------------------
+:class:`ResponsesWSBackend` knows the upstream's WebSocket URL (its
+``base_url`` with ``http`` → ``ws`` and ``https`` → ``wss``, then
+``/responses``: ``wss://api.openai.com/v1/responses``) and the headers; each
+rollout's :class:`ResponsesWSSampler` opens ONE socket on its first turn and
+keeps it for the rollout's life. Every turn sends one ``response.create``
+with ``previous_response_id`` of the last upstream response that ended on
+that socket and only the items added since
+(:class:`~.responses_wire.Chain`); the first turn on a socket, or a context
+that was rewritten, sends the full input. The upstream continues from its
+connection-local state, so this works with ``store: false`` too (the
+``store`` sent is ``upstream_store``). Events are read as over HTTP
+(:class:`~.responses_wire.TurnReader`).
+
+The socket's life:
+
+- it idles while the client runs its tools (the library's pings keep it up);
+- a socket the upstream closed (its 60-minute limit: an ``error``
+  ``websocket_connection_limit_reached``, then the close) or that broke is
+  found at the next turn, which opens a new one and sends the full input
+  (once within a turn, if the old one dies under the turn before any
+  output);
+- a turn abandoned while its upstream response still runs (the client's
+  ``response.cancel``, a disconnect, a timeout) aborts the socket at once,
+  so the upstream stops; the next turn opens a new one;
+- :meth:`ResponsesWSSampler.aclose`, called when the rollout ends or is
+  dropped (:func:`longresponse.engine.sampling.release`), closes it.
+
+The websockets library's own logger would print the handshake's headers
+(the API key among them) at DEBUG; the sockets log to :data:`SOCKET_LOG`,
+which never logs below INFO.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from collections.abc import AsyncGenerator
+from typing import Any, Final
+
+import msgspec
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
+from websockets.protocol import State
+
+from ..config import BackendConfig
+from ..engine.failures import UpstreamError
+from ..engine.sampling import SampleChunk, SampleRequest, Usage
+from .responses_http import auth_headers, retry_wait
+from .responses_wire import CHAIN_LOST, Chain, TurnReader, create_body, decode_event, refused
+
+__all__ = ["MAX_UPSTREAM_EVENT_BYTES", "SOCKET_LOG", "ResponsesWSBackend", "ResponsesWSSampler"]
+
+log = logging.getLogger(__name__)
+#: The sockets' logger: never below INFO (websockets logs headers at DEBUG).
+SOCKET_LOG: Final = logging.getLogger(f"{__name__}.socket")
+SOCKET_LOG.setLevel(logging.INFO)
+#: The largest upstream event read (a ``response.completed`` holds the whole output).
+MAX_UPSTREAM_EVENT_BYTES: Final = 64 * 1024 * 1024
+#: Seconds a clean close waits for the upstream's close frame.
+CLOSE_TIMEOUT: Final = 1.0
+#: Upstream codes after which its socket is gone: a new one, with full input.
+SOCKET_LOST: Final = frozenset({"websocket_connection_limit_reached"})
+
+
+def websocket_url(base_url: str) -> str:
+    """``{base_url}/responses`` as a WebSocket URL (http → ws, https → wss)."""
+    url = base_url.rstrip("/") + "/responses"
+    for scheme, ws in (("http://", "ws://"), ("https://", "wss://")):
+        if url.startswith(scheme):
+            return ws + url[len(scheme) :]
+    return url
+
+
+class ResponsesWSBackend:
+    """A Responses server's WebSocket mode (OpenAI, or another longresponse)."""
+
+    def __init__(self, config: BackendConfig) -> None:
+        self.config = config
+        self.url = websocket_url(config.base_url)
+        self.headers = auth_headers(config)
+
+    def make_sampler(self) -> ResponsesWSSampler:
+        return ResponsesWSSampler(self)
+
+    async def aclose(self) -> None:
+        """Nothing shared to close: each rollout's sampler closes its own socket."""
+
+
+class ResponsesWSSampler:
+    """One rollout's upstream socket and chain."""
+
+    def __init__(self, backend: ResponsesWSBackend) -> None:
+        self.backend = backend
+        self.chain = Chain()
+        self.socket: ClientConnection | None = None
+        config = backend.config
+        self.headers = {
+            **backend.headers,
+            **({config.affinity_header: secrets.token_hex(8)} if config.affinity_header else {}),
+        }
+
+    async def sample(self, request: SampleRequest) -> AsyncGenerator[SampleChunk, None]:
+        config = self.backend.config
+        attempt, reopened = 0, False
+        while True:
+            sent = list(request.context)
+            reader = TurnReader()
+            previous = None
+            reused = self.socket is not None and self.socket.state is State.OPEN
+            try:
+                socket = await self._open()
+                previous, items = self.chain.continuation(sent)
+                body = {"type": "response.create", **create_body(config, request, items, previous)}
+                async for chunk in self._turn(socket, body, reader):
+                    if isinstance(chunk, Usage) and reader.response_id:
+                        log.debug("upstream response %s after %s: %d items sent",
+                                  reader.response_id, previous, len(items))  # fmt: skip
+                        self.chain.ended(reader.response_id, sent, reader.produced)
+                    yield chunk
+                return
+            except UpstreamError as exc:
+                if reader.started:
+                    raise
+                if previous is not None and exc.code in CHAIN_LOST:
+                    self.chain.forget()  # the upstream forgot it: send everything
+                    continue
+                if reused and not reopened and self.socket is None:
+                    reopened = True  # the socket died while idle: a new one, at once
+                    continue
+                wait = retry_wait(config, exc, attempt)
+                if wait is None:
+                    raise
+            attempt += 1
+            await asyncio.sleep(wait)
+
+    async def _open(self) -> ClientConnection:
+        """The rollout's socket; a new one (and a new chain) if it is closed.
+
+        Raises :class:`UpstreamError` if the upstream cannot be reached or refuses.
+        """
+        if self.socket is not None:
+            if self.socket.state is State.OPEN:
+                return self.socket
+            self._abort()
+        config = self.backend.config
+        try:
+            self.socket = await connect(
+                self.backend.url,
+                additional_headers=self.headers,
+                open_timeout=config.connect_timeout,
+                close_timeout=CLOSE_TIMEOUT,
+                max_size=MAX_UPSTREAM_EVENT_BYTES,
+                logger=SOCKET_LOG,
+            )
+        except InvalidStatus as exc:
+            response = exc.response
+            body: Any = None
+            with contextlib.suppress(msgspec.DecodeError):
+                body = msgspec.json.decode(response.body or b"null")
+            raise refused(response.status_code, body, response.headers.get("Retry-After")) from None
+        except (OSError, TimeoutError, InvalidHandshake, InvalidURI) as exc:
+            raise UpstreamError(
+                f"The upstream could not be reached ({type(exc).__name__})."
+            ) from None
+        return self.socket
+
+    async def _turn(
+        self, socket: ClientConnection, body: dict[str, Any], reader: TurnReader
+    ) -> AsyncGenerator[SampleChunk, None]:
+        """Send one create and read its events until the response ends.
+
+        A turn left before its response ended aborts the socket (the upstream
+        must stop writing it); an ``error`` event leaves the socket as it is.
+        """
+        config = self.backend.config
+        loop = asyncio.get_running_loop()
+        first_deadline = loop.time() + config.first_token_timeout
+        running = True
+        try:
+            await socket.send(msgspec.json.encode(body).decode())
+            while not reader.ended:
+                if reader.started:
+                    wait = config.idle_timeout
+                    deadline = loop.time() + wait
+                else:
+                    wait, deadline = config.first_token_timeout, first_deadline
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        data = await socket.recv()
+                except TimeoutError:
+                    raise UpstreamError(
+                        f"The upstream sent nothing for {wait:g} s.", output_started=reader.started
+                    ) from None
+                event = decode_event(data)
+                if event.type in ("error", "response.failed"):
+                    running = False  # refused, or ended: the socket stays usable
+                    if (event.error or {}).get("code", event.code) in SOCKET_LOST:
+                        self._abort()
+                for chunk in reader.read(event):
+                    yield chunk
+            running = False
+        except ConnectionClosed:
+            self._abort()
+            raise UpstreamError(
+                "The upstream closed the WebSocket during the turn.",
+                output_started=reader.started,
+            ) from None
+        finally:
+            if running:
+                self._abort()
+
+    def _abort(self) -> None:
+        """Drop the socket now, without waiting (the next turn opens another)."""
+        socket, self.socket = self.socket, None
+        self.chain.forget()
+        if socket is not None:
+            socket.transport.abort()
+
+    async def aclose(self) -> None:
+        """Close the socket (the rollout ended or was dropped); a later turn reopens one."""
+        socket, self.socket = self.socket, None
+        self.chain.forget()
+        if socket is not None:
+            try:
+                await socket.close()
+            except BaseException:
+                socket.transport.abort()
+                raise
