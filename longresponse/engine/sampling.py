@@ -15,6 +15,7 @@ import dataclasses
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from typing import Literal, Protocol
 
+from protocol.events import ResponseCreate
 from protocol.items import FunctionTool, Item, ToolChoice
 from protocol.response import TextFormat
 
@@ -92,6 +93,43 @@ class SampleRequest:
     max_output_tokens: int | None = None
     #: ``text.format``: plain text, or JSON.
     text_format: TextFormat | None = None
+    #: The request's instructions and sampling parameters (a real engine's
+    #: system message and its own temperature / top_p; the sim ignores them).
+    instructions: str | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+
+    @classmethod
+    def for_turn(
+        cls,
+        request: ResponseCreate,
+        context: Sequence[Item],
+        *,
+        cached_tokens: int,
+        uncached_tokens: int,
+        cap: int,
+        spent: int,
+    ) -> SampleRequest:
+        """What a turn of ``request``'s rollout over ``context`` asks of the sampler.
+
+        Its budget is the Response's ``max_output_tokens`` (the server's
+        ``cap`` if smaller) less what earlier turns ``spent``.
+        """
+        budget = min(request.max_output_tokens or cap, cap) - spent
+        return cls(
+            context=context,
+            tools=request.tools,
+            tool_choice=request.tool_choice,
+            parallel_tool_calls=request.parallel_tool_calls,
+            metadata=request.metadata,
+            cached_tokens=cached_tokens,
+            uncached_tokens=uncached_tokens,
+            max_output_tokens=max(0, budget),
+            text_format=request.text.format if request.text is not None else None,
+            instructions=request.instructions,
+            temperature=request.temperature,
+            top_p=request.top_p,
+        )
 
 
 class Sampler(Protocol):

@@ -40,6 +40,12 @@ class TurnTiming:
     new_tokens: int = 0
     cached_tokens: int = 0
 
+    def before_sampling(self, started: float, resolved: float, rendered: float, now: float) -> None:
+        """The pre-inference phases, from the clock readings of a turn up to sampling."""
+        self.resolve = resolved - started
+        self.render = rendered - resolved
+        self.pre_inference = now - started + self.decode + self.validate + self.classify
+
     def as_metrics(self) -> dict[str, float]:
         return {
             "turn": self.turn,
