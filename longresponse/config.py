@@ -223,6 +223,14 @@ class BackendConfig:
     #: Responses kinds: the upstream stores responses, so a turn continues
     #: with ``previous_response_id`` and only the new items (else full input).
     upstream_store: bool = False
+    #: Chat kind: the request field of the turn's output budget
+    #: (``max_completion_tokens``, or ``max_tokens`` for engines that know only it).
+    max_tokens_field: str = "max_completion_tokens"
+    #: Chat kind: send llama.cpp's ``cache_prompt: true`` (its prefix cache).
+    cache_prompt: bool = False
+    #: Chat kind: count the context with the engine's ``POST /tokenize`` (vLLM's
+    #: shape, at the API root's host) before each turn, for the window check.
+    tokenize: bool = False
 
     @property
     def model(self) -> str:

@@ -87,6 +87,12 @@ class UpstreamError(Exception):
         self.output_started = output_started
 
     @property
+    def transient(self) -> bool:
+        """The engine could not serve the turn now (unreachable, failed, rate
+        limited), rather than refusing the request: trying again may work."""
+        return self.status == 429 or self.status >= 500
+
+    @property
     def error_type(self) -> str:
         """The envelope's ``type``: who is at fault."""
         if self.status == 429:

@@ -335,7 +335,7 @@ class Rollout:
             try:
                 stop = await self.turn(prefix_changed=prefix_changed)
             except UpstreamError as exc:
-                if not reply.append:  # the shipped shape: the segment fails
+                if not reply.append or not exc.transient:  # a refusal, or the shipped shape
                     raise
                 if not await self._pause(exc):  # append mode waits for any append (SPEC §14)
                     return "pause_timeout"
