@@ -277,6 +277,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     backend_settings.add_arguments(serve)
     serve.add_argument(
+        "--chat-prefix-cache-tokens",
+        type=_ranged("chat_prefix_cache_tokens", int),
+        default=limits.CHAT_PREFIX_CACHE_TOKENS,
+        help="POST /v1/chat/completions: tokens of recent prompts kept by the prefix cache "
+        "(blocks of 16, LRU; about 140 bytes a block); prefill time is charged only for "
+        "uncached tokens; 0 turns it off",
+    )
+    serve.add_argument(
         "--log-level",
         default="info",
         choices=["critical", "error", "warning", "info", "debug"],
@@ -349,6 +357,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             prefill_tokens_per_second=args.sim_prefill_tokens_per_second,
             context_window=args.sim_context_window,
         ),
+        chat_prefix_cache_tokens=args.chat_prefix_cache_tokens,
     )
 
 

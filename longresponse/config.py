@@ -17,6 +17,7 @@ from protocol import MAX_ITEMS_PER_EVENT, MAX_MESSAGE_BYTES
 __all__ = [
     "BACKGROUND_ENDINGS_BYTES",
     "BACKGROUND_LOG_BYTES",
+    "CHAT_PREFIX_CACHE_TOKENS",
     "CONNECTION_CACHE_BYTES",
     "CONNECTION_LIFETIME",
     "DEFAULT_HOST",
@@ -103,6 +104,9 @@ MAX_RESPONSE_EVENTS: Final = 2_000_000
 #: (the smaller of the two applies): as many as the default context window
 #: holds. Past it the Response ends ``incomplete``, reason ``max_output_tokens``.
 MAX_RESPONSE_OUTPUT_TOKENS: Final = 1_000_000
+#: ``POST /v1/chat/completions``: tokens of recent prompts the prefix cache
+#: keeps (in blocks of 16; about 140 bytes a block); 0 turns it off.
+CHAT_PREFIX_CACHE_TOKENS: Final = 1024 * 1024
 #: A writer draining a long queue to a fast reader (WebSocket or SSE) gives
 #: the event loop a turn after this long, so other connections never wait
 #: behind it (not a flag: it only trades a little throughput for fairness).
@@ -156,6 +160,7 @@ RANGES: Final[Mapping[str, Range]] = {
     "sim_tokens_per_second": Range(1, 1_000_000, zero=True),
     "sim_prefill_tokens_per_second": Range(1, 1_000_000_000, zero=True),
     "sim_context_window": Range(1, 1_000_000_000),
+    "chat_prefix_cache_tokens": Range(16, 1_000_000_000, zero=True),
 }
 
 
@@ -284,3 +289,5 @@ class ServerConfig:
     sim: SimConfig = dataclasses.field(default_factory=SimConfig)
     #: Models answered by real engines, beside the simulated ones.
     backends: tuple[BackendConfig, ...] = ()
+    #: The chat endpoint's prefix cache budget, in tokens (0: off).
+    chat_prefix_cache_tokens: int = CHAT_PREFIX_CACHE_TOKENS

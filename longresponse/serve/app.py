@@ -3,7 +3,8 @@
 ``/v1/responses`` as a WebSocket is the pure-ASGI endpoint of
 ``longresponse.serve.ws``; the HTTP Responses API is ``longresponse.serve.http``;
 both start their turns through one :class:`~longresponse.serve.turns.Turns`;
-``POST /v1/responses/compact`` is ``longresponse.serve.compact``. The app's
+``POST /v1/responses/compact`` is ``longresponse.serve.compact``;
+``POST /v1/chat/completions`` and ``POST /tokenize`` are ``longresponse.serve.chat``. The app's
 lifespan opens the store and its write-behind queue, loads the compaction key
 (``longresponse.storage.server_keys``), and drains the queue on shutdown,
 after the HTTP ``background: true`` responses still running
@@ -36,6 +37,7 @@ from ..storage.keys import ApiKeys
 from ..storage.persistence import Persistence
 from ..storage.server_keys import configured_compaction_secret, stored_compaction_key
 from .background import BackgroundResponses
+from .chat import ChatCompletions
 from .compact import CompactHTTP
 from .gate import RouteGate
 from .http import ResponsesHTTP
@@ -99,6 +101,7 @@ def create_app(config: ServerConfig | None = None) -> Seam:
     )
     http = ResponsesHTTP(config, turns, keys, services.get_persistence, background)
     compaction = CompactHTTP(http)
+    chat = ChatCompletions(config, http, models, pipeline)  # POST /v1/chat/completions
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -163,6 +166,7 @@ def create_app(config: ServerConfig | None = None) -> Seam:
             *compaction.routes(),
             *InputTokens(http).routes(),
             *http.routes(),
+            *chat.routes(),
             Route("/v1/models", list_models),
             Route("/metrics", metrics_page),
             Route("/healthz", health),
@@ -175,6 +179,7 @@ def create_app(config: ServerConfig | None = None) -> Seam:
     app.state.models = models
     app.state.endpoint = endpoint
     app.state.http = http
+    app.state.chat = chat
     app.state.background = background
     app.state.pipeline = pipeline
     app.state.turns = turns

@@ -1,0 +1,393 @@
+"""The Chat Completions wire format: requests, answers and stream chunks as msgspec Structs.
+
+Theory of operation
+-------------------
+``POST /v1/chat/completions`` is the API every inference engine serves
+(vLLM, llama.cpp's server, Ollama, SGLang, OpenAI). This module is its
+vocabulary, in both directions, so the server decodes a request with it and
+a backend that calls such an engine can encode one:
+
+- :class:`ChatRequest`, decoded by :func:`decode_chat_request` with unknown
+  fields refused (``unknown_parameter``, with the field's ``param``), so a
+  typo never goes unnoticed. The engine extras llama.cpp takes
+  (``cache_prompt``, ``id_slot``) and OpenAI's ``prompt_cache_key`` are
+  legal and change nothing here (one process has one prefix cache).
+- messages are a union tagged by ``role`` (``system``, ``developer``,
+  ``user``, ``assistant`` with ``tool_calls``, ``tool`` with
+  ``tool_call_id``); content is a string or a list of ``text`` parts;
+- :class:`ChatCompletion` (``object: "chat.completion"``) and
+  :class:`ChatCompletionChunk` (``object: "chat.completion.chunk"``), the
+  shapes the official SDK parses; a chunk's tool calls are index-based
+  deltas (:class:`ToolCallDelta`).
+
+A msgspec validation error becomes a :class:`RemoteProtocolError` carrying
+the shipped ``code`` and a ``param`` in the shipped spelling
+(``messages[2].tool_call_id``). Nothing here knows a socket or a model.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Final, Literal
+
+import msgspec
+from msgspec import UNSET, Meta, Struct, UnsetType
+
+from protocol import ErrorCode, RemoteProtocolError, json_path_to_param
+from protocol.events import AtLeastOne, Metadata, Penalty, Temperature, TopP
+
+__all__ = [
+    "AssistantMessage",
+    "ChatChoice",
+    "ChatCompletion",
+    "ChatCompletionChunk",
+    "ChatMessage",
+    "ChatRequest",
+    "ChatTool",
+    "ChatToolChoice",
+    "ChatUsage",
+    "ChunkChoice",
+    "ChunkDelta",
+    "CompletionTokensDetails",
+    "DeveloperMessage",
+    "FunctionCallDelta",
+    "FunctionDefinition",
+    "FunctionName",
+    "JSONSchemaSpec",
+    "NamedToolChoice",
+    "PromptTokensDetails",
+    "ReplyMessage",
+    "ResponseFormat",
+    "ResponseFormatJSONObject",
+    "ResponseFormatJSONSchema",
+    "ResponseFormatText",
+    "StreamOptions",
+    "SystemMessage",
+    "TextPart",
+    "TokenizeRequest",
+    "ToolCall",
+    "ToolCallDelta",
+    "ToolCallFunction",
+    "ToolMessage",
+    "UserMessage",
+    "decode_chat_request",
+    "decode_tokenize_request",
+]
+
+
+# --- requests ----------------------------------------------------------------
+
+
+class _Strict(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A request object: unknown fields are refused (``unknown_parameter``)."""
+
+
+class TextPart(_Strict, frozen=True, tag_field="type", tag="text"):
+    text: str
+
+
+class RefusalPart(_Strict, frozen=True, tag_field="type", tag="refusal"):
+    refusal: str
+
+
+Content = str | list[TextPart]
+
+
+class ToolCallFunction(_Strict, frozen=True):
+    name: str
+    arguments: str
+
+
+class ToolCall(_Strict, frozen=True):
+    """A call an assistant message made: ``{id, type: "function", function}``."""
+
+    id: str
+    function: ToolCallFunction
+    type: Literal["function"] = "function"
+
+
+class _Message(_Strict, frozen=True, tag_field="role"):
+    """A chat message; ``role`` is its tag."""
+
+
+class SystemMessage(_Message, frozen=True, tag="system"):
+    content: Content
+    name: str | UnsetType = UNSET
+
+
+class DeveloperMessage(_Message, frozen=True, tag="developer"):
+    content: Content
+    name: str | UnsetType = UNSET
+
+
+class UserMessage(_Message, frozen=True, tag="user"):
+    content: Content
+    name: str | UnsetType = UNSET
+
+
+class AssistantMessage(_Message, frozen=True, tag="assistant"):
+    """An earlier model turn: text, tool calls or both (``reasoning_content``:
+    the vLLM / DeepSeek field for the model's reasoning)."""
+
+    content: str | list[TextPart | RefusalPart] | None = None
+    tool_calls: list[ToolCall] | UnsetType = UNSET
+    refusal: str | UnsetType | None = UNSET
+    reasoning_content: str | UnsetType | None = UNSET
+    name: str | UnsetType = UNSET
+
+
+class ToolMessage(_Message, frozen=True, tag="tool"):
+    content: Content
+    tool_call_id: str
+
+
+ChatMessage = SystemMessage | DeveloperMessage | UserMessage | AssistantMessage | ToolMessage
+
+
+class FunctionDefinition(_Strict, frozen=True):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ChatTool(_Strict, frozen=True):
+    function: FunctionDefinition
+    type: Literal["function"] = "function"
+
+
+class FunctionName(_Strict, frozen=True):
+    name: str
+
+
+class NamedToolChoice(_Strict, frozen=True):
+    """``{"type": "function", "function": {"name": ...}}``: call this tool."""
+
+    type: Literal["function"]
+    function: FunctionName
+
+
+ChatToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
+
+
+class ResponseFormatText(_Strict, frozen=True, tag_field="type", tag="text"):
+    pass
+
+
+class ResponseFormatJSONObject(_Strict, frozen=True, tag_field="type", tag="json_object"):
+    pass
+
+
+class JSONSchemaSpec(_Strict, frozen=True):
+    name: str
+    schema: dict[str, Any] = msgspec.field(default_factory=dict)
+    description: str | None = None
+    strict: bool | None = False
+
+
+class ResponseFormatJSONSchema(_Strict, frozen=True, tag_field="type", tag="json_schema"):
+    json_schema: JSONSchemaSpec
+
+
+ResponseFormat = ResponseFormatText | ResponseFormatJSONObject | ResponseFormatJSONSchema
+
+
+class StreamOptions(_Strict, frozen=True):
+    include_usage: bool = False
+
+
+class ChatRequest(_Strict, frozen=True):
+    """A ``POST /v1/chat/completions`` body (the fields this server takes)."""
+
+    model: str
+    messages: Annotated[list[ChatMessage], Meta(min_length=1)]
+    tools: list[ChatTool] | None = None
+    tool_choice: ChatToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    max_tokens: AtLeastOne | None = None
+    max_completion_tokens: AtLeastOne | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    frequency_penalty: Penalty | None = None
+    presence_penalty: Penalty | None = None
+    seed: int | None = None
+    n: int | None = None
+    user: str | None = None
+    metadata: Metadata | None = None
+    response_format: ResponseFormat | None = None
+    store: bool | None = None
+    safety_identifier: str | None = None
+    #: OpenAI's cache hint and llama.cpp's: accepted, nothing to do (one cache).
+    prompt_cache_key: str | None = None
+    cache_prompt: bool | None = None
+    id_slot: int | None = None
+
+
+class TokenizeRequest(_Strict, frozen=True):
+    """``POST /tokenize`` (vLLM's shape): a ``prompt`` or chat ``messages``."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    tools: list[ChatTool] | None = None
+    add_special_tokens: bool | None = None
+    add_generation_prompt: bool | None = None
+
+
+# --- answers -----------------------------------------------------------------
+
+
+class _Out(Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """An answer object: fields left UNSET are not sent."""
+
+
+class PromptTokensDetails(Struct, frozen=True, kw_only=True):
+    cached_tokens: int = 0
+
+
+class CompletionTokensDetails(Struct, frozen=True, kw_only=True):
+    reasoning_tokens: int = 0
+
+
+class ChatUsage(Struct, frozen=True, kw_only=True):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
+    completion_tokens_details: CompletionTokensDetails
+
+
+class ReplyMessage(Struct, frozen=True, kw_only=True):
+    """``choices[0].message`` of a completion (``tool_calls`` only when there are)."""
+
+    role: Literal["assistant"] = "assistant"
+    content: str | None = None
+    refusal: str | None = None
+    tool_calls: list[ToolCall] | UnsetType = UNSET
+
+
+class ChatChoice(Struct, frozen=True, kw_only=True):
+    index: int
+    message: ReplyMessage
+    finish_reason: Literal["stop", "length", "tool_calls"]
+    logprobs: None = None
+
+
+class ChatCompletion(Struct, frozen=True, kw_only=True, tag_field="object", tag="chat.completion"):
+    id: str
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: ChatUsage
+    system_fingerprint: str | None = None
+
+
+class FunctionCallDelta(_Out, frozen=True):
+    name: str | UnsetType = UNSET
+    arguments: str | UnsetType = UNSET
+
+
+class ToolCallDelta(_Out, frozen=True):
+    """One call's piece in a chunk: the first carries ``id``, ``type`` and the
+    name (arguments ``""``); later ones the same ``index`` and argument text."""
+
+    index: int
+    id: str | UnsetType = UNSET
+    type: Literal["function"] | UnsetType = UNSET
+    function: FunctionCallDelta | UnsetType = UNSET
+
+
+class ChunkDelta(_Out, frozen=True):
+    role: Literal["assistant"] | UnsetType = UNSET
+    content: str | UnsetType = UNSET
+    tool_calls: list[ToolCallDelta] | UnsetType = UNSET
+
+
+class ChunkChoice(Struct, frozen=True, kw_only=True):
+    index: int
+    delta: ChunkDelta
+    finish_reason: Literal["stop", "length", "tool_calls"] | None = None
+    logprobs: None = None
+
+
+class ChatCompletionChunk(
+    Struct, frozen=True, kw_only=True, omit_defaults=True, tag_field="object",
+    tag="chat.completion.chunk",
+):  # fmt: skip
+    id: str
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    #: ``null`` on every chunk when usage was asked for, then set on the last
+    #: one (whose ``choices`` is empty); absent otherwise.
+    usage: ChatUsage | UnsetType | None = UNSET
+
+
+# --- decoding ----------------------------------------------------------------
+
+_request_decoder: Final = msgspec.json.Decoder(ChatRequest)
+_tokenize_decoder: Final = msgspec.json.Decoder(TokenizeRequest)
+_NOT_JSON: Final = (msgspec.DecodeError, RecursionError, UnicodeError)
+_AT: Final = re.compile(r"^(?P<what>.*?)(?: - at `(?:key` in `)?(?P<path>\$[^`]*)`)?$", re.DOTALL)
+_MISSING: Final = re.compile(r"^Object missing required field `(?P<field>[^`]+)`$")
+_UNKNOWN: Final = re.compile(r"^Object contains unknown field `(?P<field>[^`]+)`$")
+_OUT_OF_RANGE: Final = re.compile(r"^Expected `[^`]+` (?:of length )?(?:>=|<=|>|<) ")
+
+
+def _refusal(exc: msgspec.ValidationError) -> RemoteProtocolError:
+    """The shipped error for a body that decodes as JSON but not as the request."""
+    match = _AT.match(str(exc))
+    assert match is not None  # the pattern matches every string
+    what, path = match["what"], match["path"]
+    if missing := _MISSING.match(what):
+        param = json_path_to_param(path, missing["field"])
+        return RemoteProtocolError(
+            f"Missing required parameter: '{param}'.",
+            code=ErrorCode.MISSING_REQUIRED_PARAMETER,
+            param=param,
+        )
+    if unknown := _UNKNOWN.match(what):
+        param = json_path_to_param(path, unknown["field"])
+        return RemoteProtocolError(
+            f"Unrecognized request argument supplied: '{param}'.",
+            code=ErrorCode.UNKNOWN_PARAMETER,
+            param=param,
+        )
+    param = json_path_to_param(path)
+    where = f"'{param}'" if param else "the body"
+    if what.startswith("Expected `") and not _OUT_OF_RANGE.match(what):
+        return RemoteProtocolError(
+            f"Invalid type for {where}: {what[0].lower()}{what[1:]}.",
+            code=ErrorCode.INVALID_TYPE,
+            param=param,
+        )
+    return RemoteProtocolError(
+        f"Invalid value for {where}: {what[0].lower()}{what[1:]}.",
+        code=ErrorCode.INVALID_VALUE,
+        param=param,
+    )
+
+
+def _decode(decoder: msgspec.json.Decoder[Any], data: bytes) -> Any:
+    try:
+        return decoder.decode(data)
+    except msgspec.ValidationError as exc:
+        raise _refusal(exc) from exc
+    except _NOT_JSON as exc:
+        raise RemoteProtocolError(
+            "We could not parse the JSON body of your request.", code=ErrorCode.INVALID_JSON
+        ) from exc
+
+
+def decode_chat_request(data: bytes) -> ChatRequest:
+    """Decode a chat completions body. Raises :class:`RemoteProtocolError`."""
+    request: ChatRequest = _decode(_request_decoder, data)
+    return request
+
+
+def decode_tokenize_request(data: bytes) -> TokenizeRequest:
+    """Decode a ``/tokenize`` body. Raises :class:`RemoteProtocolError`."""
+    request: TokenizeRequest = _decode(_tokenize_decoder, data)
+    return request

@@ -1,0 +1,315 @@
+"""``POST /v1/chat/completions`` and ``POST /tokenize`` on the simulated models.
+
+Theory of operation
+-------------------
+The endpoint an inference engine serves, so longresponse can stand as the
+engine behind another longresponse (or any Chat Completions client). It sits
+behind the same gate as ``/v1/responses`` (404, the API key's 401, 405:
+``longresponse.serve.gate``) and answers bad input with the shipped error
+envelope. A request is checked before anything runs:
+
+1. the body decodes as :class:`~longresponse.engine.chat_wire.ChatRequest`
+   (types, ranges, unknown fields refused with their ``param``);
+2. ``model`` names a model (else 404 ``model_not_found``); ``n`` is 1;
+   ``stream_options`` only with ``stream``; the ``sim_*`` metadata is in range;
+3. tools (names, schemas), ``tool_choice``, ``response_format`` as the
+   Responses path checks them, with chat's params (``tools[0].function.name``);
+4. the messages become items and the tool calls are paired with their
+   answers (``longresponse.engine.chat_map``);
+5. the prompt is rendered and hashed in a worker thread and must fit the
+   context window (``context_length_exceeded``, param ``messages``).
+
+Then the prefix cache (``longresponse.engine.prefix_cache``) says how many
+leading tokens are cached: the simulated prefill is charged for the rest
+only, and ``usage.prompt_tokens_details.cached_tokens`` reports them. The
+prompt's blocks join the cache when the first token comes (prefill done);
+the blocks of prompt and answer, when the answer ends.
+
+``stream: false`` returns one ``chat.completion``. ``stream: true`` returns
+Server-Sent Events, ``data: {chunk}`` records then ``data: [DONE]``, written
+as the model decodes. The turn runs in a task owned by the response and
+feeds a queue bounded in records: a reader that leaves it full for the
+slow-reader timeout has its connection dropped (``serve.seam.abort``), and a
+client that goes away stops the turn, sampler included, at once
+(:attr:`ChatCompletions.stopped` counts both).
+
+Headers such as ``x-longresponse-affinity`` (a gateway's per-rollout pin)
+and the body's ``cache_prompt`` / ``id_slot`` / ``prompt_cache_key`` are
+accepted and change nothing: one process has one cache.
+
+``POST /tokenize`` is vLLM's: ``{"model", "prompt"}`` (plain text) or
+``{"model", "messages"[, "tools"]}`` (the chat prompt, exactly as a
+completion renders it) gives ``{"count", "max_model_len", "tokens"}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any, Final
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from protocol import ErrorCode, ProtocolError, RemoteProtocolError
+from protocol.items import Item
+
+from ..config import WRITE_SLICE_SECONDS, ServerConfig
+from ..engine.admission import Pipeline
+from ..engine.chat_map import (
+    format_from_chat,
+    items_from_messages,
+    tool_choice_from_chat,
+    tools_from_chat,
+)
+from ..engine.chat_turn import ChatPrompt, ChatTurn, render_prompt
+from ..engine.chat_wire import ChatRequest, decode_chat_request, decode_tokenize_request
+from ..engine.models import ModelRegistry, ModelSpec, SampleRequest, check_sim_metadata
+from ..engine.prefix_cache import PrefixCache, block_digests
+from ..engine.render import encode, render_item
+from ..ids import new_id
+from .http import ResponsesHTTP, http_error
+from .http_sinks import SSE_QUEUE_DEPTH
+from .seam import abort, peer_gone
+
+__all__ = ["DONE_RECORD", "ChatCompletions"]
+
+#: The record that ends a chat stream.
+DONE_RECORD: Final = b"data: [DONE]\n\n"
+_encoder: Final = msgspec.json.Encoder()
+
+#: Admission's params -> chat's spelling of the same field.
+_PARAMS: Final = (
+    (".name", ".function.name"),
+    (".parameters", ".function.parameters"),
+    ("text.format.", "response_format.json_schema."),
+)
+
+
+def _rename(error: RemoteProtocolError) -> RemoteProtocolError:
+    param = error.param or ""
+    for old, new in _PARAMS:
+        if old in param:
+            param = param.replace(old, new, 1)
+            break
+    message = error.message.replace(f"'{error.param}'", f"'{param}'")
+    return RemoteProtocolError(message, code=error.code, param=param or None, status=error.status)
+
+
+class ChatCompletions:
+    """The chat endpoints, sharing models, keys and limits with the Responses API."""
+
+    def __init__(
+        self, config: ServerConfig, http: ResponsesHTTP, models: ModelRegistry, pipeline: Pipeline
+    ) -> None:
+        self.config = config
+        self.http = http
+        self.models = models
+        self.pipeline = pipeline
+        self.cache = PrefixCache(config.chat_prefix_cache_tokens)
+        #: Counters: requests taken, turns running now, turns ended before their
+        #: answer did (the client left, or read too slowly).
+        self.requests = 0
+        self.running = 0
+        self.stopped = 0
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/v1/chat/completions", self.complete, methods=["POST"]),
+            Route("/tokenize", self.tokenize, methods=["POST"]),
+        ]
+
+    # --- POST /v1/chat/completions -------------------------------------------
+
+    async def complete(self, request: Request) -> Response:
+        self.requests += 1
+        try:
+            self.http._owner(request)
+            body = decode_chat_request(await self.http._body(request))
+            turn, prompt = await self._start(body)
+        except ProtocolError as error:
+            return http_error(error)
+        if body.stream:
+            return StreamingResponse(
+                self._sse(turn, prompt, request.scope), media_type="text/event-stream"
+            )
+        return await self._json(turn, prompt, request)
+
+    async def _start(self, body: ChatRequest) -> tuple[ChatTurn, ChatPrompt]:
+        """Check ``body`` and make its turn. Raises :class:`RemoteProtocolError`."""
+        model = self.models.resolve(body.model)
+        if body.n not in (None, 1):
+            raise RemoteProtocolError(
+                f"Invalid 'n': this server makes one choice per request, not {body.n}.",
+                code=ErrorCode.INVALID_VALUE,
+                param="n",
+            )
+        if body.stream_options is not None and not body.stream:
+            raise RemoteProtocolError(
+                "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
+                code=ErrorCode.INVALID_VALUE,
+                param="stream_options",
+            )
+        metadata = body.metadata or {}
+        check_sim_metadata(metadata)
+        tools = tools_from_chat(body.tools)
+        text_format = format_from_chat(body.response_format)
+        try:
+            self.pipeline.check_tools(tools)
+            self.pipeline.check_text_format(text_format)
+        except RemoteProtocolError as error:
+            raise _rename(error) from None
+        tool_choice = tool_choice_from_chat(body.tool_choice, tools)
+        items = items_from_messages(body.messages)
+        prompt = await asyncio.to_thread(render_prompt, model.name, items, tools)
+        self._fits(model, len(prompt.tokens))
+        cached = self.cache.cached_tokens(prompt.digests, len(prompt.tokens))
+        budgets = [b for b in (body.max_tokens, body.max_completion_tokens) if b is not None]
+        limit = min([*budgets, self.config.max_response_output_tokens])
+        sample = SampleRequest(
+            context=items,
+            tools=tools,
+            tool_choice=tool_choice,
+            parallel_tool_calls=body.parallel_tool_calls is not False,
+            metadata=metadata,
+            cached_tokens=cached,
+            uncached_tokens=len(prompt.tokens) - cached,
+            max_output_tokens=limit,
+            text_format=text_format,
+        )
+        turn = ChatTurn(
+            completion_id=new_id("chatcmpl").replace("_", "-"),
+            created=int(time.time()),
+            model=model.name,
+            sampler=model.make_sampler(),
+            request=sample,
+            include_usage=body.stream_options is not None and body.stream_options.include_usage,
+            prefilled=lambda: self.cache.insert(prompt.digests),
+        )
+        return turn, prompt
+
+    @staticmethod
+    def _fits(model: ModelSpec, tokens: int) -> None:
+        if tokens > model.context_window:
+            raise RemoteProtocolError(
+                model.too_long(tokens), code="context_length_exceeded", param="messages"
+            )
+
+    async def _remember(self, turn: ChatTurn, prompt: ChatPrompt) -> None:
+        """The answer's blocks join the cache, as the next request will render them."""
+        answer = turn.answer_items()
+        if not answer:
+            return
+        digests = await asyncio.to_thread(_answer_digests, turn.model, prompt, answer)
+        self.cache.insert(digests)
+
+    async def _json(self, turn: ChatTurn, prompt: ChatPrompt, request: Request) -> Response:
+        """The whole answer as one ``chat.completion``; a client that hangs up
+        first stops the turn (its ``http.disconnect`` is watched meanwhile)."""
+
+        async def run() -> None:
+            async for _ in turn.chunks():
+                pass
+            await self._remember(turn, prompt)
+
+        async def hung_up() -> None:
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+
+        self.running += 1
+        work = asyncio.ensure_future(run())
+        watch = asyncio.ensure_future(hung_up())
+        try:
+            await asyncio.wait((work, watch), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self.running -= 1
+            for task in (work, watch):
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch
+            try:
+                await work
+            except asyncio.CancelledError:
+                self.stopped += 1
+        if work.cancelled():  # the client is gone: nobody reads this
+            return Response(status_code=499)
+        return Response(_encoder.encode(turn.completion()), media_type="application/json")
+
+    async def _sse(self, turn: ChatTurn, prompt: ChatPrompt, scope: Any) -> AsyncIterator[bytes]:
+        queue: asyncio.Queue[bytes | None] = asyncio.Queue(SSE_QUEUE_DEPTH)
+        timeout = self.config.slow_reader_timeout
+
+        async def produce() -> None:
+            try:
+                async for chunk in turn.chunks():
+                    record = b"data: " + _encoder.encode(chunk) + b"\n\n"
+                    try:
+                        async with asyncio.timeout(timeout):
+                            await queue.put(record)
+                    except TimeoutError:
+                        abort(scope, "slow chat stream reader")
+                        return
+                await self._remember(turn, prompt)
+                await queue.put(DONE_RECORD)
+            finally:
+                with contextlib.suppress(asyncio.QueueFull):
+                    queue.put_nowait(None)
+
+        self.running += 1
+        # Owned here: cancelled with this generator when the client goes away.
+        producer = asyncio.get_running_loop().create_task(produce())
+        try:
+            turn_started = time.monotonic()
+            while (record := await queue.get()) is not None:
+                if peer_gone(scope):
+                    return  # the client left: the finally stops the turn
+                yield record
+                if record is DONE_RECORD:
+                    return
+                if time.monotonic() - turn_started >= WRITE_SLICE_SECONDS:  # others' turn
+                    await asyncio.sleep(0)
+                    turn_started = time.monotonic()
+        finally:
+            self.running -= 1
+            if turn.finish_reason is None:
+                self.stopped += 1
+            producer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await producer
+
+    # --- POST /tokenize -----------------------------------------------------------
+
+    async def tokenize(self, request: Request) -> Response:
+        try:
+            self.http._owner(request)
+            body = decode_tokenize_request(await self.http._body(request))
+            model = self.models.resolve(body.model)
+            if (body.prompt is None) == (body.messages is None):
+                raise RemoteProtocolError(
+                    "Give either 'prompt' or 'messages' (one of them).",
+                    code=ErrorCode.INVALID_VALUE,
+                    param="prompt" if body.prompt is not None else "messages",
+                )
+            if body.prompt is not None:
+                tokens = await asyncio.to_thread(encode, body.prompt)
+            else:
+                tools = tools_from_chat(body.tools)
+                items = items_from_messages(body.messages or [], answered=False)
+                tokens = (await asyncio.to_thread(render_prompt, model.name, items, tools)).tokens
+        except ProtocolError as error:
+            return http_error(error)
+        return JSONResponse(
+            {"count": len(tokens), "max_model_len": model.context_window, "tokens": tokens}
+        )
+
+
+def _answer_digests(model: str, prompt: ChatPrompt, answer: list[Item]) -> list[bytes]:
+    """The digests of prompt and answer (pure: run in a worker thread)."""
+    tokens = list(prompt.tokens)
+    for item in answer:
+        tokens.extend(render_item(item))
+    return block_digests(model, tokens, known=prompt.digests)
