@@ -26,7 +26,7 @@ ends the turn with ``upstream_unavailable``, naming the timeout.
 
 **Retries.** Before anything is produced, a connection that cannot be made
 and an answer of 429, 502, 503 or 504 are retried up to ``max_retries``
-times, after ``retry_backoff`` × 2^n seconds (or the engine's
+times, after ``retry_backoff * 2**n`` seconds (or the engine's
 ``Retry-After``, when it asks for at most :data:`MAX_RETRY_WAIT`). Once a
 stream has begun nothing is retried: the turn fails with what it wrote
 (``longresponse.engine.failures.cut_short``).
@@ -161,8 +161,9 @@ class ChatBackend:
                 async with asyncio.timeout_at(deadline):
                     response = await self.client.send(request, stream=True)
             except httpx.ConnectTimeout:
+                limit = config.connect_timeout
                 failed = self.unreachable(
-                    f"could not be connected to within connect_timeout ({config.connect_timeout:g} s)"
+                    f"could not be connected to within connect_timeout ({limit:g} s)"
                 )
             except httpx.ConnectError:
                 failed = self.unreachable("could not be reached (the connection was refused)")

@@ -260,8 +260,11 @@ _TOO_LONG: Final = re.compile(
 )
 _TOOLS: Final = re.compile(r"^tools\[(\d+)\]\.function(\.|$)")
 _RENAMED: Final = {
+    # the output budget, as engines name it
     "max_completion_tokens": "max_output_tokens",
     "max_tokens": "max_output_tokens",
+    "max_new_tokens": "max_output_tokens",
+    "n_predict": "max_output_tokens",
     "tool_choice.function.name": "tool_choice.name",
 }
 
