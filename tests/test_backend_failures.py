@@ -86,8 +86,8 @@ def never_accepts() -> Iterator[str]:
 
 
 def http_error(front: Any, **create: Any) -> openai.APIStatusError:
+    create.setdefault("input", "hi")
     with pytest.raises(openai.APIStatusError) as caught:
-        create.setdefault("input", "hi")
         openai_client(front).responses.create(model="engine", **create)
     return caught.value
 
