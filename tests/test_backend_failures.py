@@ -114,6 +114,17 @@ def test_the_core_pauses_with_no_calls_and_takes_an_empty_append() -> None:
     assert pair.state() == "completed"
 
 
+def test_the_core_refuses_an_empty_append_anywhere_else() -> None:
+    pair = ConnectionPair()
+    pair.create(input=[user()])
+    pair.start()
+    empty = ResponseAppend(input=[])
+    pair.assert_rejected(Role.CLIENT, empty, code="empty_array", param="input")  # sampling
+    pair.call("c1")
+    pair.pause("c1")
+    pair.assert_rejected(Role.CLIENT, empty, code="empty_array", param="input")  # calls wait
+
+
 # --- unreachable, reset -----------------------------------------------------------
 
 
