@@ -15,7 +15,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import msgspec
+import pydantic
 import pytest
+from openai.types.responses import ResponseStreamEvent
 
 from longresponse.backends.chat import ChatBackend, chat_body
 from longresponse.backends.chat_stream import ChunkReader, StreamChunk, refusal, responses_param
@@ -24,12 +27,14 @@ from longresponse.config import BackendConfig
 from longresponse.engine.sampling import (
     ArgumentsDelta,
     ItemEnd,
+    ReasoningDone,
     SampleRequest,
     Stop,
     TextDelta,
     ToolCallStart,
     Usage,
 )
+from longresponse.engine.stream import StreamBuilder
 from longresponse.server_process import ServerProcess
 from protocol.events import OutputItemDone, ResponseDone
 from protocol.items import FunctionCall, FunctionCallOutput, FunctionTool, Message
@@ -47,6 +52,7 @@ ADD = {
     },
 }
 TWO_CALLS = {"sim_tool_calls": "2", "sim_parallel_calls": "2"}
+STREAM_EVENT: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(ResponseStreamEvent)
 
 
 @pytest.fixture(scope="module")
@@ -67,8 +73,6 @@ def gateway(make_server: Any, engine: ServerProcess | str, **settings: Any) -> A
 
 
 def chunk(**fields: Any) -> StreamChunk:
-    import msgspec
-
     return msgspec.convert(fields, StreamChunk)
 
 
@@ -122,16 +126,29 @@ def test_the_first_call_streams_and_interleaved_parallel_calls_are_kept_in_order
     ]
 
 
-def test_text_then_a_call_closes_the_message_and_reasoning_is_not_output() -> None:
+def test_reasoning_comes_whole_before_the_text_and_text_then_a_call_closes_it() -> None:
     reader = ChunkReader()
-    out = reader.feed(chunk(choices=[{"delta": {"reasoning_content": "hmm", "content": "Hi"}}]))
+    out = reader.feed(chunk(choices=[{"delta": {"reasoning_content": "let me "}}]))
+    assert out == []
+    out = reader.feed(chunk(choices=[{"delta": {"reasoning": "think", "content": "Hi"}}]))
     out += reader.feed(call_piece(0, name="add", args="{}"))
-    assert out[0] == TextDelta("Hi")
-    assert out[1] == ItemEnd()
-    assert isinstance(out[2], ToolCallStart)
-    assert out[2].call_id.startswith("call_")  # the engine gave none
+    assert out[:3] == [ReasoningDone("let me think"), TextDelta("Hi"), ItemEnd()]
+    assert isinstance(out[3], ToolCallStart)
+    assert out[3].call_id.startswith("call_")  # the engine gave none
     assert reader.output_started
     assert reader.end()[-1] == Stop("tool_calls")
+
+
+def test_reasoning_becomes_one_reasoning_item_the_sdk_parses() -> None:
+    builder = StreamBuilder("resp_1", tag_response_id=False)
+    events = builder.feed(ReasoningDone("step by step"))
+    parsed = [STREAM_EVENT.validate_json(msgspec.json.encode(e)) for e in events]
+    assert [e.type for e in parsed] == ["response.output_item.added", "response.output_item.done"]
+    item = parsed[1].item
+    assert (item.type, item.status) == ("reasoning", "completed")
+    assert item.content[0].text == "step by step"
+    assert builder.output == [events[1].item]  # type: ignore[union-attr]
+    assert builder.output_tokens > 0
 
 
 def test_finish_reason_length_cuts_the_open_item_incomplete() -> None:

@@ -18,8 +18,8 @@ output item open at a time, each closed by an ``ItemEnd``.
   in index order, once the first call ends with the stream. A call without
   an ``id`` gets one.
 - ``delta.reasoning_content`` (vLLM, DeepSeek; newer vLLM says ``reasoning``)
-  is the engine's hidden reasoning: not output the client sees; its tokens
-  count in the usage the engine reports.
+  is the engine's reasoning: kept, and sent whole as one reasoning item
+  (:class:`ReasoningDone`) before the next item opens, or at the end.
 - ``finish_reason: "length"`` closes the open item ``incomplete`` and stops
   with ``max_output_tokens``; ``tool_calls`` (or calls made) stops with
   ``tool_calls``; anything else with ``stop``.
@@ -48,6 +48,7 @@ from ..engine.failures import UpstreamError
 from ..engine.sampling import (
     ArgumentsDelta,
     ItemEnd,
+    ReasoningDone,
     SampleChunk,
     Stop,
     TextDelta,
@@ -154,6 +155,7 @@ class ChunkReader:
         self._live: int | None = None  # the call streamed as it comes
         self._finish: str | None = None
         self._usage: _Usage | None = None
+        self._reasoning: list[str] = []
         #: Whether anything the client sees has been produced.
         self.output_started = False
         #: Whether any record came (the first-token timeout is over).
@@ -173,8 +175,12 @@ class ChunkReader:
             if choice.index != 0:
                 continue  # n is 1: no other choice is asked for
             delta = choice.delta
+            if delta is not None and (delta.reasoning_content or delta.reasoning):
+                self._reasoning.append(delta.reasoning_content or delta.reasoning or "")
             if delta is not None and delta.content and self._live is None:
                 # (text after a call began: engines do not write it; dropped)
+                if not self._text_open:
+                    self._flush_reasoning(out)
                 self._text_open = True
                 out.append(TextDelta(delta.content))
             if delta is not None and delta.tool_calls:
@@ -202,6 +208,7 @@ class ChunkReader:
             if self._text_open:
                 out.append(ItemEnd())
                 self._text_open = False
+            self._flush_reasoning(out)
             self._live = piece.index
             out.extend(_start(call))
         elif self._live == piece.index and call.arguments:
@@ -214,6 +221,7 @@ class ChunkReader:
         out: list[SampleChunk] = []
         if self._text_open or self._live is not None:
             out.append(ItemEnd(incomplete=cut))
+        self._flush_reasoning(out)
         for index in sorted(self._calls):
             call = self._calls[index]
             if index != self._live and call.name:
@@ -237,6 +245,11 @@ class ChunkReader:
         else:
             out.append(Stop("stop"))
         return out
+
+    def _flush_reasoning(self, out: list[SampleChunk]) -> None:
+        if self._reasoning:
+            out.append(ReasoningDone("".join(self._reasoning)))
+            self._reasoning.clear()
 
 
 def _start(call: _Call) -> list[SampleChunk]:

@@ -4,9 +4,10 @@ Every model, simulated or real (``longresponse.backends``), is a
 :class:`Sampler`: it turns a :class:`SampleRequest` (the whole context, how
 much of it is cached, the tools and the budget) into an async stream of
 :data:`SampleChunk`: text deltas, tool-call starts, argument deltas, item
-ends, at most one :class:`Usage` (a real engine's own counts) and one
-:class:`Stop`. A :class:`ModelSpec` is a model as the registry holds it: its
-limits and how to make a sampler for one rollout.
+ends, whole reasoning items (a real engine's), at most one :class:`Usage` (a
+real engine's own counts) and one :class:`Stop`. A :class:`ModelSpec` is a
+model as the registry holds it: its limits and how to make a sampler for one
+rollout.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ __all__ = [
     "ArgumentsDelta",
     "ItemEnd",
     "ModelSpec",
+    "ReasoningDone",
     "SampleChunk",
     "SampleRequest",
     "Sampler",
@@ -57,6 +59,14 @@ class ItemEnd:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class ReasoningDone:
+    """A real engine's reasoning (``reasoning_content``), whole: one reasoning
+    item, sent when no other item is open."""
+
+    text: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Stop:
     reason: Literal["stop", "tool_calls", "max_output_tokens"]
 
@@ -75,7 +85,7 @@ class Usage:
     reasoning_tokens: int = 0
 
 
-SampleChunk = TextDelta | ToolCallStart | ArgumentsDelta | ItemEnd | Usage | Stop
+SampleChunk = TextDelta | ToolCallStart | ArgumentsDelta | ItemEnd | ReasoningDone | Usage | Stop
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
