@@ -10,7 +10,9 @@ then walks away from.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import socket
 import time
 import uuid
 from typing import Any
@@ -22,8 +24,13 @@ import pytest
 
 from longresponse.config import SimConfig
 from longresponse.engine.chat_map import items_from_messages, messages_from_items
-from longresponse.engine.chat_wire import ChatRequest, decode_chat_request
-from longresponse.engine.prefix_cache import BLOCK_TOKENS
+from longresponse.engine.chat_wire import (
+    ChatRequest,
+    decode_chat_chunk,
+    decode_chat_completion,
+    decode_chat_request,
+)
+from longresponse.engine.prefix_cache import BLOCK_TOKENS, ENTRY_BYTES, PrefixCache, block_digests
 from tests.conftest import openai_client
 
 WEATHER = {
@@ -336,6 +343,20 @@ def test_prefill_is_charged_for_the_uncached_tokens_only(server: Any) -> None:
     assert warm.uncached_tokens == cold.uncached_tokens - warm.cached_tokens
 
 
+def test_a_block_matches_only_with_its_whole_prefix() -> None:
+    cache = PrefixCache(64 * BLOCK_TOKENS)
+    tokens = list(range(10 * BLOCK_TOKENS))
+    cache.insert(block_digests("sim", tokens))
+    assert cache.cached_tokens(block_digests("sim", tokens), len(tokens)) == 9 * BLOCK_TOKENS
+    longer = [*tokens, 1, 2, 3]
+    assert cache.cached_tokens(block_digests("sim", longer), len(longer)) == 10 * BLOCK_TOKENS
+    changed = [99999, *tokens[1:]]  # the same later blocks, after another first token
+    assert cache.cached_tokens(block_digests("sim", changed), len(changed)) == 0
+    assert cache.cached_tokens(block_digests("sim-alt", tokens), len(tokens)) == 0
+    assert len(cache) == 10
+    assert cache.nbytes == 10 * ENTRY_BYTES
+
+
 def test_a_tiny_budget_evicts_least_recently_used_first(make_server: Any) -> None:
     running = make_server(chat_prefix_cache_tokens=4 * BLOCK_TOKENS)
     client = openai_client(running)
@@ -403,6 +424,41 @@ def test_messages_and_items_map_both_ways() -> None:
     assert again["messages"][4] == {"role": "tool", "content": "Snow", "tool_call_id": "call_1"}
 
 
+def test_an_engines_answers_decode_with_the_same_structs(server: Any) -> None:
+    """A backend reads an engine's stream with these Structs: this server's own,
+    and vLLM's (nulls, extra fields, ``reasoning_content``)."""
+    body = {
+        "model": "sim",
+        "messages": [user("Weather?")],
+        "tools": [WEATHER],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    answer = httpx.post(f"{server.http_url}/v1/chat/completions", json=body)
+    records = [line[6:] for line in answer.text.split("\n\n") if line.startswith("data: {")]
+    chunks = [decode_chat_chunk(record) for record in records]
+    assert msgspec.json.encode(chunks[0]) == records[0].encode()  # lossless both ways
+    assert chunks[-1].usage is not None
+    calls = [d for c in chunks for ch in c.choices for d in ch.delta.tool_calls or []]
+    assert calls[0].id is not None
+    vllm = (
+        '{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m",'
+        '"system_fingerprint":null,"choices":[{"index":0,"delta":{"role":null,"content":null,'
+        '"reasoning_content":"think","tool_calls":[{"index":0,"id":null,"type":null,'
+        '"function":{"name":null,"arguments":"{}"}}]},"logprobs":null,"finish_reason":null,'
+        '"stop_reason":null}],"usage":{"prompt_tokens":3,"completion_tokens":1,'
+        '"total_tokens":4,"prompt_tokens_details":null}}'
+    )
+    chunk = decode_chat_chunk(vllm)
+    assert chunk.choices[0].delta.reasoning_content == "think"
+    assert chunk.usage is not None
+    assert chunk.usage.prompt_tokens_details is None
+    whole = httpx.post(f"{server.http_url}/v1/chat/completions", json={**GOOD, "tools": [WEATHER]})
+    completion = decode_chat_completion(whole.content)
+    assert completion.choices[0].finish_reason == "tool_calls"
+    assert msgspec.json.decode(msgspec.json.encode(completion)) == whole.json()
+
+
 # --- the stream's end -------------------------------------------------------------
 
 
@@ -443,6 +499,38 @@ def test_a_client_that_hangs_up_on_a_completion_stops_it(server: Any) -> None:
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{server.http_url}/v1/chat/completions", json=body, timeout=0.5)
     wait_for(lambda: chat.stopped == stopped + 1 and chat.running == 0, "the turn to stop")
+
+
+def test_a_slow_stream_reader_is_dropped_and_its_turn_stopped(make_server: Any) -> None:
+    running = make_server(slow_reader_timeout=0.3)
+    chat = running.app.state.chat
+    body = json.dumps(
+        {
+            "model": "sim",
+            "messages": [user("flood me")],
+            "stream": True,
+            "metadata": {"sim_output_tokens": "2000000"},
+        }
+    ).encode()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.settimeout(10)
+    with sock:
+        sock.connect(("127.0.0.1", running.port))
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        wait_for(lambda: chat.running == 1, "the turn to start")
+        # Never reading: the connection is dropped and the turn stopped.
+        wait_for(lambda: chat.stopped == 1 and chat.running == 0, "the reader's drop", 30)
+        received = b""
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := sock.recv(1 << 20):
+                received += chunk
+    assert received.startswith(b"HTTP/1.1 200")
+    assert len(received) < 4 * 1024 * 1024
+    assert b"data: [DONE]" not in received
 
 
 def test_a_stream_ends_with_done(server: Any) -> None:

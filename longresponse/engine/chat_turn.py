@@ -53,10 +53,10 @@ from .chat_wire import (
     CompletionTokensDetails,
     FunctionCallDelta,
     PromptTokensDetails,
+    ReplyFunction,
     ReplyMessage,
-    ToolCall,
+    ReplyToolCall,
     ToolCallDelta,
-    ToolCallFunction,
 )
 from .models import ArgumentsDelta, ItemEnd, Sampler, SampleRequest, Stop, TextDelta, ToolCallStart
 from .prefix_cache import block_digests
@@ -113,7 +113,7 @@ class ChatTurn:
         self._text = ItemText()
         self._has_text = False
         self._answer: str | None = None  # the whole text, once finished
-        self._calls: list[ToolCall] = []
+        self._calls: list[ReplyToolCall] = []
         self._arguments: list[str] = []
         self.completion_tokens = 0
         self.finish_reason: FinishReason | None = None
@@ -154,9 +154,9 @@ class ChatTurn:
                 elif isinstance(sample, ToolCallStart):
                     index = len(self._calls)
                     self._calls.append(
-                        ToolCall(
+                        ReplyToolCall(
                             id=sample.call_id,
-                            function=ToolCallFunction(name=sample.name, arguments=""),
+                            function=ReplyFunction(name=sample.name, arguments=""),
                         )
                     )
                     self._arguments.append("")
@@ -201,7 +201,7 @@ class ChatTurn:
             text_tokens = 0
         self.completion_tokens = text_tokens + sum(len(encode(a)) for a in self._arguments)
         self._calls = [
-            ToolCall(id=call.id, function=ToolCallFunction(name=call.function.name, arguments=a))
+            ReplyToolCall(id=call.id, function=ReplyFunction(name=call.function.name, arguments=a))
             for call, a in zip(self._calls, self._arguments, strict=True)
         ]
         self.finish_reason = reason

@@ -56,7 +56,9 @@ __all__ = [
     "JSONSchemaSpec",
     "NamedToolChoice",
     "PromptTokensDetails",
+    "ReplyFunction",
     "ReplyMessage",
+    "ReplyToolCall",
     "ResponseFormat",
     "ResponseFormatJSONObject",
     "ResponseFormatJSONSchema",
@@ -70,6 +72,8 @@ __all__ = [
     "ToolCallFunction",
     "ToolMessage",
     "UserMessage",
+    "decode_chat_chunk",
+    "decode_chat_completion",
     "decode_chat_request",
     "decode_tokenize_request",
 ]
@@ -237,6 +241,10 @@ class TokenizeRequest(_Strict, frozen=True):
 
 
 # --- answers -----------------------------------------------------------------
+#
+# What this server sends, and what a backend reads from an engine: unknown
+# fields are ignored and the optional ones may be ``null`` (vLLM, llama.cpp
+# and OpenAI each add and omit a few), so the same Structs decode them all.
 
 
 class _Out(Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -244,35 +252,51 @@ class _Out(Struct, frozen=True, kw_only=True, omit_defaults=True):
 
 
 class PromptTokensDetails(Struct, frozen=True, kw_only=True):
-    cached_tokens: int = 0
+    cached_tokens: int | None = 0
 
 
 class CompletionTokensDetails(Struct, frozen=True, kw_only=True):
-    reasoning_tokens: int = 0
+    reasoning_tokens: int | None = 0
 
 
 class ChatUsage(Struct, frozen=True, kw_only=True):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
-    prompt_tokens_details: PromptTokensDetails
-    completion_tokens_details: CompletionTokensDetails
+    prompt_tokens_details: PromptTokensDetails | None = None
+    completion_tokens_details: CompletionTokensDetails | None = None
+
+
+class ReplyFunction(Struct, frozen=True, kw_only=True):
+    name: str
+    arguments: str
+
+
+class ReplyToolCall(Struct, frozen=True, kw_only=True):
+    """A call in an answer (as :class:`ToolCall`, but read leniently)."""
+
+    id: str
+    function: ReplyFunction
+    type: str = "function"
 
 
 class ReplyMessage(Struct, frozen=True, kw_only=True):
-    """``choices[0].message`` of a completion (``tool_calls`` only when there are)."""
+    """``choices[0].message`` of a completion (``tool_calls`` only when there are;
+    ``reasoning_content`` as vLLM sends it, never from the simulated models)."""
 
-    role: Literal["assistant"] = "assistant"
+    role: str = "assistant"
     content: str | None = None
     refusal: str | None = None
-    tool_calls: list[ToolCall] | UnsetType = UNSET
+    tool_calls: list[ReplyToolCall] | UnsetType | None = UNSET
+    reasoning_content: str | UnsetType | None = UNSET
 
 
 class ChatChoice(Struct, frozen=True, kw_only=True):
     index: int
     message: ReplyMessage
-    finish_reason: Literal["stop", "length", "tool_calls"]
-    logprobs: None = None
+    #: ``stop``, ``length`` or ``tool_calls`` from this server.
+    finish_reason: str | None
+    logprobs: Any = None
 
 
 class ChatCompletion(Struct, frozen=True, kw_only=True, tag_field="object", tag="chat.completion"):
@@ -280,13 +304,13 @@ class ChatCompletion(Struct, frozen=True, kw_only=True, tag_field="object", tag=
     created: int
     model: str
     choices: list[ChatChoice]
-    usage: ChatUsage
+    usage: ChatUsage | None = None
     system_fingerprint: str | None = None
 
 
 class FunctionCallDelta(_Out, frozen=True):
-    name: str | UnsetType = UNSET
-    arguments: str | UnsetType = UNSET
+    name: str | UnsetType | None = UNSET
+    arguments: str | UnsetType | None = UNSET
 
 
 class ToolCallDelta(_Out, frozen=True):
@@ -294,22 +318,23 @@ class ToolCallDelta(_Out, frozen=True):
     name (arguments ``""``); later ones the same ``index`` and argument text."""
 
     index: int
-    id: str | UnsetType = UNSET
-    type: Literal["function"] | UnsetType = UNSET
-    function: FunctionCallDelta | UnsetType = UNSET
+    id: str | UnsetType | None = UNSET
+    type: str | UnsetType | None = UNSET
+    function: FunctionCallDelta | UnsetType | None = UNSET
 
 
 class ChunkDelta(_Out, frozen=True):
-    role: Literal["assistant"] | UnsetType = UNSET
-    content: str | UnsetType = UNSET
-    tool_calls: list[ToolCallDelta] | UnsetType = UNSET
+    role: str | UnsetType | None = UNSET
+    content: str | UnsetType | None = UNSET
+    reasoning_content: str | UnsetType | None = UNSET
+    tool_calls: list[ToolCallDelta] | UnsetType | None = UNSET
 
 
 class ChunkChoice(Struct, frozen=True, kw_only=True):
     index: int
     delta: ChunkDelta
-    finish_reason: Literal["stop", "length", "tool_calls"] | None = None
-    logprobs: None = None
+    finish_reason: str | None = None
+    logprobs: Any = None
 
 
 class ChatCompletionChunk(
@@ -385,6 +410,20 @@ def decode_chat_request(data: bytes) -> ChatRequest:
     """Decode a chat completions body. Raises :class:`RemoteProtocolError`."""
     request: ChatRequest = _decode(_request_decoder, data)
     return request
+
+
+_completion_decoder: Final = msgspec.json.Decoder(ChatCompletion)
+_chunk_decoder: Final = msgspec.json.Decoder(ChatCompletionChunk)
+
+
+def decode_chat_completion(data: bytes | str) -> ChatCompletion:
+    """An engine's ``chat.completion`` (raises ``msgspec.DecodeError``)."""
+    return _completion_decoder.decode(data)
+
+
+def decode_chat_chunk(data: bytes | str) -> ChatCompletionChunk:
+    """One ``data:`` payload of an engine's stream (raises ``msgspec.DecodeError``)."""
+    return _chunk_decoder.decode(data)
 
 
 def decode_tokenize_request(data: bytes) -> TokenizeRequest:
