@@ -166,6 +166,8 @@ RANGES: Final[Mapping[str, Range]] = {
     "sim_context_window": Range(1, 1_000_000_000),
     "chat_prefix_cache_tokens": Range(16, 1_000_000_000, zero=True),
     "chat_max_in_flight": Range(1, 1_000_000),
+    # checked again with its table's other settings (longresponse.backends.settings)
+    "upstream_context_window": Range(1, 100_000_000),
 }
 
 

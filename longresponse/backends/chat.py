@@ -258,13 +258,15 @@ class ChatSampler:
                             f"sent nothing for idle_timeout ({config.idle_timeout:g} s)"
                         ) from None
                     raise backend._first_token_timeout() from None
-                deadline = loop.time() + config.idle_timeout
+                if line.startswith("data:"):
+                    reader.started_stream = True
+                if reader.started_stream:  # until then the first-token deadline holds
+                    deadline = loop.time() + config.idle_timeout
                 if not line.startswith("data:"):
                     continue  # blank lines, comments, event names
                 data = line[5:].strip()
                 if data == "[DONE]":
                     break
-                reader.started_stream = True
                 for chunk in reader.feed(decode_chunk(data)):
                     yield chunk
             for chunk in reader.end():
