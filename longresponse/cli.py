@@ -321,6 +321,13 @@ def build_parser() -> argparse.ArgumentParser:
         "uncached tokens; 0 turns it off",
     )
     serve.add_argument(
+        "--chat-max-in-flight",
+        type=_ranged("chat_max_in_flight", int),
+        default=limits.CHAT_MAX_IN_FLIGHT,
+        help="POST /v1/chat/completions: completions running at once; one more gets 429 "
+        "rate_limit_exceeded with Retry-After, as an engine's queue limit does",
+    )
+    serve.add_argument(
         "--log-level",
         default="info",
         choices=["critical", "error", "warning", "info", "debug"],
@@ -391,6 +398,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             context_window=args.sim_context_window,
         ),
         chat_prefix_cache_tokens=args.chat_prefix_cache_tokens,
+        chat_max_in_flight=args.chat_max_in_flight,
     )
 
 

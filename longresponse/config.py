@@ -17,6 +17,7 @@ from protocol import MAX_ITEMS_PER_EVENT, MAX_MESSAGE_BYTES
 __all__ = [
     "BACKGROUND_ENDINGS_BYTES",
     "BACKGROUND_LOG_BYTES",
+    "CHAT_MAX_IN_FLIGHT",
     "CHAT_PREFIX_CACHE_TOKENS",
     "CONNECTION_CACHE_BYTES",
     "CONNECTION_LIFETIME",
@@ -107,6 +108,9 @@ MAX_RESPONSE_OUTPUT_TOKENS: Final = 1_000_000
 #: ``POST /v1/chat/completions``: tokens of recent prompts the prefix cache
 #: keeps (in blocks of 16; about 140 bytes a block); 0 turns it off.
 CHAT_PREFIX_CACHE_TOKENS: Final = 1024 * 1024
+#: ``POST /v1/chat/completions``: completions running at once; one more is
+#: refused with 429 ``rate_limit_exceeded`` and ``Retry-After``, as engines do.
+CHAT_MAX_IN_FLIGHT: Final = 1024
 #: A writer draining a long queue to a fast reader (WebSocket or SSE) gives
 #: the event loop a turn after this long, so other connections never wait
 #: behind it (not a flag: it only trades a little throughput for fairness).
@@ -163,6 +167,7 @@ RANGES: Final[Mapping[str, Range]] = {
     "sim_context_window": Range(1, 1_000_000_000),
     "upstream_context_window": Range(1, 100_000_000),
     "chat_prefix_cache_tokens": Range(16, 1_000_000_000, zero=True),
+    "chat_max_in_flight": Range(1, 1_000_000),
 }
 
 
@@ -230,6 +235,14 @@ class BackendConfig:
     #: Responses kinds: the upstream stores responses, so a turn continues
     #: with ``previous_response_id`` and only the new items (else full input).
     upstream_store: bool = False
+    #: Chat kind: the request field of the turn's output budget
+    #: (``max_completion_tokens``, or ``max_tokens`` for engines that know only it).
+    max_tokens_field: str = "max_completion_tokens"
+    #: Chat kind: send llama.cpp's ``cache_prompt: true`` (its prefix cache).
+    cache_prompt: bool = False
+    #: Chat kind: count the context with the engine's ``POST /tokenize`` (vLLM's
+    #: shape, at the API root's host) before each turn, for the window check.
+    tokenize: bool = False
 
     @property
     def model(self) -> str:
@@ -289,3 +302,5 @@ class ServerConfig:
     backends: tuple[BackendConfig, ...] = ()
     #: The chat endpoint's prefix cache budget, in tokens (0: off).
     chat_prefix_cache_tokens: int = CHAT_PREFIX_CACHE_TOKENS
+    #: The chat endpoint's completions at once (more: 429 with Retry-After).
+    chat_max_in_flight: int = CHAT_MAX_IN_FLIGHT

@@ -333,6 +333,8 @@ class Connection:
             return _nothing, track
         if len(event.input) > self.max_items_per_event:
             raise _too_many_items(len(event.input), self.max_items_per_event)
+        if not event.input and isinstance(event, ResponseAppend) and not _retry_pause(track):
+            raise _empty_append(track)
         answered = check_append_items(event.input, track)
 
         def commit() -> None:
@@ -498,5 +500,20 @@ def _already_completed(track: ResponseTrack) -> LocalProtocolError:
         code=ErrorCode.RESPONSE_ALREADY_COMPLETED,
         param="response_id",
         status=409,
+        response_id=track.response_id,
+    )
+
+
+def _retry_pause(track: ResponseTrack) -> bool:
+    """Paused with no call pending: its engine failed a turn, and any append resumes it."""
+    return track.state is ResponseState.REQUIRES_ACTION and not track.pending_calls
+
+
+def _empty_append(track: ResponseTrack) -> LocalProtocolError:
+    return LocalProtocolError(
+        "Invalid 'input': empty array. An append carries at least one item, except to "
+        "resume a response paused with no calls pending.",
+        code=ErrorCode.EMPTY_ARRAY,
+        param="input",
         response_id=track.response_id,
     )

@@ -40,6 +40,7 @@ class ErrorCode(enum.StrEnum):
     INVALID_TYPE = "invalid_type"
     MISSING_REQUIRED_PARAMETER = "missing_required_parameter"
     INVALID_VALUE = "invalid_value"
+    EMPTY_ARRAY = "empty_array"
     UNKNOWN_PARAMETER = "unknown_parameter"
     MESSAGE_TOO_LARGE = "message_too_large"
     TOO_MANY_ITEMS = "too_many_items"

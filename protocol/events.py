@@ -314,13 +314,15 @@ class ErrorBody(Struct, frozen=True, kw_only=True):
 
 class ErrorEvent(_Event, frozen=True, kw_only=True, tag="error"):
     """The WebSocket error envelope. ``response_id`` is an append-mode extra
-    naming the response a request error concerns, when there is one."""
+    naming the response a request error concerns, when there is one;
+    ``retry_after`` (seconds) the hint of a rate-limited upstream engine."""
 
     error: ErrorBody
     status: int | UnsetType = UNSET
     sequence_number: int | UnsetType = UNSET
     stream_id: str | UnsetType = UNSET
     response_id: str | UnsetType = UNSET
+    retry_after: float | UnsetType = UNSET
 
 
 class ResponseInjectCreated(_ServerEvent, frozen=True, kw_only=True, tag="response.inject.created"):

@@ -3,6 +3,7 @@
 - ``protocol/`` imports nothing of ``longresponse`` (and no I/O: ``test_protocol``);
 - ``longresponse.engine`` imports nothing of ``serve`` or ``storage``;
 - ``longresponse.storage`` imports nothing of ``engine`` (nor ``serve``);
+- ``longresponse.backends`` (real engines) imports nothing of ``serve`` or ``storage``;
 - the client imports nothing of the project but ``protocol``;
 - one state machine per response, in the protocol core: outside ``protocol/``
   only the engine's Reply drives one, and nothing assigns a response's state;
@@ -101,6 +102,11 @@ def test_engine_imports_nothing_of_serve_or_storage() -> None:
 
 def test_storage_imports_nothing_of_engine_or_serve() -> None:
     assert offenders("longresponse.storage", ("longresponse.engine", "longresponse.serve")) == {}
+
+
+def test_backends_import_nothing_of_serve_or_storage() -> None:
+    forbidden = ("longresponse.serve", "longresponse.storage")
+    assert offenders("longresponse.backends", forbidden) == {}
 
 
 def test_the_client_imports_only_protocol() -> None:
@@ -242,8 +248,3 @@ def test_a_closing_outbox_raises_server_closed_and_a_failed_send_peer_gone() -> 
 
     asyncio.run(scenario())
 
-
-def test_backends_import_nothing_of_serve_or_storage() -> None:
-    # A backend is a sampler behind the engine: it knows no socket of ours, no store.
-    assert offenders("longresponse.backends", ("longresponse.serve", "longresponse.storage")) == {}
-    assert offenders("longresponse.engine", ("longresponse.backends",)) == {}

@@ -748,7 +748,9 @@ class Conversation(RuleBasedStateMachine):
             input=[p.items.FunctionCallOutput(call_id=c, output="ok") for c in call_ids],
             response_id=track.response_id,
         )
-        if track.state in TERMINAL_STATES:
+        # An empty append only resumes a pause with nothing pending (an engine failed).
+        retry = track.state is ResponseState.REQUIRES_ACTION and not track.pending_calls
+        if track.state in TERMINAL_STATES or (not call_ids and not retry):
             self.refuse(Role.CLIENT, event)
         else:
             self.carry(Role.CLIENT, event)

@@ -8,7 +8,10 @@ layer's post-inference work when it cannot accept a finished turn (a
 response that failed while running reports. :class:`UpstreamError` is raised
 by a real model backend (``longresponse.backends``) whose engine failed or
 refused; it carries the shipped code, HTTP status, ``param`` and retry hint
-the server reports, and never the upstream's credentials.
+the server reports, and never the upstream's credentials. A turn it ends is
+:func:`cut_short`: the item being written ends ``incomplete`` and what the
+model wrote stays. In append mode the rollout then reports it with
+:func:`upstream_error_event` and pauses, resumable (SPEC §16).
 """
 
 from __future__ import annotations
@@ -16,14 +19,27 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+import msgspec
+
+from protocol.events import ErrorBody, ErrorEvent
 from protocol.response import ResponseError
 
 from .render import items_to_drop, render_item, render_prefix
+from .sampling import ItemEnd
 
 if TYPE_CHECKING:
+    from .reply import Reply
     from .rollout import Rollout
 
-__all__ = ["ContextLengthExceeded", "TurnRefused", "UpstreamError", "failure", "fit_window"]
+__all__ = [
+    "ContextLengthExceeded",
+    "TurnRefused",
+    "UpstreamError",
+    "cut_short",
+    "failure",
+    "fit_window",
+    "upstream_error_event",
+]
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +87,12 @@ class UpstreamError(Exception):
         self.output_started = output_started
 
     @property
+    def transient(self) -> bool:
+        """The engine could not serve the turn now (unreachable, failed, rate
+        limited), rather than refusing the request: trying again may work."""
+        return self.status == 429 or self.status >= 500
+
+    @property
     def error_type(self) -> str:
         """The envelope's ``type``: who is at fault."""
         if self.status == 429:
@@ -110,3 +132,27 @@ def failure(exc: Exception, response_id: str) -> ResponseError:
         return ResponseError(code=exc.code, message=exc.message)
     log.exception("response %s failed", response_id, exc_info=exc)
     return ResponseError(code="server_error", message="The model failed.")
+
+
+async def cut_short(rollout: Rollout, reply: Reply, unbilled: tuple[int, int] | None) -> None:
+    """A turn the engine broke off: the item being written ends ``incomplete``.
+
+    ``unbilled``: the turn's (input, cached) estimate, taken back when the
+    engine produced nothing (a refused or unreachable request reads no tokens).
+    """
+    if unbilled is not None:
+        rollout.counts.input_tokens -= unbilled[0]
+        rollout.counts.cached_tokens -= unbilled[1]
+    await reply.sink.room()
+    for event in reply.builder.feed(ItemEnd(incomplete=True)):
+        reply.sink.push(event)
+
+
+def upstream_error_event(exc: UpstreamError, response_id: str) -> ErrorEvent:
+    """The ``error`` an append-mode rollout sends when its engine failed a turn."""
+    return ErrorEvent(
+        error=ErrorBody(type=exc.error_type, code=exc.code, message=exc.message, param=exc.param),
+        status=exc.status,
+        response_id=response_id,
+        retry_after=exc.retry_after if exc.retry_after is not None else msgspec.UNSET,
+    )

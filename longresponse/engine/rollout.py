@@ -51,7 +51,7 @@ from . import models
 from .admission import Pipeline
 from .classifier import Finding
 from .compaction import Compactor, Intake, compact_rollout, compact_threshold, intake, start_window
-from .failures import failure, fit_window
+from .failures import UpstreamError, cut_short, failure, fit_window, upstream_error_event
 from .models import ItemEnd, ModelSpec, Sampler, SampleRequest, Stop, TextDelta, ToolCallStart
 from .render import TokenCache, render_prefix
 from .reply import Reply, TokenCounts
@@ -235,8 +235,8 @@ class Rollout:
 
     @property
     def awaiting_input(self) -> bool:
-        """Paused, waiting for client tool outputs: no turn is running."""
-        return self._waiting and bool(self._current().pending_calls)
+        """Paused, waiting for client tool outputs or an append: no turn is running."""
+        return self._waiting
 
     @property
     def reply_terminal(self) -> bool:
@@ -293,19 +293,6 @@ class Rollout:
         self._inbox = list(items)
         self._resume_mark = received_at
 
-    def take_in_without_sampling(self, prefix_changed: bool) -> None:
-        """A warm-up: render, tokenize and prefill the inbox without sampling; the
-        next turn reads it all as cached. Raises :class:`ContextLengthExceeded`."""
-        new_items = self._take_inbox().items
-        self.context.extend(new_items)
-        cached = 0 if prefix_changed else min(self.model_seen, len(self.tokens))
-        self.tokens.extend(new_items)
-        if fit_window(self):
-            cached = 0
-        self.counts.input_tokens += len(self.tokens)
-        self.counts.cached_tokens += cached
-        self.model_seen = len(self.tokens)
-
     # --- the loop ------------------------------------------------------------
 
     async def run(self) -> None:
@@ -345,7 +332,14 @@ class Rollout:
         with nothing pending: the last stop reason, or ``pause_timeout``."""
         reply = self._current()
         while True:
-            stop = await self.turn(prefix_changed=prefix_changed)
+            try:
+                stop = await self.turn(prefix_changed=prefix_changed)
+            except UpstreamError as exc:
+                if not reply.append or not exc.transient:  # a refusal, or the shipped shape
+                    raise
+                if not await self._pause(exc):  # append mode waits for any append (SPEC §16)
+                    return "pause_timeout"
+                continue
             prefix_changed = False
             if stop in ("max_output_tokens", "max_events"):
                 return stop
@@ -404,27 +398,16 @@ class Rollout:
         self.counts.cached_tokens += cached
         timing.new_tokens, timing.cached_tokens = added, cached
         timing.input_tokens = cached + uncached
-        sample_request = SampleRequest(
-            context=self.context,
-            tools=request.tools,
-            tool_choice=request.tool_choice,
-            parallel_tool_calls=request.parallel_tool_calls,
-            metadata=request.metadata,
+        sample_request = SampleRequest.for_turn(
+            request,
+            self.context,
             cached_tokens=cached,
             uncached_tokens=uncached,
-            # The Response's budget (the server's cap if smaller): earlier turns count.
-            max_output_tokens=max(
-                0,
-                min(request.max_output_tokens or self.max_output_tokens, self.max_output_tokens)
-                - reply.builder.output_tokens,
-            ),
-            text_format=request.text.format if request.text is not None else None,
-            instructions=request.instructions,
-            temperature=request.temperature,
-            top_p=request.top_p,
+            cap=self.max_output_tokens,
+            spent=reply.builder.output_tokens,
         )
         sampling_started = self.clock()
-        timing.stages(started, resolved, rendered, sampling_started)
+        timing.before_sampling(started, resolved, rendered, sampling_started)
         if self._resume_mark is not None:
             timing.resume = sampling_started - self._resume_mark
             self._resume_mark = None
@@ -433,29 +416,34 @@ class Rollout:
         builder, sink = reply.builder, reply.sink
         first_output = len(builder.output)
         output_before = builder.output_tokens
-        async with contextlib.aclosing(self.sampler.sample(sample_request)) as chunks:
-            async for chunk in chunks:
-                if first:
-                    timing.time_to_first_token = self.clock() - sampling_started
-                    first = False
-                if isinstance(chunk, models.Usage):  # a real engine's own counts
-                    estimate = (cached + uncached, cached, builder.output_tokens - output_before)
-                    reply.bill_upstream(chunk, estimate)
-                    continue
-                if isinstance(chunk, Stop):
-                    stop = chunk.reason
-                elif (
-                    isinstance(chunk, TextDelta | ToolCallStart)
-                    and sink.track(reply.id).next_sequence >= self.max_events
-                ):  # never with a call half written
-                    stop, chunk = "max_events", ItemEnd(incomplete=True)  # close it, stop
-                await sink.room()
-                pushing = self.clock()
-                for event in builder.feed(chunk):  # no await: all of them, or none
-                    sink.push(event)
-                timing.encode += self.clock() - pushing
-                if stop == "max_events":
-                    break
+        failed: UpstreamError | None = None
+        try:
+            async with contextlib.aclosing(self.sampler.sample(sample_request)) as chunks:
+                async for chunk in chunks:
+                    if first:
+                        timing.time_to_first_token = self.clock() - sampling_started
+                        first = False
+                    if isinstance(chunk, models.Usage):  # a real engine's own counts
+                        spent = builder.output_tokens - output_before
+                        reply.bill_upstream(chunk, (cached + uncached, cached, spent))
+                        continue
+                    if isinstance(chunk, Stop):
+                        stop = chunk.reason
+                    elif (
+                        isinstance(chunk, TextDelta | ToolCallStart)
+                        and sink.track(reply.id).next_sequence >= self.max_events
+                    ):  # never with a call half written
+                        stop, chunk = "max_events", ItemEnd(incomplete=True)  # close it, stop
+                    await sink.room()
+                    pushing = self.clock()
+                    for event in builder.feed(chunk):  # no await: all of them, or none
+                        sink.push(event)
+                    timing.encode += self.clock() - pushing
+                    if stop == "max_events":
+                        break
+        except UpstreamError as exc:  # what the model wrote stays; the open item is cut
+            failed = exc
+            await cut_short(self, reply, None if not first else (cached + uncached, cached))
         timing.inference = self.clock() - sampling_started
         produced = builder.output[first_output:]
         # The model's own output joins the context and the token cache; it is
@@ -466,6 +454,8 @@ class Rollout:
         self._items_seen = self.tokens.items_rendered
         self.model_seen = len(self.tokens)
         self.timings.append(timing)
+        if failed is not None:
+            raise failed
         return stop
 
     def _take_inbox(self) -> Intake:
@@ -475,15 +465,21 @@ class Rollout:
             start_window(self)
         return taken
 
-    async def _pause(self) -> bool:
-        """Block until every pending call has its output. False if the pause timed out."""
+    async def _pause(self, failed: UpstreamError | None = None) -> bool:
+        """Block until every pending call has its output (after an upstream failure,
+        until an append comes, if none is pending). False if the pause timed out."""
         reply = self._current()
         self._wakeup.clear()
+        if failed is not None:
+            await reply.sink.room()
+            reply.push(upstream_error_event(failed, reply.id))
         if await reply.pause():
             await self.report_timing()
         self._waiting = True
         try:
             async with asyncio.timeout(self.pause_timeout):
+                if failed is not None and not reply.pending_calls:
+                    await self._wakeup.wait()
                 while reply.pending_calls:
                     await self._wakeup.wait()
                     self._wakeup.clear()

@@ -4,9 +4,10 @@ Every model, simulated or real (``longresponse.backends``), is a
 :class:`Sampler`: it turns a :class:`SampleRequest` (the whole context, how
 much of it is cached, the tools and the budget) into an async stream of
 :data:`SampleChunk`: text deltas, tool-call starts, argument deltas, item
-ends, at most one :class:`Usage` (a real engine's own counts) and one
-:class:`Stop`. A :class:`ModelSpec` is a model as the registry holds it: its
-limits and how to make a sampler for one rollout.
+ends, whole reasoning items (a real engine's), at most one :class:`Usage` (a
+real engine's own counts) and one :class:`Stop`. A :class:`ModelSpec` is a
+model as the registry holds it: its limits and how to make a sampler for one
+rollout.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import dataclasses
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from typing import Literal, Protocol
 
+from protocol.events import ResponseCreate
 from protocol.items import FunctionTool, Item, ToolChoice
 from protocol.response import TextFormat
 
@@ -22,6 +24,7 @@ __all__ = [
     "ArgumentsDelta",
     "ItemEnd",
     "ModelSpec",
+    "ReasoningDone",
     "SampleChunk",
     "SampleRequest",
     "Sampler",
@@ -57,6 +60,14 @@ class ItemEnd:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class ReasoningDone:
+    """A real engine's reasoning (``reasoning_content``), whole: one reasoning
+    item, sent when no other item is open."""
+
+    text: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Stop:
     reason: Literal["stop", "tool_calls", "max_output_tokens"]
 
@@ -75,7 +86,7 @@ class Usage:
     reasoning_tokens: int = 0
 
 
-SampleChunk = TextDelta | ToolCallStart | ArgumentsDelta | ItemEnd | Usage | Stop
+SampleChunk = TextDelta | ToolCallStart | ArgumentsDelta | ItemEnd | ReasoningDone | Usage | Stop
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -93,10 +104,43 @@ class SampleRequest:
     max_output_tokens: int | None = None
     #: ``text.format``: plain text, or JSON.
     text_format: TextFormat | None = None
-    #: The request's sampling settings, for a real engine (the sim ignores them).
+    #: The request's instructions and sampling parameters (a real engine's
+    #: system message and its own temperature / top_p; the sim ignores them).
     instructions: str | None = None
     temperature: float | None = None
     top_p: float | None = None
+
+    @classmethod
+    def for_turn(
+        cls,
+        request: ResponseCreate,
+        context: Sequence[Item],
+        *,
+        cached_tokens: int,
+        uncached_tokens: int,
+        cap: int,
+        spent: int,
+    ) -> SampleRequest:
+        """What a turn of ``request``'s rollout over ``context`` asks of the sampler.
+
+        Its budget is the Response's ``max_output_tokens`` (the server's
+        ``cap`` if smaller) less what earlier turns ``spent``.
+        """
+        budget = min(request.max_output_tokens or cap, cap) - spent
+        return cls(
+            context=context,
+            tools=request.tools,
+            tool_choice=request.tool_choice,
+            parallel_tool_calls=request.parallel_tool_calls,
+            metadata=request.metadata,
+            cached_tokens=cached_tokens,
+            uncached_tokens=uncached_tokens,
+            max_output_tokens=max(0, budget),
+            text_format=request.text.format if request.text is not None else None,
+            instructions=request.instructions,
+            temperature=request.temperature,
+            top_p=request.top_p,
+        )
 
 
 class Sampler(Protocol):

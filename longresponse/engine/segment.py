@@ -44,7 +44,7 @@ from protocol.events import (
 from protocol.items import Item
 from protocol.response import Response
 
-from .failures import failure
+from .failures import failure, fit_window
 from .models import ModelSpec
 from .reply import Reply, TokenCounts
 from .rollout import INCOMPLETE_STOPS, Rollout
@@ -99,6 +99,9 @@ class Segment:
         self.waits = waits
         #: Its turns are over: input that comes now can no longer be taken in.
         self.finishing = False
+        #: Why the segment failed, once it has (the HTTP status and hints of an
+        #: upstream engine's failure come from it).
+        self.exception: Exception | None = None
         sampler = rollout.sampler
         self._prefix_changed = rollout.configure(request, model)
         #: Another model's sampler replaced this one: released when the segment runs.
@@ -134,7 +137,7 @@ class Segment:
             await reply.announce(ResponseInProgress, ResponseState.IN_PROGRESS)
             stop = "stop"
             if self.request.warm_up:
-                rollout.take_in_without_sampling(self._prefix_changed)
+                take_in_without_sampling(rollout, self._prefix_changed)
             elif self.waits:
                 stop = await rollout.settle(prefix_changed=self._prefix_changed)
             else:
@@ -174,6 +177,7 @@ class Segment:
             raise
         except Exception as exc:
             rollout.broken = True
+            self.exception = exc
             reply.error = failure(exc, self.id)
             with contextlib.suppress(Exception):
                 await reply.announce(ResponseFailed, ResponseState.FAILED)
@@ -181,6 +185,20 @@ class Segment:
         finally:
             self.finishing = True
             rollout.busy = False
+
+
+def take_in_without_sampling(rollout: Rollout, prefix_changed: bool) -> None:
+    """A warm-up: render, tokenize and prefill the inbox without sampling; the
+    next turn reads it all as cached. Raises :class:`ContextLengthExceeded`."""
+    new_items = rollout._take_inbox().items
+    rollout.context.extend(new_items)
+    cached = 0 if prefix_changed else min(rollout.model_seen, len(rollout.tokens))
+    rollout.tokens.extend(new_items)
+    if fit_window(rollout):
+        cached = 0
+    rollout.counts.input_tokens += len(rollout.tokens)
+    rollout.counts.cached_tokens += cached
+    rollout.model_seen = len(rollout.tokens)
 
 
 def fork(parent: Rollout, boundary: Boundary) -> Rollout:

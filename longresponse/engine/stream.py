@@ -43,12 +43,21 @@ from protocol.events import (
     OutputTextDone,
     ServerEvent,
 )
-from protocol.items import Compaction, FunctionCall, Item, Message, OutputText
+from protocol.items import (
+    Compaction,
+    FunctionCall,
+    Item,
+    Message,
+    OutputText,
+    Reasoning,
+    ReasoningText,
+)
 from protocol.response import Response
 
 from ..ids import new_id
 from .models import ArgumentsDelta, ItemEnd, SampleChunk, Stop, TextDelta, ToolCallStart
 from .render import encode
+from .sampling import ReasoningDone
 
 __all__ = [
     "COUNT_SLICE_CHARS",
@@ -238,6 +247,8 @@ class StreamBuilder:
             return self._end_item(index, incomplete=chunk.incomplete)
         if isinstance(chunk, Stop):
             return self._end_item(index) if self._kind is not None else []
+        if isinstance(chunk, ReasoningDone):
+            return self._reasoning(index, chunk.text)
         raise TypeError(f"unknown sampler chunk {chunk!r}")  # pragma: no cover
 
     def compaction(self, item: Compaction) -> list[ServerEvent]:
@@ -255,6 +266,18 @@ class StreamBuilder:
             CompactionCompacting(
                 sequence_number=self._next(), item_id=item.id, output_index=index, **extra
             ),
+            OutputItemDone(sequence_number=self._next(), output_index=index, item=item, **extra),
+        ]
+
+    def _reasoning(self, index: int, text: str) -> list[ServerEvent]:
+        """A real engine's reasoning as one item, added and done (no item is open)."""
+        extra, item_id = self._extra, new_id("rs")
+        opened = Reasoning(id=item_id, content=[], status="in_progress")
+        item = Reasoning(id=item_id, content=[ReasoningText(text=text)], status="completed")
+        self.output.append(item)
+        self.output_tokens += len(encode(text))
+        return [
+            OutputItemAdded(sequence_number=self._next(), output_index=index, item=opened, **extra),
             OutputItemDone(sequence_number=self._next(), output_index=index, item=item, **extra),
         ]
 

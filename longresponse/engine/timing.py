@@ -42,11 +42,11 @@ class TurnTiming:
     #: Input tokens the model read this turn (cached + uncached; the inspector's total).
     input_tokens: int = 0
 
-    def stages(self, started: float, resolved: float, rendered: float, sampling: float) -> None:
-        """Set the pre-inference stages from the clock's marks of one turn."""
+    def before_sampling(self, started: float, resolved: float, rendered: float, now: float) -> None:
+        """The pre-inference phases, from the clock readings of a turn up to sampling."""
         self.resolve = resolved - started
         self.render = rendered - resolved
-        self.pre_inference = sampling - started + self.decode + self.validate + self.classify
+        self.pre_inference = now - started + self.decode + self.validate + self.classify
 
     def as_metrics(self) -> dict[str, float]:
         return {

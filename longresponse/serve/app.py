@@ -109,6 +109,7 @@ def create_app(config: ServerConfig | None = None) -> Seam:
     http = ResponsesHTTP(config, turns, keys, services.get_persistence, background)
     compaction = CompactHTTP(http)
     chat = ChatCompletions(config, http, models, pipeline)  # POST /v1/chat/completions
+    metrics.registry.register(chat.collector())
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

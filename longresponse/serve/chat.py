@@ -47,10 +47,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any, Final
 
 import msgspec
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -116,6 +118,8 @@ class ChatCompletions:
         self.requests = 0
         self.running = 0
         self.stopped = 0
+        #: Requests refused with 429 because ``chat_max_in_flight`` were running.
+        self.refused_busy = 0
 
     def routes(self) -> list[Route]:
         return [
@@ -129,15 +133,35 @@ class ChatCompletions:
         self.requests += 1
         try:
             self.http._owner(request)
+            self._check_room()
             body = decode_chat_request(await self.http._body(request))
             turn, prompt = await self._start(body)
         except ProtocolError as error:
-            return http_error(error)
+            response = http_error(error)
+            if error.status == 429:
+                response.headers["retry-after"] = "1"
+            return response
         if body.stream:
             return StreamingResponse(
                 self._sse(turn, prompt, request.scope), media_type="text/event-stream"
             )
         return await self._json(turn, prompt, request)
+
+    def _check_room(self) -> None:
+        """Refuse a completion beyond ``--chat-max-in-flight`` (429, retry in a second)."""
+        limit = self.config.chat_max_in_flight
+        if self.running >= limit:
+            self.refused_busy += 1
+            raise RemoteProtocolError(
+                f"{self.running} completions are running; the limit is {limit}. Retry later.",
+                code=ErrorCode.RATE_LIMIT_EXCEEDED,
+                status=429,
+                error_type="rate_limit_error",
+            )
+
+    def collector(self) -> Collector:
+        """The endpoint's counters for ``/metrics``."""
+        return _ChatCounters(self)
 
     async def _start(self, body: ChatRequest) -> tuple[ChatTurn, ChatPrompt]:
         """Check ``body`` and make its turn. Raises :class:`RemoteProtocolError`."""
@@ -313,3 +337,22 @@ def _answer_digests(model: str, prompt: ChatPrompt, answer: list[Item]) -> list[
     for item in answer:
         tokens.extend(render_item(item))
     return block_digests(model, tokens, known=prompt.digests)
+
+
+class _ChatCounters(Collector):
+    """``longresponse_chat_*`` on ``/metrics``: what the endpoint took, ran, stopped, refused."""
+
+    def __init__(self, chat: ChatCompletions) -> None:
+        self.chat = chat
+
+    def collect(self) -> Iterator[Metric]:
+        chat = self.chat
+        for name, help_text, value in (
+            ("requests", "Chat completion requests received.", chat.requests),
+            ("stopped", "Chat turns ended before their answer (client gone).", chat.stopped),
+            ("refused_busy", "Chat requests refused with 429 (at the limit).", chat.refused_busy),
+        ):
+            yield CounterMetricFamily(f"longresponse_chat_{name}", help_text, value=value)
+        yield GaugeMetricFamily(
+            "longresponse_chat_running", "Chat completions running now.", value=chat.running
+        )

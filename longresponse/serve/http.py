@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -34,6 +35,7 @@ from protocol.items import Compaction, Item, as_items
 from protocol.response import Response as ResponseObject
 
 from ..config import WRITE_SLICE_SECONDS, ServerConfig
+from ..engine.failures import UpstreamError
 from ..engine.sampling import release
 from ..engine.stream import StreamClosed
 from ..engine.timing import TurnTiming
@@ -76,6 +78,22 @@ def _not_found(response_id: str) -> RemoteProtocolError:
         param="response_id",
         status=404,
     )
+
+
+def upstream_http_error(exc: UpstreamError) -> JSONResponse:
+    """An engine's failure as the shipped HTTP error (``Retry-After`` when it gave one)."""
+    response = http_error(
+        RemoteProtocolError(
+            exc.message,
+            code=exc.code,
+            param=exc.param,
+            status=exc.status,
+            error_type=exc.error_type,
+        )
+    )
+    if exc.retry_after is not None:
+        response.headers["retry-after"] = str(max(1, math.ceil(exc.retry_after)))
+    return response
 
 
 def _json(obj: Any, status: int = 200) -> Response:
@@ -399,6 +417,9 @@ class _Run:
         assert self.started is not None
         if not await self._segment() or self.final is None:
             failure = self.started.reply.error
+            segment = self.started.segment
+            if segment is not None and isinstance(segment.exception, UpstreamError):
+                return upstream_http_error(segment.exception)
             if self.started.refused == "store_unavailable" and failure is not None:
                 return http_error(
                     RemoteProtocolError(

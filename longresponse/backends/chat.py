@@ -1,0 +1,309 @@
+"""The Chat Completions backend: a model turn is one streaming ``POST /chat/completions``.
+
+Theory of operation
+-------------------
+vLLM, llama.cpp's ``llama-server``, Ollama, SGLang and OpenAI all serve the
+Chat Completions API. :class:`ChatBackend` holds one ``httpx.AsyncClient``
+(one connection pool) for its model, with the API key read once from the
+variable ``api_key_env`` names and sent as ``Authorization: Bearer``; it is
+never logged and never part of an error. Each rollout gets a
+:class:`ChatSampler` of its own: its turns send the whole context (the rollout
+holds the conversation; :func:`chat_body` maps the items to messages, the
+instructions to the leading system message, function tools, ``tool_choice``,
+``parallel_tool_calls``, the turn's output budget, ``temperature``, ``top_p``
+and the metadata), with ``stream_options.include_usage``.
+
+**Affinity.** A resume sends the engine the same token prefix again. The
+sampler's random key goes in the configured header (default
+``x-longresponse-affinity``) on every turn, so a router in front of several
+engines can keep the rollout on one, whose prefix cache then holds the
+prefix; with ``cache_prompt`` the body asks llama.cpp to keep it too.
+
+**Timeouts** (the backend's configuration): ``connect_timeout`` to open a
+connection; ``first_token_timeout`` from sending the request to the first
+stream record (retries included); ``idle_timeout`` between two records. Each
+ends the turn with ``upstream_unavailable``, naming the timeout.
+
+**Retries.** Before anything is produced, a connection that cannot be made
+and an answer of 429, 502, 503 or 504 are retried up to ``max_retries``
+times, after ``retry_backoff * 2**n`` seconds (or the engine's
+``Retry-After``, when it asks for at most :data:`MAX_RETRY_WAIT`). Once a
+stream has begun nothing is retried: the turn fails with what it wrote
+(``longresponse.engine.failures.cut_short``).
+
+**Cancellation.** The sampler is an async generator that the rollout closes
+(``contextlib.aclosing``) when the client cancels or goes away; its
+``finally`` closes the HTTP response at once, which closes the connection,
+and the engine sees the stream end.
+
+**Counting.** The rollout bills the engine's own ``usage``. Before a turn the
+sampler checks the context against ``context_window`` by the engine's own
+count where it has one: ``POST /tokenize`` when configured (``tokenize``),
+else the ``prompt_tokens`` the engine reported last turn plus the o200k
+estimate of what was added since; on the first turn the rollout's own o200k
+check stands.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any, Final
+from urllib.parse import urlsplit
+
+import httpx
+import msgspec
+
+from protocol.items import FunctionTool
+from protocol.response import FormatText
+
+from ..config import BackendConfig
+from ..engine.chat_map import format_to_chat, messages_from_items, tool_choice_to_chat
+from ..engine.failures import UpstreamError
+from ..engine.sampling import SampleChunk, SampleRequest, Usage
+from .chat_stream import ChunkReader, decode_chunk, refusal
+
+__all__ = ["MAX_RETRY_WAIT", "ChatBackend", "ChatSampler", "chat_body"]
+
+#: The longest ``Retry-After`` a retry waits for; a longer one is the client's to honour.
+MAX_RETRY_WAIT: Final = 5.0
+#: Bytes of an engine's error answer read (the rest is not needed to report it).
+MAX_ERROR_BYTES: Final = 64 * 1024
+#: Connections to one engine at once (a turn holds one while it streams).
+MAX_CONNECTIONS: Final = 1024
+_RETRIED: Final = frozenset({429, 502, 503, 504})
+
+
+def chat_body(config: BackendConfig, request: SampleRequest) -> dict[str, Any]:
+    """The ``POST /chat/completions`` body of one turn."""
+    messages = messages_from_items(request.context, request.instructions)
+    body: dict[str, Any] = {
+        "model": config.model,
+        "messages": msgspec.to_builtins(messages),
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if request.tools:
+        body["tools"] = [_tool(tool) for tool in request.tools]
+        body["tool_choice"] = msgspec.to_builtins(tool_choice_to_chat(request.tool_choice))
+        body["parallel_tool_calls"] = request.parallel_tool_calls
+    if request.max_output_tokens:
+        body[config.max_tokens_field] = request.max_output_tokens
+    if request.temperature is not None:
+        body["temperature"] = request.temperature
+    if request.top_p is not None:
+        body["top_p"] = request.top_p
+    if request.metadata:
+        body["metadata"] = dict(request.metadata)
+    if request.text_format is not None and not isinstance(request.text_format, FormatText):
+        body["response_format"] = msgspec.to_builtins(format_to_chat(request.text_format))
+    if config.cache_prompt:
+        body["cache_prompt"] = True
+    return body
+
+
+def _tool(tool: FunctionTool) -> dict[str, Any]:
+    function: dict[str, Any] = {"name": tool.name}
+    if tool.description is not None:
+        function["description"] = tool.description
+    if tool.parameters is not None:
+        function["parameters"] = tool.parameters
+    if tool.strict is not None:
+        function["strict"] = tool.strict
+    return {"type": "function", "function": function}
+
+
+class ChatBackend:
+    """One engine's Chat Completions API: the connection pool and the key."""
+
+    def __init__(self, config: BackendConfig) -> None:
+        self.config = config
+        #: The API key, read once; only ever sent in the Authorization header.
+        self._key = os.environ.get(config.api_key_env) if config.api_key_env else None
+        headers = {"authorization": f"Bearer {self._key}"} if self._key else {}
+        root = config.base_url.rstrip("/")
+        self.url = f"{root}/chat/completions"
+        #: vLLM serves /tokenize beside /v1, not under it.
+        self.tokenize_url = f"{root.removesuffix('/v1')}/tokenize"
+        parts = urlsplit(root)
+        #: Where the engine is, for messages (never the URL's credentials).
+        self.where = f"{parts.hostname}:{parts.port}" if parts.port else str(parts.hostname)
+        timeout = httpx.Timeout(None, connect=config.connect_timeout, pool=config.connect_timeout)
+        self.client = httpx.AsyncClient(
+            headers=headers,
+            timeout=timeout,
+            limits=httpx.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=64),
+        )
+
+    def make_sampler(self) -> ChatSampler:
+        return ChatSampler(self)
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+    def unreachable(self, why: str) -> UpstreamError:
+        return UpstreamError(f"The upstream engine at {self.where} {why}.")
+
+    async def open_stream(
+        self, body: bytes, headers: dict[str, str], deadline: float
+    ) -> httpx.Response:
+        """The engine's streaming answer (status 200), retried as the module says.
+
+        Raises :class:`UpstreamError`; nothing is left open then.
+        """
+        config, loop = self.config, asyncio.get_running_loop()
+        attempt = 0
+        while True:
+            request = self.client.build_request("POST", self.url, content=body, headers=headers)
+            try:
+                async with asyncio.timeout_at(deadline):
+                    response = await self.client.send(request, stream=True)
+            except httpx.ConnectTimeout:
+                limit = config.connect_timeout
+                failed = self.unreachable(
+                    f"could not be connected to within connect_timeout ({limit:g} s)"
+                )
+            except httpx.ConnectError:
+                failed = self.unreachable("could not be reached (the connection was refused)")
+            except TimeoutError:
+                raise self._first_token_timeout() from None
+            except httpx.TransportError as exc:
+                raise self.unreachable(
+                    f"closed the connection before answering ({type(exc).__name__})"
+                ) from None
+            else:
+                if response.status_code == 200:
+                    return response
+                try:
+                    answer = await _read_some(response.aiter_bytes(), MAX_ERROR_BYTES)
+                except httpx.TransportError:
+                    answer = b""
+                finally:
+                    await response.aclose()
+                retry = response.headers.get("retry-after")
+                failed = refusal(response.status_code, answer, retry=retry, secret=self._key)
+                if response.status_code not in _RETRIED:
+                    raise failed
+            wait = config.retry_backoff * 2**attempt
+            if failed.retry_after is not None:
+                wait = max(wait, failed.retry_after)
+            attempt += 1
+            late = loop.time() + wait >= deadline
+            if attempt > config.max_retries or wait > MAX_RETRY_WAIT or late:
+                raise failed
+            await asyncio.sleep(wait)
+
+    def _first_token_timeout(self) -> UpstreamError:
+        return self.unreachable(
+            f"sent nothing within first_token_timeout ({self.config.first_token_timeout:g} s)"
+        )
+
+    async def count(self, body: dict[str, Any], headers: dict[str, str]) -> int | None:
+        """The engine's count of the prompt (``POST /tokenize``), or None if it gave none."""
+        payload = {"model": body["model"], "messages": body["messages"]}
+        if "tools" in body:
+            payload["tools"] = body["tools"]
+        try:
+            async with asyncio.timeout(self.config.first_token_timeout):
+                answer = await self.client.post(
+                    self.tokenize_url, content=msgspec.json.encode(payload), headers=headers
+                )
+            count = answer.json().get("count") if answer.status_code == 200 else None
+        except (httpx.HTTPError, TimeoutError, ValueError, AttributeError):
+            return None
+        return count if isinstance(count, int) else None
+
+
+class ChatSampler:
+    """One rollout's sampler: its affinity key and the engine's last count."""
+
+    def __init__(self, backend: ChatBackend) -> None:
+        self.backend = backend
+        self.affinity = secrets.token_hex(16)
+        self._headers = {"content-type": "application/json"}
+        if backend.config.affinity_header:
+            self._headers[backend.config.affinity_header] = self.affinity
+        #: The engine's ``prompt_tokens`` last turn, and the o200k count of that context.
+        self._prompt_tokens: int | None = None
+        self._estimated_then = 0
+
+    async def sample(self, request: SampleRequest) -> AsyncGenerator[SampleChunk, None]:
+        backend, config = self.backend, self.backend.config
+        body = chat_body(config, request)
+        estimated = request.cached_tokens + request.uncached_tokens
+        await self._check_window(body, estimated)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + config.first_token_timeout
+        response = await backend.open_stream(msgspec.json.encode(body), self._headers, deadline)
+        reader = ChunkReader()
+        lines = response.aiter_lines()
+        try:
+            while True:
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        line = await anext(lines)
+                except StopAsyncIteration:
+                    if not reader.finished:
+                        raise UpstreamError(
+                            f"The upstream engine at {backend.where} ended the stream before "
+                            "the turn ended.",
+                            output_started=reader.output_started,
+                        ) from None
+                    break
+                except TimeoutError:
+                    if reader.started_stream:
+                        raise backend.unreachable(
+                            f"sent nothing for idle_timeout ({config.idle_timeout:g} s)"
+                        ) from None
+                    raise backend._first_token_timeout() from None
+                if line.startswith("data:"):
+                    reader.started_stream = True
+                if reader.started_stream:  # until then the first-token deadline holds
+                    deadline = loop.time() + config.idle_timeout
+                if not line.startswith("data:"):
+                    continue  # blank lines, comments, event names
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                for chunk in reader.feed(decode_chunk(data)):
+                    yield chunk
+            for chunk in reader.end():
+                if isinstance(chunk, Usage):
+                    self._prompt_tokens, self._estimated_then = chunk.input_tokens, estimated
+                yield chunk
+        except httpx.TransportError as exc:
+            raise UpstreamError(
+                f"The upstream engine at {backend.where} broke off the stream "
+                f"({type(exc).__name__}).",
+                output_started=reader.output_started,
+            ) from None
+        finally:
+            await response.aclose()
+
+    async def _check_window(self, body: dict[str, Any], estimated: int) -> None:
+        """Refuse a context longer than the window by the engine's count (module docstring)."""
+        config = self.backend.config
+        count: int | None = None
+        if config.tokenize:
+            count = await self.backend.count(body, self._headers)
+        if count is None and self._prompt_tokens is not None:
+            count = self._prompt_tokens + max(0, estimated - self._estimated_then)
+        if count is not None and count > config.context_window:
+            raise UpstreamError(
+                f"Your input is about {count} tokens; the context window of {config.name} "
+                f"is {config.context_window}.",
+                code="context_length_exceeded",
+                status=400,
+                param="input",
+            )
+
+
+async def _read_some(chunks: AsyncIterator[bytes], limit: int) -> bytes:
+    kept = bytearray()
+    async for chunk in chunks:
+        kept += chunk
+        if len(kept) >= limit:
+            break
+    return bytes(kept[:limit])

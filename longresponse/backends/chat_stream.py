@@ -1,0 +1,383 @@
+"""A Chat Completions stream read as sampler chunks, and an engine's refusal read as an error.
+
+Theory of operation
+-------------------
+An engine's ``POST /chat/completions`` with ``stream: true`` answers with
+Server-Sent Events, one ``chat.completion.chunk`` per ``data:`` record and
+``data: [DONE]`` at the end. :class:`ChunkReader` turns the decoded chunks
+into the sampler's vocabulary (``longresponse.engine.sampling``) in an order
+the engine's :class:`~longresponse.engine.stream.StreamBuilder` accepts: one
+output item open at a time, each closed by an ``ItemEnd``.
+
+- ``delta.content`` is text: :class:`TextDelta`.
+- ``delta.tool_calls`` are index-based pieces of calls: the first piece of a
+  call carries its ``id`` and ``function.name``, later ones pieces of
+  ``function.arguments``. The first call is streamed as it comes
+  (:class:`ToolCallStart`, then :class:`ArgumentsDelta`); pieces of the other
+  calls (parallel calls, in any interleaving) are kept per index and sent,
+  in index order, once the first call ends with the stream. A call without
+  an ``id`` gets one.
+- ``delta.reasoning_content`` (vLLM, DeepSeek; newer vLLM says ``reasoning``)
+  is the engine's reasoning: kept, and sent whole as one reasoning item
+  (:class:`ReasoningDone`) before the next item opens, or at the end.
+- ``finish_reason: "length"`` closes the open item ``incomplete`` and stops
+  with ``max_output_tokens``; ``tool_calls`` (or calls made) stops with
+  ``tool_calls``; anything else with ``stop``.
+- ``usage`` (sent on the last chunk with ``stream_options.include_usage``),
+  ``prompt_tokens_details.cached_tokens`` included: one :class:`Usage`.
+
+:func:`refusal` maps an engine's HTTP error (status, body, ``Retry-After``)
+to :class:`~longresponse.engine.failures.UpstreamError` with the shipped code:
+401/403 the engine refused our credentials (``upstream_unavailable``, the
+key never quoted); 404 ``model_not_found``; 429 ``rate_limit_exceeded`` with
+the retry hint; a context-length refusal ``context_length_exceeded``; other
+4xx ``invalid_value`` with the engine's ``param`` in Responses terms
+(``tools[0].function.parameters`` is ``tools[0].parameters``); 5xx
+``upstream_unavailable``. Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from typing import Final
+
+import msgspec
+
+from ..engine.failures import UpstreamError
+from ..engine.sampling import (
+    ArgumentsDelta,
+    ItemEnd,
+    ReasoningDone,
+    SampleChunk,
+    Stop,
+    TextDelta,
+    ToolCallStart,
+    Usage,
+)
+
+__all__ = [
+    "ChunkReader",
+    "StreamChunk",
+    "decode_chunk",
+    "refusal",
+    "responses_param",
+    "retry_after",
+]
+
+
+class _FunctionDelta(msgspec.Struct, frozen=True):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class _ToolCallDelta(msgspec.Struct, frozen=True):
+    index: int = 0
+    id: str | None = None
+    function: _FunctionDelta | None = None
+
+
+class _Delta(msgspec.Struct, frozen=True):
+    content: str | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+    tool_calls: list[_ToolCallDelta] | None = None
+
+
+class _Choice(msgspec.Struct, frozen=True):
+    index: int = 0
+    delta: _Delta | None = None
+    finish_reason: str | None = None
+
+
+class _PromptDetails(msgspec.Struct, frozen=True):
+    cached_tokens: int | None = None
+
+
+class _CompletionDetails(msgspec.Struct, frozen=True):
+    reasoning_tokens: int | None = None
+
+
+class _Usage(msgspec.Struct, frozen=True):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    prompt_tokens_details: _PromptDetails | None = None
+    completion_tokens_details: _CompletionDetails | None = None
+
+
+class _ErrorBody(msgspec.Struct, frozen=True):
+    message: str = ""
+    type: str | None = None
+    param: str | None = None
+    code: str | int | None = None
+
+
+class StreamChunk(msgspec.Struct, frozen=True):
+    """One ``chat.completion.chunk`` as read (unknown fields are ignored), or
+    an ``error`` record some engines send mid-stream."""
+
+    choices: list[_Choice] = msgspec.field(default_factory=list)
+    usage: _Usage | None = None
+    error: _ErrorBody | None = None
+
+
+_chunk_decoder: Final = msgspec.json.Decoder(StreamChunk)
+_error_decoder: Final = msgspec.json.Decoder(_ErrorBody)
+
+
+def decode_chunk(data: bytes | str) -> StreamChunk:
+    """A ``data:`` record's chunk; raises :class:`UpstreamError` if it is not one."""
+    try:
+        return _chunk_decoder.decode(data)
+    except (msgspec.DecodeError, RecursionError, UnicodeError):
+        raise UpstreamError(
+            "The upstream engine sent a stream record that is not a chat completion chunk.",
+            output_started=True,
+        ) from None
+
+
+class _Call:
+    __slots__ = ("arguments", "call_id", "name", "started")
+
+    def __init__(self) -> None:
+        self.call_id = ""
+        self.name = ""
+        self.arguments: list[str] = []
+        self.started = False
+
+
+class ChunkReader:
+    """Turns one turn's chunks into sampler chunks (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._text_open = False
+        self._calls: dict[int, _Call] = {}
+        self._live: int | None = None  # the call streamed as it comes
+        self._finish: str | None = None
+        self._usage: _Usage | None = None
+        self._reasoning: list[str] = []
+        #: Whether anything the client sees has been produced.
+        self.output_started = False
+        #: Whether any record came (the first-token timeout is over).
+        self.started_stream = False
+
+    @property
+    def finished(self) -> bool:
+        """The engine gave its ``finish_reason``."""
+        return self._finish is not None
+
+    def feed(self, chunk: StreamChunk) -> list[SampleChunk]:
+        """The sampler chunks of one stream chunk (possibly none)."""
+        out: list[SampleChunk] = []
+        if chunk.error is not None:
+            raise _mid_stream(chunk.error, self.output_started)
+        for choice in chunk.choices:
+            if choice.index != 0:
+                continue  # n is 1: no other choice is asked for
+            delta = choice.delta
+            if delta is not None and (delta.reasoning_content or delta.reasoning):
+                self._reasoning.append(delta.reasoning_content or delta.reasoning or "")
+            if delta is not None and delta.content and self._live is None:
+                # (text after a call began: engines do not write it; dropped)
+                if not self._text_open:
+                    self._flush_reasoning(out)
+                self._text_open = True
+                out.append(TextDelta(delta.content))
+            if delta is not None and delta.tool_calls:
+                for piece in delta.tool_calls:
+                    self._call_piece(piece, out)
+            if choice.finish_reason is not None:
+                self._finish = choice.finish_reason
+        if chunk.usage is not None:
+            self._usage = chunk.usage
+        self.output_started = self.output_started or bool(out)
+        return out
+
+    def _call_piece(self, piece: _ToolCallDelta, out: list[SampleChunk]) -> None:
+        call = self._calls.get(piece.index)
+        if call is None:
+            call = self._calls[piece.index] = _Call()
+        if piece.id:
+            call.call_id = piece.id
+        function = piece.function
+        if function is not None and function.name and not call.started:
+            call.name += function.name
+        if function is not None and function.arguments:
+            call.arguments.append(function.arguments)
+        if self._live is None and call.name:
+            if self._text_open:
+                out.append(ItemEnd())
+                self._text_open = False
+            self._flush_reasoning(out)
+            self._live = piece.index
+            out.extend(_start(call))
+        elif self._live == piece.index and call.arguments:
+            out.extend(ArgumentsDelta(part) for part in call.arguments)
+            call.arguments.clear()
+
+    def end(self) -> list[SampleChunk]:
+        """The stream ended: close what is open, send the kept calls, usage, the stop."""
+        cut = self._finish == "length"
+        out: list[SampleChunk] = []
+        if self._text_open or self._live is not None:
+            out.append(ItemEnd(incomplete=cut))
+        self._flush_reasoning(out)
+        for index in sorted(self._calls):
+            call = self._calls[index]
+            if index != self._live and call.name:
+                out.extend([*_start(call), ItemEnd(incomplete=cut)])
+        if self._usage is not None:
+            usage = self._usage
+            prompt = usage.prompt_tokens_details
+            completion = usage.completion_tokens_details
+            out.append(
+                Usage(
+                    input_tokens=usage.prompt_tokens,
+                    cached_tokens=(prompt.cached_tokens or 0) if prompt else 0,
+                    output_tokens=usage.completion_tokens,
+                    reasoning_tokens=(completion.reasoning_tokens or 0) if completion else 0,
+                )
+            )
+        if cut:
+            out.append(Stop("max_output_tokens"))
+        elif self._finish in ("tool_calls", "function_call") or self._calls:
+            out.append(Stop("tool_calls"))
+        else:
+            out.append(Stop("stop"))
+        return out
+
+    def _flush_reasoning(self, out: list[SampleChunk]) -> None:
+        if self._reasoning:
+            out.append(ReasoningDone("".join(self._reasoning)))
+            self._reasoning.clear()
+
+
+def _start(call: _Call) -> list[SampleChunk]:
+    call.started = True
+    call_id = call.call_id or f"call_{secrets.token_hex(12)}"
+    out: list[SampleChunk] = [ToolCallStart(call_id=call_id, name=call.name)]
+    out.extend(ArgumentsDelta(part) for part in call.arguments)
+    call.arguments.clear()
+    return out
+
+
+# --- refusals ------------------------------------------------------------------
+
+#: How engines say a prompt is longer than the model's window (OpenAI, vLLM,
+#: llama.cpp, Ollama, SGLang).
+_TOO_LONG: Final = re.compile(
+    r"maximum context length|context length|context window|context_length|"
+    r"exceeds? the (?:available )?context|too many tokens|prompt is too long|"
+    r"longer than the model",
+    re.IGNORECASE,
+)
+_TOOLS: Final = re.compile(r"^tools\[(\d+)\]\.function(\.|$)")
+_RENAMED: Final = {
+    # the output budget, as engines name it
+    "max_completion_tokens": "max_output_tokens",
+    "max_tokens": "max_output_tokens",
+    "max_new_tokens": "max_output_tokens",
+    "n_predict": "max_output_tokens",
+    "tool_choice.function.name": "tool_choice.name",
+}
+
+
+def responses_param(param: str | None) -> str | None:
+    """An engine's chat ``param`` as the Responses request names it."""
+    if not param:
+        return None
+    if param.startswith("messages"):
+        return "input"
+    if param.startswith("response_format"):
+        return "text.format"
+    if (renamed := _RENAMED.get(param)) is not None:
+        return renamed
+    return _TOOLS.sub(lambda m: f"tools[{m[1]}]{m[2]}", param)
+
+
+def _error_body(body: bytes) -> _ErrorBody:
+    """The ``error`` object of an engine's error answer (OpenAI's shape, or vLLM's bare one)."""
+    try:
+        wrapped = msgspec.json.decode(body)
+    except (msgspec.DecodeError, RecursionError, UnicodeError):
+        return _ErrorBody(message=body[:500].decode("utf-8", "replace").strip())
+    inner = wrapped.get("error", wrapped) if isinstance(wrapped, dict) else None
+    if isinstance(inner, str):
+        return _ErrorBody(message=inner)
+    if not isinstance(inner, dict):
+        return _ErrorBody()
+    try:
+        return _error_decoder.decode(msgspec.json.encode(inner))
+    except msgspec.ValidationError:
+        message = inner.get("message")
+        return _ErrorBody(message=message if isinstance(message, str) else "")
+
+
+def _scrub(text: str, secret: str | None) -> str:
+    return text.replace(secret, "[redacted]") if secret else text
+
+
+def retry_after(value: str | None) -> float | None:
+    """The seconds of a ``Retry-After`` header (a number; a date is not read)."""
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None
+    return seconds if 0 <= seconds < 86_400 else None
+
+
+def refusal(
+    status: int, body: bytes, *, retry: str | None = None, secret: str | None = None
+) -> UpstreamError:
+    """An engine's HTTP error answer as the shipped error (see the module docstring).
+
+    ``secret`` (the API key) is cut out of whatever the engine said.
+    """
+    error = _error_body(body)
+    said = _scrub(error.message.strip(), secret)[:1000]
+    if status in (401, 403):
+        return UpstreamError(
+            f"The upstream engine refused the server's credentials (HTTP {status}); "
+            "check the API key its api_key_env names."
+        )
+    if status == 404:
+        return UpstreamError(
+            f"The upstream engine does not serve the model (HTTP 404): {said}",
+            code="model_not_found",
+            status=404,
+            param="model",
+        )
+    if status == 429:
+        return UpstreamError(
+            f"The upstream engine is rate limited (HTTP 429): {said}",
+            code="rate_limit_exceeded",
+            status=429,
+            retry_after=retry_after(retry),
+        )
+    too_long = error.code == "context_length_exceeded" or bool(_TOO_LONG.search(said))
+    if 400 <= status < 500 and too_long:
+        return UpstreamError(
+            f"The input is longer than the model's context window: {said}",
+            code="context_length_exceeded",
+            status=400,
+            param="input",
+        )
+    if 400 <= status < 500:
+        code = error.code if isinstance(error.code, str) and error.code else "invalid_value"
+        return UpstreamError(
+            f"The upstream engine refused the request (HTTP {status}): {said}",
+            code=code,
+            status=400,
+            param=responses_param(error.param),
+        )
+    return UpstreamError(f"The upstream engine failed (HTTP {status}): {said}")
+
+
+def _mid_stream(error: _ErrorBody, started: bool) -> UpstreamError:
+    """An ``error`` record in the stream: the engine broke off the turn."""
+    status = error.code if isinstance(error.code, int) and 400 <= error.code < 600 else 502
+    exc = refusal(status, msgspec.json.encode({"error": msgspec.to_builtins(error)}))
+    exc.output_started = started
+    return exc

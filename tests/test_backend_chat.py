@@ -1,0 +1,390 @@
+"""The Chat Completions backend: a gateway in front of a second, real longresponse process.
+
+The gateway runs in-thread (``make_server`` with a ``chat`` backend); the
+engine behind it is another ``longresponse serve`` process answering
+``POST /v1/chat/completions`` on the simulated model (its prefix cache
+reports ``cached_tokens`` honestly). Clients at the front are the project's
+trio client (append mode) and the official ``openai`` SDK (the shipped
+WebSocket shape and HTTP). The stream reader and the mapping of refusals are
+checked on their own first, as pure functions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import msgspec
+import pydantic
+import pytest
+from openai.types.responses import ResponseStreamEvent
+
+from longresponse.backends.chat import ChatBackend, chat_body
+from longresponse.backends.chat_stream import ChunkReader, StreamChunk, refusal, responses_param
+from longresponse.client import connect
+from longresponse.config import BackendConfig
+from longresponse.engine.sampling import (
+    ArgumentsDelta,
+    ItemEnd,
+    ReasoningDone,
+    SampleRequest,
+    Stop,
+    TextDelta,
+    ToolCallStart,
+    Usage,
+)
+from longresponse.engine.stream import StreamBuilder
+from longresponse.server_process import ServerProcess
+from protocol.events import OutputItemDone, ResponseDone
+from protocol.items import FunctionCall, FunctionCallOutput, FunctionTool, Message
+from protocol.response import FormatJSONObject
+from tests.conftest import openai_client
+
+ADD = {
+    "type": "function",
+    "name": "add",
+    "description": "Add two numbers",
+    "parameters": {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+        "required": ["a", "b"],
+    },
+}
+TWO_CALLS = {"sim_tool_calls": "2", "sim_parallel_calls": "2"}
+STREAM_EVENT: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(ResponseStreamEvent)
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[ServerProcess]:
+    """The engine: a second longresponse process serving chat completions."""
+    with ServerProcess("--store", "memory://", "--sim-tokens-per-second", "0") as process:
+        yield process
+
+
+def chat_backend(engine: ServerProcess | str, **settings: Any) -> BackendConfig:
+    base = engine if isinstance(engine, str) else f"{engine.http_url}/v1"
+    settings.setdefault("upstream_model", "sim")
+    return BackendConfig(name="engine", kind="chat", base_url=base, **settings)
+
+
+def gateway(make_server: Any, engine: ServerProcess | str, **settings: Any) -> Any:
+    return make_server(store="memory://", backends=(chat_backend(engine, **settings),))
+
+
+def chunk(**fields: Any) -> StreamChunk:
+    return msgspec.convert(fields, StreamChunk)
+
+
+def call_piece(index: int, *, id: str | None = None, name: str = "", args: str = "") -> Any:
+    function: dict[str, str] = {"arguments": args}
+    if name:
+        function["name"] = name
+    piece: dict[str, Any] = {"index": index, "function": function}
+    if id:
+        piece["id"] = id
+    return chunk(choices=[{"index": 0, "delta": {"tool_calls": [piece]}}])
+
+
+# --- the stream reader, pure ------------------------------------------------------
+
+
+def test_the_first_call_streams_and_interleaved_parallel_calls_are_kept_in_order() -> None:
+    reader = ChunkReader()
+    out = []
+    for piece in (
+        call_piece(0, id="call_a", name="add", args='{"a"'),
+        call_piece(1, id="call_b", name="mul", args='{"x"'),
+        call_piece(0, args=": 1}"),
+        call_piece(1, args=": 2}"),
+    ):
+        out.extend(reader.feed(piece))
+    assert out == [
+        ToolCallStart("call_a", "add"),
+        ArgumentsDelta('{"a"'),
+        ArgumentsDelta(": 1}"),
+    ]
+    out = reader.feed(
+        chunk(
+            choices=[{"index": 0, "delta": {}, "finish_reason": "tool_calls"}],
+            usage={
+                "prompt_tokens": 40,
+                "completion_tokens": 9,
+                "prompt_tokens_details": {"cached_tokens": 32},
+            },
+        )
+    )
+    assert out == []
+    assert reader.end() == [
+        ItemEnd(),
+        ToolCallStart("call_b", "mul"),
+        ArgumentsDelta('{"x"'),
+        ArgumentsDelta(": 2}"),
+        ItemEnd(),
+        Usage(input_tokens=40, cached_tokens=32, output_tokens=9),
+        Stop("tool_calls"),
+    ]
+
+
+def test_reasoning_comes_whole_before_the_text_and_text_then_a_call_closes_it() -> None:
+    reader = ChunkReader()
+    out = reader.feed(chunk(choices=[{"delta": {"reasoning_content": "let me "}}]))
+    assert out == []
+    out = reader.feed(chunk(choices=[{"delta": {"reasoning": "think", "content": "Hi"}}]))
+    out += reader.feed(call_piece(0, name="add", args="{}"))
+    assert out[:3] == [ReasoningDone("let me think"), TextDelta("Hi"), ItemEnd()]
+    assert isinstance(out[3], ToolCallStart)
+    assert out[3].call_id.startswith("call_")  # the engine gave none
+    assert reader.output_started
+    assert reader.end()[-1] == Stop("tool_calls")
+
+
+def test_reasoning_becomes_one_reasoning_item_the_sdk_parses() -> None:
+    builder = StreamBuilder("resp_1", tag_response_id=False)
+    events = builder.feed(ReasoningDone("step by step"))
+    parsed = [STREAM_EVENT.validate_json(msgspec.json.encode(e)) for e in events]
+    assert [e.type for e in parsed] == ["response.output_item.added", "response.output_item.done"]
+    item = parsed[1].item
+    assert (item.type, item.status) == ("reasoning", "completed")
+    assert item.content[0].text == "step by step"
+    assert builder.output == [events[1].item]  # type: ignore[union-attr]
+    assert builder.output_tokens > 0
+
+
+def test_finish_reason_length_cuts_the_open_item_incomplete() -> None:
+    reader = ChunkReader()
+    reader.feed(chunk(choices=[{"delta": {"content": "a long"}, "finish_reason": "length"}]))
+    assert reader.end() == [ItemEnd(incomplete=True), Stop("max_output_tokens")]
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "code", "http", "param"),
+    [
+        (401, b'{"error": {"message": "bad key sk-SECRET"}}', "upstream_unavailable", 502, None),
+        (404, b'{"error": {"message": "no model"}}', "model_not_found", 404, "model"),
+        (429, b'{"error": {"message": "busy"}}', "rate_limit_exceeded", 429, None),
+        (
+            400,
+            b'{"object": "error", "message": "This model\'s maximum context length is 4096 '
+            b'tokens.", "type": "BadRequestError", "param": null, "code": 400}',
+            "context_length_exceeded",
+            400,
+            "input",
+        ),
+        (
+            400,
+            b'{"error": {"message": "bad schema", "code": "invalid_function_parameters", '
+            b'"param": "tools[0].function.parameters"}}',
+            "invalid_function_parameters",
+            400,
+            "tools[0].parameters",
+        ),
+        (500, b"Internal Server Error", "upstream_unavailable", 502, None),
+    ],
+)
+def test_refusals_get_the_shipped_code(
+    status: int, body: bytes, code: str, http: int, param: str | None
+) -> None:
+    error = refusal(status, body, retry="2", secret="sk-SECRET")
+    assert (error.code, error.status, error.param) == (code, http, param)
+    assert "sk-SECRET" not in error.message
+    assert error.retry_after == (2.0 if status == 429 else None)
+
+
+def test_chat_params_are_named_as_the_responses_request_names_them() -> None:
+    assert responses_param("tools[3].function.name") == "tools[3].name"
+    assert responses_param("messages[2].content") == "input"
+    assert responses_param("max_tokens") == "max_output_tokens"
+    assert responses_param("response_format.json_schema") == "text.format"
+    assert responses_param("temperature") == "temperature"
+    assert responses_param(None) is None
+
+
+def test_a_turn_maps_to_one_chat_body() -> None:
+    config = chat_backend(
+        "http://engine.invalid/v1", cache_prompt=True, max_tokens_field="max_tokens"
+    )
+    request = SampleRequest(
+        context=[
+            Message(role="user", content="add 1 and 2"),
+            FunctionCall(call_id="c1", name="add", arguments='{"a": 1, "b": 2}'),
+            FunctionCall(call_id="c2", name="add", arguments='{"a": 2, "b": 2}'),
+            FunctionCallOutput(call_id="c1", output="3"),
+            FunctionCallOutput(call_id="c2", output="4"),
+        ],
+        tools=[FunctionTool(name="add", parameters=ADD["parameters"], description="Add")],  # type: ignore[arg-type]
+        tool_choice="required",
+        parallel_tool_calls=False,
+        metadata={"sim_tool_calls": "0"},
+        cached_tokens=0,
+        uncached_tokens=10,
+        max_output_tokens=77,
+        text_format=FormatJSONObject(),
+        instructions="Be exact.",
+        temperature=0.2,
+        top_p=0.9,
+    )
+    body = chat_body(config, request)
+    assert body["model"] == "sim"
+    assert body["stream"] is True
+    assert body["stream_options"] == {"include_usage": True}
+    roles = [m["role"] for m in body["messages"]]
+    assert roles == ["system", "user", "assistant", "tool", "tool"]
+    assert body["messages"][0]["content"] == "Be exact."
+    calls = body["messages"][2]["tool_calls"]
+    assert [(c["id"], c["function"]["name"]) for c in calls] == [("c1", "add"), ("c2", "add")]
+    assert body["messages"][3] == {"role": "tool", "content": "3", "tool_call_id": "c1"}
+    assert body["tools"] == [
+        {
+            "type": "function",
+            "function": {"name": "add", "description": "Add", "parameters": ADD["parameters"]},
+        }
+    ]
+    assert (body["tool_choice"], body["parallel_tool_calls"]) == ("required", False)
+    assert body["max_tokens"] == 77
+    assert (body["temperature"], body["top_p"]) == (0.2, 0.9)
+    assert body["metadata"] == {"sim_tool_calls": "0"}
+    assert body["response_format"] == {"type": "json_object"}
+    assert body["cache_prompt"] is True
+
+
+async def test_each_rollout_has_its_own_affinity_key() -> None:
+    backend = ChatBackend(chat_backend("http://engine.invalid/v1", affinity_header="x-pin"))
+    try:
+        one, two = backend.make_sampler(), backend.make_sampler()
+        assert one.affinity != two.affinity
+        assert one._headers["x-pin"] == one.affinity
+    finally:
+        await backend.aclose()
+
+
+# --- end to end: a gateway in front of a second process ---------------------------
+
+
+def test_models_lists_the_backend_model_owned_by_its_kind(
+    make_server: Any, upstream: ServerProcess
+) -> None:
+    front = gateway(make_server, upstream)
+    models = {m.id: m.owned_by for m in openai_client(front).models.list().data}
+    assert models["engine"] == "chat"
+    assert models["sim"] == "longresponse"
+
+
+async def test_an_append_mode_rollout_with_parallel_calls(
+    make_server: Any, upstream: ServerProcess
+) -> None:
+    front = gateway(make_server, upstream)
+    async with connect(front.url) as client:
+        await client.create(
+            model="engine", input="Add some numbers.", tools=[ADD], metadata=TWO_CALLS
+        )
+        first = await client.until_done()
+        pause = first[-1]
+        assert isinstance(pause, ResponseDone)
+        assert pause.response.status == "requires_action"
+        calls = [
+            e.item
+            for e in first
+            if isinstance(e, OutputItemDone) and isinstance(e.item, FunctionCall)
+        ]
+        assert len(calls) == 2
+        assert pause.response.required_action.call_ids == [c.call_id for c in calls]  # type: ignore[union-attr]
+        await client.append(
+            [
+                {"type": "function_call_output", "call_id": c.call_id, "output": f"sum {n}"}
+                for n, c in enumerate(calls)
+            ]
+        )
+        second = await client.until_done()
+    done = second[-1]
+    assert isinstance(done, ResponseDone)
+    assert done.response.status == "completed"
+    answer = done.response.output[-1]
+    assert isinstance(answer, Message)
+    text = answer.content[0].text  # type: ignore[union-attr]
+    # The engine saw the whole context: the request and both outputs.
+    assert "«Add some numbers.»" in text
+    assert f"[{calls[0].call_id}] «sum 0»" in text
+    assert f"[{calls[1].call_id}] «sum 1»" in text
+    usage = done.response.usage
+    assert usage is not None
+    # The resume found its prefix in the engine's cache: the engine's own count
+    # (its cache works in blocks of 16 tokens).
+    cached = usage.input_tokens_details.cached_tokens
+    assert cached > 0
+    assert cached % 16 == 0
+
+
+def test_a_shipped_websocket_chain(make_server: Any, upstream: ServerProcess) -> None:
+    front = gateway(make_server, upstream)
+    with openai_client(front).responses.connect() as conn:
+        conn.response.create(
+            model="engine", input="Add things.", tools=[ADD], metadata=TWO_CALLS, store=False
+        )
+        first = [event for event in _until_end(conn)]
+        assert first[-1].type == "response.completed"
+        calls = [o for o in first[-1].response.output if o.type == "function_call"]
+        assert len(calls) == 2
+        conn.response.create(
+            model="engine",
+            previous_response_id=first[-1].response.id,
+            input=[
+                {"type": "function_call_output", "call_id": c.call_id, "output": "5"} for c in calls
+            ],
+            tools=[ADD],
+            metadata=TWO_CALLS,
+            store=False,
+        )
+        second = [event for event in _until_end(conn)]
+    end = second[-1]
+    assert end.type == "response.completed"
+    assert end.response.output[-1].type == "message"
+    assert f"[{calls[1].call_id}] «5»" in end.response.output_text
+    assert end.response.usage.input_tokens_details.cached_tokens > 0
+
+
+def _until_end(conn: Any) -> Iterator[Any]:
+    for event in conn:
+        yield event
+        if event.type in ("response.completed", "response.failed", "response.incomplete", "error"):
+            return
+
+
+def test_an_http_chain_with_the_engines_usage(make_server: Any, upstream: ServerProcess) -> None:
+    front = gateway(make_server, upstream)
+    client = openai_client(front)
+    first = client.responses.create(
+        model="engine", input="Please add.", tools=[ADD], metadata=TWO_CALLS, store=True
+    )
+    assert first.status == "completed"
+    calls = [o for o in first.output if o.type == "function_call"]
+    assert len(calls) == 2
+    # Usage is the engine's own count of the prompt it was sent.
+    counted = httpx.post(
+        f"{upstream.http_url}/tokenize",
+        json={
+            "model": "sim",
+            "messages": [{"role": "user", "content": "Please add."}],
+            "tools": [
+                {"type": "function", "function": {k: v for k, v in ADD.items() if k != "type"}}
+            ],
+        },
+    ).json()["count"]
+    assert first.usage is not None
+    assert first.usage.input_tokens == counted
+    stream = client.responses.create(
+        model="engine",
+        previous_response_id=first.id,
+        input=[
+            {"type": "function_call_output", "call_id": c.call_id, "output": "7"} for c in calls
+        ],
+        tools=[ADD],
+        metadata=TWO_CALLS,
+        stream=True,
+    )
+    events = list(stream)
+    assert events[-1].type == "response.completed"
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas == events[-1].response.output_text
+    assert f"[{calls[0].call_id}] «7»" in deltas
+    assert events[-1].response.usage.input_tokens_details.cached_tokens > 0
