@@ -161,7 +161,7 @@ def test_finish_reason_length_cuts_the_open_item_incomplete() -> None:
     ("status", "body", "code", "http", "param"),
     [
         (401, b'{"error": {"message": "bad key sk-SECRET"}}', "upstream_unavailable", 502, None),
-        (404, b'{"error": {"message": "no model"}}', "model_not_found", 404, "model"),
+        (404, b'{"error": {"message": "no model"}}', "upstream_unavailable", 502, None),
         (429, b'{"error": {"message": "busy"}}', "rate_limit_exceeded", 429, None),
         (
             400,

@@ -302,13 +302,17 @@ def test_a_bad_request_keeps_its_code_and_param(make_server: Any, upstream: Serv
     assert (error["code"], error["param"]) == ("unknown_parameter", "max_output_tokens")
 
 
-def test_an_unknown_upstream_model_is_model_not_found(
+def test_an_upstream_without_the_model_is_upstream_unavailable(
     make_server: Any, upstream: ServerProcess
 ) -> None:
+    # The client's model exists here: the backend is misconfigured (the
+    # server's fault), as the Responses backends say too.
     front = gateway(make_server, upstream, upstream_model="no-such-model")
     exc = http_error(front)
-    assert exc.status_code == 404
-    assert error_of(exc)["code"] == "model_not_found"
+    assert exc.status_code == 502
+    error = error_of(exc)
+    assert error["code"] == "upstream_unavailable"
+    assert "does not serve the model" in error["message"]
 
 
 def test_refused_credentials_never_show_the_key(

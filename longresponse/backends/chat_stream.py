@@ -29,9 +29,10 @@ output item open at a time, each closed by an ``ItemEnd``.
 :func:`refusal` maps an engine's HTTP error (status, body, ``Retry-After``)
 to :class:`~longresponse.engine.failures.UpstreamError` with the shipped code:
 401/403 the engine refused our credentials (``upstream_unavailable``, the
-key never quoted); 404 ``model_not_found``; 429 ``rate_limit_exceeded`` with
-the retry hint; a context-length refusal ``context_length_exceeded``; other
-4xx ``invalid_value`` with the engine's ``param`` in Responses terms
+key never quoted); 404 ``upstream_unavailable`` too (the server's backend
+is misconfigured); 429 ``rate_limit_exceeded`` with the retry hint; a
+context-length refusal ``context_length_exceeded``; other 4xx
+``invalid_value`` with the engine's ``param`` in Responses terms
 (``tools[0].function.parameters`` is ``tools[0].parameters``); 5xx
 ``upstream_unavailable``. Nothing here does I/O.
 """
@@ -343,12 +344,9 @@ def refusal(
             "check the API key its api_key_env names."
         )
     if status == 404:
-        return UpstreamError(
-            f"The upstream engine does not serve the model (HTTP 404): {said}",
-            code="model_not_found",
-            status=404,
-            param="model",
-        )
+        # The client asked for a model this server serves: the backend is
+        # misconfigured, which is the server's fault, not the client's.
+        return UpstreamError(f"The upstream engine does not serve the model (HTTP 404): {said}")
     if status == 429:
         return UpstreamError(
             f"The upstream engine is rate limited (HTTP 429): {said}",
