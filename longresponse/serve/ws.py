@@ -16,7 +16,8 @@ that finds it full waits (a slow reader slows the stream); if it stays full
 for ``slow_reader_timeout`` the reader is disconnected (close 1008) and the
 socket abandoned. Error replies may go past the bound: at most one per client
 message, and the reader is what limits client messages (it stops reading
-while the queue is over twice either bound).
+while the queue is over twice either bound). Events queued together go out
+in one transport write where the server can (``serve.seam.SEND_TEXTS_KEY``).
 
 The :class:`Session` owns tasks only, in one :class:`asyncio.TaskGroup`: the
 reader (messages into the protocol core, then to the shape), the writer (the
@@ -64,11 +65,11 @@ from protocol import (
 )
 from protocol.events import ClientEvent, ResponseCreate, ServerEvent
 
-from ..config import WRITE_SLICE_SECONDS, ServerConfig
+from ..config import WRITE_BATCH_BYTES, WRITE_SLICE_SECONDS, ServerConfig
 from ..engine.stream import PeerGone, ServerClosed, StreamClosed
 from ..storage.keys import ApiKeys, Unauthorized
 from .append import AppendShape
-from .seam import abort
+from .seam import SEND_TEXTS_KEY, abort
 from .shipped import ShippedShape
 from .turns import Turns
 
@@ -141,6 +142,7 @@ class Outbox:
         self.writer: asyncio.Task[None] | None = None
         #: Drops the connection outright (``serve.seam.abort``), set by the endpoint.
         self.drop: Callable[[], object] | None = None
+        self.send_texts: Callable[[list[str]], Awaitable[None]] | None = None  # seam
 
     def __len__(self) -> int:
         return len(self._queue)
@@ -210,11 +212,13 @@ class Outbox:
             self._ready.clear()
             turn = time.monotonic()
             while self._queue:
-                data = self._queue.popleft()
-                self.queued_bytes -= len(data)
+                texts = self._take_batch()
                 self._space.set()
                 try:
-                    await send({"type": "websocket.send", "text": data.decode()})
+                    if len(texts) > 1 and self.send_texts is not None:
+                        await self.send_texts(texts)
+                    else:
+                        await send({"type": "websocket.send", "text": texts[0]})
                 except Exception as exc:  # the server side of the socket is gone
                     raise PeerGone("send failed") from exc
                 if time.monotonic() - turn >= WRITE_SLICE_SECONDS:  # others' turn
@@ -225,6 +229,18 @@ class Outbox:
                 with contextlib.suppress(Exception):
                     await send({"type": "websocket.close", "code": code, "reason": reason})
                 raise ServerClosed("closed by server")
+
+    def _take_batch(self) -> list[str]:
+        """The oldest queued event, and with ``send_texts`` those after it that fit a batch."""
+        limit = WRITE_BATCH_BYTES if self.send_texts is not None else 0
+        texts: list[str] = []
+        size = 0
+        while self._queue and (not texts or size + len(self._queue[0]) <= limit):
+            data = self._queue.popleft()
+            self.queued_bytes -= len(data)
+            size += len(data)
+            texts.append(data.decode())
+        return texts
 
 
 class Session:
@@ -478,6 +494,7 @@ class ResponsesEndpoint:
         if self.draining:  # accepted as the server began to stop: it will not serve
             session.restart()
         session.outbox.drop = lambda: abort(scope, "slow WebSocket reader")
+        session.outbox.send_texts = scope.get(SEND_TEXTS_KEY)
         # Counted before the handshake completes, so a client that sees the
         # 101 also sees its session counted.
         self.live_sessions += 1
