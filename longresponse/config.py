@@ -37,6 +37,7 @@ __all__ = [
     "SEND_QUEUE_DEPTH",
     "SHUTDOWN_DRAIN_TIMEOUT",
     "SLOW_READER_TIMEOUT",
+    "WRITE_BATCH_BYTES",
     "WRITE_SLICE_SECONDS",
     "WS_COMPRESSION",
     "Range",
@@ -115,6 +116,8 @@ CHAT_MAX_IN_FLIGHT: Final = 1024
 #: the event loop a turn after this long, so other connections never wait
 #: behind it (not a flag: it only trades a little throughput for fairness).
 WRITE_SLICE_SECONDS: Final = 0.0005
+#: Most bytes of queued WebSocket events joined into one transport write.
+WRITE_BATCH_BYTES: Final = 64 * 1024
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

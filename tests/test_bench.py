@@ -253,6 +253,11 @@ def test_summary_has_a_row_per_transport_and_the_targets(
     assert "Target 2" in summary
     # 3 tool calls: target 1 (turn 50) is reported without a verdict.
     assert "outside the stated parameters" in summary
+    floor = summary.split("## Latency floor targets", 1)[1]
+    for name in ("append", "ws", "ws-sdk"):  # turn 3 stands in for turn 50
+        assert f"{name} at 0 tok/s: first output " in floor, name
+        assert "at turn 3 (target ≤ 1.0 ms" in floor
+    assert "at 0 tok/s, 3 tool calls: append " in floor
 
 
 def test_plots_are_png_files(run: tuple[Path, dict[str, Any]]) -> None:
@@ -378,4 +383,5 @@ def test_empty_run_still_writes_a_report(tmp_path: Path) -> None:
     report.write(document, tmp_path)
     assert "none of the targets" in (tmp_path / "summary.md").read_text()
     assert report.targets(document) == []
+    assert report.floor_targets(document) == []
     assert (tmp_path / "overhead_per_turn.png").read_bytes().startswith(PNG_SIGNATURE)

@@ -574,6 +574,25 @@ def test_connection_cache_budget_evicts_oldest_rollouts(make_server: Any) -> Non
         assert shipped.cache.nbytes <= 20_000
 
 
+def test_connection_cache_keeps_a_running_total_of_its_size(make_server: Any) -> None:
+    tiny = make_server(connection_cache_bytes=60_000)
+    with sdk(tiny).responses.connect() as conn:
+        previous = None
+        for index in range(8):  # chains and new conversations, some evicted
+            conn.response.create(
+                model="sim",
+                input=f"turn {index} " * 200,
+                store=False,
+                **({"previous_response_id": previous} if index % 3 else {}),
+            )
+            previous = turn(conn)[-1].response.id
+        cache = tiny.app.state.endpoint.last_session.shipped.cache
+        assert cache.evictions > 0
+        # Every rollout is idle: the running total is the sum of their sizes.
+        assert cache.nbytes == sum(r.nbytes for r, _ in cache._rollouts.values())
+        assert 0 < cache.nbytes <= 60_000
+
+
 def test_an_oversized_create_on_a_lane_gets_its_error_on_that_lane(make_server: Any) -> None:
     small = make_server(max_message_bytes=4096)
     with sdk(small).responses.connect() as conn:

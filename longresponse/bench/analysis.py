@@ -13,7 +13,8 @@ every turn (:func:`per_turn`), or over the continuation turns
 its server phase times.
 
 :func:`targets` turns them into the targets of the benchmark issue, each with
-its figures, a verdict and a sentence; :func:`inconsistencies` checks that
+its figures, a verdict and a sentence (:func:`floor_targets`: those of the
+latency-floor issue, measured from the main scenario); :func:`inconsistencies` checks that
 the deterministic simulated model gave every transport the same answer.
 :mod:`.report` (the markdown) and :mod:`.plots` (the PNGs) build on this
 module; it imports nothing else of the bench.
@@ -32,6 +33,7 @@ __all__ = [
     "by_transport",
     "continuations",
     "e2e_s",
+    "floor_targets",
     "fmt",
     "inconsistencies",
     "median",
@@ -253,6 +255,66 @@ def targets(document: dict[str, Any]) -> list[dict[str, Any]]:
             }
         )
     return found
+
+
+#: The WebSocket transports (and their ``+deflate`` twins) the floor targets read.
+FLOOR_SHAPES = ("append", "ws", "ws-sdk")
+
+
+def floor_targets(document: dict[str, Any]) -> list[dict[str, Any]]:
+    """The latency-floor targets this run measures, from the main scenario.
+
+    Target 1, per WebSocket transport and speed: a continuation's first output
+    event (client TTFT) within 1.0 ms of the echo round trip of the same frame
+    at turn 1 and at turn ``min(50, tool calls)``, and the server's
+    pre-inference at most 0.5 ms at that turn. Target 2, per speed: append's
+    end-to-end time within 10% of the simulated model's own time (summed over
+    its turns) and at least 40% below http's.
+    """
+    found: list[dict[str, Any]] = []
+    main = successful(document, "main")
+    for speed in speeds_in(document):
+        grouped = by_transport(r for r in main if r["tokens_per_second"] == speed)
+        for name, records in grouped.items():
+            if records[0]["shape"] not in FLOOR_SHAPES or records[0]["switch_off"]:
+                continue
+            last = min(50, records[0]["tool_calls"])
+            gaps = [_gap(records, turn) for turn in (1, last)]
+            pre = at_turn(records, last, "pre_inference_ms")
+            met = None if math.isnan(max(gaps)) else max(gaps) <= 1.0 and pre <= 0.5
+            text = (
+                f"{name} at {speed:g} tok/s: first output {fmt(gaps[0], 3)} ms above the echo "
+                f"round trip at turn 1, {fmt(gaps[1], 3)} ms at turn {last} (target ≤ 1.0 ms; "
+                f"TTFT {fmt(at_turn(records, 1, 'client_ttft_ms'), 3)} / "
+                f"{fmt(at_turn(records, last, 'client_ttft_ms'), 3)} ms, echo "
+                f"{fmt(at_turn(records, 1, 'echo_rtt_ms'), 3)} / "
+                f"{fmt(at_turn(records, last, 'echo_rtt_ms'), 3)} ms); server pre-inference at "
+                f"turn {last} {fmt(pre, 3)} ms (target ≤ 0.5 ms)"
+            )
+            found.append({"target": 1, "transport": name, "met": met, "stated": last == 50,
+                          "text": text})  # fmt: skip
+        if "append" not in grouped or "http" not in grouped:
+            continue
+        append = grouped["append"]
+        e2e, http = e2e_s(append), e2e_s(grouped.get("http", []))
+        model = median(sum(t["model_ms"] for t in r["turns"]) for r in append) / 1000
+        above = (e2e / model - 1) * 100 if model else math.nan
+        saving = percent_lower(e2e, http)
+        met = None if math.isnan(saving) or math.isnan(above) else above <= 10 and saving >= 40
+        text = (
+            f"at {speed:g} tok/s, {append[0]['tool_calls']} tool calls: append {fmt(e2e, 3)} s end "
+            f"to end vs the model's own {fmt(model, 3)} s: {fmt(above, 1)}% above it (target "
+            f"≤ 10%); http {fmt(http, 3)} s: append {_lower(saving)} (target ≥ 40% lower)"
+        )
+        stated = speed == 1000 and append[0]["tool_calls"] == 25
+        found.append({"target": 2, "transport": "append", "met": met, "stated": stated,
+                      "text": text})  # fmt: skip
+    return found
+
+
+def _gap(records: Sequence[Record], turn: int) -> float:
+    """Median over rollouts of client TTFT minus the echo round trip, at ``turn``."""
+    return at_turn(records, turn, "client_ttft_ms") - at_turn(records, turn, "echo_rtt_ms")
 
 
 def inconsistencies(document: dict[str, Any]) -> list[str]:

@@ -28,6 +28,7 @@ from .analysis import (
     by_transport,
     continuations,
     e2e_s,
+    floor_targets,
     fmt,
     inconsistencies,
     median,
@@ -43,6 +44,7 @@ __all__ = [
     "PLOTS",
     "SDK_PAIRS",
     "console_summary",
+    "floor_targets",
     "inconsistencies",
     "summary_markdown",
     "targets",
@@ -265,6 +267,10 @@ def summary_markdown(document: dict[str, Any]) -> str:
     if not found:
         lines.append("This run measured none of the targets (see the transports and speeds).")
     lines += [f"- Target {t['target']} ({_verdict(t)}): {t['text']}." for t in found]
+    floor = floor_targets(document)
+    if floor:
+        lines += ["", "## Latency floor targets", ""]
+        lines += [f"- Target {t['target']} ({_verdict(t)}): {t['text']}." for t in floor]
     failures = [r for r in document["rollouts"] if r["error"]]
     if failures:
         lines += ["", "## Failed rollouts", ""]
@@ -280,6 +286,8 @@ def summary_markdown(document: dict[str, Any]) -> str:
 def console_summary(document: dict[str, Any], out: Path) -> str:
     """A few lines for the terminal: the targets and where the results are."""
     lines = [f"{t['target']}. {_verdict(t).strip('*')}: {t['text']}" for t in targets(document)]
+    lines += [f"floor {t['target']}. {_verdict(t).strip('*')}: {t['text']}"
+              for t in floor_targets(document)]  # fmt: skip
     failed = sum(1 for r in document["rollouts"] if r["error"])
     if failed:
         lines.append(f"{failed} rollouts failed (see summary.md)")

@@ -356,6 +356,7 @@ class Rollout:
         tokenizer work is still reused). Returns the sampler's stop reason.
         """
         reply = self._current()
+        await asyncio.sleep(0)  # the writer's turn: queued lifecycle events go out first
         timing = TurnTiming(turn=len(self.timings) + 1)
         timing.decode, timing.validate, timing.classify = self._admission
         self._admission = (0.0, 0.0, 0.0)
@@ -411,7 +412,7 @@ class Rollout:
         if self._resume_mark is not None:
             timing.resume = sampling_started - self._resume_mark
             self._resume_mark = None
-        first = True
+        first = first_flush = True
         stop = "stop"
         builder, sink = reply.builder, reply.sink
         first_output = len(builder.output)
@@ -439,6 +440,9 @@ class Rollout:
                     for event in builder.feed(chunk):  # no await: all of them, or none
                         sink.push(event)
                     timing.encode += self.clock() - pushing
+                    if first_flush:  # the writer's turn: the first output goes out now
+                        first_flush = False
+                        await asyncio.sleep(0)
                     if stop == "max_events":
                         break
         except UpstreamError as exc:  # what the model wrote stays; the open item is cut

@@ -111,6 +111,7 @@ class ServerMetrics:
             ["transport", "status"],
             registry=self.registry,
         )
+        self._phase_children: dict[str, tuple[tuple[str, Histogram], ...]] = {}
         self.registry.register(_PipelineWork(counters))
         # process_cpu_seconds_total and friends, for the bench's CPU figures.
         ProcessCollector(registry=self.registry)
@@ -128,8 +129,14 @@ class ServerMetrics:
         )
 
     def observe_turn(self, transport: str, timing: TurnTiming) -> None:
-        for phase in TurnTiming.PHASES:
-            self.phase_seconds.labels(phase, transport).observe(getattr(timing, phase))
+        children = self._phase_children.get(transport)
+        if children is None:  # the labelled children, looked up once per transport
+            children = tuple(
+                (phase, self.phase_seconds.labels(phase, transport)) for phase in TurnTiming.PHASES
+            )
+            self._phase_children[transport] = children
+        for phase, child in children:
+            child.observe(getattr(timing, phase))
 
     def response_finished(self, transport: str, status: str) -> None:
         self.responses.labels(transport, status).inc()

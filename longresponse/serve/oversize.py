@@ -18,14 +18,21 @@ discarding every frame, until the peer answers the close (the closing
 handshake, RFC 6455 §7.1.1) or uvicorn's close timeout runs out; then it
 closes the transport. Memory stays bounded (wsproto hands a frame over in
 pieces; a closing protocol keeps none of them).
+
+It also writes several text messages at once (:meth:`LingeringWSProtocol.send_texts`,
+put in the scope by ``longresponse.serve.seam``): the frames of events already
+queued go out in one transport write, one system call, instead of one each.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import wsproto.events
+from uvicorn.protocols.utils import ClientDisconnected
 from uvicorn.protocols.websockets.wsproto_impl import FrameTooLargeError, WSProtocol
+from wsproto.utilities import LocalProtocolError
 
 __all__ = ["LingeringWSProtocol"]
 
@@ -46,6 +53,26 @@ class LingeringWSProtocol(WSProtocol):
             if not self.read_paused:
                 self.read_paused = True
                 self.transport.pause_reading()
+
+    async def send_texts(self, texts: Sequence[str]) -> None:
+        """Send ``texts`` as text messages, their frames in one transport write.
+
+        As ``send`` does for one ``websocket.send`` on an open connection:
+        waits while the transport is paused for writing, raises
+        ``ClientDisconnected`` once the peer is gone. Not for the handshake
+        or after a close (raises ``RuntimeError``).
+        """
+        await self.writable.wait()
+        if self.disconnected:
+            raise ClientDisconnected()
+        if not self.handshake_complete or self.close_sent or self.response_started:
+            raise RuntimeError("send_texts: the WebSocket is not open")
+        try:
+            output = b"".join(self.conn.send(wsproto.events.Message(data=text)) for text in texts)
+        except LocalProtocolError as exc:
+            raise ClientDisconnected from exc
+        if not self.transport.is_closing():
+            self.transport.write(output)
 
     def refuse_oversize(self) -> None:
         """Close 1009 and read on (discarding) until the peer answers the close."""

@@ -16,6 +16,10 @@ that cuts off a slow reader calls :func:`abort` with its scope; under a server
 without such a transport the call does nothing and the connection closes as
 the server closes it.
 
+Under uvicorn with ``LingeringWSProtocol`` a WebSocket scope also carries
+the protocol's ``send_texts`` (:data:`SEND_TEXTS_KEY`): several text messages
+in one transport write, which the outbox uses when events are queued.
+
 The scope also carries whether the peer is gone (:func:`peer_gone`: the
 transport is closing, e.g. after a reset). A stream checks it before each
 write: the server drops writes to a lost connection silently, but asyncio
@@ -29,7 +33,7 @@ import logging
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any, Final
 
-__all__ = ["ABORT_KEY", "GONE_KEY", "Seam", "abort", "peer_gone", "until_gone"]
+__all__ = ["ABORT_KEY", "GONE_KEY", "SEND_TEXTS_KEY", "Seam", "abort", "peer_gone", "until_gone"]
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +41,8 @@ log = logging.getLogger(__name__)
 ABORT_KEY: Final = "longresponse.abort"
 #: Where the scope carries whether the connection's transport is closing.
 GONE_KEY: Final = "longresponse.gone"
+#: Where a WebSocket scope carries ``send_texts(texts)``, if the server has it.
+SEND_TEXTS_KEY: Final = "longresponse.send_texts"
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -62,6 +68,9 @@ class Seam:
             if transport is not None:
                 scope[ABORT_KEY] = transport.abort
                 scope[GONE_KEY] = transport.is_closing
+            send_texts = getattr(getattr(send, "__self__", None), "send_texts", None)
+            if scope["type"] == "websocket" and callable(send_texts):
+                scope[SEND_TEXTS_KEY] = send_texts
         await self.app(scope, receive, send)
 
     def __getattr__(self, name: str) -> Any:

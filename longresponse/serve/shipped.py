@@ -68,7 +68,11 @@ class _Sink(EventSink, Protocol):
 
 
 class SegmentCache:
-    """Segment id → (Rollout, Boundary), within a byte budget (LRU by Rollout)."""
+    """Segment id → (Rollout, Boundary), within a byte budget (LRU by Rollout).
+
+    The size is a running total: each Rollout counts as large as it was when
+    it last added a boundary (it grows only by running a turn, which adds one).
+    """
 
     def __init__(self, budget_bytes: int) -> None:
         self.budget_bytes = budget_bytes
@@ -76,6 +80,8 @@ class SegmentCache:
         self._rollouts: collections.OrderedDict[int, tuple[Rollout, list[str]]] = (
             collections.OrderedDict()
         )
+        self._sizes: dict[int, int] = {}  # id(Rollout) → its nbytes at its last add
+        self.nbytes = 0
         self.evictions = 0
         #: Rollouts no longer cached, whose samplers are yet to be released.
         self.dropped: list[Rollout] = []
@@ -97,6 +103,9 @@ class SegmentCache:
         else:
             entry[1].append(boundary.segment_id)
             self._rollouts.move_to_end(id(rollout))
+        size = rollout.nbytes
+        self.nbytes += size - self._sizes.get(id(rollout), 0)
+        self._sizes[id(rollout)] = size
         self._enforce_budget(keep=rollout)
 
     def evict(self, segment_id: str) -> None:
@@ -111,10 +120,12 @@ class SegmentCache:
             if not entry[1]:
                 del self._rollouts[id(rollout)]
                 self.dropped.append(rollout)
+                self.nbytes -= self._sizes.pop(id(rollout), 0)
 
     def drop_rollout(self, rollout: Rollout) -> None:
         entry = self._rollouts.pop(id(rollout), None)
         if entry is not None:
+            self.nbytes -= self._sizes.pop(id(rollout), 0)
             for segment_id in entry[1]:
                 self._segments.pop(segment_id, None)
             self.dropped.append(rollout)
@@ -124,18 +135,12 @@ class SegmentCache:
         for rollout, _ in list(self._rollouts.values()):
             self.drop_rollout(rollout)
 
-    @property
-    def nbytes(self) -> int:
-        return sum(rollout.nbytes for rollout, _ in self._rollouts.values())
-
     def _enforce_budget(self, keep: Rollout) -> None:
-        total = self.nbytes
-        while total > self.budget_bytes and len(self._rollouts) > 1:
+        while self.nbytes > self.budget_bytes and len(self._rollouts) > 1:
             oldest_key = next(iter(self._rollouts))
             rollout, _ = self._rollouts[oldest_key]
             if rollout is keep:
                 break
-            total -= rollout.nbytes
             self.drop_rollout(rollout)
             self.evictions += 1
 
