@@ -394,16 +394,20 @@ class SimSampler:
         budget (run in a worker thread).
 
         Padding past the budget could never be sent (a word is a token at
-        least), so the text is no longer than the budget allows.
+        least), so the text is no longer than the budget allows; nor is the
+        value (``answer_in_format`` charges it to the budget as it builds it).
         """
         text = self._summary(request)
         padding = _int_meta(request.metadata, "sim_output_tokens", 0) - len(text.split(" "))
         if budget is not None:
             padding = min(padding, budget)
         text = "".join([text, *(piece for piece, _ in _padding(padding))])
-        encoded = answer_in_format(request.text_format, text)
+        encoded, whole = answer_in_format(request.text_format, text, budget)
         pieces = [encoded[start : start + 8] for start in range(0, len(encoded), 8)]
-        return pieces, len(pieces) if budget is None else _fit(pieces, budget)
+        fits = len(pieces) if budget is None else _fit(pieces, budget)
+        if not whole:  # the budget ran out inside the value: never sent as complete
+            fits = min(fits, len(pieces) - 1)
+        return pieces, fits
 
 
 @functools.cache
