@@ -330,7 +330,7 @@ def test_prefill_is_charged_for_the_uncached_tokens_only(server: Any) -> None:
     body = json.dumps({"model": "sim", "messages": messages}).encode()
 
     def start() -> Any:
-        started = chat._start(decode_chat_request(body))
+        started = chat._start(decode_chat_request(body), "")
         turn, _ = asyncio.run_coroutine_threadsafe(started, server.app.state.loop).result(10)
         return turn.sample_request
 

@@ -7,7 +7,7 @@ A chat completion is stateless: the request carries the whole conversation.
 the conversation's items with the same template and tokenizer as every
 rollout (``longresponse.engine.render``: the tools' system segment, then one
 segment per item) and hashes the prompt's full blocks for the prefix cache
-(``longresponse.engine.prefix_cache``).
+(``longresponse.engine.prefix_cache``), in the API key owner's own chain.
 
 :class:`ChatTurn` then runs the model's sampler over the items and turns its
 chunks into ``chat.completion.chunk`` objects as they come, so a stream is
@@ -59,7 +59,7 @@ from .chat_wire import (
     ToolCallDelta,
 )
 from .models import ArgumentsDelta, ItemEnd, Sampler, SampleRequest, Stop, TextDelta, ToolCallStart
-from .prefix_cache import block_digests
+from .prefix_cache import block_digests, cache_seed
 from .render import encode, render_item, render_prefix
 from .stream import ItemText
 
@@ -75,18 +75,24 @@ _FINISH: Final[dict[str, FinishReason]] = {
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ChatPrompt:
-    """A conversation rendered: its tokens and the digests of their full blocks."""
+    """A conversation rendered: its tokens, the digests of their full blocks,
+    and the seed of those digests (``cache_seed``: whose cache, which model)."""
 
     tokens: list[int]
     digests: list[bytes]
+    seed: str
 
 
-def render_prompt(model: str, items: Sequence[Item], tools: Sequence[FunctionTool]) -> ChatPrompt:
-    """Render and hash a conversation (pure: safe in a worker thread)."""
+def render_prompt(
+    model: str, items: Sequence[Item], tools: Sequence[FunctionTool], *, owner: str = ""
+) -> ChatPrompt:
+    """Render and hash a conversation for ``owner`` (the API key's; pure: safe
+    in a worker thread)."""
     tokens = render_prefix(None, tools)
     for item in items:
         tokens.extend(render_item(item))
-    return ChatPrompt(tokens, block_digests(model, tokens))
+    seed = cache_seed(owner, model)
+    return ChatPrompt(tokens, block_digests(seed, tokens), seed)
 
 
 class ChatTurn:
