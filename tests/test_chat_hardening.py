@@ -263,3 +263,192 @@ def test_a_bad_json_schema_name_names_the_chat_param(server: Any) -> None:
     )
     refused(answer, "invalid_value", "response_format.json_schema.name")
     assert "response_format.json_schema.name" in answer.json()["error"]["message"]
+
+
+# --- the SDK's own messages -------------------------------------------------------
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+        "strict": True,
+    },
+}
+
+
+def test_the_sdks_own_messages_go_back_as_they_came(server: Any) -> None:
+    client = openai_client(server)
+    messages: list[Any] = [user("What is the weather in Paris?")]
+    with client.chat.completions.stream(model="sim", messages=messages, tools=[WEATHER]) as stream:
+        for _ in stream:
+            pass
+        message = stream.get_final_completion().choices[0].message
+    [call] = message.tool_calls or []
+    assert call.function.parsed_arguments == {"city": "city-0"}
+    # The parsed message object itself (annotations, parsed, parsed_arguments...).
+    messages += [message, {"role": "tool", "tool_call_id": call.id, "content": "sunny"}]
+    answer = client.chat.completions.create(model="sim", messages=messages, tools=[WEATHER])
+    assert answer.choices[0].finish_reason == "stop"
+    assert "sunny" in (answer.choices[0].message.content or "")
+    # And as plain dicts, every field model_dump() gives (nulls included).
+    messages += [answer.choices[0].message.model_dump(), user("And in Rome?")]
+    again = client.chat.completions.create(model="sim", messages=messages, tools=[WEATHER])
+    [called] = again.choices[0].message.tool_calls or []
+    dumped = again.choices[0].message.model_dump()
+    assert set(dumped) >= {"annotations", "audio", "function_call", "refusal"}
+    messages += [dumped, {"role": "tool", "tool_call_id": called.id, "content": "rainy"}]
+    parsed = client.chat.completions.parse(model="sim", messages=messages, tools=[WEATHER])
+    assert "rainy" in (parsed.choices[0].message.content or "")
+    messages += [parsed.choices[0].message.model_dump(), user("Thanks.")]
+    last = client.chat.completions.create(model="sim", messages=messages)
+    assert last.choices[0].finish_reason == "stop"
+
+
+# --- tool_choice ---------------------------------------------------------------------
+
+
+def test_a_forced_tool_choice_calls_again_after_a_result(server: Any) -> None:
+    client = openai_client(server)
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    for choice, finish in (("required", "tool_calls"), (named, "stop")):
+        messages: list[Any] = [user("Weather?")]
+        for _ in range(3):  # a call every turn, results or not
+            completion = client.chat.completions.create(
+                model="sim",
+                messages=messages,
+                tools=[WEATHER],
+                tool_choice=choice,  # type: ignore[arg-type]
+            )
+            [picked] = completion.choices
+            assert picked.finish_reason == finish
+            [call] = picked.message.tool_calls or []
+            assert call.function.name == "get_weather"
+            messages += [
+                picked.message.model_dump(),
+                {"role": "tool", "tool_call_id": call.id, "content": "sunny"},
+            ]
+    # The Responses API forces a call the same way.
+    flat = {"type": "function", **WEATHER["function"]}  # type: ignore[dict-item]
+    first = client.responses.create(model="sim", input="Weather?", tools=[flat])
+    [call] = [item for item in first.output if item.type == "function_call"]
+    second = client.responses.create(
+        model="sim",
+        previous_response_id=first.id,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}],
+        tools=[flat],
+        tool_choice="required",
+    )
+    assert [item.type for item in second.output] == ["function_call"]
+
+
+# --- nonsense refused, gateway defaults accepted ---------------------------------------
+
+NOT_AN_OBJECT = {"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}
+UNTYPED_CALL = {"id": "call_1", "function": {"name": "get_weather", "arguments": "{}"}}
+NONSENSE = [
+    (
+        {"messages": [{"role": "user", "content": [{"text": "x"}]}]},
+        "missing_required_parameter",
+        "messages[0].content[0].type",
+    ),
+    (
+        {"messages": [user("x"), {"role": "assistant", "tool_calls": [UNTYPED_CALL]}]},
+        "missing_required_parameter",
+        "messages[1].tool_calls[0].type",
+    ),
+    ({"messages": [{"role": "user", "content": []}]}, "invalid_value", "messages[0].content"),
+    ({"tools": [NOT_AN_OBJECT]}, "invalid_value", "tools[0].function.parameters"),
+    ({"seed": 2**64}, "invalid_value", "seed"),
+    ({"max_tokens": 10**8}, "invalid_value", "max_tokens"),
+    ({"max_completion_tokens": 10**8}, "invalid_value", "max_completion_tokens"),
+    ({"logprobs": True}, "unsupported_parameter", "logprobs"),
+    ({"top_logprobs": 2}, "unsupported_parameter", "top_logprobs"),
+    ({"stop": ["\n"]}, "unsupported_parameter", "stop"),
+    ({"logit_bias": {"50256": -100}}, "unsupported_parameter", "logit_bias"),
+    ({"reasoning_effort": "low"}, "unsupported_parameter", "reasoning_effort"),
+    ({"modalities": ["text", "audio"]}, "unsupported_parameter", "modalities"),
+]
+
+
+@pytest.mark.parametrize(("change", "code", "param"), NONSENSE)
+def test_nonsense_is_refused_with_its_param(
+    server: Any, change: dict[str, Any], code: str, param: str
+) -> None:
+    with httpx.Client(base_url=server.http_url) as http:
+        refused(http.post("/v1/chat/completions", json={**GOOD, **change}), code, param)
+        assert http.post("/v1/chat/completions", json=GOOD).status_code == 200
+
+
+def test_a_tool_whose_parameters_are_not_an_object_is_refused_by_responses_too(
+    server: Any,
+) -> None:
+    flat = {"type": "function", "name": "f", "parameters": {"type": "string"}}
+    answer = httpx.post(
+        f"{server.http_url}/v1/responses", json={"model": "sim", "input": "x", "tools": [flat]}
+    )
+    refused(answer, "invalid_value", "tools[0].parameters")
+
+
+def test_what_gateways_send_by_default_is_accepted(server: Any) -> None:
+    body = {
+        **GOOD,
+        "stream": True,
+        "stream_options": {"include_usage": True, "include_obfuscation": True},
+        "logprobs": False,
+        "stop": None,
+        "service_tier": "auto",
+        "seed": 2**63 - 1,
+        "logit_bias": None,
+        "prompt_cache_retention": "in-memory",
+    }
+    answer = httpx.post(f"{server.http_url}/v1/chat/completions", json=body)
+    assert answer.status_code == 200, answer.text
+    records = [r for r in answer.text.split("\n\n") if r]
+    assert records[-1] == "data: [DONE]"
+    chunks = [json.loads(record[6:]) for record in records[:-1]]
+    assert all(chunk["system_fingerprint"] is None for chunk in chunks)
+    assert chunks[-1]["usage"]["completion_tokens"] > 0
+    # The SDK sends the same with its own types.
+    stream = openai_client(server).chat.completions.create(
+        model="sim",
+        messages=[user("Hi")],
+        stream=True,
+        stream_options={"include_usage": True, "include_obfuscation": True},
+        logprobs=False,
+        stop=None,
+        service_tier="auto",
+    )
+    read = list(stream)
+    assert read[-1].usage is not None
+    assert all(chunk.system_fingerprint is None for chunk in read)
+
+
+def test_an_unset_max_tokens_is_what_the_window_leaves(make_server: Any) -> None:
+    from longresponse.config import SimConfig
+
+    running = make_server(sim=SimConfig(context_window=200))
+    client = openai_client(running)
+    messages = [user("word " * 150)]
+    long = {"sim_output_tokens": "1000"}
+    completion = client.chat.completions.create(model="sim", messages=messages, metadata=long)
+    assert completion.usage is not None
+    assert completion.choices[0].finish_reason == "length"
+    room = 200 - completion.usage.prompt_tokens
+    assert 0 < completion.usage.completion_tokens <= room
+    exact = client.chat.completions.create(
+        model="sim", messages=messages, metadata=long, max_tokens=room
+    )
+    assert exact.choices[0].finish_reason == "length"
+    assert exact.usage is not None
+    assert exact.usage.completion_tokens == completion.usage.completion_tokens
+    with pytest.raises(openai.BadRequestError) as refused_more:
+        client.chat.completions.create(
+            model="sim", messages=messages, metadata=long, max_tokens=room + 1
+        )
+    assert refused_more.value.param == "max_tokens"

@@ -21,9 +21,12 @@ as fast as the model decodes:
   the later ones the same ``index`` and a piece of ``function.arguments``;
   parallel calls count ``index`` up from 0;
 - the last chunk has an empty delta and ``finish_reason`` (``stop``,
-  ``tool_calls``, or ``length`` when ``max_tokens`` cut the answer), then,
+  ``tool_calls``, or ``length`` when ``max_tokens`` cut the answer; calls
+  forced by a named ``tool_choice`` end with ``stop``, as OpenAI's and
+  vLLM's do), then,
   when ``stream_options.include_usage`` asked for it, one chunk with
   ``choices: []`` and ``usage`` (every chunk before it has ``usage: null``).
+  Every chunk has ``system_fingerprint: null``, as the completion does.
 
 The same turn, read to its end, is also the non-streaming answer
 (:meth:`ChatTurn.completion`). Output tokens are counted as the Responses
@@ -41,7 +44,14 @@ from typing import Final, Literal
 
 import msgspec
 
-from protocol.items import FunctionCall, FunctionTool, Item, Message, OutputText
+from protocol.items import (
+    FunctionCall,
+    FunctionTool,
+    Item,
+    Message,
+    OutputText,
+    ToolChoiceFunction,
+)
 
 from .chat_wire import (
     ChatChoice,
@@ -140,6 +150,7 @@ class ChatTurn:
             model=self.model,
             choices=[ChunkChoice(index=0, delta=delta, finish_reason=finish)],
             usage=None if self._include_usage else msgspec.UNSET,
+            system_fingerprint=None,
         )
 
     async def chunks(self) -> AsyncIterator[ChatCompletionChunk]:
@@ -186,7 +197,7 @@ class ChatTurn:
                 elif isinstance(sample, Stop):
                     if role is not None:
                         yield self._chunk(_delta(role, content=""))
-                    self._finish(_FINISH[sample.reason])
+                    self._finish(self._reason(sample.reason))
                     yield self._chunk(ChunkDelta(), self.finish_reason)
                     if self._include_usage:
                         yield ChatCompletionChunk(
@@ -195,10 +206,20 @@ class ChatTurn:
                             model=self.model,
                             choices=[],
                             usage=self.usage(),
+                            system_fingerprint=None,
                         )
                     return
         finally:
             await samples.aclose()
+
+    def _reason(self, stop: str) -> FinishReason:
+        """The chat ``finish_reason``: a call forced by a named ``tool_choice``
+        ends with ``stop`` (as OpenAI and vLLM report it), other calls with
+        ``tool_calls``."""
+        reason = _FINISH[stop]
+        if reason == "tool_calls" and isinstance(self._request.tool_choice, ToolChoiceFunction):
+            return "stop"
+        return reason
 
     def _finish(self, reason: FinishReason) -> None:
         if self._has_text:

@@ -9,10 +9,12 @@ across pauses (a real model would keep its KV cache there).
 only on its context and request. When function tools are offered and allowed
 it calls them (arguments generated from each tool's JSON schema) until it has
 made ``sim_tool_calls`` calls since the last user message, ``sim_parallel_calls``
-per turn; then it answers with a message quoting the first 40 characters of
-every user message and every tool output in its context, so a test can prove
-the model saw its whole context. Asked for JSON (``text.format``), it writes
-that answer as JSON instead (``longresponse.engine.structured``).
+per turn (under ``tool_choice: "required"`` or a named tool, at least one
+call every turn, as the shipped API forces one); then it answers with a
+message quoting the first 40 characters of every user message and every
+tool output in its context, so a test can prove the model saw its whole
+context. Asked for JSON (``text.format``), it writes that answer as JSON
+instead (``longresponse.engine.structured``).
 ``max_output_tokens`` is the Response's budget in tokens: a call whose
 arguments would not fit is not started, and the answer stops at the last word
 (or JSON slice) that fits, so ``usage.output_tokens`` never exceeds it. Its
@@ -290,9 +292,11 @@ class SimSampler:
             if isinstance(item, FunctionCall):
                 made += 1
         wanted = _int_meta(request.metadata, "sim_tool_calls", 1)
-        if request.tool_choice == "required":
-            wanted = max(wanted, 1)
         remaining = wanted - made
+        if request.tool_choice == "required" or isinstance(
+            request.tool_choice, ToolChoiceFunction
+        ):
+            remaining = max(remaining, 1)  # forced: a call every turn, results or not
         if remaining <= 0:
             return []
         per_turn = _int_meta(request.metadata, "sim_parallel_calls", 1) or 1

@@ -9,7 +9,8 @@ behind the same gate as ``/v1/responses`` (404, the API key's 401, 405:
 envelope. A request is checked before anything runs:
 
 1. the body decodes as :class:`~longresponse.engine.chat_wire.ChatRequest`
-   (types, ranges, unknown fields refused with their ``param``);
+   (types, ranges, unknown fields refused with their ``param``), and no
+   field the server cannot honour is set (``unsupported_parameter``);
 2. ``model`` names a model (else 404 ``model_not_found``); ``n`` is 1;
    ``stream_options`` only with ``stream``; the ``sim_*`` metadata is in range;
 3. tools (names, schemas), ``tool_choice``, ``response_format`` as the
@@ -17,7 +18,9 @@ envelope. A request is checked before anything runs:
 4. the messages become items and the tool calls are paired with their
    answers (``longresponse.engine.chat_map``);
 5. the prompt is rendered and hashed in a worker thread and must fit the
-   context window (``context_length_exceeded``, param ``messages``).
+   context window (``context_length_exceeded``, param ``messages``), and
+   ``max_tokens`` the room left (``invalid_value``); unset, the answer may
+   take all of it (up to ``--max-response-output-tokens``).
 
 Then the prefix cache (``longresponse.engine.prefix_cache``) says how many
 leading tokens are cached: the simulated prefill is charged for the rest
@@ -76,7 +79,12 @@ from ..engine.chat_map import (
     tools_from_chat,
 )
 from ..engine.chat_turn import ChatPrompt, ChatTurn, render_prompt
-from ..engine.chat_wire import ChatRequest, decode_chat_request, decode_tokenize_request
+from ..engine.chat_wire import (
+    ChatRequest,
+    decode_chat_request,
+    decode_tokenize_request,
+    unsupported_field,
+)
 from ..engine.models import ModelRegistry, ModelSpec, SampleRequest, check_sim_metadata
 from ..engine.prefix_cache import PrefixCache, block_digests
 from ..engine.render import encode, render_item
@@ -153,6 +161,8 @@ class ChatCompletions:
         """Check ``body`` and make its turn (its cache blocks ``owner``'s).
         Raises :class:`RemoteProtocolError`."""
         model = self.models.resolve(body.model)
+        if (unsupported := unsupported_field(body)) is not None:
+            raise unsupported
         if body.n not in (None, 1):
             raise RemoteProtocolError(
                 f"Invalid 'n': this server makes one choice per request, not {body.n}.",
@@ -179,8 +189,7 @@ class ChatCompletions:
         prompt = await asyncio.to_thread(render_prompt, model.name, items, tools, owner=owner)
         self._fits(model, len(prompt.tokens))
         cached = self.cache.cached_tokens(prompt.digests, len(prompt.tokens))
-        budgets = [b for b in (body.max_tokens, body.max_completion_tokens) if b is not None]
-        limit = min([*budgets, self.config.max_response_output_tokens])
+        limit = min(self.config.max_response_output_tokens, _budget(body, model, prompt))
         sample = SampleRequest(
             context=items,
             tools=tools,
@@ -354,6 +363,27 @@ class ChatCompletions:
         return JSONResponse(
             {"count": len(tokens), "max_model_len": model.context_window, "tokens": tokens}
         )
+
+
+def _budget(body: ChatRequest, model: ModelSpec, prompt: ChatPrompt) -> int:
+    """The answer's token budget: what the window leaves after the prompt, or
+    less when ``max_tokens`` / ``max_completion_tokens`` ask for less; asking
+    for more is ``invalid_value`` (as vLLM refuses it)."""
+    room = model.context_window - len(prompt.tokens)
+    budget = room
+    asks = (("max_tokens", body.max_tokens), ("max_completion_tokens", body.max_completion_tokens))
+    for name, asked in asks:
+        if asked is None:
+            continue
+        if asked > room:
+            raise RemoteProtocolError(
+                f"Invalid '{name}': {asked} tokens do not fit the context window of "
+                f"{model.context_window} tokens after the {len(prompt.tokens)} of the messages.",
+                code=ErrorCode.INVALID_VALUE,
+                param=name,
+            )
+        budget = min(budget, asked)
+    return budget
 
 
 def _server_error(exc: Exception) -> ProtocolError:
