@@ -36,7 +36,7 @@ every free string (no ``enum``, ``const`` or ``format``, and a ``pattern``
 the text meets) holds the text itself, so the answer still quotes its whole
 context. A string whose ``pattern`` the text does not meet gets an example
 built from the pattern (its first branch, the least repetitions, the first
-character of each class).
+character of each class: ``longresponse.engine.patterns``).
 
 The answer is bounded by the Response's output budget before it is built:
 every value costs at least one token, and a string one more per
@@ -48,10 +48,9 @@ reported incomplete (the model ran out of tokens), never sent as complete.
 
 from __future__ import annotations
 
-import importlib
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, Final
 
 import jsonschema
@@ -59,6 +58,8 @@ import msgspec
 
 from protocol import ErrorCode, RemoteProtocolError
 from protocol.response import FormatJSONObject, FormatJSONSchema, TextFormat
+
+from .patterns import pattern_example, pattern_matches
 
 __all__ = [
     "FORMAT_NAME_PATTERN",
@@ -127,12 +128,6 @@ _CHARS_PER_TOKEN: Final = 64
 #: The output budget when a request sets none (the simulated models' largest answer).
 DEFAULT_ANSWER_TOKENS: Final = 128_000
 
-#: The stdlib's own parser of regular expressions (private, but shipped with
-#: every Python this project supports): it turns a ``pattern`` into the parts
-#: an example string is built from.
-_re_parser: Any = importlib.import_module("re._parser")
-#: The longest example string built for a ``pattern``.
-_MAX_EXAMPLE: Final = 4096
 
 
 def _refuse(where: str, why: str) -> RemoteProtocolError:
@@ -368,8 +363,8 @@ def _string(schema: Mapping[str, Any], text: str, room: int) -> str:
         return known
     value = text
     pattern = schema.get("pattern")
-    if isinstance(pattern, str) and not _search(pattern, text):
-        value = _pattern_example(pattern) or text
+    if isinstance(pattern, str) and not pattern_matches(pattern, text):
+        value = pattern_example(pattern) or text
     low, high = schema.get("minLength"), schema.get("maxLength")
     if isinstance(high, int):
         value = value[:high]
@@ -414,105 +409,3 @@ def _number(schema: Mapping[str, Any], *, integer: bool) -> int | float:
         pass
     start = low if isinstance(low, int | float) and math.isfinite(low) else 0
     return int(start) if integer else float(start)
-
-
-# --- an example string for a ``pattern`` ----------------------------------------
-
-
-class _Unbuildable(Exception):
-    pass
-
-
-def _search(pattern: str, value: str) -> bool:
-    try:
-        return re.search(pattern, value) is not None
-    except re.error:
-        return False
-
-
-def _pattern_example(pattern: str) -> str | None:
-    """A short string ``pattern`` matches (None when no example can be built)."""
-    try:
-        example = _emit(_re_parser.parse(pattern))
-    except (re.error, _Unbuildable, RecursionError, TypeError, ValueError):
-        return None
-    return example if _search(pattern, example) else None
-
-
-def _emit(parts: Sequence[Any]) -> str:
-    out: list[str] = []
-    for op, arg in parts:
-        name = str(op)
-        if name == "LITERAL":
-            out.append(chr(arg))
-        elif name == "NOT_LITERAL":
-            out.append("b" if arg == ord("a") else "a")
-        elif name == "ANY":
-            out.append("a")
-        elif name == "IN":
-            out.append(_from_class(arg))
-        elif name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"):
-            low, _, sub = arg
-            out.append(_emit(sub) * low)
-        elif name == "SUBPATTERN":
-            out.append(_emit(arg[-1]))
-        elif name == "ATOMIC_GROUP":
-            out.append(_emit(arg))
-        elif name == "BRANCH":
-            out.append(_emit(arg[1][0]))
-        elif name != "AT":  # anchors match where they stand; anything else is too hard
-            raise _Unbuildable(name)
-        if sum(map(len, out)) > _MAX_EXAMPLE:
-            raise _Unbuildable("too long")
-    return "".join(out)
-
-
-_CATEGORY_EXAMPLES: Final = {
-    "CATEGORY_DIGIT": "0",
-    "CATEGORY_NOT_DIGIT": "a",
-    "CATEGORY_WORD": "a",
-    "CATEGORY_NOT_WORD": " ",
-    "CATEGORY_SPACE": " ",
-    "CATEGORY_NOT_SPACE": "a",
-}
-
-
-def _from_class(items: Sequence[Any]) -> str:
-    """One character of a ``[...]`` class (or of a negated one)."""
-    if items and str(items[0][0]) == "NEGATE":
-        for candidate in "a0A _-.~!":
-            if not _in_class(candidate, items[1:]):
-                return candidate
-        raise _Unbuildable("negated class")
-    op, arg = items[0]
-    name = str(op)
-    if name == "LITERAL":
-        return chr(arg)
-    if name == "RANGE":
-        return chr(arg[0])
-    if name == "CATEGORY" and str(arg) in _CATEGORY_EXAMPLES:
-        return _CATEGORY_EXAMPLES[str(arg)]
-    raise _Unbuildable(name)
-
-
-def _in_class(char: str, items: Sequence[Any]) -> bool:
-    for op, arg in items:
-        name = str(op)
-        if name == "LITERAL" and ord(char) == arg:
-            return True
-        if name == "RANGE" and arg[0] <= ord(char) <= arg[1]:
-            return True
-        if name == "CATEGORY" and str(arg) in _CATEGORY_PATTERNS:
-            if re.fullmatch(_CATEGORY_PATTERNS[str(arg)], char):
-                return True
-    return False
-
-
-_CATEGORY_PATTERNS: Final = {
-    "CATEGORY_DIGIT": r"\d",
-    "CATEGORY_NOT_DIGIT": r"\D",
-    "CATEGORY_WORD": r"\w",
-    "CATEGORY_NOT_WORD": r"\W",
-    "CATEGORY_SPACE": r"\s",
-    "CATEGORY_NOT_SPACE": r"\S",
-}
