@@ -277,7 +277,8 @@ class ChatCompletions:
                 async with asyncio.timeout(timeout):
                     await queue.put(record)
             except TimeoutError:
-                dropped = abort(scope, "slow chat stream reader") or True
+                abort(scope, "slow chat stream reader")
+                dropped = True
                 return False
             return True
 
@@ -300,7 +301,8 @@ class ChatCompletions:
                     async with asyncio.timeout(timeout):
                         await queue.join()
                 except TimeoutError:
-                    dropped = abort(scope, "chat stream reader left its last records") or True
+                    abort(scope, "chat stream reader left its last records")
+                    dropped = True
             finally:
                 with contextlib.suppress(asyncio.QueueFull):
                     queue.put_nowait(None)
@@ -310,10 +312,13 @@ class ChatCompletions:
             if not queue.empty():
                 return queue.get_nowait()
             getter = asyncio.ensure_future(queue.get())
-            await asyncio.wait((getter, producer), return_when=asyncio.FIRST_COMPLETED)
-            if getter.done():
+            try:
+                await asyncio.wait((getter, producer), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                if not getter.done():
+                    getter.cancel()
+            if getter.done() and not getter.cancelled():
                 return getter.result()
-            getter.cancel()
             return queue.get_nowait() if not queue.empty() else None
 
         self.running += 1
