@@ -349,7 +349,8 @@ def _check_parameters(name: str, schema: dict[str, object], param: str) -> None:
     why = schema_limits(schema)
     kind = schema.get("type", "object")
     if why is None and kind != "object":
-        why = f"""schema must be a JSON Schema of 'type: "object"', got 'type: {kind!r}'"""
+        got = msgspec.json.encode(kind).decode()
+        why = f"""schema must be a JSON Schema of 'type: "object"', got 'type: {got}'"""
     if why is None:
         try:
             jsonschema.Draft202012Validator.check_schema(schema)
