@@ -199,7 +199,7 @@ def test_the_sdk_stream_helper_parses_the_stream(server: Any) -> None:
     assert "tool_calls.function.arguments.delta" in kinds
     assert "tool_calls.function.arguments.done" in kinds
     [choice] = final.choices
-    assert choice.finish_reason == "tool_calls"
+    assert choice.finish_reason == "stop"  # a forced call ends with stop, as OpenAI's does
     [call] = choice.message.tool_calls or []
     assert call.function.name == "get_weather"
     assert call.function.parsed_arguments == {"city": "city-0"}
@@ -330,7 +330,7 @@ def test_prefill_is_charged_for_the_uncached_tokens_only(server: Any) -> None:
     body = json.dumps({"model": "sim", "messages": messages}).encode()
 
     def start() -> Any:
-        started = chat._start(decode_chat_request(body))
+        started = chat._start(decode_chat_request(body), "")
         turn, _ = asyncio.run_coroutine_threadsafe(started, server.app.state.loop).result(10)
         return turn.sample_request
 

@@ -65,7 +65,7 @@ from protocol.response import FormatJSONSchema, TextFormat
 from ..config import Switches
 from .classifier import Finding, Policy, redact, scan
 from .compaction import Compactor, refused
-from .structured import check_format
+from .structured import check_format, schema_limits
 
 __all__ = [
     "TOOL_NAME_PATTERN",
@@ -132,7 +132,8 @@ class Pipeline:
     # --- validation -----------------------------------------------------------
 
     def check_tools(self, tools: Sequence[FunctionTool], *, cached: bool = True) -> None:
-        """Tool names and parameter schemas (JSON Schema metaschema).
+        """Tool names and parameter schemas (JSON Schema metaschema, an object
+        schema at the root, within ``structured.schema_limits``).
 
         A tool list already checked is not checked again when ``cached`` and
         incremental validation is on. Raises :class:`RemoteProtocolError`.
@@ -157,14 +158,7 @@ class Pipeline:
                 )
             names.add(tool.name)
             if tool.parameters is not None:
-                try:
-                    jsonschema.Draft202012Validator.check_schema(tool.parameters)
-                except jsonschema.SchemaError as exc:
-                    raise RemoteProtocolError(
-                        f"Invalid schema for function '{tool.name}': {exc.message}.",
-                        code=ErrorCode.INVALID_VALUE,
-                        param=f"tools[{index}].parameters",
-                    ) from None
+                _check_parameters(tool.name, tool.parameters, f"tools[{index}].parameters")
         if len(self._checked_tools) > 1024:
             self._checked_tools.clear()
         self._checked_tools[key] = None
@@ -347,3 +341,26 @@ def _redacted(item: Item, found: Sequence[Finding]) -> Item:
     if isinstance(item, FunctionCallOutput):
         return msgspec.structs.replace(item, output=redact(item_text(item.output), found))
     return item  # pragma: no cover - only these two are classified
+
+
+def _check_parameters(name: str, schema: dict[str, object], param: str) -> None:
+    """A function's ``parameters``: an object schema (as the shipped API
+    requires), within the size limits, valid under the metaschema."""
+    why = schema_limits(schema)
+    kind = schema.get("type", "object")
+    if why is None and kind != "object":
+        got = msgspec.json.encode(kind).decode()
+        why = f"""schema must be a JSON Schema of 'type: "object"', got 'type: {got}'"""
+    if why is None:
+        try:
+            jsonschema.Draft202012Validator.check_schema(schema)
+        except jsonschema.SchemaError as exc:
+            why = exc.message
+        except RecursionError:
+            why = "nested too deeply to check"
+    if why is not None:
+        raise RemoteProtocolError(
+            f"Invalid schema for function '{name}': {why}.",
+            code=ErrorCode.INVALID_VALUE,
+            param=param,
+        )

@@ -64,6 +64,7 @@ from .chat_wire import (
     FunctionName,
     JSONSchemaSpec,
     NamedToolChoice,
+    OtherPart,
     RefusalPart,
     ResponseFormat,
     ResponseFormatJSONObject,
@@ -97,13 +98,36 @@ _ROLES: Final[dict[type, Literal["system", "developer", "user"]]] = {
 }
 
 
-def message_text(content: str | Sequence[TextPart | RefusalPart] | None) -> str:
-    """The text of a message's ``content`` (parts joined as they come)."""
+def message_text(content: str | Sequence[TextPart | RefusalPart | OtherPart] | None) -> str:
+    """The text of a message's ``content`` (parts joined as they come; a part
+    that is not text or a refusal adds nothing)."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
-    return "".join(part.text if isinstance(part, TextPart) else part.refusal for part in content)
+    return "".join(
+        part.text
+        if isinstance(part, TextPart)
+        else part.refusal
+        if isinstance(part, RefusalPart)
+        else ""
+        for part in content
+    )
+
+
+def _read_text(content: str | Sequence[TextPart | OtherPart], where: str) -> str:
+    """The text of a request message's ``content``; a part this server does
+    not read is ``invalid_value`` (param ``<where>.content[i].type``)."""
+    if not isinstance(content, str):
+        for index, part in enumerate(content):
+            if isinstance(part, OtherPart):
+                param = f"{where}.content[{index}].type"
+                raise RemoteProtocolError(
+                    f"Invalid value for '{param}': this server reads text parts only.",
+                    code=ErrorCode.INVALID_VALUE,
+                    param=param,
+                )
+    return message_text(content)
 
 
 # --- messages -> items (the server's direction) --------------------------------
@@ -126,7 +150,7 @@ def items_from_messages(messages: Sequence[ChatMessage], *, answered: bool = Tru
             _unanswered(open_calls)
         if isinstance(message, SystemMessage | DeveloperMessage | UserMessage):
             role = _ROLES[type(message)]
-            items.append(Message(role=role, content=message_text(message.content)))
+            items.append(Message(role=role, content=_read_text(message.content, where)))
         elif isinstance(message, AssistantMessage):
             items.extend(_assistant_items(message, where, seen, open_calls))
         else:
@@ -140,7 +164,7 @@ def items_from_messages(messages: Sequence[ChatMessage], *, answered: bool = Tru
             open_calls.pop(message.tool_call_id, None)
             items.append(
                 FunctionCallOutput(
-                    call_id=message.tool_call_id, output=message_text(message.content)
+                    call_id=message.tool_call_id, output=_read_text(message.content, where)
                 )
             )
     if answered and open_calls:
@@ -231,6 +255,7 @@ def messages_from_items(
         elif isinstance(item, FunctionCall):
             call = ToolCall(
                 id=item.call_id,
+                type="function",
                 function=ToolCallFunction(name=item.name, arguments=item.arguments),
             )
             if assistant is None:
@@ -299,9 +324,10 @@ def tool_choice_from_chat(
 ) -> ToolChoice:
     """The engine's ``tool_choice``; a named tool must be among ``tools``.
 
-    As OpenAI: ``auto`` without tools is ``none``; any other choice without
-    tools, or a name that is not a tool, is ``invalid_value`` (param
-    ``tool_choice``, or ``tool_choice.function.name``).
+    Absent, it is ``auto`` with tools and ``none`` without. Without tools
+    only ``none`` may be given: any other choice (``auto`` included), or a
+    name that is not a tool, is ``invalid_value`` (param ``tool_choice``, or
+    ``tool_choice.function.name``).
     """
     if choice is None:
         return "auto" if tools else "none"

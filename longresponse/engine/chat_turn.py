@@ -7,7 +7,7 @@ A chat completion is stateless: the request carries the whole conversation.
 the conversation's items with the same template and tokenizer as every
 rollout (``longresponse.engine.render``: the tools' system segment, then one
 segment per item) and hashes the prompt's full blocks for the prefix cache
-(``longresponse.engine.prefix_cache``).
+(``longresponse.engine.prefix_cache``), in the API key owner's own chain.
 
 :class:`ChatTurn` then runs the model's sampler over the items and turns its
 chunks into ``chat.completion.chunk`` objects as they come, so a stream is
@@ -21,9 +21,12 @@ as fast as the model decodes:
   the later ones the same ``index`` and a piece of ``function.arguments``;
   parallel calls count ``index`` up from 0;
 - the last chunk has an empty delta and ``finish_reason`` (``stop``,
-  ``tool_calls``, or ``length`` when ``max_tokens`` cut the answer), then,
+  ``tool_calls``, or ``length`` when ``max_tokens`` cut the answer; calls
+  forced by a named ``tool_choice`` end with ``stop``, as OpenAI's and
+  vLLM's do), then,
   when ``stream_options.include_usage`` asked for it, one chunk with
   ``choices: []`` and ``usage`` (every chunk before it has ``usage: null``).
+  Every chunk has ``system_fingerprint: null``, as the completion does.
 
 The same turn, read to its end, is also the non-streaming answer
 (:meth:`ChatTurn.completion`). Output tokens are counted as the Responses
@@ -41,7 +44,14 @@ from typing import Final, Literal
 
 import msgspec
 
-from protocol.items import FunctionCall, FunctionTool, Item, Message, OutputText
+from protocol.items import (
+    FunctionCall,
+    FunctionTool,
+    Item,
+    Message,
+    OutputText,
+    ToolChoiceFunction,
+)
 
 from .chat_wire import (
     ChatChoice,
@@ -59,7 +69,7 @@ from .chat_wire import (
     ToolCallDelta,
 )
 from .models import ArgumentsDelta, ItemEnd, Sampler, SampleRequest, Stop, TextDelta, ToolCallStart
-from .prefix_cache import block_digests
+from .prefix_cache import block_digests, cache_seed
 from .render import encode, render_item, render_prefix
 from .stream import ItemText
 
@@ -75,18 +85,24 @@ _FINISH: Final[dict[str, FinishReason]] = {
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ChatPrompt:
-    """A conversation rendered: its tokens and the digests of their full blocks."""
+    """A conversation rendered: its tokens, the digests of their full blocks,
+    and the seed of those digests (``cache_seed``: whose cache, which model)."""
 
     tokens: list[int]
     digests: list[bytes]
+    seed: str
 
 
-def render_prompt(model: str, items: Sequence[Item], tools: Sequence[FunctionTool]) -> ChatPrompt:
-    """Render and hash a conversation (pure: safe in a worker thread)."""
+def render_prompt(
+    model: str, items: Sequence[Item], tools: Sequence[FunctionTool], *, owner: str = ""
+) -> ChatPrompt:
+    """Render and hash a conversation for ``owner`` (the API key's; pure: safe
+    in a worker thread)."""
     tokens = render_prefix(None, tools)
     for item in items:
         tokens.extend(render_item(item))
-    return ChatPrompt(tokens, block_digests(model, tokens))
+    seed = cache_seed(owner, model)
+    return ChatPrompt(tokens, block_digests(seed, tokens), seed)
 
 
 class ChatTurn:
@@ -134,6 +150,7 @@ class ChatTurn:
             model=self.model,
             choices=[ChunkChoice(index=0, delta=delta, finish_reason=finish)],
             usage=None if self._include_usage else msgspec.UNSET,
+            system_fingerprint=None,
         )
 
     async def chunks(self) -> AsyncIterator[ChatCompletionChunk]:
@@ -180,7 +197,7 @@ class ChatTurn:
                 elif isinstance(sample, Stop):
                     if role is not None:
                         yield self._chunk(_delta(role, content=""))
-                    self._finish(_FINISH[sample.reason])
+                    self._finish(self._reason(sample.reason))
                     yield self._chunk(ChunkDelta(), self.finish_reason)
                     if self._include_usage:
                         yield ChatCompletionChunk(
@@ -189,10 +206,20 @@ class ChatTurn:
                             model=self.model,
                             choices=[],
                             usage=self.usage(),
+                            system_fingerprint=None,
                         )
                     return
         finally:
             await samples.aclose()
+
+    def _reason(self, stop: str) -> FinishReason:
+        """The chat ``finish_reason``: a call forced by a named ``tool_choice``
+        ends with ``stop`` (as OpenAI and vLLM report it), other calls with
+        ``tool_calls``."""
+        reason = _FINISH[stop]
+        if reason == "tool_calls" and isinstance(self._request.tool_choice, ToolChoiceFunction):
+            return "stop"
+        return reason
 
     def _finish(self, reason: FinishReason) -> None:
         if self._has_text:

@@ -14,7 +14,15 @@ a backend that calls such an engine can encode one:
   legal and change nothing here (one process has one prefix cache).
 - messages are a union tagged by ``role`` (``system``, ``developer``,
   ``user``, ``assistant`` with ``tool_calls``, ``tool`` with
-  ``tool_call_id``); content is a string or a list of ``text`` parts;
+  ``tool_call_id``); content is a string or a non-empty list of parts,
+  each with its ``type`` (only ``text`` is read: ``image_url``,
+  ``input_audio`` and ``file`` are refused by the mapping); an assistant
+  message may carry the fields the SDK puts on its own messages;
+- fields the SDK types that this server cannot honour (``logprobs: true``,
+  ``stop``, ``logit_bias``...) decode, then :func:`unsupported_field`
+  refuses them (``unsupported_parameter``), while ``logprobs: false``,
+  ``stop: null``, ``service_tier`` and ``stream_options.include_obfuscation``
+  (sent by gateways by default) are accepted;
 - :class:`ChatCompletion` (``object: "chat.completion"``) and
   :class:`ChatCompletionChunk` (``object: "chat.completion.chunk"``), the
   shapes the official SDK parses; a chunk's tool calls are index-based
@@ -38,6 +46,7 @@ from protocol.events import AtLeastOne, Metadata, Penalty, Temperature, TopP
 
 __all__ = [
     "AssistantMessage",
+    "AudioPart",
     "ChatChoice",
     "ChatCompletion",
     "ChatCompletionChunk",
@@ -50,11 +59,14 @@ __all__ = [
     "ChunkDelta",
     "CompletionTokensDetails",
     "DeveloperMessage",
+    "FilePart",
     "FunctionCallDelta",
     "FunctionDefinition",
     "FunctionName",
+    "ImagePart",
     "JSONSchemaSpec",
     "NamedToolChoice",
+    "OtherPart",
     "PromptTokensDetails",
     "ReplyFunction",
     "ReplyMessage",
@@ -76,6 +88,7 @@ __all__ = [
     "decode_chat_completion",
     "decode_chat_request",
     "decode_tokenize_request",
+    "unsupported_field",
 ]
 
 
@@ -94,20 +107,42 @@ class RefusalPart(_Strict, frozen=True, tag_field="type", tag="refusal"):
     refusal: str
 
 
-Content = str | list[TextPart]
+class OtherPart(Struct, frozen=True, kw_only=True, tag_field="type"):
+    """A content part this server does not read (an image, audio, a file). It
+    is decoded so that every part's ``type`` is required (a lone tagged
+    Struct would take a part without one), then refused by the mapping."""
+
+
+class ImagePart(OtherPart, frozen=True, tag="image_url"):
+    pass
+
+
+class AudioPart(OtherPart, frozen=True, tag="input_audio"):
+    pass
+
+
+class FilePart(OtherPart, frozen=True, tag="file"):
+    pass
+
+
+Content = str | Annotated[list[TextPart | ImagePart | AudioPart | FilePart], Meta(min_length=1)]
 
 
 class ToolCallFunction(_Strict, frozen=True):
     name: str
     arguments: str
+    #: The SDK's ``parse()`` adds the decoded arguments: accepted, ignored.
+    parsed_arguments: Any = UNSET
 
 
 class ToolCall(_Strict, frozen=True):
-    """A call an assistant message made: ``{id, type: "function", function}``."""
+    """A call an assistant message made: ``{id, type: "function", function}``
+    (``index``: left by the SDK's stream accumulator; accepted, ignored)."""
 
     id: str
+    type: Literal["function"]
     function: ToolCallFunction
-    type: Literal["function"] = "function"
+    index: int | UnsetType = UNSET
 
 
 class _Message(_Strict, frozen=True, tag_field="role"):
@@ -131,13 +166,22 @@ class UserMessage(_Message, frozen=True, tag="user"):
 
 class AssistantMessage(_Message, frozen=True, tag="assistant"):
     """An earlier model turn: text, tool calls or both (``reasoning_content``:
-    the vLLM / DeepSeek field for the model's reasoning)."""
+    the vLLM / DeepSeek field for the model's reasoning).
 
-    content: str | list[TextPart | RefusalPart] | None = None
-    tool_calls: list[ToolCall] | UnsetType = UNSET
+    The fields the official SDK puts on its own messages (``annotations``,
+    ``audio``, ``function_call``, ``parsed``; ``refusal``), so a client may
+    append ``choices[0].message`` as it came, are accepted and ignored.
+    """
+
+    content: str | Annotated[list[TextPart | RefusalPart], Meta(min_length=1)] | None = None
+    tool_calls: list[ToolCall] | UnsetType | None = UNSET
     refusal: str | UnsetType | None = UNSET
     reasoning_content: str | UnsetType | None = UNSET
     name: str | UnsetType = UNSET
+    annotations: list[Any] | UnsetType | None = UNSET
+    audio: Any = UNSET
+    function_call: Any = UNSET
+    parsed: Any = UNSET
 
 
 class ToolMessage(_Message, frozen=True, tag="tool"):
@@ -198,6 +242,8 @@ ResponseFormat = ResponseFormatText | ResponseFormatJSONObject | ResponseFormatJ
 
 class StreamOptions(_Strict, frozen=True):
     include_usage: bool = False
+    #: OpenAI's padding of stream events against side channels: nothing to pad here.
+    include_obfuscation: bool | None = None
 
 
 class ChatRequest(_Strict, frozen=True):
@@ -216,7 +262,7 @@ class ChatRequest(_Strict, frozen=True):
     top_p: TopP | None = None
     frequency_penalty: Penalty | None = None
     presence_penalty: Penalty | None = None
-    seed: int | None = None
+    seed: Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)] | None = None
     n: int | None = None
     user: str | None = None
     metadata: Metadata | None = None
@@ -225,8 +271,48 @@ class ChatRequest(_Strict, frozen=True):
     safety_identifier: str | None = None
     #: OpenAI's cache hint and llama.cpp's: accepted, nothing to do (one cache).
     prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
     cache_prompt: bool | None = None
     id_slot: int | None = None
+    #: Accepted as gateways send them by default; nothing to change here.
+    service_tier: str | None = None
+    #: Typed by the SDK, not supported: refused by :func:`unsupported_field`
+    #: unless off (``false``, ``null``, empty).
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    stop: str | list[str] | None = None
+    logit_bias: dict[str, float] | None = None
+    reasoning_effort: str | None = None
+    modalities: list[str] | None = None
+    audio: dict[str, Any] | None = None
+    prediction: dict[str, Any] | None = None
+    web_search_options: dict[str, Any] | None = None
+    verbosity: str | None = None
+    functions: list[dict[str, Any]] | None = None
+    function_call: str | dict[str, Any] | None = None
+
+
+UNSUPPORTED_PARAMETER: Final = "unsupported_parameter"
+#: The fields of :class:`ChatRequest` the SDK types but this server cannot honour.
+_UNSUPPORTED: Final = (
+    "logprobs", "top_logprobs", "stop", "logit_bias", "reasoning_effort", "modalities",
+    "audio", "prediction", "web_search_options", "verbosity", "functions", "function_call",
+)  # fmt: skip
+
+
+def unsupported_field(request: ChatRequest) -> RemoteProtocolError | None:
+    """The refusal of the first field set that this server does not support
+    (``unsupported_parameter``, its ``param``), or None when there is none."""
+    for name in _UNSUPPORTED:
+        value = getattr(request, name)
+        if value is None or value is False or value == {} or value == []:
+            continue
+        return RemoteProtocolError(
+            f"Unsupported parameter: '{name}' is not supported by this server.",
+            code=UNSUPPORTED_PARAMETER,
+            param=name,
+        )
+    return None
 
 
 class TokenizeRequest(_Strict, frozen=True):
@@ -348,6 +434,8 @@ class ChatCompletionChunk(
     #: ``null`` on every chunk when usage was asked for, then set on the last
     #: one (whose ``choices`` is empty); absent otherwise.
     usage: ChatUsage | UnsetType | None = UNSET
+    #: ``null`` from this server, on every chunk (as on the completion).
+    system_fingerprint: str | UnsetType | None = UNSET
 
 
 # --- decoding ----------------------------------------------------------------

@@ -9,10 +9,12 @@ across pauses (a real model would keep its KV cache there).
 only on its context and request. When function tools are offered and allowed
 it calls them (arguments generated from each tool's JSON schema) until it has
 made ``sim_tool_calls`` calls since the last user message, ``sim_parallel_calls``
-per turn; then it answers with a message quoting the first 40 characters of
-every user message and every tool output in its context, so a test can prove
-the model saw its whole context. Asked for JSON (``text.format``), it writes
-that answer as JSON instead (``longresponse.engine.structured``).
+per turn (under ``tool_choice: "required"`` or a named tool, at least one
+call every turn, as the shipped API forces one); then it answers with a
+message quoting the first 40 characters of every user message and every
+tool output in its context, so a test can prove the model saw its whole
+context. Asked for JSON (``text.format``), it writes that answer as JSON
+instead (``longresponse.engine.structured``).
 ``max_output_tokens`` is the Response's budget in tokens: a call whose
 arguments would not fit is not started, and the answer stops at the last word
 (or JSON slice) that fits, so ``usage.output_tokens`` never exceeds it. Its
@@ -290,9 +292,11 @@ class SimSampler:
             if isinstance(item, FunctionCall):
                 made += 1
         wanted = _int_meta(request.metadata, "sim_tool_calls", 1)
-        if request.tool_choice == "required":
-            wanted = max(wanted, 1)
         remaining = wanted - made
+        if request.tool_choice == "required" or isinstance(
+            request.tool_choice, ToolChoiceFunction
+        ):
+            remaining = max(remaining, 1)  # forced: a call every turn, results or not
         if remaining <= 0:
             return []
         per_turn = _int_meta(request.metadata, "sim_parallel_calls", 1) or 1
@@ -394,16 +398,20 @@ class SimSampler:
         budget (run in a worker thread).
 
         Padding past the budget could never be sent (a word is a token at
-        least), so the text is no longer than the budget allows.
+        least), so the text is no longer than the budget allows; nor is the
+        value (``answer_in_format`` charges it to the budget as it builds it).
         """
         text = self._summary(request)
         padding = _int_meta(request.metadata, "sim_output_tokens", 0) - len(text.split(" "))
         if budget is not None:
             padding = min(padding, budget)
         text = "".join([text, *(piece for piece, _ in _padding(padding))])
-        encoded = answer_in_format(request.text_format, text)
+        encoded, whole = answer_in_format(request.text_format, text, budget)
         pieces = [encoded[start : start + 8] for start in range(0, len(encoded), 8)]
-        return pieces, len(pieces) if budget is None else _fit(pieces, budget)
+        fits = len(pieces) if budget is None else _fit(pieces, budget)
+        if not whole:  # the budget ran out inside the value: never sent as complete
+            fits = min(fits, len(pieces) - 1)
+        return pieces, fits
 
 
 @functools.cache

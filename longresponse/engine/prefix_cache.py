@@ -13,8 +13,10 @@ counts as cached, honestly and by the same rules:
 - a prompt is cut into blocks of :data:`BLOCK_TOKENS` tokens; only full
   blocks are cached. Block ``i`` is named by a hash chained over every token
   before its end (``digest_i = blake2b(digest_{i-1} + tokens_i)``, the first
-  seeded with the model's name), so a block is found only when its whole
-  prefix matches, as in vLLM;
+  seeded with the API key's owner and the model's name, :func:`cache_seed`),
+  so a block is found only when its whole prefix matches, as in vLLM, and
+  only by the tenant who sent it: another key cannot probe for a prompt
+  through ``cached_tokens``;
 - a lookup walks the chain from the first block until one is missing; the
   cached length is that many blocks, but never the whole prompt: at least
   one token is left to compute (the last block then counts as missing);
@@ -50,6 +52,7 @@ __all__ = [
     "ENTRY_BYTES",
     "PrefixCache",
     "block_digests",
+    "cache_seed",
 ]
 
 #: Tokens per cached block (vLLM's default block size).
@@ -61,15 +64,21 @@ ENTRY_BYTES: Final = 140
 _DIGEST_BYTES: Final = 16
 
 
-def block_digests(model: str, tokens: Sequence[int], *, known: Sequence[bytes] = ()) -> list[bytes]:
+def cache_seed(owner: str, model: str) -> str:
+    """What the first block's digest is seeded with: one chain per owner and model."""
+    return f"{owner}\0{model}"
+
+
+def block_digests(seed: str, tokens: Sequence[int], *, known: Sequence[bytes] = ()) -> list[bytes]:
     """The chained digests of every full block of ``tokens`` (see the module
-    docstring); ``known``: the digests of its first blocks, already computed."""
+    docstring), the first seeded with ``seed`` (:func:`cache_seed`, or a model
+    name); ``known``: the digests of its first blocks, already computed."""
     step = BLOCK_TOKENS * 4
     digests = list(known)
     if digests:
         digest = digests[-1]
     else:
-        digest = hashlib.blake2b(model.encode(), digest_size=_DIGEST_BYTES).digest()
+        digest = hashlib.blake2b(seed.encode(), digest_size=_DIGEST_BYTES).digest()
     packed = array("I", tokens[len(digests) * BLOCK_TOKENS :]).tobytes()
     for start in range(0, (len(packed) // step) * step, step):
         digest = hashlib.blake2b(

@@ -17,6 +17,13 @@ the model must follow it exactly). Before anything is accepted,
   points inside the schema; no keyword outside :data:`STRICT_KEYWORDS`; at
   most :data:`MAX_NESTING` levels of ``properties`` and ``items``.
 
+Every schema (strict or not, and every tool's ``parameters``) must also
+stay inside two limits that keep the checks and the answer bounded
+(:func:`schema_limits`): at most :data:`MAX_SCHEMA_DEPTH` levels of JSON
+objects and arrays, and no ``minItems`` / ``minLength`` / ``minProperties``
+/ ``minContains`` above :data:`MAX_SCHEMA_COUNT`. A schema too deep for the
+metaschema check (``RecursionError``) is refused the same way.
+
 A schema that fails is ``invalid_value`` with param ``text.format.schema``;
 the message says where in the schema (a JSON pointer) and why.
 
@@ -29,15 +36,21 @@ every free string (no ``enum``, ``const`` or ``format``, and a ``pattern``
 the text meets) holds the text itself, so the answer still quotes its whole
 context. A string whose ``pattern`` the text does not meet gets an example
 built from the pattern (its first branch, the least repetitions, the first
-character of each class).
+character of each class: ``longresponse.engine.patterns``).
+
+The answer is bounded by the Response's output budget before it is built:
+every value costs at least one token, and a string one more per
+:data:`_CHARS_PER_TOKEN` characters, so an array of ``minItems`` (or a
+padded ``minLength``) stops where the budget does, and a ``$ref`` cycle
+ends after :data:`_GIVE_UP` levels. An answer cut short this way is
+reported incomplete (the model ran out of tokens), never sent as complete.
 """
 
 from __future__ import annotations
 
-import importlib
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, Final
 
 import jsonschema
@@ -46,12 +59,17 @@ import msgspec
 from protocol import ErrorCode, RemoteProtocolError
 from protocol.response import FormatJSONObject, FormatJSONSchema, TextFormat
 
+from .patterns import pattern_example, pattern_matches
+
 __all__ = [
     "FORMAT_NAME_PATTERN",
     "MAX_NESTING",
+    "MAX_SCHEMA_COUNT",
+    "MAX_SCHEMA_DEPTH",
     "STRICT_KEYWORDS",
     "answer_in_format",
     "check_format",
+    "schema_limits",
     "value_for_schema",
 ]
 
@@ -60,6 +78,17 @@ FORMAT_NAME_PATTERN: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 #: Levels of ``properties`` / ``items`` a strict schema may nest.
 MAX_NESTING: Final = 10
+
+#: Levels of JSON objects and arrays any schema may nest (a strict schema's
+#: ten levels of ``properties`` take about twenty; the metaschema check
+#: itself recurses past about 160).
+MAX_SCHEMA_DEPTH: Final = 64
+
+#: The largest ``minItems`` / ``minLength`` / ``minProperties`` / ``minContains``.
+MAX_SCHEMA_COUNT: Final = 10_000
+_COUNT_KEYWORDS: Final = frozenset({"minItems", "minLength", "minProperties", "minContains"})
+#: Keywords whose value is data, not a schema (not walked by :func:`schema_limits`).
+_DATA_KEYWORDS: Final = frozenset({"enum", "const", "default", "examples"})
 
 #: The keywords a strict schema may use (annotations included).
 STRICT_KEYWORDS: Final = frozenset(
@@ -91,13 +120,14 @@ _FORMAT_VALUES: Final[Mapping[str, str]] = {
 
 #: Beyond this depth the generator takes the shortest way out (null, empty array).
 _DEEP: Final = 16
+#: Beyond this depth it gives up (a ``$ref`` cycle with no way out): null, incomplete.
+_GIVE_UP: Final = 32
+#: A string costs one token per this many characters (fewer than any tokenizer
+#: packs into one; the cost only bounds the work, the real count cuts the answer).
+_CHARS_PER_TOKEN: Final = 64
+#: The output budget when a request sets none (the simulated models' largest answer).
+DEFAULT_ANSWER_TOKENS: Final = 128_000
 
-#: The stdlib's own parser of regular expressions (private, but shipped with
-#: every Python this project supports): it turns a ``pattern`` into the parts
-#: an example string is built from.
-_re_parser: Any = importlib.import_module("re._parser")
-#: The longest example string built for a ``pattern``.
-_MAX_EXAMPLE: Final = 4096
 
 
 def _refuse(where: str, why: str) -> RemoteProtocolError:
@@ -106,6 +136,29 @@ def _refuse(where: str, why: str) -> RemoteProtocolError:
         code=ErrorCode.INVALID_VALUE,
         param=_SCHEMA_PARAM,
     )
+
+
+def schema_limits(schema: Any) -> str | None:
+    """Where and why ``schema`` breaks the size limits (see the module
+    docstring), as ``"at '#/pointer': reason"``; None when it keeps them.
+    Walks without recursion, so any depth is safe to ask about."""
+    stack: list[tuple[Any, int, str]] = [(schema, 1, "#")]
+    while stack:
+        node, depth, where = stack.pop()
+        if depth > MAX_SCHEMA_DEPTH:
+            return f"at '{where}': nested deeper than {MAX_SCHEMA_DEPTH} levels"
+        if isinstance(node, Mapping):
+            children = list(node.items())
+        elif isinstance(node, list):
+            children = list(enumerate(node))
+        else:
+            continue
+        for key, sub in children:
+            if key in _COUNT_KEYWORDS and isinstance(sub, int) and sub > MAX_SCHEMA_COUNT:
+                return f"at '{where}': '{key}' above {MAX_SCHEMA_COUNT} ({sub})"
+            if isinstance(sub, Mapping | list) and key not in _DATA_KEYWORDS:
+                stack.append((sub, depth + 1, f"{where}/{key}"))
+    return None
 
 
 def check_format(text_format: TextFormat | None) -> None:
@@ -123,11 +176,20 @@ def check_format(text_format: TextFormat | None) -> None:
             param="text.format.name",
         )
     schema = text_format.schema
+    too_big = schema_limits(schema)
+    if too_big is not None:
+        raise RemoteProtocolError(
+            f"Invalid schema for response format {too_big}.",
+            code=ErrorCode.INVALID_VALUE,
+            param=_SCHEMA_PARAM,
+        )
     try:
         jsonschema.Draft202012Validator.check_schema(schema)
     except jsonschema.SchemaError as exc:
         pointer = "#" + "".join(f"/{part}" for part in exc.path)
         raise _refuse(pointer, exc.message) from None
+    except RecursionError:
+        raise _refuse("#", "nested too deeply to check") from None
     if text_format.strict:
         _check_strict(schema, schema, "#", 0)
 
@@ -198,72 +260,116 @@ def _resolve(ref: Any, root: Mapping[str, Any]) -> Any:
 # --- the simulated model's side ------------------------------------------------
 
 
-def answer_in_format(text_format: TextFormat | None, text: str) -> str:
-    """``text`` as the model writes it in ``text_format``: as is, or as compact JSON."""
+def answer_in_format(
+    text_format: TextFormat | None, text: str, budget: int | None = None
+) -> tuple[str, bool]:
+    """``text`` as the model writes it in ``text_format`` (as is, or as compact
+    JSON), and whether the JSON is whole: False when ``budget`` (tokens;
+    :data:`DEFAULT_ANSWER_TOKENS` when None) ran out before the value did."""
     if isinstance(text_format, FormatJSONSchema):
-        value = value_for_schema(text_format.schema, text)
-    elif isinstance(text_format, FormatJSONObject):
-        value = {"answer": text}
-    else:
-        return text
-    return msgspec.json.encode(value).decode()
+        writer = _Writer(text_format.schema, text, budget)
+        value = writer.value(text_format.schema, 0)
+        return msgspec.json.encode(value).decode(), writer.complete
+    if isinstance(text_format, FormatJSONObject):
+        return msgspec.json.encode({"answer": text}).decode(), True
+    return text, True
 
 
-def value_for_schema(schema: Mapping[str, Any], text: str) -> Any:
-    """The first value ``schema`` allows, with ``text`` in every free string."""
-    return _value(schema, schema, text, 0)
+def value_for_schema(schema: Mapping[str, Any], text: str, budget: int | None = None) -> Any:
+    """The first value ``schema`` allows, with ``text`` in every free string
+    (cut short where ``budget`` tokens run out)."""
+    return _Writer(schema, text, budget).value(schema, 0)
 
 
-def _value(schema: Any, root: Mapping[str, Any], text: str, depth: int) -> Any:
-    if not isinstance(schema, Mapping):
-        return text  # ``true`` (anything goes)
-    if "$ref" in schema:
-        target = _resolve(schema["$ref"], root)
-        return _value(target if target is not None else {}, root, text, depth + 1)
-    if "const" in schema:
-        return schema["const"]
-    if schema.get("enum"):
-        return schema["enum"][0]
-    branches = schema.get("anyOf") or schema.get("oneOf")
-    if branches:
-        nullable = [b for b in branches if isinstance(b, Mapping) and _types(b) == ["null"]]
-        branch = nullable[0] if depth > _DEEP and nullable else branches[0]
-        return _value(branch, root, text, depth + 1)
-    types = _types(schema)
-    if not types:
-        types = ["object"] if "properties" in schema else ["string"]
-    kind = "null" if depth > _DEEP and "null" in types else types[0]
-    if kind == "object":
-        properties = schema.get("properties") or {}
-        return {key: _value(sub, root, text, depth + 1) for key, sub in properties.items()}
-    if kind == "array":
-        low = int(schema.get("minItems", 0))
-        count = low if depth > _DEEP else max(low, 1)
-        if "maxItems" in schema:
-            count = min(count, int(schema["maxItems"]))
-        return [_value(schema.get("items", {}), root, text, depth + 1) for _ in range(count)]
-    if kind in ("integer", "number"):
-        return _number(schema, integer=kind == "integer")
-    if kind == "boolean":
+class _Writer:
+    """Builds the first value a schema allows, charging each value to a budget."""
+
+    def __init__(self, root: Mapping[str, Any], text: str, budget: int | None) -> None:
+        self.root = root
+        self.text = text
+        self.left = DEFAULT_ANSWER_TOKENS if budget is None else max(0, budget)
+        self.complete = True
+
+    def _charge(self, tokens: int) -> bool:
+        if tokens > self.left:
+            self.left = 0
+            self.complete = False
+            return False
+        self.left -= tokens
         return True
-    if kind == "null":
-        return None
-    return _string(schema, text)
+
+    def value(self, schema: Any, depth: int) -> Any:
+        if depth > _GIVE_UP or not self._charge(1):
+            self.complete = False
+            return None
+        if not isinstance(schema, Mapping):
+            return self._string({})  # ``true`` (anything goes)
+        if "$ref" in schema:
+            target = _resolve(schema["$ref"], self.root)
+            return self.value(target if target is not None else {}, depth + 1)
+        if "const" in schema:
+            return schema["const"]
+        if schema.get("enum"):
+            return schema["enum"][0]
+        branches = schema.get("anyOf") or schema.get("oneOf")
+        if branches:
+            nullable = [b for b in branches if isinstance(b, Mapping) and _types(b) == ["null"]]
+            branch = nullable[0] if depth > _DEEP and nullable else branches[0]
+            return self.value(branch, depth + 1)
+        types = _types(schema)
+        if not types:
+            types = ["object"] if "properties" in schema else ["string"]
+        kind = "null" if depth > _DEEP and "null" in types else types[0]
+        if kind == "object":
+            result: dict[str, Any] = {}
+            for key, sub in (schema.get("properties") or {}).items():
+                if not self.left:
+                    self.complete = False
+                    break
+                result[key] = self.value(sub, depth + 1)
+            return result
+        if kind == "array":
+            low = int(schema.get("minItems", 0))
+            count = low if depth > _DEEP else max(low, 1)
+            if "maxItems" in schema:
+                count = min(count, int(schema["maxItems"]))
+            items: list[Any] = []
+            for _ in range(count):  # each item costs a token: the budget ends the loop
+                if not self.left:
+                    self.complete = False
+                    break
+                items.append(self.value(schema.get("items", {}), depth + 1))
+            return items
+        if kind in ("integer", "number"):
+            return _number(schema, integer=kind == "integer")
+        if kind == "boolean":
+            return True
+        if kind == "null":
+            return None
+        return self._string(schema)
+
+    def _string(self, schema: Mapping[str, Any]) -> str:
+        room = self.left * _CHARS_PER_TOKEN
+        value = _string(schema, self.text, room)
+        if not self._charge(len(value) // _CHARS_PER_TOKEN):
+            value = value[:room]
+        return value
 
 
-def _string(schema: Mapping[str, Any], text: str) -> str:
+def _string(schema: Mapping[str, Any], text: str, room: int) -> str:
+    """The string for ``schema``; ``minLength`` pads it to at most ``room`` characters."""
     known = _FORMAT_VALUES.get(schema.get("format", ""))
     if known is not None:
         return known
     value = text
     pattern = schema.get("pattern")
-    if isinstance(pattern, str) and not _search(pattern, text):
-        value = _pattern_example(pattern) or text
+    if isinstance(pattern, str) and not pattern_matches(pattern, text):
+        value = pattern_example(pattern) or text
     low, high = schema.get("minLength"), schema.get("maxLength")
     if isinstance(high, int):
         value = value[:high]
     if isinstance(low, int) and len(value) < low:
-        value += "." * (low - len(value))
+        value += "." * max(0, min(low, room) - len(value))
     return value
 
 
@@ -285,119 +391,21 @@ def _number(schema: Mapping[str, Any], *, integer: bool) -> int | float:
 
     starts = [0, low, high, above, below]
     candidates: list[float] = []
-    for start in (s for s in starts if isinstance(s, int | float)):
-        if step:
-            base = math.ceil(start / step) * step
-            candidates += [base, base + step, base - step]
-        else:
-            candidates += [start, start + 1, start - 1, start + 0.5, start - 0.5]
-    if low is not None and high is not None:
-        candidates.append((low + high) / 2)
-    for value in candidates:
-        if integer and value != int(value):
-            continue
-        if allowed(value):
-            return int(value) if integer else float(value)
-    return int(low or 0) if integer else float(low or 0)
-
-
-# --- an example string for a ``pattern`` ----------------------------------------
-
-
-class _Unbuildable(Exception):
-    pass
-
-
-def _search(pattern: str, value: str) -> bool:
     try:
-        return re.search(pattern, value) is not None
-    except re.error:
-        return False
-
-
-def _pattern_example(pattern: str) -> str | None:
-    """A short string ``pattern`` matches (None when no example can be built)."""
-    try:
-        example = _emit(_re_parser.parse(pattern))
-    except (re.error, _Unbuildable, RecursionError, TypeError, ValueError):
-        return None
-    return example if _search(pattern, example) else None
-
-
-def _emit(parts: Sequence[Any]) -> str:
-    out: list[str] = []
-    for op, arg in parts:
-        name = str(op)
-        if name == "LITERAL":
-            out.append(chr(arg))
-        elif name == "NOT_LITERAL":
-            out.append("b" if arg == ord("a") else "a")
-        elif name == "ANY":
-            out.append("a")
-        elif name == "IN":
-            out.append(_from_class(arg))
-        elif name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"):
-            low, _, sub = arg
-            out.append(_emit(sub) * low)
-        elif name == "SUBPATTERN":
-            out.append(_emit(arg[-1]))
-        elif name == "ATOMIC_GROUP":
-            out.append(_emit(arg))
-        elif name == "BRANCH":
-            out.append(_emit(arg[1][0]))
-        elif name != "AT":  # anchors match where they stand; anything else is too hard
-            raise _Unbuildable(name)
-        if sum(map(len, out)) > _MAX_EXAMPLE:
-            raise _Unbuildable("too long")
-    return "".join(out)
-
-
-_CATEGORY_EXAMPLES: Final = {
-    "CATEGORY_DIGIT": "0",
-    "CATEGORY_NOT_DIGIT": "a",
-    "CATEGORY_WORD": "a",
-    "CATEGORY_NOT_WORD": " ",
-    "CATEGORY_SPACE": " ",
-    "CATEGORY_NOT_SPACE": "a",
-}
-
-
-def _from_class(items: Sequence[Any]) -> str:
-    """One character of a ``[...]`` class (or of a negated one)."""
-    if items and str(items[0][0]) == "NEGATE":
-        for candidate in "a0A _-.~!":
-            if not _in_class(candidate, items[1:]):
-                return candidate
-        raise _Unbuildable("negated class")
-    op, arg = items[0]
-    name = str(op)
-    if name == "LITERAL":
-        return chr(arg)
-    if name == "RANGE":
-        return chr(arg[0])
-    if name == "CATEGORY" and str(arg) in _CATEGORY_EXAMPLES:
-        return _CATEGORY_EXAMPLES[str(arg)]
-    raise _Unbuildable(name)
-
-
-def _in_class(char: str, items: Sequence[Any]) -> bool:
-    for op, arg in items:
-        name = str(op)
-        if name == "LITERAL" and ord(char) == arg:
-            return True
-        if name == "RANGE" and arg[0] <= ord(char) <= arg[1]:
-            return True
-        if name == "CATEGORY" and str(arg) in _CATEGORY_PATTERNS:
-            if re.fullmatch(_CATEGORY_PATTERNS[str(arg)], char):
-                return True
-    return False
-
-
-_CATEGORY_PATTERNS: Final = {
-    "CATEGORY_DIGIT": r"\d",
-    "CATEGORY_NOT_DIGIT": r"\D",
-    "CATEGORY_WORD": r"\w",
-    "CATEGORY_NOT_WORD": r"\W",
-    "CATEGORY_SPACE": r"\s",
-    "CATEGORY_NOT_SPACE": r"\S",
-}
+        for start in (s for s in starts if isinstance(s, int | float)):
+            if step:
+                base = math.ceil(start / step) * step
+                candidates += [base, base + step, base - step]
+            else:
+                candidates += [start, start + 1, start - 1, start + 0.5, start - 0.5]
+        if low is not None and high is not None:
+            candidates.append((low + high) / 2)
+        for value in candidates:
+            if integer and value != int(value):
+                continue
+            if allowed(value):
+                return int(value) if integer else float(value)
+    except (OverflowError, ValueError):  # bounds past what a float holds: no example
+        pass
+    start = low if isinstance(low, int | float) and math.isfinite(low) else 0
+    return int(start) if integer else float(start)

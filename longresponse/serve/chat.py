@@ -9,7 +9,8 @@ behind the same gate as ``/v1/responses`` (404, the API key's 401, 405:
 envelope. A request is checked before anything runs:
 
 1. the body decodes as :class:`~longresponse.engine.chat_wire.ChatRequest`
-   (types, ranges, unknown fields refused with their ``param``);
+   (types, ranges, unknown fields refused with their ``param``), and no
+   field the server cannot honour is set (``unsupported_parameter``);
 2. ``model`` names a model (else 404 ``model_not_found``); ``n`` is 1;
    ``stream_options`` only with ``stream``; the ``sim_*`` metadata is in range;
 3. tools (names, schemas), ``tool_choice``, ``response_format`` as the
@@ -17,7 +18,9 @@ envelope. A request is checked before anything runs:
 4. the messages become items and the tool calls are paired with their
    answers (``longresponse.engine.chat_map``);
 5. the prompt is rendered and hashed in a worker thread and must fit the
-   context window (``context_length_exceeded``, param ``messages``).
+   context window (``context_length_exceeded``, param ``messages``), and
+   ``max_tokens`` the room left (``invalid_value``); unset, the answer may
+   take all of it (up to ``--max-response-output-tokens``).
 
 Then the prefix cache (``longresponse.engine.prefix_cache``) says how many
 leading tokens are cached: the simulated prefill is charged for the rest
@@ -29,9 +32,17 @@ the blocks of prompt and answer, when the answer ends.
 Server-Sent Events, ``data: {chunk}`` records then ``data: [DONE]``, written
 as the model decodes. The turn runs in a task owned by the response and
 feeds a queue bounded in records: a reader that leaves it full for the
-slow-reader timeout has its connection dropped (``serve.seam.abort``), and a
-client that goes away stops the turn, sampler included, at once
-(:attr:`ChatCompletions.stopped` counts both).
+slow-reader timeout has its connection dropped (``serve.seam.abort``), and
+so does one that has not taken the whole stream, ``[DONE]`` included,
+within that timeout once the last record is queued (the writer marks each
+record done once written; the producer waits for all of them). A client
+that goes away stops the turn, sampler included, at once
+(:attr:`ChatCompletions.stopped` counts both). The writer also ends when
+the producer does, so a producer that fails never leaves it waiting.
+
+A model that raises is a ``server_error``: the shipped envelope with
+status 500 for ``stream: false``; for a stream, a last ``data:`` record
+holding that envelope (the official SDK raises on it), then ``[DONE]``.
 
 Headers such as ``x-longresponse-affinity`` (a gateway's per-rollout pin)
 and the body's ``cache_prompt`` / ``id_slot`` / ``prompt_cache_key`` are
@@ -46,6 +57,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, Final
@@ -57,7 +69,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from protocol import ErrorCode, ProtocolError, RemoteProtocolError
+from protocol import ErrorCode, LocalProtocolError, ProtocolError, RemoteProtocolError
 from protocol.items import Item
 
 from ..config import WRITE_SLICE_SECONDS, ServerConfig
@@ -69,7 +81,12 @@ from ..engine.chat_map import (
     tools_from_chat,
 )
 from ..engine.chat_turn import ChatPrompt, ChatTurn, render_prompt
-from ..engine.chat_wire import ChatRequest, decode_chat_request, decode_tokenize_request
+from ..engine.chat_wire import (
+    ChatRequest,
+    decode_chat_request,
+    decode_tokenize_request,
+    unsupported_field,
+)
 from ..engine.models import ModelRegistry, ModelSpec, SampleRequest, check_sim_metadata
 from ..engine.prefix_cache import PrefixCache, block_digests
 from ..engine.render import encode, render_item
@@ -82,13 +99,14 @@ __all__ = ["DONE_RECORD", "ChatCompletions"]
 
 #: The record that ends a chat stream.
 DONE_RECORD: Final = b"data: [DONE]\n\n"
+log = logging.getLogger(__name__)
 _encoder: Final = msgspec.json.Encoder()
 
 #: Admission's params -> chat's spelling of the same field.
 _PARAMS: Final = (
+    ("text.format.", "response_format.json_schema."),  # first: it has a ".name" too
     (".name", ".function.name"),
     (".parameters", ".function.parameters"),
-    ("text.format.", "response_format.json_schema."),
 )
 
 
@@ -132,10 +150,10 @@ class ChatCompletions:
     async def complete(self, request: Request) -> Response:
         self.requests += 1
         try:
-            self.http._owner(request)
+            owner = self.http._owner(request)
             self._check_room()
             body = decode_chat_request(await self.http._body(request))
-            turn, prompt = await self._start(body)
+            turn, prompt = await self._start(body, owner)
         except ProtocolError as error:
             response = http_error(error)
             if error.status == 429:
@@ -163,9 +181,12 @@ class ChatCompletions:
         """The endpoint's counters for ``/metrics``."""
         return _ChatCounters(self)
 
-    async def _start(self, body: ChatRequest) -> tuple[ChatTurn, ChatPrompt]:
-        """Check ``body`` and make its turn. Raises :class:`RemoteProtocolError`."""
+    async def _start(self, body: ChatRequest, owner: str) -> tuple[ChatTurn, ChatPrompt]:
+        """Check ``body`` and make its turn (its cache blocks ``owner``'s).
+        Raises :class:`RemoteProtocolError`."""
         model = self.models.resolve(body.model)
+        if (unsupported := unsupported_field(body)) is not None:
+            raise unsupported
         if body.n not in (None, 1):
             raise RemoteProtocolError(
                 f"Invalid 'n': this server makes one choice per request, not {body.n}.",
@@ -189,11 +210,10 @@ class ChatCompletions:
             raise _rename(error) from None
         tool_choice = tool_choice_from_chat(body.tool_choice, tools)
         items = items_from_messages(body.messages)
-        prompt = await asyncio.to_thread(render_prompt, model.name, items, tools)
+        prompt = await asyncio.to_thread(render_prompt, model.name, items, tools, owner=owner)
         self._fits(model, len(prompt.tokens))
         cached = self.cache.cached_tokens(prompt.digests, len(prompt.tokens))
-        budgets = [b for b in (body.max_tokens, body.max_completion_tokens) if b is not None]
-        limit = min([*budgets, self.config.max_response_output_tokens])
+        limit = min(self.config.max_response_output_tokens, _budget(body, model, prompt))
         sample = SampleRequest(
             context=items,
             tools=tools,
@@ -228,17 +248,21 @@ class ChatCompletions:
         answer = turn.answer_items()
         if not answer:
             return
-        digests = await asyncio.to_thread(_answer_digests, turn.model, prompt, answer)
+        digests = await asyncio.to_thread(_answer_digests, prompt, answer)
         self.cache.insert(digests)
 
     async def _json(self, turn: ChatTurn, prompt: ChatPrompt, request: Request) -> Response:
         """The whole answer as one ``chat.completion``; a client that hangs up
         first stops the turn (its ``http.disconnect`` is watched meanwhile)."""
 
-        async def run() -> None:
-            async for _ in turn.chunks():
-                pass
+        async def run() -> ProtocolError | None:
+            try:
+                async for _ in turn.chunks():
+                    pass
+            except Exception as exc:  # the model failed: the envelope, not a bare 500
+                return _server_error(exc)
             await self._remember(turn, prompt)
+            return None
 
         async def hung_up() -> None:
             while (await request.receive())["type"] != "http.disconnect":
@@ -261,37 +285,76 @@ class ChatCompletions:
                 self.stopped += 1
         if work.cancelled():  # the client is gone: nobody reads this
             return Response(status_code=499)
+        if (failed := work.result()) is not None:
+            return http_error(failed)
         return Response(_encoder.encode(turn.completion()), media_type="application/json")
 
     async def _sse(self, turn: ChatTurn, prompt: ChatPrompt, scope: Any) -> AsyncIterator[bytes]:
         queue: asyncio.Queue[bytes | None] = asyncio.Queue(SSE_QUEUE_DEPTH)
         timeout = self.config.slow_reader_timeout
+        dropped = False
+
+        async def put(record: bytes) -> bool:
+            """Queue ``record``; a reader that leaves the queue full too long is dropped."""
+            nonlocal dropped
+            try:
+                async with asyncio.timeout(timeout):
+                    await queue.put(record)
+            except TimeoutError:
+                abort(scope, "slow chat stream reader")
+                dropped = True
+                return False
+            return True
 
         async def produce() -> None:
+            nonlocal dropped
             try:
-                async for chunk in turn.chunks():
-                    record = b"data: " + _encoder.encode(chunk) + b"\n\n"
-                    try:
-                        async with asyncio.timeout(timeout):
-                            await queue.put(record)
-                    except TimeoutError:
-                        abort(scope, "slow chat stream reader")
+                try:
+                    async for chunk in turn.chunks():
+                        if not await put(b"data: " + _encoder.encode(chunk) + b"\n\n"):
+                            return
+                    await self._remember(turn, prompt)
+                except Exception as exc:  # the model failed: say so, then end the stream
+                    error = _server_error(exc)
+                    if not await put(b"data: " + _encoder.encode(_envelope(error)) + b"\n\n"):
                         return
-                await self._remember(turn, prompt)
-                await queue.put(DONE_RECORD)
+                if not await put(DONE_RECORD):
+                    return
+                # The whole stream is queued; its reader still has to take it in time.
+                try:
+                    async with asyncio.timeout(timeout):
+                        await queue.join()
+                except TimeoutError:
+                    abort(scope, "chat stream reader left its last records")
+                    dropped = True
             finally:
                 with contextlib.suppress(asyncio.QueueFull):
                     queue.put_nowait(None)
+
+        async def taken() -> bytes | None:
+            """The next record; None once the producer is done and nothing is left."""
+            if not queue.empty():
+                return queue.get_nowait()
+            getter = asyncio.ensure_future(queue.get())
+            try:
+                await asyncio.wait((getter, producer), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                if not getter.done():
+                    getter.cancel()
+            if getter.done() and not getter.cancelled():
+                return getter.result()
+            return queue.get_nowait() if not queue.empty() else None
 
         self.running += 1
         # Owned here: cancelled with this generator when the client goes away.
         producer = asyncio.get_running_loop().create_task(produce())
         try:
             turn_started = time.monotonic()
-            while (record := await queue.get()) is not None:
+            while (record := await taken()) is not None:
                 if peer_gone(scope):
                     return  # the client left: the finally stops the turn
                 yield record
+                queue.task_done()  # written: the producer waits for this at the end
                 if record is DONE_RECORD:
                     return
                 if time.monotonic() - turn_started >= WRITE_SLICE_SECONDS:  # others' turn
@@ -299,7 +362,7 @@ class ChatCompletions:
                     turn_started = time.monotonic()
         finally:
             self.running -= 1
-            if turn.finish_reason is None:
+            if turn.finish_reason is None or dropped:
                 self.stopped += 1
             producer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -331,12 +394,56 @@ class ChatCompletions:
         )
 
 
-def _answer_digests(model: str, prompt: ChatPrompt, answer: list[Item]) -> list[bytes]:
+def _budget(body: ChatRequest, model: ModelSpec, prompt: ChatPrompt) -> int:
+    """The answer's token budget: what the window leaves after the prompt, or
+    less when ``max_tokens`` / ``max_completion_tokens`` ask for less; asking
+    for more is ``invalid_value`` (as vLLM refuses it)."""
+    room = model.context_window - len(prompt.tokens)
+    budget = room
+    asks = (("max_tokens", body.max_tokens), ("max_completion_tokens", body.max_completion_tokens))
+    for name, asked in asks:
+        if asked is None:
+            continue
+        if asked > room:
+            raise RemoteProtocolError(
+                f"Invalid '{name}': {asked} tokens do not fit the context window of "
+                f"{model.context_window} tokens after the {len(prompt.tokens)} of the messages.",
+                code=ErrorCode.INVALID_VALUE,
+                param=name,
+            )
+        budget = min(budget, asked)
+    return budget
+
+
+def _server_error(exc: Exception) -> ProtocolError:
+    """What a client is told when the model raised (logged here, not sent)."""
+    log.error("chat completion failed", exc_info=exc)
+    return LocalProtocolError(
+        "The model failed while generating the answer.",
+        code=ErrorCode.SERVER_ERROR,
+        status=500,
+        error_type="server_error",
+    )
+
+
+def _envelope(error: ProtocolError) -> dict[str, Any]:
+    """The error envelope as a stream record carries it (the SDK raises on it)."""
+    return {
+        "error": {
+            "message": error.message,
+            "type": error.error_type,
+            "param": error.param,
+            "code": error.code,
+        }
+    }
+
+
+def _answer_digests(prompt: ChatPrompt, answer: list[Item]) -> list[bytes]:
     """The digests of prompt and answer (pure: run in a worker thread)."""
     tokens = list(prompt.tokens)
     for item in answer:
         tokens.extend(render_item(item))
-    return block_digests(model, tokens, known=prompt.digests)
+    return block_digests(prompt.seed, tokens, known=prompt.digests)
 
 
 class _ChatCounters(Collector):
