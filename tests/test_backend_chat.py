@@ -11,6 +11,7 @@ checked on their own first, as pure functions.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
@@ -246,6 +247,12 @@ def test_a_turn_maps_to_one_chat_body() -> None:
     assert body["metadata"] == {"sim_tool_calls": "0"}
     assert body["response_format"] == {"type": "json_object"}
     assert body["cache_prompt"] is True
+    # The limit never passes the backend's cap nor what the window leaves
+    # after the prompt (engines refuse that with a 400).
+    huge = dataclasses.replace(request, max_output_tokens=10**6)
+    assert chat_body(config, huge)["max_tokens"] == config.max_output_tokens
+    small = dataclasses.replace(config, context_window=100)
+    assert chat_body(small, huge)["max_tokens"] == 90
 
 
 async def test_each_rollout_has_its_own_affinity_key() -> None:

@@ -90,7 +90,11 @@ def chat_body(config: BackendConfig, request: SampleRequest) -> dict[str, Any]:
         body["tool_choice"] = msgspec.to_builtins(tool_choice_to_chat(request.tool_choice))
         body["parallel_tool_calls"] = request.parallel_tool_calls
     if request.max_output_tokens:
-        body[config.max_tokens_field] = request.max_output_tokens
+        # Engines refuse a limit past what the window leaves after the prompt.
+        room = config.context_window - request.cached_tokens - request.uncached_tokens
+        body[config.max_tokens_field] = max(
+            1, min(request.max_output_tokens, config.max_output_tokens, room)
+        )
     if request.temperature is not None:
         body["temperature"] = request.temperature
     if request.top_p is not None:
