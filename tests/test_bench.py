@@ -111,6 +111,32 @@ def compression_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dic
     return out, json.loads((out / "turns.json").read_text())
 
 
+GATEWAY_RUN = ("append", *compare.GATEWAY_TRANSPORTS)
+
+
+@pytest.fixture(scope="module")
+def gateway_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    out = tmp_path_factory.mktemp("bench-gateways")
+    status = cli.main(
+        [
+            "bench",
+            "--tool-calls", "2",
+            "--output-tokens", "40",
+            "--tokens-per-second", "0",
+            "--rollouts", "1",
+            "--transports", ",".join(GATEWAY_RUN),
+            "--no-ablations",
+            "--growth-tool-calls", "0",
+            "--no-echo",
+            "--ws-compression", "off",
+            "--no-progress",
+            "--out", str(out),
+        ]
+    )  # fmt: skip
+    assert status == 0
+    return out, json.loads((out / "turns.json").read_text())
+
+
 def _main(document: dict[str, Any]) -> list[dict[str, Any]]:
     return [r for r in document["rollouts"] if r["scenario"] == "main"]
 
@@ -385,3 +411,28 @@ def test_empty_run_still_writes_a_report(tmp_path: Path) -> None:
     assert report.targets(document) == []
     assert report.floor_targets(document) == []
     assert (tmp_path / "overhead_per_turn.png").read_bytes().startswith(PNG_SIGNATURE)
+
+
+def test_gateway_topologies_run_through_a_second_process(
+    gateway_run: tuple[Path, dict[str, Any]],
+) -> None:
+    out, document = gateway_run
+    records = _main(document)
+    assert sorted(r["transport"] for r in records) == sorted(GATEWAY_RUN)
+    assert [r for r in records if r["error"]] == []
+    # The engine behind each gateway is the same simulated model: the same answer,
+    # the same turns, whichever backend carried them.
+    assert len({r["final_answer"] for r in records}) == 1
+    assert "I read 2 tool outputs" in records[0]["final_answer"]
+    for record in records:
+        assert [row["turn"] for row in record["turns"]] == [0, 1, 2]
+        kind = record["transport"].partition("@")[2]
+        flags = record["server_flags"]
+        if kind:
+            assert flags[flags.index("--upstream-kind") + 1] == kind
+            assert flags[flags.index("--upstream") + 1].startswith("http://127.0.0.1:")
+        else:
+            assert "--upstream" not in flags
+    summary = (out / "summary.md").read_text()
+    for name in GATEWAY_RUN:
+        assert f"| `{name}` |" in summary, name  # a row of the transport table
