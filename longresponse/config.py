@@ -243,6 +243,9 @@ class BackendConfig:
     max_tokens_field: str = "max_completion_tokens"
     #: Chat kind: send llama.cpp's ``cache_prompt: true`` (its prefix cache).
     cache_prompt: bool = False
+    #: Chat kind: llama.cpp's slots; > 0 pins each rollout to one of them
+    #: (``id_slot``, chosen from its affinity key), so its prompt stays in that slot.
+    slots: int = 0
     #: Chat kind: count the context with the engine's ``POST /tokenize`` (vLLM's
     #: shape, at the API root's host) before each turn, for the window check.
     tokenize: bool = False

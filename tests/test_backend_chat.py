@@ -253,6 +253,12 @@ def test_a_turn_maps_to_one_chat_body() -> None:
     assert chat_body(config, huge)["max_tokens"] == config.max_output_tokens
     small = dataclasses.replace(config, context_window=100)
     assert chat_body(small, huge)["max_tokens"] == 90
+    # llama.cpp's slot pinning: one slot per rollout, the same on every turn.
+    assert "id_slot" not in body
+    pinned = dataclasses.replace(config, slots=4)
+    slots = {chat_body(pinned, request, f"{n:08x}{'0' * 24}")["id_slot"] for n in range(8)}
+    assert slots == {0, 1, 2, 3}
+    assert chat_body(pinned, request, "0000000a" + "0" * 24)["id_slot"] == 10 % 4
 
 
 async def test_each_rollout_has_its_own_affinity_key() -> None:

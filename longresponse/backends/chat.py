@@ -17,7 +17,9 @@ and the metadata), with ``stream_options.include_usage``.
 sampler's random key goes in the configured header (default
 ``x-longresponse-affinity``) on every turn, so a router in front of several
 engines can keep the rollout on one, whose prefix cache then holds the
-prefix; with ``cache_prompt`` the body asks llama.cpp to keep it too.
+prefix; with ``cache_prompt`` the body asks llama.cpp to keep it too, and
+with ``slots`` it pins the rollout to one of llama.cpp's slots (``id_slot``,
+from the affinity key).
 
 **Timeouts** (the backend's configuration): ``connect_timeout`` to open a
 connection; ``first_token_timeout`` from sending the request to the first
@@ -76,8 +78,11 @@ MAX_CONNECTIONS: Final = 1024
 _RETRIED: Final = frozenset({429, 502, 503, 504})
 
 
-def chat_body(config: BackendConfig, request: SampleRequest) -> dict[str, Any]:
-    """The ``POST /chat/completions`` body of one turn."""
+def chat_body(
+    config: BackendConfig, request: SampleRequest, affinity: str = ""
+) -> dict[str, Any]:
+    """The ``POST /chat/completions`` body of one turn of the rollout whose
+    affinity key (hex) is ``affinity``."""
     messages = messages_from_items(request.context, request.instructions)
     body: dict[str, Any] = {
         "model": config.model,
@@ -105,6 +110,8 @@ def chat_body(config: BackendConfig, request: SampleRequest) -> dict[str, Any]:
         body["response_format"] = msgspec.to_builtins(format_to_chat(request.text_format))
     if config.cache_prompt:
         body["cache_prompt"] = True
+    if config.slots and affinity:
+        body["id_slot"] = int(affinity[:8], 16) % config.slots
     return body
 
 
@@ -235,7 +242,7 @@ class ChatSampler:
 
     async def sample(self, request: SampleRequest) -> AsyncGenerator[SampleChunk, None]:
         backend, config = self.backend, self.backend.config
-        body = chat_body(config, request)
+        body = chat_body(config, request, self.affinity)
         estimated = request.cached_tokens + request.uncached_tokens
         await self._check_window(body, estimated)
         loop = asyncio.get_running_loop()

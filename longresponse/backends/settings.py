@@ -64,6 +64,7 @@ _RANGES: Final[Mapping[str, tuple[float, float]]] = {
     "idle_timeout": (0.001, 86_400),
     "max_retries": (0, 10),
     "retry_backoff": (0, 60),
+    "slots": (0, 4096),
 }
 
 
