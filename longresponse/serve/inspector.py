@@ -25,11 +25,12 @@ chain is one record all the same, so its turns line up with append's).
 
 Per event only cheap fields are kept: its type, its ``sequence_number``, its
 size on the wire, a wall-clock time and, for the few events that change a
-rollout's state, a short summary (status, call ids). Payloads are never
-copied. A rollout keeps its last :data:`RING_EVENTS` events and
-:data:`MAX_TURNS` turns; at most :data:`MAX_ROLLOUTS` rollouts are kept, the
-least recently active finished ones forgotten first, and a finished one is
-forgotten :data:`FORGET_AFTER` seconds after its last event.
+rollout's state, a short summary (status, call ids); consecutive deltas of
+one item share one entry, with their count. Payloads are never copied. A
+rollout keeps its last :data:`RING_EVENTS` entries and :data:`MAX_TURNS`
+turns; at most :data:`MAX_ROLLOUTS` rollouts are kept, the least recently
+active finished ones forgotten first, and a finished one is forgotten
+:data:`FORGET_AFTER` seconds after its last event.
 
 Watchers (the live feed, ``serve.inspect_routes``) each get a bounded queue;
 at most :data:`MAX_WATCHERS` at once. With no watcher nothing is published.
@@ -257,7 +258,7 @@ class Inspector:
         record.bytes_in += nbytes
         record.note("client", request, nbytes)
         record.status, record.pending = "sampling", []
-        return WatchedSink(sink, record), record
+        return WatchedSink.around(sink, record), record
 
     def _open(self, response_id: str, connection: ConnectionRecord) -> RolloutRecord:
         self._prune()
