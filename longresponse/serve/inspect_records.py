@@ -2,10 +2,10 @@
 
 Theory of operation
 -------------------
-A :class:`RolloutRecord` is fed by the hot paths through three calls:
-:meth:`RolloutRecord.note` for each client event, :meth:`RolloutRecord.server`
-for each server event (through a :class:`WatchedSink` around the turn's
-sink, which reads the encoded size off the sink's queue counter), and
+A :class:`RolloutRecord` is fed by the hot paths through two calls:
+:meth:`RolloutRecord.note` for each client or server event (the server's come
+through a :class:`WatchedSink` around the turn's sink, which reads the
+encoded size off the sink's queue counter), and
 :meth:`RolloutRecord.turn_ended` for each finished turn. An event is kept as
 a tuple of cheap fields (a number counted per rollout, a wall-clock time,
 the direction, the wire type, its ``sequence_number``, its bytes, a short
@@ -16,15 +16,15 @@ watcher is connected (``longresponse.serve.inspector``).
 
 Consecutive delta events of one item (``response.output_text.delta``,
 ``response.function_call_arguments.delta``), numbered one after the other,
-share one entry: the first one's
-time and ``sequence_number``, their bytes summed, their count. The run is
-kept in a few counters and written into its entry only when the next event
-ends it (:meth:`RolloutRecord.entries` reads it as it stands), so a delta
-after the first of its run costs the unwatched path three comparisons and
-three additions: no clock read, no allocation. This is the path every event of
-every turn takes, which is also why an event's size is read off the sink's
-byte counter and why ``room`` and ``track`` are the sink's own methods, with
-no layer in between.
+share one entry: the first one's time and ``sequence_number``, their bytes
+summed, their count. The run is kept in a few counters and written into its
+entry only when the next event ends it (:meth:`RolloutRecord.entries` reads
+it as it stands), so a delta after the first of its run costs the unwatched
+path a few comparisons and additions: no clock read, no allocation. This is
+the path every event of every turn takes, which is also why an event's size
+is read off the sink's byte counter and why ``room`` and ``track`` are the
+sink's own methods, with no layer in between (``docs/BENCHMARKS.md``, "The
+inspector's cost", has what is left).
 
 A turn's row holds the :class:`~longresponse.engine.timing.TurnTiming`
 phases, the tokens (new, cached, total), the bytes on the wire both ways
@@ -157,10 +157,22 @@ class RolloutRecord:
     # --- recording (hot) --------------------------------------------------------
 
     def note(self, direction: str, event: Any, nbytes: int) -> None:
-        """Keep one event: a few fields, no payload."""
-        if self._run is not None:
-            self._end_run()
+        """Keep one event: a few fields, no payload (a delta may join the last entry)."""
         cls = type(event)
+        if self._run is not None:
+            if (
+                cls is self._run
+                and event.sequence_number == self._run_next
+                and event.item_id == self._run_item
+            ):
+                self._run_next += 1
+                self._run_count += 1
+                self._run_bytes += nbytes
+                if self.inspector.watchers:
+                    last = _entry_json(self._run_entry())
+                    self.inspector.publish("event", {"rollout": self.id, "event": last})
+                return
+            self._end_run()
         tag, summarised, delta = _KINDS.get(cls) or _kind(cls)
         detail = _summary(event) if summarised else None
         self.seq += 1
@@ -186,29 +198,10 @@ class RolloutRecord:
         if inspector.watchers:
             inspector.publish("event", {"rollout": self.id, "event": _entry_json(entry)})
 
-    def server(self, event: ServerEvent, nbytes: int) -> None:
-        """One server event, ``nbytes`` as encoded (a delta may join the last entry)."""
-        self.bytes_out += nbytes
-        self.connection.bytes_out += nbytes
-        delta: Any = event  # read as a delta only once its class says it is one
-        if (
-            type(event) is self._run
-            and delta.sequence_number == self._run_next
-            and delta.item_id == self._run_item
-        ):
-            self._run_next += 1
-            self._run_count += 1
-            self._run_bytes += nbytes
-            inspector = self.inspector
-            if inspector.watchers:
-                last = _entry_json(self._run_entry())
-                inspector.publish("event", {"rollout": self.id, "event": last})
-            return
-        self.note("server", event, nbytes)
-
     def _run_entry(self) -> tuple[Any, ...]:
         """The last entry with the run of deltas it opened so far."""
-        return (*self.events[-1][:5], self._run_bytes, None, self._run_count)
+        e = self.events[-1]
+        return (e[0], e[1], e[2], e[3], e[4], self._run_bytes, None, self._run_count)
 
     def _end_run(self) -> None:
         if self._run_count > 1:
@@ -382,6 +375,7 @@ class WatchedSink:
 
     def __init__(self, sink: EventSink, record: RolloutRecord) -> None:
         self.sink = sink
+        self._sized = cast(_Sized, sink)  # (read only where it is one: see ``around``)
         self.record = record
         self.room = sink.room
         self.track = sink.track
@@ -394,10 +388,14 @@ class WatchedSink:
         return UnsizedWatchedSink(sink, record)
 
     def push(self, event: ServerEvent) -> None:
-        sink = cast(_Sized, self.sink)
+        sink = self._sized
         before = sink.queued_bytes
         sink.push(event)
-        self.record.server(event, sink.queued_bytes - before)
+        nbytes = sink.queued_bytes - before
+        record = self.record
+        record.bytes_out += nbytes
+        record.connection.bytes_out += nbytes
+        record.note("server", event, nbytes)
 
     def __getattr__(self, name: str) -> Any:  # e.g. the outbox's ``error``
         return getattr(self.sink, name)
@@ -408,4 +406,4 @@ class UnsizedWatchedSink(WatchedSink):
 
     def push(self, event: ServerEvent) -> None:
         self.sink.push(event)
-        self.record.server(event, 0)
+        self.record.note("server", event, 0)
