@@ -30,6 +30,7 @@ from longresponse.bench.measure import turn_row
 from longresponse.bench.options import Workload
 from longresponse.client import AppendClient, connect
 from longresponse.engine.timing import TurnTiming
+from longresponse.serve import inspector as inspector_module
 from longresponse.serve.inspector import Watcher
 from longresponse.server_process import ServerProcess
 from protocol.events import OutputItemDone, ResponseDone
@@ -467,6 +468,31 @@ async def test_each_rollout_keeps_a_bounded_ring_and_rollouts_are_pruned(
         assert response_id in kept
         assert first not in kept
         assert (await http.get(f"/inspect/api/rollouts/{first}")).status_code == 404
+
+
+async def test_what_is_read_is_never_behind_the_events_sent(
+    make_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Server events are digested after the turn; here the timer never comes
+    # (an hour), so only the readers' own digest can show the last turn.
+    monkeypatch.setattr(inspector_module, "DIGEST_AFTER", 3600.0)
+    server = make_server()
+    async with httpx.AsyncClient(base_url=server.http_url) as http, connect(server.url) as client:
+        response_id, pending = await paused_append_rollout(client, answered=1)
+        state = (await http.get("/inspect/api/state")).json()
+        (rollout,) = state["rollouts"]
+        assert rollout["status"] == "paused"
+        assert rollout["pending_call_ids"] == [pending]  # the second turn's call
+        detail = (await http.get(f"/inspect/api/rollouts/{response_id}")).json()
+        last = detail["events"][-1]
+        assert last["type"] == "response.done"
+        assert last["detail"] == {"status": "requires_action", "call_ids": [pending]}
+        assert [e["seq"] for e in detail["events"]] == list(range(1, len(detail["events"]) + 1))
+        appends = [i for i, e in enumerate(detail["events"]) if e["type"] == "response.append"]
+        (append,) = appends
+        # The append came after the first turn's events and before the second's.
+        assert detail["events"][append - 1]["type"] == "response.done"
+        assert detail["events"][append + 1]["type"] == "response.in_progress"
 
 
 async def test_with_the_inspector_off_nothing_is_kept(make_server: Any) -> None:

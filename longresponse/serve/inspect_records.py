@@ -2,10 +2,10 @@
 
 Theory of operation
 -------------------
-A :class:`RolloutRecord` is fed by the hot paths through two calls:
-:meth:`RolloutRecord.note` for each client or server event (the server's come
-through a :class:`WatchedSink` around the turn's sink, which reads the
-encoded size off the sink's queue counter), and
+A :class:`RolloutRecord` is fed by the hot paths through three calls:
+:meth:`RolloutRecord.note` for each client event, :meth:`RolloutRecord.sent`
+for each server event (through a :class:`WatchedSink` around the turn's
+sink, which reads the encoded size off the sink's queue counter), and
 :meth:`RolloutRecord.turn_ended` for each finished turn. An event is kept as
 a tuple of cheap fields (a number counted per rollout, a wall-clock time,
 the direction, the wire type, its ``sequence_number``, its bytes, a short
@@ -14,17 +14,25 @@ the state (sampling, paused on which call ids, completed, failed, cancelled,
 incomplete) follows from those summaries. Nothing is published unless a
 watcher is connected (``longresponse.serve.inspector``).
 
+A server event is not digested as it leaves: :meth:`RolloutRecord.sent`
+keeps the event, its size and the time in a list and asks the loop to call
+:meth:`RolloutRecord.digest` :data:`DIGEST_AFTER` seconds later, once per
+batch; by then the turn has usually ended and the rollout waits for its
+client, so the digest costs the turn nothing. Whatever reads the record
+digests first (:meth:`RolloutRecord.summary`, :meth:`RolloutRecord.detail`,
+the inspector's pruning and chain-finding), so nothing read is ever behind;
+a client event digests what was sent before it, so the order holds; with a
+watcher connected every event is digested (and published) at once; and
+past :data:`MAX_PENDING` undigested events the list is digested in place, so
+it stays bounded. Sending an event thus costs the unwatched path a clock
+read and a list append besides its size.
+
 Consecutive delta events of one item (``response.output_text.delta``,
 ``response.function_call_arguments.delta``), numbered one after the other,
 share one entry: the first one's time and ``sequence_number``, their bytes
 summed, their count. The run is kept in a few counters and written into its
 entry only when the next event ends it (:meth:`RolloutRecord.entries` reads
-it as it stands), so a delta after the first of its run costs the unwatched
-path a few comparisons and additions: no clock read, no allocation. This is
-the path every event of every turn takes, which is also why an event's size
-is read off the sink's byte counter and why ``room`` and ``track`` are the
-sink's own methods, with no layer in between (``docs/BENCHMARKS.md``, "The
-inspector's cost", has what is left).
+it as it stands).
 
 A turn's row holds the :class:`~longresponse.engine.timing.TurnTiming`
 phases, the tokens (new, cached, total), the bytes on the wire both ways
@@ -60,7 +68,9 @@ if TYPE_CHECKING:
     from .inspector import ConnectionRecord, Inspector
 
 __all__ = [
+    "DIGEST_AFTER",
     "FINISHED",
+    "MAX_PENDING",
     "MAX_TURNS",
     "SPARK_TURNS",
     "RolloutRecord",
@@ -72,6 +82,11 @@ __all__ = [
 MAX_TURNS: Final = 250
 #: Turns a rollout's summary gives per-turn figures of (the page's sparklines).
 SPARK_TURNS: Final = 60
+#: Seconds after a server event is sent that its batch is digested (see above).
+DIGEST_AFTER: Final = 0.01
+#: Server events sent and not yet digested, per rollout, before one is digested
+#: in place.
+MAX_PENDING: Final = 256
 #: Response statuses after which a rollout (not paused) is finished.
 FINISHED: Final = frozenset({"completed", "failed", "cancelled", "incomplete"})
 
@@ -153,11 +168,37 @@ class RolloutRecord:
         self._run: type | None = None
         self._run_item = ""
         self._run_count = self._run_bytes = self._run_next = 0
+        #: Server events sent and not yet digested: (event, bytes, wall-clock time).
+        self._sent: list[tuple[Any, int, float]] = []
 
     # --- recording (hot) --------------------------------------------------------
 
+    def sent(self, event: ServerEvent, nbytes: int) -> None:
+        """A server event has left, ``nbytes`` as encoded: kept to be digested later."""
+        self.bytes_out += nbytes
+        self.connection.bytes_out += nbytes
+        sent = self._sent
+        sent.append((event, nbytes, time.time()))
+        if self.inspector.watchers or len(sent) >= MAX_PENDING:
+            self.digest()
+        elif len(sent) == 1:
+            self.inspector.later(self.digest)
+
+    def digest(self) -> None:
+        """Note the server events sent since the last digest, in order."""
+        sent = self._sent
+        if sent:
+            self._sent = []
+            for event, nbytes, at in sent:
+                self._keep("server", event, nbytes, at)
+
     def note(self, direction: str, event: Any, nbytes: int) -> None:
-        """Keep one event: a few fields, no payload (a delta may join the last entry)."""
+        """Keep one (client) event: a few fields, no payload."""
+        if self._sent:
+            self.digest()
+        self._keep(direction, event, nbytes, time.time())
+
+    def _keep(self, direction: str, event: Any, nbytes: int, at: float) -> None:
         cls = type(event)
         if self._run is not None:
             if (
@@ -179,7 +220,7 @@ class RolloutRecord:
         number = getattr(event, "sequence_number", None)
         entry = (
             self.seq,
-            time.time(),
+            at,
             direction,
             tag,
             number if type(number) is int else None,
@@ -210,6 +251,7 @@ class RolloutRecord:
 
     def entries(self) -> list[tuple[Any, ...]]:
         """The ring's entries, oldest first, a run of deltas still open included."""
+        self.digest()
         entries = list(self.events)
         if self._run is not None and self._run_count > 1:
             entries[-1] = self._run_entry()
@@ -279,6 +321,7 @@ class RolloutRecord:
     # --- reading -------------------------------------------------------------------
 
     def summary(self) -> dict[str, Any]:
+        self.digest()
         recent = list(itertools.islice(reversed(self.turns), SPARK_TURNS))[::-1]
         return {
             "id": self.id,
@@ -391,11 +434,7 @@ class WatchedSink:
         sink = self._sized
         before = sink.queued_bytes
         sink.push(event)
-        nbytes = sink.queued_bytes - before
-        record = self.record
-        record.bytes_out += nbytes
-        record.connection.bytes_out += nbytes
-        record.note("server", event, nbytes)
+        self.record.sent(event, sink.queued_bytes - before)
 
     def __getattr__(self, name: str) -> Any:  # e.g. the outbox's ``error``
         return getattr(self.sink, name)
@@ -406,4 +445,4 @@ class UnsizedWatchedSink(WatchedSink):
 
     def push(self, event: ServerEvent) -> None:
         self.sink.push(event)
-        self.record.note("server", event, 0)
+        self.record.sent(event, 0)

@@ -45,7 +45,7 @@ import asyncio
 import itertools
 import time
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Final
 
 from protocol import Mode
@@ -53,7 +53,7 @@ from protocol.events import ClientEvent, ResponseCreate
 
 from ..engine.rollout import Rollout
 from ..engine.stream import EventSink
-from .inspect_records import FINISHED, MAX_TURNS, RolloutRecord, WatchedSink
+from .inspect_records import DIGEST_AFTER, FINISHED, MAX_TURNS, RolloutRecord, WatchedSink
 
 __all__ = [
     "FORGET_AFTER",
@@ -216,6 +216,8 @@ class Inspector:
         # What ran on it is cut off, as the server ends it (cancelled); a shipped
         # chain paused between responses may go on elsewhere, from the store.
         for rollout in self.rollouts.values():
+            if rollout.connection is record:
+                rollout.digest()
             if rollout.connection is record and (
                 rollout.status == "sampling"
                 or (rollout.status == "paused" and rollout.shape == "append")
@@ -237,6 +239,8 @@ class Inspector:
         previous = request.previous_response_id
         if record is None and previous is not None:
             parent = self.by_response.get(previous)
+            if parent is not None:
+                parent.digest()  # (``running`` follows from its events)
             if parent is not None and parent.responses[-1] == previous and not parent.running:
                 record = parent  # the chain goes on (HTTP: a fresh engine rollout each time)
             elif parent is not None:
@@ -271,6 +275,8 @@ class Inspector:
     def _prune(self) -> None:
         """Forget finished rollouts past their age, then the least recently active
         (finished first) while more than ``max_rollouts`` are kept."""
+        for record in self.rollouts.values():
+            record.digest()  # (the status and last activity follow from its events)
         now = time.monotonic()
         old = [
             r
@@ -314,6 +320,13 @@ class Inspector:
     def remove_watcher(self, watcher: Watcher) -> None:
         if watcher in self.watchers:
             self.watchers.remove(watcher)
+
+    def later(self, callback: Callable[[], object]) -> None:
+        """Call ``callback`` :data:`DIGEST_AFTER` seconds from now (at once with no loop)."""
+        try:
+            asyncio.get_running_loop().call_later(DIGEST_AFTER, callback)
+        except RuntimeError:
+            callback()
 
     def publish(self, kind: str, data: Any) -> None:
         for watcher in self.watchers:
