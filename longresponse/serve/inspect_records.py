@@ -24,8 +24,9 @@ the inspector's pruning and chain-finding), so nothing read is ever behind;
 a client event digests what was sent before it, so the order holds; with a
 watcher connected every event is digested (and published) at once; and
 past :data:`MAX_PENDING` undigested events the list is digested in place, so
-it stays bounded. Sending an event thus costs the unwatched path a clock
-read and a list append besides its size.
+it stays bounded (the events themselves are held until their digest, never
+copied). Sending an event thus costs the unwatched path a clock read and a
+list append besides its size.
 
 Consecutive delta events of one item (``response.output_text.delta``,
 ``response.function_call_arguments.delta``), numbered one after the other,
