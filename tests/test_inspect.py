@@ -30,6 +30,7 @@ from longresponse.bench.measure import turn_row
 from longresponse.bench.options import Workload
 from longresponse.client import AppendClient, connect
 from longresponse.engine.timing import TurnTiming
+from longresponse.serve import inspector as inspector_module
 from longresponse.serve.inspector import Watcher
 from longresponse.server_process import ServerProcess
 from protocol.events import OutputItemDone, ResponseDone
@@ -220,6 +221,12 @@ def check_page(driver: Any, base: str, append_id: str, pending: str, shipped: li
     log = driver.find_elements(By.CSS_SELECTOR, "#events tbody tr")
     types = {r.get_attribute("data-type") for r in log}
     assert {"response.create", "response.append", "response.done"} <= types
+    # A run of deltas is one row: its count, its sequence numbers first to last.
+    (run, *_) = (r for r in log if r.get_attribute("data-type").endswith("arguments.delta"))
+    cells = run.find_elements(By.TAG_NAME, "td")
+    assert cells[3].text.startswith("response.function_call_arguments.delta \u00d7")
+    first, last = cells[4].text.split("\u2013")
+    assert int(last) - int(first) + 1 == int(cells[3].text.rsplit("\u00d7", 1)[1])
     Select(driver.find_element(By.ID, "event-filter")).select_by_value("response.append")
     filtered = driver.find_elements(By.CSS_SELECTOR, "#events tbody tr")
     assert len(filtered) == 2
@@ -331,6 +338,22 @@ async def test_the_json_endpoint_and_the_feed(make_server: Any) -> None:
         assert all(a["at"] <= b["at"] for a, b in itertools.pairwise(events))
         assert ("client", "response.append") in {(e["direction"], e["type"]) for e in events}
         assert all(e["bytes"] > 0 for e in events if e["direction"] == "server")
+        # Consecutive deltas of one item share an entry (one per turn here): the
+        # first one's sequence_number, their count; the next event follows the run.
+        deltas = [e for e in events if e["type"] == "response.function_call_arguments.delta"]
+        assert len(deltas) == 2
+        assert all(e["count"] > 1 for e in deltas)
+        assert all(e["count"] == 1 for e in events if e not in deltas)
+        sent = [e for e in events if e["direction"] == "server"]
+        for entry, after in itertools.pairwise(sent):
+            if entry in deltas:
+                assert after["sequence_number"] == entry["sequence_number"] + entry["count"]
+        # The feed told of each run as it grew: the same entry, its count one more
+        # each time, up to the count kept.
+        for entry in deltas:
+            told_run = [e["event"] for e in followed["event"] if e["event"]["seq"] == entry["seq"]]
+            assert [e["count"] for e in told_run] == list(range(1, entry["count"] + 1))
+            assert told_run[-1] == entry
         # The download: longresponse bench's turns.json shape, one rollout.
         trace = await http.get(f"/inspect/api/rollouts/{response_id}/trace")
         assert trace.headers["content-disposition"] == f'attachment; filename="{response_id}.json"'
@@ -445,6 +468,31 @@ async def test_each_rollout_keeps_a_bounded_ring_and_rollouts_are_pruned(
         assert response_id in kept
         assert first not in kept
         assert (await http.get(f"/inspect/api/rollouts/{first}")).status_code == 404
+
+
+async def test_what_is_read_is_never_behind_the_events_sent(
+    make_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Server events are digested after the turn; here the timer never comes
+    # (an hour), so only the readers' own digest can show the last turn.
+    monkeypatch.setattr(inspector_module, "DIGEST_AFTER", 3600.0)
+    server = make_server()
+    async with httpx.AsyncClient(base_url=server.http_url) as http, connect(server.url) as client:
+        response_id, pending = await paused_append_rollout(client, answered=1)
+        state = (await http.get("/inspect/api/state")).json()
+        (rollout,) = state["rollouts"]
+        assert rollout["status"] == "paused"
+        assert rollout["pending_call_ids"] == [pending]  # the second turn's call
+        detail = (await http.get(f"/inspect/api/rollouts/{response_id}")).json()
+        last = detail["events"][-1]
+        assert last["type"] == "response.done"
+        assert last["detail"] == {"status": "requires_action", "call_ids": [pending]}
+        assert [e["seq"] for e in detail["events"]] == list(range(1, len(detail["events"]) + 1))
+        appends = [i for i, e in enumerate(detail["events"]) if e["type"] == "response.append"]
+        (append,) = appends
+        # The append came after the first turn's events and before the second's.
+        assert detail["events"][append - 1]["type"] == "response.done"
+        assert detail["events"][append + 1]["type"] == "response.in_progress"
 
 
 async def test_with_the_inspector_off_nothing_is_kept(make_server: Any) -> None:

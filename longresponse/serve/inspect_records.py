@@ -2,17 +2,38 @@
 
 Theory of operation
 -------------------
-A :class:`RolloutRecord` is fed by the hot paths through two calls:
-:meth:`RolloutRecord.note` for each client or server event (the server's come
-through a :class:`WatchedSink` around the turn's sink, which also reads the
-encoded size off the sink's queue), and :meth:`RolloutRecord.turn_ended`
-for each finished turn. An event is kept as a tuple of cheap fields (a
-number counted per rollout, a wall-clock time, the direction, the wire type,
-its ``sequence_number``, its bytes, and a short summary for the few events
-that change the rollout's state); the state (sampling, paused on which call
-ids, completed, failed, cancelled, incomplete) follows from those summaries.
-Nothing is published unless a watcher is connected
-(``longresponse.serve.inspector``).
+A :class:`RolloutRecord` is fed by the hot paths through three calls:
+:meth:`RolloutRecord.note` for each client event, :meth:`RolloutRecord.sent`
+for each server event (through a :class:`WatchedSink` around the turn's
+sink, which reads the encoded size off the sink's queue counter), and
+:meth:`RolloutRecord.turn_ended` for each finished turn. An event is kept as
+a tuple of cheap fields (a number counted per rollout, a wall-clock time,
+the direction, the wire type, its ``sequence_number``, its bytes, a short
+summary for the few events that change the rollout's state, and a count);
+the state (sampling, paused on which call ids, completed, failed, cancelled,
+incomplete) follows from those summaries. Nothing is published unless a
+watcher is connected (``longresponse.serve.inspector``).
+
+A server event is not digested as it leaves: :meth:`RolloutRecord.sent`
+keeps the event, its size and the time in a list and asks the loop to call
+:meth:`RolloutRecord.digest` :data:`DIGEST_AFTER` seconds later, once per
+batch; by then the turn has usually ended and the rollout waits for its
+client, so the digest costs the turn nothing. Whatever reads the record
+digests first (:meth:`RolloutRecord.summary`, :meth:`RolloutRecord.detail`,
+the inspector's pruning and chain-finding), so nothing read is ever behind;
+a client event digests what was sent before it, so the order holds; with a
+watcher connected every event is digested (and published) at once; and
+past :data:`MAX_PENDING` undigested events the list is digested in place, so
+it stays bounded (the events themselves are held until their digest, never
+copied). Sending an event thus costs the unwatched path a clock read and a
+list append besides its size.
+
+Consecutive delta events of one item (``response.output_text.delta``,
+``response.function_call_arguments.delta``), numbered one after the other,
+share one entry: the first one's time and ``sequence_number``, their bytes
+summed, their count. The run is kept in a few counters and written into its
+entry only when the next event ends it (:meth:`RolloutRecord.entries` reads
+it as it stands).
 
 A turn's row holds the :class:`~longresponse.engine.timing.TurnTiming`
 phases, the tokens (new, cached, total), the bytes on the wire both ways
@@ -27,8 +48,8 @@ import collections
 import dataclasses
 import itertools
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any, Final, Protocol, cast
 
 from protocol import ResponseTrack
 from protocol.events import (
@@ -47,12 +68,26 @@ from ..engine.timing import TurnTiming
 if TYPE_CHECKING:
     from .inspector import ConnectionRecord, Inspector
 
-__all__ = ["FINISHED", "MAX_TURNS", "SPARK_TURNS", "RolloutRecord", "WatchedSink"]
+__all__ = [
+    "DIGEST_AFTER",
+    "FINISHED",
+    "MAX_PENDING",
+    "MAX_TURNS",
+    "SPARK_TURNS",
+    "RolloutRecord",
+    "UnsizedWatchedSink",
+    "WatchedSink",
+]
 
 #: Turns kept per rollout (a 200-call rollout, the bench's longest, fits).
 MAX_TURNS: Final = 250
 #: Turns a rollout's summary gives per-turn figures of (the page's sparklines).
 SPARK_TURNS: Final = 60
+#: Seconds after a server event is sent that its batch is digested (see above).
+DIGEST_AFTER: Final = 0.01
+#: Server events sent and not yet digested, per rollout, before one is digested
+#: in place.
+MAX_PENDING: Final = 256
 #: Response statuses after which a rollout (not paused) is finished.
 FINISHED: Final = frozenset({"completed", "failed", "cancelled", "incomplete"})
 
@@ -84,20 +119,23 @@ def _summary(event: Any) -> dict[str, Any] | None:
     return None
 
 
-#: Event class → (wire type, whether it is summarised): filled as classes are met.
-_KINDS: dict[type, tuple[str, bool]] = {}
+#: Event class → (wire type, whether it is summarised, whether it is a delta):
+#: filled as classes are met.
+_KINDS: dict[type, tuple[str, bool, bool]] = {}
+#: Events whose consecutive runs on one item share a ring entry.
+_DELTAS = frozenset({"response.output_text.delta", "response.function_call_arguments.delta"})
 #: Events summarised besides the lifecycle ones (those that carry a ``response``).
 _SUMMARISED = frozenset(
     {"response.output_item.added", "error", "response.create", "response.append"}
 )
 
 
-def _kind(cls: type) -> tuple[str, bool]:
+def _kind(cls: type) -> tuple[str, bool, bool]:
     kind = _KINDS.get(cls)
     if kind is None:
         tag = _tag(cls)
         lifecycle = "response" in getattr(cls, "__struct_fields__", ())
-        kind = _KINDS[cls] = (tag, lifecycle or tag in _SUMMARISED)
+        kind = _KINDS[cls] = (tag, lifecycle or tag in _SUMMARISED, tag in _DELTAS)
     return kind
 
 
@@ -126,30 +164,99 @@ class RolloutRecord:
         self._counted_in = self._counted_out = 0
         self._turn_end: float | None = None
         self.running = False
+        #: The run of deltas the last entry opened: their class, item, count, bytes,
+        #: and the sequence_number the next one must have to join it.
+        self._run: type | None = None
+        self._run_item = ""
+        self._run_count = self._run_bytes = self._run_next = 0
+        #: Server events sent and not yet digested: (event, bytes, wall-clock time).
+        self._sent: list[tuple[Any, int, float]] = []
 
     # --- recording (hot) --------------------------------------------------------
 
+    def sent(self, event: ServerEvent, nbytes: int) -> None:
+        """A server event has left, ``nbytes`` as encoded: kept to be digested later."""
+        self.bytes_out += nbytes
+        self.connection.bytes_out += nbytes
+        sent = self._sent
+        sent.append((event, nbytes, time.time()))
+        if self.inspector.watchers or len(sent) >= MAX_PENDING:
+            self.digest()
+        elif len(sent) == 1:
+            self.inspector.later(self.digest)
+
+    def digest(self) -> None:
+        """Note the server events sent since the last digest, in order."""
+        sent = self._sent
+        if sent:
+            self._sent = []
+            for event, nbytes, at in sent:
+                self._keep("server", event, nbytes, at)
+
     def note(self, direction: str, event: Any, nbytes: int) -> None:
-        """Keep one event: a few fields, no payload."""
-        tag, summarised = _kind(type(event))
+        """Keep one (client) event: a few fields, no payload."""
+        if self._sent:
+            self.digest()
+        self._keep(direction, event, nbytes, time.time())
+
+    def _keep(self, direction: str, event: Any, nbytes: int, at: float) -> None:
+        cls = type(event)
+        if self._run is not None:
+            if (
+                cls is self._run
+                and event.sequence_number == self._run_next
+                and event.item_id == self._run_item
+            ):
+                self._run_next += 1
+                self._run_count += 1
+                self._run_bytes += nbytes
+                if self.inspector.watchers:
+                    last = _entry_json(self._run_entry())
+                    self.inspector.publish("event", {"rollout": self.id, "event": last})
+                return
+            self._end_run()
+        tag, summarised, delta = _KINDS.get(cls) or _kind(cls)
         detail = _summary(event) if summarised else None
         self.seq += 1
         number = getattr(event, "sequence_number", None)
         entry = (
             self.seq,
-            time.time(),
+            at,
             direction,
             tag,
             number if type(number) is int else None,
             nbytes,
             detail,
+            1,
         )
         self.events.append(entry)
+        if delta:  # a run of deltas starts: the next ones of its item join it
+            self._run, self._run_item = cls, event.item_id
+            self._run_count, self._run_bytes = 1, nbytes
+            self._run_next = event.sequence_number + 1
         if detail is not None and "status" in detail:
             self._status(detail)
         inspector = self.inspector
         if inspector.watchers:
             inspector.publish("event", {"rollout": self.id, "event": _entry_json(entry)})
+
+    def _run_entry(self) -> tuple[Any, ...]:
+        """The last entry with the run of deltas it opened so far."""
+        e = self.events[-1]
+        return (e[0], e[1], e[2], e[3], e[4], self._run_bytes, None, self._run_count)
+
+    def _end_run(self) -> None:
+        if self._run_count > 1:
+            self.events[-1] = self._run_entry()
+        self._run = None
+
+    def entries(self) -> list[tuple[Any, ...]]:
+        """The ring's entries, oldest first, a run of deltas still open included."""
+        self.digest()
+        entries = list(self.events)
+        if self._run is not None and self._run_count > 1:
+            entries[-1] = self._run_entry()
+        return entries
 
     def _status(self, detail: dict[str, Any]) -> None:
         status = detail["status"]
@@ -215,6 +322,7 @@ class RolloutRecord:
     # --- reading -------------------------------------------------------------------
 
     def summary(self) -> dict[str, Any]:
+        self.digest()
         recent = list(itertools.islice(reversed(self.turns), SPARK_TURNS))[::-1]
         return {
             "id": self.id,
@@ -243,7 +351,7 @@ class RolloutRecord:
             **self.summary(),
             "response_ids": list(self.responses),
             "timeline": [t.as_json() for t in self.turns],
-            "events": [_entry_json(e) for e in self.events],
+            "events": [_entry_json(e) for e in self.entries()],
             "events_kept": self.inspector.ring,
         }
 
@@ -277,7 +385,7 @@ class _Turn:
 
 
 def _entry_json(entry: tuple[Any, ...]) -> dict[str, Any]:
-    seq, at, direction, tag, sequence_number, nbytes, detail = entry
+    seq, at, direction, tag, sequence_number, nbytes, detail, count = entry
     return {
         "seq": seq,
         "at": at,
@@ -286,34 +394,56 @@ def _entry_json(entry: tuple[Any, ...]) -> dict[str, Any]:
         "sequence_number": sequence_number,
         "bytes": nbytes,
         "detail": detail,
+        "count": count,
     }
 
 
+class _Sized(EventSink, Protocol):
+    """A sink that counts the bytes waiting in its queue (the outbox, an SSE buffer)."""
+
+    @property
+    def queued_bytes(self) -> int: ...
+
+
 class WatchedSink:
-    """A turn's sink, noting each server event (and its encoded size) on the way."""
+    """A turn's sink, noting each server event (and its encoded size) on the way.
+
+    ``room`` and ``track`` are the sink's own (no layer in between); ``push``
+    reads the sink's queue counter before and after, so an event's size
+    costs two attribute reads. Sinks that keep no count (an HTTP JSON
+    request's) are wrapped by :class:`UnsizedWatchedSink`.
+    """
+
+    room: Callable[[], Coroutine[Any, Any, None]]
+    track: Callable[[str], ResponseTrack]
 
     def __init__(self, sink: EventSink, record: RolloutRecord) -> None:
         self.sink = sink
+        self._sized = cast(_Sized, sink)  # (read only where it is one: see ``around``)
         self.record = record
-        self._size: Callable[[], int] | None = (
-            (lambda: sink.queued_bytes) if hasattr(sink, "queued_bytes") else None
-        )
+        self.room = sink.room
+        self.track = sink.track
 
-    async def room(self) -> None:
-        await self.sink.room()
+    @staticmethod
+    def around(sink: EventSink, record: RolloutRecord) -> WatchedSink:
+        """The wrapper that fits ``sink``."""
+        if hasattr(sink, "queued_bytes"):
+            return WatchedSink(sink, record)
+        return UnsizedWatchedSink(sink, record)
 
     def push(self, event: ServerEvent) -> None:
-        size = self._size
-        before = size() if size is not None else 0
-        self.sink.push(event)
-        nbytes = size() - before if size is not None else 0
-        record = self.record
-        record.bytes_out += nbytes
-        record.connection.bytes_out += nbytes
-        record.note("server", event, nbytes)
-
-    def track(self, response_id: str) -> ResponseTrack:
-        return self.sink.track(response_id)
+        sink = self._sized
+        before = sink.queued_bytes
+        sink.push(event)
+        self.record.sent(event, sink.queued_bytes - before)
 
     def __getattr__(self, name: str) -> Any:  # e.g. the outbox's ``error``
         return getattr(self.sink, name)
+
+
+class UnsizedWatchedSink(WatchedSink):
+    """A :class:`WatchedSink` around a sink that encodes nothing (sizes are 0)."""
+
+    def push(self, event: ServerEvent) -> None:
+        self.sink.push(event)
+        self.record.sent(event, 0)

@@ -25,11 +25,12 @@ chain is one record all the same, so its turns line up with append's).
 
 Per event only cheap fields are kept: its type, its ``sequence_number``, its
 size on the wire, a wall-clock time and, for the few events that change a
-rollout's state, a short summary (status, call ids). Payloads are never
-copied. A rollout keeps its last :data:`RING_EVENTS` events and
-:data:`MAX_TURNS` turns; at most :data:`MAX_ROLLOUTS` rollouts are kept, the
-least recently active finished ones forgotten first, and a finished one is
-forgotten :data:`FORGET_AFTER` seconds after its last event.
+rollout's state, a short summary (status, call ids); consecutive deltas of
+one item share one entry, with their count. Payloads are never copied. A
+rollout keeps its last :data:`RING_EVENTS` entries and :data:`MAX_TURNS`
+turns; at most :data:`MAX_ROLLOUTS` rollouts are kept, the least recently
+active finished ones forgotten first, and a finished one is forgotten
+:data:`FORGET_AFTER` seconds after its last event.
 
 Watchers (the live feed, ``serve.inspect_routes``) each get a bounded queue;
 at most :data:`MAX_WATCHERS` at once. With no watcher nothing is published.
@@ -44,7 +45,7 @@ import asyncio
 import itertools
 import time
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Final
 
 from protocol import Mode
@@ -52,7 +53,7 @@ from protocol.events import ClientEvent, ResponseCreate
 
 from ..engine.rollout import Rollout
 from ..engine.stream import EventSink
-from .inspect_records import FINISHED, MAX_TURNS, RolloutRecord, WatchedSink
+from .inspect_records import DIGEST_AFTER, FINISHED, MAX_TURNS, RolloutRecord, WatchedSink
 
 __all__ = [
     "FORGET_AFTER",
@@ -215,6 +216,8 @@ class Inspector:
         # What ran on it is cut off, as the server ends it (cancelled); a shipped
         # chain paused between responses may go on elsewhere, from the store.
         for rollout in self.rollouts.values():
+            if rollout.connection is record:
+                rollout.digest()
             if rollout.connection is record and (
                 rollout.status == "sampling"
                 or (rollout.status == "paused" and rollout.shape == "append")
@@ -236,6 +239,8 @@ class Inspector:
         previous = request.previous_response_id
         if record is None and previous is not None:
             parent = self.by_response.get(previous)
+            if parent is not None:
+                parent.digest()  # (``running`` follows from its events)
             if parent is not None and parent.responses[-1] == previous and not parent.running:
                 record = parent  # the chain goes on (HTTP: a fresh engine rollout each time)
             elif parent is not None:
@@ -257,7 +262,7 @@ class Inspector:
         record.bytes_in += nbytes
         record.note("client", request, nbytes)
         record.status, record.pending = "sampling", []
-        return WatchedSink(sink, record), record
+        return WatchedSink.around(sink, record), record
 
     def _open(self, response_id: str, connection: ConnectionRecord) -> RolloutRecord:
         self._prune()
@@ -270,6 +275,8 @@ class Inspector:
     def _prune(self) -> None:
         """Forget finished rollouts past their age, then the least recently active
         (finished first) while more than ``max_rollouts`` are kept."""
+        for record in self.rollouts.values():
+            record.digest()  # (the status and last activity follow from its events)
         now = time.monotonic()
         old = [
             r
@@ -313,6 +320,13 @@ class Inspector:
     def remove_watcher(self, watcher: Watcher) -> None:
         if watcher in self.watchers:
             self.watchers.remove(watcher)
+
+    def later(self, callback: Callable[[], object]) -> None:
+        """Call ``callback`` :data:`DIGEST_AFTER` seconds from now (at once with no loop)."""
+        try:
+            asyncio.get_running_loop().call_later(DIGEST_AFTER, callback)
+        except RuntimeError:
+            callback()
 
     def publish(self, kind: str, data: Any) -> None:
         for watcher in self.watchers:

@@ -180,8 +180,10 @@ function renderEvents() {
   document.querySelector("#events tbody").replaceChildren(...events.slice(-400).reverse().map((e) =>
     el("tr", { "data-type": e.type },
       el("td", {}, e.seq), el("td", {}, new Date(e.at * 1000).toISOString().slice(11, 23)),
-      el("td", { class: `dir-${e.direction}` }, e.direction), el("td", {}, e.type),
-      el("td", {}, e.sequence_number ?? ""), el("td", {}, e.bytes || ""),
+      el("td", { class: `dir-${e.direction}` }, e.direction),
+      el("td", {}, e.count > 1 ? `${e.type} ×${e.count}` : e.type),
+      el("td", {}, e.count > 1 ? `${e.sequence_number}–${e.sequence_number + e.count - 1}`
+        : e.sequence_number ?? ""), el("td", {}, e.bytes || ""),
       el("td", {}, e.detail ? JSON.stringify(e.detail) : ""))));
   document.getElementById("events-kept").textContent =
     `(${detail.events.length} most recent kept, up to ${detail.events_kept})`;
