@@ -24,7 +24,9 @@ budget left, metadata (a longresponse upstream's ``sim_*`` keys pass
 through), temperature and top_p, ``text.format``.
 
 :class:`TurnReader` turns the upstream's events into sampler chunks:
-``response.output_text.delta`` → TextDelta; a ``function_call`` item added →
+``response.output_text.delta`` → TextDelta (and ``response.refusal.delta``:
+the gateway's message carries a refusal as its text, so an answer that is
+only a refusal still arrives); a ``function_call`` item added →
 ToolCallStart; ``response.function_call_arguments.delta`` → ArgumentsDelta;
 an item done → ItemEnd (incomplete when its status says so); the terminal
 ``response.completed`` / ``response.incomplete`` → Usage (the upstream's own
@@ -34,7 +36,15 @@ only their token count reaches the usage. ``response.failed`` and ``error``
 events, and the HTTP statuses of a refused request (:func:`refused`), become
 :class:`~longresponse.engine.failures.UpstreamError` with the shipped code.
 No message of this module ever holds the API key: the errors quote the
-upstream's own message, and a refusal of the credentials is worded here.
+upstream's own message with the key cut out (:func:`redact`), and a refusal
+of the credentials is worded here.
+
+Retrying is safe only while the upstream cannot have begun the response:
+:attr:`TurnReader.begun` is set by the first event that is not an
+``error`` (``response.created`` on), and by the transports for any failure
+after which the request may have been acted upon (a timeout, a stream that
+broke, an event that could not be read); a turn whose reader has begun is
+never sent again.
 """
 
 from __future__ import annotations
@@ -68,6 +78,7 @@ __all__ = [
     "TurnReader",
     "create_body",
     "decode_event",
+    "redact",
     "refused",
     "retryable",
     "upstream_input",
@@ -186,26 +197,43 @@ def decode_event(data: bytes | str) -> _Event:
         raise UpstreamError("The upstream sent an event that is not valid JSON.") from None
 
 
+def redact(text: str, secret: str | None) -> str:
+    """``text`` with every occurrence of ``secret`` (the API key) cut out."""
+    return text.replace(secret, "[redacted]") if secret else text
+
+
 def retryable(exc: UpstreamError) -> bool:
     """Worth sending again: nothing was produced, and the upstream was down or busy."""
     return not exc.output_started and exc.code in ("upstream_unavailable", "rate_limit_exceeded")
 
 
 def refused(
-    status: int, body: Mapping[str, Any] | None, retry_after: str | None = None
+    status: int,
+    body: Mapping[str, Any] | None,
+    retry_after: str | None = None,
+    *,
+    secret: str | None = None,
 ) -> UpstreamError:
-    """The error of an upstream that refused the request with HTTP ``status``."""
+    """The error of an upstream that refused the request with HTTP ``status``;
+    ``secret`` (the API key) is cut out of what the upstream said."""
     error = body.get("error") if isinstance(body, Mapping) else None
     error = error if isinstance(error, Mapping) else {}
     code = error.get("code") if isinstance(error.get("code"), str) else None
     message = error.get("message") if isinstance(error.get("message"), str) else None
     param = error.get("param") if isinstance(error.get("param"), str) else None
-    return _mapped(status, code, message, param, retry_after)
+    return _mapped(status, code, message, param, retry_after, secret)
 
 
 def _mapped(
-    status: int, code: str | None, message: str | None, param: str | None, retry_after: str | None
+    status: int,
+    code: str | None,
+    message: str | None,
+    param: str | None,
+    retry_after: str | None,
+    secret: str | None,
 ) -> UpstreamError:
+    if message is not None:
+        message = redact(message, secret)
     if code in CHAIN_LOST:
         return UpstreamError(message or "The upstream lost the chain's previous response.",
                              code=code, status=400, param=param)  # fmt: skip
@@ -252,11 +280,25 @@ class TurnReader:
     produced: int = 0
     #: Something was already passed on (a retry would repeat it).
     started: bool = False
+    #: The upstream may have begun the response: sending it again could run it
+    #: twice. Set by any event but ``error``, and by the transports.
+    begun: bool = False
+    #: The API key, cut out of every upstream message (None: none is sent).
+    secret: str | None = None
     #: The terminal event arrived.
     ended: bool = False
     _open: str | None = None  # the type of the item being passed on
     _streamed: bool = False  # the open call's arguments came as deltas
     _calls: bool = False
+
+    def decode(self, data: bytes | str) -> _Event:
+        """One upstream event of this turn. Raises :class:`UpstreamError` if it is
+        not one; the turn is then begun (the upstream is running something)."""
+        try:
+            return decode_event(data)
+        except UpstreamError as exc:
+            self.begun, exc.output_started = True, self.started
+            raise
 
     def read(self, event: _Event) -> Iterator[SampleChunk]:
         """The chunks of ``event`` (Usage then Stop for the terminal one).
@@ -264,7 +306,9 @@ class TurnReader:
         Raises :class:`UpstreamError` for ``response.failed`` and ``error``.
         """
         kind = event.type
-        if kind == "response.output_text.delta":
+        if kind != "error":
+            self.begun = True
+        if kind in ("response.output_text.delta", "response.refusal.delta"):
             if event.delta:
                 self._open, self.started = "message", True
                 yield TextDelta(event.delta)
@@ -318,21 +362,23 @@ class TurnReader:
     def _failed(
         self, status: int, code: str | None, message: str | None, param: str | None
     ) -> UpstreamError:
-        exc = _mapped(status, code, message, param, None)
+        exc = _mapped(status, code, message, param, None, self.secret)
         exc.output_started = self.started
         return exc
 
 
 def _text(item: Mapping[str, Any]) -> str:
-    """The output text of a message item."""
+    """The output text of a message item (a refusal part counts as text)."""
     content = item.get("content")
     if not isinstance(content, list):
         return ""
-    return "".join(
-        str(part.get("text", ""))
-        for part in content
-        if isinstance(part, Mapping) and part.get("type") == "output_text"
-    )
+    text = []
+    for part in content:
+        if isinstance(part, Mapping) and part.get("type") == "output_text":
+            text.append(str(part.get("text", "")))
+        elif isinstance(part, Mapping) and part.get("type") == "refusal":
+            text.append(str(part.get("refusal", "")))
+    return "".join(text)
 
 
 def _usage(usage: Any) -> Usage:
