@@ -36,16 +36,20 @@ def sse(*events: dict[str, Any] | bytes) -> bytes:
 
 
 class ScriptedEngine:
-    """The peer on 127.0.0.1, in a thread; ``requests`` counts the requests it read."""
+    """The peer on 127.0.0.1, in a thread; ``bodies`` holds the requests' bodies."""
 
     def __init__(self, script: Sequence[Step]) -> None:
         self.script = list(script)
-        self.requests = 0
+        self.bodies: list[bytes] = []
         self.port = 0
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._stop: asyncio.Event | None = None
         self._thread = threading.Thread(target=self._loop.run_until_complete, args=(self._main(),))
+
+    @property
+    def requests(self) -> int:
+        return len(self.bodies)
 
     @property
     def base_url(self) -> str:
@@ -68,8 +72,7 @@ class ScriptedEngine:
                 name, _, value = line.partition(":")
                 if name.strip().lower() == "content-length":
                     length = int(value)
-            await reader.readexactly(length)
-            self.requests += 1
+            self.bodies.append(await reader.readexactly(length))
             for step in self.script:
                 if step == CLOSE:
                     break

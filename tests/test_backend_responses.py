@@ -24,7 +24,13 @@ import pytest
 from openai import OpenAI
 
 from longresponse.backends.responses_http import retry_wait
-from longresponse.backends.responses_wire import TurnReader, decode_event, refused
+from longresponse.backends.responses_wire import (
+    Reasoned,
+    TurnReader,
+    decode_event,
+    refused,
+    upstream_input,
+)
 from longresponse.backends.responses_ws import ResponsesWSBackend
 from longresponse.client import connect
 from longresponse.config import BackendConfig
@@ -902,3 +908,65 @@ def test_a_refusal_arrives_as_the_answer_text() -> None:
         chunks = [c for e in events for c in reader.read(decode_event(json.dumps(e)))]
         assert chunks == [TextDelta("I can't help with that."), ItemEnd()]
         assert reader.produced == 1
+
+
+def test_an_upstream_reasoning_model_gets_its_reasoning_back(make_server: Any) -> None:
+    """The peer stands in for a reasoning model upstream with ``store: false``, which
+    sends its reasoning encrypted (a longresponse upstream has no reasoning of its own)."""
+    reasoning = {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "gAAA-x"}
+    call = {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "read_file",
+            "arguments": '{"path":"a"}', "status": "completed"}  # fmt: skip
+    usage = {"input_tokens": 20, "output_tokens": 9}
+    stream = sse(
+        {"type": "response.created", "response": {"id": "resp_peer"}},
+        {"type": "response.output_item.added", "item": reasoning},
+        {"type": "response.output_item.done", "item": reasoning},
+        {"type": "response.output_item.added", "item": {**call, "arguments": ""}},
+        {"type": "response.function_call_arguments.delta", "delta": call["arguments"]},
+        {"type": "response.output_item.done", "item": call},
+        {"type": "response.completed", "response": {"id": "resp_peer", "usage": usage}},
+    )
+    with ScriptedEngine([stream, CLOSE]).running() as engine:
+        gateway = make_server(backends=(scripted_backend(engine),))
+        with sdk(gateway).responses.connect() as conn:
+            conn.response.create(model="up", input="Which file?", tools=[TOOL], store=False)
+            first = sdk_turn(conn)[-1].response
+            assert [item.type for item in first.output] == ["function_call"]
+            answer = {"type": "function_call_output", "call_id": "call_1", "output": "bug"}
+            conn.response.create(
+                model="up", input=[answer], previous_response_id=first.id, tools=[TOOL],
+                store=False,
+            )  # fmt: skip
+            assert sdk_turn(conn)[-1].type == "response.completed"
+    sent = [json.loads(body) for body in engine.bodies]
+    assert len(sent) == 2
+    assert sent[0]["include"] == ["reasoning.encrypted_content"]
+    # The full input again (nothing is stored upstream), the reasoning before its call.
+    assert [item["type"] for item in sent[1]["input"]] == [
+        "message", "reasoning", "function_call", "function_call_output",
+    ]  # fmt: skip
+    assert sent[1]["input"][1] == reasoning
+    assert "previous_response_id" not in sent[1]
+
+
+def test_reasoning_whose_output_left_the_context_is_not_sent() -> None:
+    reader = TurnReader()
+    reasoning = {"type": "reasoning", "id": "rs_1", "encrypted_content": "gAAA-x"}
+    events = [
+        {"type": "response.output_item.done", "item": reasoning},
+        {"type": "response.output_item.added", "item": {"type": "message", "content": []}},
+        {"type": "response.output_text.delta", "delta": "It is in a."},
+        {"type": "response.output_item.done", "item": {"type": "message"}},
+    ]
+    for event in events:
+        list(reader.read(decode_event(json.dumps(event))))
+    assert reader.reasoning == [(0, reasoning)]
+    question = Message(role="user", content="Which file?")
+    answer = Message(role="assistant", content=[OutputText(text="It is in a.")])
+    reasoned = Reasoned()
+    reasoned.ended([question], reader.reasoning)
+    reasoned.attach([question, answer])
+    assert upstream_input([question, answer], reasoned)[1] == reasoning
+    # A truncation dropped the answer: its reasoning goes with it.
+    reasoned.attach([question])
+    assert reasoned.before(answer) == []

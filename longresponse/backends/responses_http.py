@@ -51,7 +51,7 @@ import msgspec
 from ..config import BackendConfig
 from ..engine.failures import UpstreamError
 from ..engine.sampling import SampleChunk, SampleRequest, Usage
-from .responses_wire import CHAIN_LOST, Chain, TurnReader, create_body, refused
+from .responses_wire import CHAIN_LOST, Chain, Reasoned, TurnReader, create_body, refused
 from .responses_wire import retryable as _retryable
 from .settings import SettingsError
 
@@ -136,6 +136,7 @@ class ResponsesSampler:
     def __init__(self, backend: ResponsesBackend) -> None:
         self.backend = backend
         self.chain = Chain()
+        self.reasoned = Reasoned()
         config = backend.config
         self.headers = (
             {config.affinity_header: secrets.token_hex(8)} if config.affinity_header else {}
@@ -149,12 +150,15 @@ class ResponsesSampler:
             previous, items = (
                 self.chain.continuation(sent) if config.upstream_store else (None, sent)
             )
-            body = create_body(config, request, items, previous)
+            self.reasoned.attach(sent)
+            body = create_body(config, request, items, previous, self.reasoned)
             body["stream"] = True
             reader = TurnReader(secret=self.backend.key)
             try:
                 async with contextlib.aclosing(self._turn(body, reader)) as chunks:
                     async for chunk in chunks:
+                        if isinstance(chunk, Usage):
+                            self.reasoned.ended(sent, reader.reasoning)
                         if isinstance(chunk, Usage) and reader.response_id:
                             log.debug("upstream response %s after %s: %d items sent",
                                       reader.response_id, previous, len(items))  # fmt: skip

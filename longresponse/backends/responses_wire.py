@@ -23,6 +23,14 @@ which an upstream could not open), instructions, tools, tool choice, the
 budget left, metadata (a longresponse upstream's ``sim_*`` keys pass
 through), temperature and top_p, ``text.format``.
 
+:class:`Reasoned` carries an upstream reasoning model's own reasoning from
+turn to turn when the upstream keeps nothing (``upstream_store`` false): the
+create asks for ``include: ["reasoning.encrypted_content"]``, the reader
+keeps each reasoning item that comes with its encrypted content, and a turn
+that sends the full input sends each one again, as it came, just before the
+output item that followed it. A chained turn sends none (the upstream has
+them), and an item whose output is no longer in the context is let go.
+
 :class:`TurnReader` turns the upstream's events into sampler chunks:
 ``response.output_text.delta`` → TextDelta (and ``response.refusal.delta``:
 the gateway's message carries a refusal as its text, so an answer that is
@@ -75,6 +83,7 @@ __all__ = [
     "CHAIN_LOST",
     "MIN_OUTPUT_TOKENS",
     "Chain",
+    "Reasoned",
     "TurnReader",
     "create_body",
     "decode_event",
@@ -94,13 +103,49 @@ CHAIN_LOST: Final = frozenset({"previous_response_not_found"})
 # --- what a turn sends ------------------------------------------------------------
 
 
-def upstream_input(items: Sequence[Item]) -> list[Item]:
-    """``items`` as an upstream may read them: messages, calls and outputs, no ids."""
-    out: list[Item] = []
+def upstream_input(items: Sequence[Item], reasoned: Reasoned | None = None) -> list[Any]:
+    """``items`` as an upstream may read them: messages, calls and outputs, no ids;
+    before an output item, the upstream's reasoning that led to it (``reasoned``)."""
+    out: list[Any] = []
     for item in items:
         if isinstance(item, Message | FunctionCall | FunctionCallOutput):
+            if reasoned is not None:
+                out.extend(reasoned.before(item))
             out.append(msgspec.structs.replace(item, id=UNSET) if item.id else item)
     return out
+
+
+@dataclasses.dataclass(slots=True)
+class Reasoned:
+    """The upstream's reasoning items (encrypted), by the output item each preceded."""
+
+    #: id() of an output item in the context → (that item, the reasoning before it).
+    _before: dict[int, tuple[Item, list[dict[str, Any]]]] = dataclasses.field(default_factory=dict)
+    #: The last ended turn: the context it sent, and its reasoning by output index.
+    _sent: list[Item] = dataclasses.field(default_factory=list)
+    _pending: list[tuple[int, dict[str, Any]]] = dataclasses.field(default_factory=list)
+
+    def ended(self, context: Sequence[Item], reasoning: list[tuple[int, dict[str, Any]]]) -> None:
+        """A turn that sent ``context`` ended with ``reasoning`` (see :class:`TurnReader`)."""
+        self._sent, self._pending = list(context), list(reasoning)
+
+    def attach(self, context: Sequence[Item]) -> None:
+        """Pin the last turn's reasoning to its output items, now in ``context``;
+        forget what belongs to items ``context`` no longer holds."""
+        sent, pending = self._sent, self._pending
+        self._sent, self._pending = [], []
+        if pending and all(a is b for a, b in zip(sent, context, strict=False)):
+            for index, item in pending:
+                at = len(sent) + index
+                if at < len(context) and isinstance(context[at], Message | FunctionCall):
+                    target = context[at]
+                    self._before.setdefault(id(target), (target, []))[1].append(item)
+        live = {id(item) for item in context}
+        self._before = {key: found for key, found in self._before.items() if key in live}
+
+    def before(self, item: Item) -> list[dict[str, Any]]:
+        found = self._before.get(id(item))
+        return found[1] if found is not None and found[0] is item else []
 
 
 @dataclasses.dataclass(slots=True)
@@ -138,17 +183,20 @@ def create_body(
     request: SampleRequest,
     items: Sequence[Item],
     previous_response_id: str | None,
+    reasoned: Reasoned | None = None,
 ) -> dict[str, Any]:
     """The ``response.create`` / ``POST /responses`` body of one turn (without ``stream``)."""
     body: dict[str, Any] = {
         "model": config.model,
-        "input": upstream_input(items),
+        "input": upstream_input(items, reasoned),
         "store": config.upstream_store,
         "tool_choice": request.tool_choice,
         "parallel_tool_calls": request.parallel_tool_calls,
     }
     if previous_response_id is not None:
         body["previous_response_id"] = previous_response_id
+    if not config.upstream_store:
+        body["include"] = ["reasoning.encrypted_content"]  # the upstream keeps none
     if request.instructions is not None:
         body["instructions"] = request.instructions
     if request.tools:
@@ -285,6 +333,9 @@ class TurnReader:
     begun: bool = False
     #: The API key, cut out of every upstream message (None: none is sent).
     secret: str | None = None
+    #: Reasoning items that came with encrypted content, each with the number of
+    #: output items produced before it (the index of the one it led to).
+    reasoning: list[tuple[int, dict[str, Any]]] = dataclasses.field(default_factory=list)
     #: The terminal event arrived.
     ended: bool = False
     _open: str | None = None  # the type of the item being passed on
@@ -334,6 +385,8 @@ class TurnReader:
                 self._open = None
                 self.produced += 1
                 yield ItemEnd(incomplete=item.get("status") == "incomplete")
+            elif item.get("type") == "reasoning" and item.get("encrypted_content"):
+                self.reasoning.append((self.produced, item))
         elif kind in ("response.created", "response.in_progress", "response.queued"):
             if event.response is not None and self.response_id is None:
                 self.response_id = event.response.get("id")

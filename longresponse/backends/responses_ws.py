@@ -58,7 +58,7 @@ from ..config import BackendConfig
 from ..engine.failures import UpstreamError
 from ..engine.sampling import SampleChunk, SampleRequest, Usage
 from .responses_http import api_key, auth_headers, retry_wait
-from .responses_wire import CHAIN_LOST, Chain, TurnReader, create_body, refused
+from .responses_wire import CHAIN_LOST, Chain, Reasoned, TurnReader, create_body, refused
 
 __all__ = ["MAX_UPSTREAM_EVENT_BYTES", "SOCKET_LOG", "ResponsesWSBackend", "ResponsesWSSampler"]
 
@@ -105,6 +105,7 @@ class ResponsesWSSampler:
     def __init__(self, backend: ResponsesWSBackend) -> None:
         self.backend = backend
         self.chain = Chain()
+        self.reasoned = Reasoned()
         self.socket: ClientConnection | None = None
         config = backend.config
         self.headers = {
@@ -123,9 +124,13 @@ class ResponsesWSSampler:
             try:
                 socket = await self._open()
                 previous, items = self.chain.continuation(sent)
-                body = {"type": "response.create", **create_body(config, request, items, previous)}
+                self.reasoned.attach(sent)
+                created = create_body(config, request, items, previous, self.reasoned)
+                body = {"type": "response.create", **created}
                 async with contextlib.aclosing(self._turn(socket, body, reader)) as chunks:
                     async for chunk in chunks:
+                        if isinstance(chunk, Usage):
+                            self.reasoned.ended(sent, reader.reasoning)
                         if isinstance(chunk, Usage) and reader.response_id:
                             log.debug("upstream response %s after %s: %d items sent",
                                       reader.response_id, previous, len(items))  # fmt: skip
