@@ -157,7 +157,7 @@ class ResponsesSampler:
             try:
                 async with contextlib.aclosing(self._turn(body, reader)) as chunks:
                     async for chunk in chunks:
-                        if isinstance(chunk, Usage):
+                        if isinstance(chunk, Usage):  # the upstream response ended
                             self.reasoned.ended(sent, reader.reasoning)
                         if isinstance(chunk, Usage) and reader.response_id:
                             log.debug("upstream response %s after %s: %d items sent",
