@@ -722,12 +722,12 @@ async def test_cancel_closes_the_upstream_http_stream_at_once(make_server: Any) 
 def test_the_first_event_starts_the_idle_deadline(
     make_server: Any, upstream: ServerProcess, kind: str
 ) -> None:
-    # The upstream's response.created comes at once; its first text 1.5 s later
+    # The upstream's response.created comes at once; its first text 4.5 s later
     # (a long reasoning phase shows no output either). first_token_timeout bounds
     # the wait for the first event only: from there the idle deadline applies.
-    config = backend(upstream, kind, first_token_timeout=0.5, idle_timeout=30.0)
+    config = backend(upstream, kind, first_token_timeout=2.0, idle_timeout=30.0)
     gateway = make_server(backends=(config,))
-    meta = {"sim_tool_calls": "0", "sim_ttft_ms": "1500"}
+    meta = {"sim_tool_calls": "0", "sim_ttft_ms": "4500"}
     with sdk(gateway).responses.connect() as conn:
         conn.response.create(model="up", input="Think first.", store=False, metadata=meta)
         events = sdk_turn(conn)
@@ -799,7 +799,7 @@ def test_an_error_answer_whose_body_stalls_ends_the_turn(make_server: Any) -> No
         b"content-length: 1000\r\n\r\n"
     )
     with ScriptedEngine([head + b'{"error":', STALL]).running() as engine:
-        config = scripted_backend(engine, max_retries=0, first_token_timeout=0.5)
+        config = scripted_backend(engine, max_retries=0, first_token_timeout=2.0)
         gateway = make_server(backends=(config,))
         started = time.monotonic()
         code, message = failed_turn(gateway)
