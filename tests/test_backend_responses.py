@@ -10,6 +10,7 @@ sends, so chaining shows as fewer items), its stored responses, its sockets.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import logging
@@ -23,13 +24,21 @@ import pytest
 from openai import OpenAI
 
 from longresponse.backends.responses_http import retry_wait
-from longresponse.backends.responses_wire import TurnReader, decode_event, refused
+from longresponse.backends.responses_wire import (
+    Reasoned,
+    TurnReader,
+    decode_event,
+    refused,
+    upstream_input,
+)
+from longresponse.backends.responses_ws import ResponsesWSBackend
 from longresponse.client import connect
 from longresponse.config import BackendConfig
 from longresponse.engine.failures import UpstreamError
 from longresponse.engine.sampling import (
     ArgumentsDelta,
     ItemEnd,
+    SampleRequest,
     Stop,
     TextDelta,
     ToolCallStart,
@@ -40,6 +49,7 @@ from protocol.events import OutputItemDone, OutputTextDelta, ResponseDone
 from protocol.items import FunctionCall, Message, OutputText
 from tests.conftest import openai_client
 from tests.raw_ws import wait_until
+from tests.scripted_engine import CLOSE, STALL, ScriptedEngine, sse
 
 KINDS = ("responses", "responses-ws")
 TOOL = {
@@ -703,3 +713,260 @@ async def test_cancel_closes_the_upstream_http_stream_at_once(make_server: Any) 
         assert done.response.status == "cancelled"
         # The stream's connection was closed, not left to finish its minutes of text.
         await wait_until(lambda: upstream_connections() == 0, seconds=2.0)
+
+
+# --- when a failed turn may be sent again, and the deadlines that end one -------------
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_first_event_starts_the_idle_deadline(
+    make_server: Any, upstream: ServerProcess, kind: str
+) -> None:
+    # The upstream's response.created comes at once; its first text 4.5 s later
+    # (a long reasoning phase shows no output either). first_token_timeout bounds
+    # the wait for the first event only: from there the idle deadline applies.
+    config = backend(upstream, kind, first_token_timeout=2.0, idle_timeout=30.0)
+    gateway = make_server(backends=(config,))
+    meta = {"sim_tool_calls": "0", "sim_ttft_ms": "4500"}
+    with sdk(gateway).responses.connect() as conn:
+        conn.response.create(model="up", input="Think first.", store=False, metadata=meta)
+        events = sdk_turn(conn)
+    assert events[-1].type == "response.completed", failure_of(events)
+    assert output_text(events[-1].response)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_timeout_after_the_response_began_is_not_sent_again(
+    make_server: Any, upstream: ServerProcess, kind: str
+) -> None:
+    config = backend(
+        upstream, kind, idle_timeout=0.3, max_retries=2, retry_backoff=0.01,
+    )  # fmt: skip
+    gateway = make_server(backends=(config,))
+    before = work(upstream)["items_validated"]
+    code, message = failed_turn(
+        gateway, input="Think long.", metadata={"sim_tool_calls": "0", "sim_ttft_ms": "3000"}
+    )
+    assert code == "upstream_unavailable"
+    assert "sent nothing for 0.3 s" in message
+    # The upstream began it (its response.created came): one request, never a second.
+    assert work(upstream)["items_validated"] - before == 1
+
+
+def scripted_backend(engine: ScriptedEngine, **fields: Any) -> BackendConfig:
+    """The gateway's model ``up`` on a scripted peer, retrying quickly."""
+    config = BackendConfig(
+        name="up", kind="responses", base_url=engine.base_url, max_retries=2, retry_backoff=0.01
+    )
+    return dataclasses.replace(config, **fields)
+
+
+def test_an_event_that_is_not_json_after_output_is_not_sent_again(make_server: Any) -> None:
+    """The peer stands in for a third-party Responses server that breaks an event
+    mid-stream (no longresponse writes an event that is not JSON)."""
+    stream = sse(
+        {"type": "response.created", "response": {"id": "resp_peer"}},
+        {"type": "response.output_item.added", "item": {"type": "message"}},
+        {"type": "response.output_text.delta", "delta": "Hello "},
+        b'{"type": "response.output_text.delta", "delta": ',
+    )
+    with ScriptedEngine([stream, CLOSE]).running() as engine:
+        gateway = make_server(backends=(scripted_backend(engine),))
+        code, message = failed_turn(gateway)
+        assert code == "upstream_unavailable"
+        assert "not valid JSON" in message
+        assert engine.requests == 1  # "Hello " was passed on: never written twice
+
+
+def test_a_request_dropped_after_it_was_read_is_not_sent_again(make_server: Any) -> None:
+    """The peer stands in for an engine (or a proxy before it) that reads a request
+    and then drops the connection: the request may be running; sending it again
+    could run it twice."""
+    with ScriptedEngine([CLOSE]).running() as engine:
+        gateway = make_server(backends=(scripted_backend(engine),))
+        code, message = failed_turn(gateway)
+        assert code == "upstream_unavailable"
+        assert "broke off the request" in message
+        assert engine.requests == 1
+
+
+def test_an_error_answer_whose_body_stalls_ends_the_turn(make_server: Any) -> None:
+    """The peer stands in for an engine that answers 500 and then stalls in its body
+    (no longresponse does): the body is read within the first deadline, then the
+    turn fails with what came."""
+    head = (
+        b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: application/json\r\n"
+        b"content-length: 1000\r\n\r\n"
+    )
+    with ScriptedEngine([head + b'{"error":', STALL]).running() as engine:
+        config = scripted_backend(engine, max_retries=0, first_token_timeout=2.0)
+        gateway = make_server(backends=(config,))
+        started = time.monotonic()
+        code, message = failed_turn(gateway)
+        assert code == "upstream_unavailable"
+        assert "failed (HTTP 500)" in message
+        assert time.monotonic() - started < 20  # not the test's own timeout
+        assert engine.requests == 1
+
+
+# --- the samplers' resources ------------------------------------------------------
+
+
+def test_a_background_response_releases_its_upstream_socket(make_server: Any) -> None:
+    upstream = make_server()
+    gateway = make_server(backends=(backend(upstream, "responses-ws"),))
+    client = sdk(gateway)
+    made = client.responses.create(model="up", input="in the background", background=True)
+    deadline = time.monotonic() + 10
+    while client.responses.retrieve(made.id).status in ("queued", "in_progress"):
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert client.responses.retrieve(made.id).status == "completed"
+    # The rollout is over: its upstream socket is closed, not left open.
+    while upstream.live_sessions and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert upstream.live_sessions == 0
+
+
+def test_an_ended_turn_leaves_its_connection_for_the_next(make_server: Any) -> None:
+    upstream = make_server()
+    gateway = make_server(backends=(backend(upstream, "responses"),))
+
+    def upstream_connections() -> set[Any]:  # uvicorn's open connections on the upstream
+        return set(upstream.server.server_state.connections)
+
+    client = sdk(gateway)
+    assert client.responses.create(model="up", input="one", store=False).status == "completed"
+    time.sleep(0.3)  # a connection the gateway closed would be gone by now
+    first = upstream_connections()
+    assert len(first) == 1  # the gateway's pool kept it
+    assert client.responses.create(model="up", input="two", store=False).status == "completed"
+    assert upstream_connections() == first  # and the next turn used it
+
+
+def sample_request(metadata: dict[str, str]) -> SampleRequest:
+    return SampleRequest(
+        context=[Message(role="user", content="Talk for a long time.")],
+        tools=[],
+        tool_choice="auto",
+        parallel_tool_calls=True,
+        metadata=metadata,
+        cached_tokens=0,
+        uncached_tokens=6,
+    )
+
+
+def test_closing_a_turn_drops_its_upstream_socket_at_once(make_server: Any) -> None:
+    upstream = make_server()
+    sampler = ResponsesWSBackend(backend(upstream, "responses-ws")).make_sampler()
+    meta = {"sim_tool_calls": "0", "sim_output_tokens": "100000", "sim_tokens_per_second": "100"}
+
+    async def abandon_a_turn() -> None:
+        turn = sampler.sample(sample_request(meta))
+        while not isinstance(await anext(turn), TextDelta):
+            pass
+        assert sampler.socket is not None
+        await turn.aclose()
+        # Closed with the turn, not later by the garbage collector's finalizer.
+        assert sampler.socket is None
+
+    asyncio.run(abandon_a_turn())
+
+
+# --- what the upstream says, as it reaches the client -----------------------------
+
+
+def test_the_api_key_is_cut_out_of_what_the_upstream_says() -> None:
+    key = "sk-upstream-key-that-must-not-leak-7"
+    said = f"Incorrect API key provided: {key}. Check it."
+    refusal = refused(400, {"error": {"message": said, "code": "invalid_api_key"}}, secret=key)
+    assert key not in refusal.message
+    assert "Incorrect API key provided" in refusal.message
+    failed_response = {"error": {"code": "server_error", "message": said}}
+    events = [
+        {"type": "error", "error": {"code": "invalid_request_error", "message": said}},
+        {"type": "response.failed", "response": failed_response},
+    ]
+    for event in events:
+        with pytest.raises(UpstreamError) as failed:
+            list(TurnReader(secret=key).read(decode_event(json.dumps(event))))
+        assert key not in failed.value.message
+        assert "Incorrect API key provided" in failed.value.message
+
+
+def test_a_refusal_arrives_as_the_answer_text() -> None:
+    # Streamed as refusal deltas, or sent whole in the item that is done.
+    streamed = [
+        {"type": "response.output_item.added", "item": {"type": "message", "content": []}},
+        {"type": "response.refusal.delta", "delta": "I can't help with that."},
+        {"type": "response.output_item.done", "item": {"type": "message", "content": [
+            {"type": "refusal", "refusal": "I can't help with that."}]}},
+    ]  # fmt: skip
+    whole = [streamed[0], streamed[2]]
+    for events in (streamed, whole):
+        reader = TurnReader()
+        chunks = [c for e in events for c in reader.read(decode_event(json.dumps(e)))]
+        assert chunks == [TextDelta("I can't help with that."), ItemEnd()]
+        assert reader.produced == 1
+
+
+def test_an_upstream_reasoning_model_gets_its_reasoning_back(make_server: Any) -> None:
+    """The peer stands in for a reasoning model upstream with ``store: false``, which
+    sends its reasoning encrypted (a longresponse upstream has no reasoning of its own)."""
+    reasoning = {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "gAAA-x"}
+    call = {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "read_file",
+            "arguments": '{"path":"a"}', "status": "completed"}  # fmt: skip
+    usage = {"input_tokens": 20, "output_tokens": 9}
+    stream = sse(
+        {"type": "response.created", "response": {"id": "resp_peer"}},
+        {"type": "response.output_item.added", "item": reasoning},
+        {"type": "response.output_item.done", "item": reasoning},
+        {"type": "response.output_item.added", "item": {**call, "arguments": ""}},
+        {"type": "response.function_call_arguments.delta", "delta": call["arguments"]},
+        {"type": "response.output_item.done", "item": call},
+        {"type": "response.completed", "response": {"id": "resp_peer", "usage": usage}},
+    )
+    with ScriptedEngine([stream, CLOSE]).running() as engine:
+        gateway = make_server(backends=(scripted_backend(engine),))
+        with sdk(gateway).responses.connect() as conn:
+            conn.response.create(model="up", input="Which file?", tools=[TOOL], store=False)
+            first = sdk_turn(conn)[-1].response
+            assert [item.type for item in first.output] == ["function_call"]
+            answer = {"type": "function_call_output", "call_id": "call_1", "output": "bug"}
+            conn.response.create(
+                model="up", input=[answer], previous_response_id=first.id, tools=[TOOL],
+                store=False,
+            )  # fmt: skip
+            assert sdk_turn(conn)[-1].type == "response.completed"
+    sent = [json.loads(body) for body in engine.bodies]
+    assert len(sent) == 2
+    assert sent[0]["include"] == ["reasoning.encrypted_content"]
+    # The full input again (nothing is stored upstream), the reasoning before its call.
+    assert [item["type"] for item in sent[1]["input"]] == [
+        "message", "reasoning", "function_call", "function_call_output",
+    ]  # fmt: skip
+    assert sent[1]["input"][1] == reasoning
+    assert "previous_response_id" not in sent[1]
+
+
+def test_reasoning_whose_output_left_the_context_is_not_sent() -> None:
+    reader = TurnReader()
+    reasoning = {"type": "reasoning", "id": "rs_1", "encrypted_content": "gAAA-x"}
+    events = [
+        {"type": "response.output_item.done", "item": reasoning},
+        {"type": "response.output_item.added", "item": {"type": "message", "content": []}},
+        {"type": "response.output_text.delta", "delta": "It is in a."},
+        {"type": "response.output_item.done", "item": {"type": "message"}},
+    ]
+    for event in events:
+        list(reader.read(decode_event(json.dumps(event))))
+    assert reader.reasoning == [(0, reasoning)]
+    question = Message(role="user", content="Which file?")
+    answer = Message(role="assistant", content=[OutputText(text="It is in a.")])
+    reasoned = Reasoned()
+    reasoned.ended([question], reader.reasoning)
+    reasoned.attach([question, answer])
+    assert upstream_input([question, answer], reasoned)[1] == reasoning
+    # A truncation dropped the answer: its reasoning goes with it.
+    reasoned.attach([question])
+    assert reasoned.before(answer) == []

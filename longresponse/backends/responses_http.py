@@ -15,15 +15,24 @@ added since; without it each turn sends ``store: false`` and the whole
 context. An upstream that no longer has the previous response
 (``previous_response_not_found``) gets the full input at once.
 
-Timeouts: connecting (``connect_timeout``, httpx's), the first event within
-``first_token_timeout`` of the request, then at most ``idle_timeout``
-between two events. A request that failed before any output (unreachable,
-reset, 502/503/504, 429) is sent again up to ``max_retries`` times with
-exponential backoff from ``retry_backoff`` (or the upstream's ``Retry-After``
-if longer, up to :data:`MAX_RETRY_WAIT`); after output has begun a failure is
-final. When the rollout's turn is cancelled (a client's ``response.cancel``,
-a disconnect) the generator is closed, and with it the request: the
-streaming response's ``async with`` closes its connection.
+Timeouts: connecting (``connect_timeout``, httpx's), the first event (any
+event: ``response.created`` comes first, and a long reasoning phase sends
+no visible output) within ``first_token_timeout`` of the request, then at
+most ``idle_timeout`` between two events; an error answer's body is read
+within the first deadline too, and at most :data:`MAX_ERROR_BYTES` of it.
+A request the upstream cannot have begun (the connection could not be made,
+or it answered 429 or 5xx before any event) is sent again up to
+``max_retries`` times with exponential backoff from ``retry_backoff`` (or
+the upstream's ``Retry-After`` if longer, up to :data:`MAX_RETRY_WAIT`).
+Any other failure is final: one after the upstream's first event, a
+timeout, a connection that broke once the request was on its way
+(:attr:`~.responses_wire.TurnReader.begun`) — sending it again could run
+the response twice. When the rollout's turn is cancelled (a client's
+``response.cancel``, a disconnect) the generator is closed, and with it the
+request: the streaming response's connection is closed. A turn that ended
+reads the rest of the body (``[DONE]``, its end) for at most
+:data:`DRAIN_TIMEOUT`, so the connection goes back to the pool for the
+next turn.
 """
 
 from __future__ import annotations
@@ -42,32 +51,51 @@ import msgspec
 from ..config import BackendConfig
 from ..engine.failures import UpstreamError
 from ..engine.sampling import SampleChunk, SampleRequest, Usage
-from .responses_wire import CHAIN_LOST, Chain, TurnReader, create_body, decode_event, refused
+from .responses_wire import CHAIN_LOST, Chain, Reasoned, TurnReader, create_body, refused
 from .responses_wire import retryable as _retryable
 from .settings import SettingsError
 
-__all__ = ["MAX_RETRY_WAIT", "ResponsesBackend", "ResponsesSampler", "auth_headers", "retry_wait"]
+__all__ = [
+    "DRAIN_TIMEOUT",
+    "MAX_ERROR_BYTES",
+    "MAX_RETRY_WAIT",
+    "ResponsesBackend",
+    "ResponsesSampler",
+    "api_key",
+    "auth_headers",
+    "retry_wait",
+]
 
 log = logging.getLogger(__name__)
 
 #: The longest wait before a retry; a longer ``Retry-After`` ends the turn at once.
 MAX_RETRY_WAIT: Final = 10.0
+#: The most of an error answer's body read (its message is all that is kept).
+MAX_ERROR_BYTES: Final = 64 * 1024
+#: Seconds a turn that ended waits for the rest of the body before it drops the connection.
+DRAIN_TIMEOUT: Final = 1.0
 
 
-def auth_headers(config: BackendConfig) -> dict[str, str]:
-    """The ``Authorization`` header from ``config.api_key_env`` (none without one).
+def api_key(config: BackendConfig) -> str | None:
+    """The API key ``config.api_key_env`` names (None without one).
 
     Raises :class:`SettingsError` naming the variable (never a value) if it is unset.
     """
     if not config.api_key_env:
-        return {}
+        return None
     key = os.environ.get(config.api_key_env)
     if not key:
         raise SettingsError(
             f"model {config.name!r}: the environment variable {config.api_key_env} "
             "(its API key) is not set"
         )
-    return {"Authorization": f"Bearer {key}"}
+    return key
+
+
+def auth_headers(config: BackendConfig) -> dict[str, str]:
+    """The ``Authorization`` header of :func:`api_key` (none without a key)."""
+    key = api_key(config)
+    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 def retry_wait(config: BackendConfig, exc: UpstreamError, attempt: int) -> float | None:
@@ -84,6 +112,7 @@ class ResponsesBackend:
     def __init__(self, config: BackendConfig) -> None:
         self.config = config
         self.url = config.base_url.rstrip("/") + "/responses"
+        self.key = api_key(config)
         self.client = httpx.AsyncClient(
             headers={**auth_headers(config), "Content-Type": "application/json"},
             timeout=httpx.Timeout(
@@ -107,6 +136,7 @@ class ResponsesSampler:
     def __init__(self, backend: ResponsesBackend) -> None:
         self.backend = backend
         self.chain = Chain()
+        self.reasoned = Reasoned()
         config = backend.config
         self.headers = (
             {config.affinity_header: secrets.token_hex(8)} if config.affinity_header else {}
@@ -120,19 +150,25 @@ class ResponsesSampler:
             previous, items = (
                 self.chain.continuation(sent) if config.upstream_store else (None, sent)
             )
-            body = create_body(config, request, items, previous)
+            self.reasoned.attach(sent)
+            body = create_body(config, request, items, previous, self.reasoned)
             body["stream"] = True
-            reader = TurnReader()
+            reader = TurnReader(secret=self.backend.key)
             try:
-                async for chunk in self._turn(body, reader):
-                    if isinstance(chunk, Usage) and reader.response_id:
-                        log.debug("upstream response %s after %s: %d items sent",
-                                  reader.response_id, previous, len(items))  # fmt: skip
-                        if config.upstream_store:
-                            self.chain.ended(reader.response_id, sent, reader.produced)
-                    yield chunk
+                async with contextlib.aclosing(self._turn(body, reader)) as chunks:
+                    async for chunk in chunks:
+                        if isinstance(chunk, Usage):  # the upstream response ended
+                            self.reasoned.ended(sent, reader.reasoning)
+                        if isinstance(chunk, Usage) and reader.response_id:
+                            log.debug("upstream response %s after %s: %d items sent",
+                                      reader.response_id, previous, len(items))  # fmt: skip
+                            if config.upstream_store:
+                                self.chain.ended(reader.response_id, sent, reader.produced)
+                        yield chunk
                 return
             except UpstreamError as exc:
+                if reader.begun:
+                    raise  # the upstream may have begun it: never run it twice
                 if previous is not None and exc.code in CHAIN_LOST and not reader.started:
                     self.chain.forget()  # the upstream forgot it: send everything
                     continue
@@ -156,24 +192,31 @@ class ResponsesSampler:
                     ),
                     stream=True,
                 )  # fmt: skip
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+            # Nothing was sent: trying again is safe.
+            raise UpstreamError(f"The upstream could not be reached ({_kind(exc)}).") from None
         except TimeoutError:
+            reader.begun = True  # the request may be running upstream
             raise UpstreamError(
                 f"The upstream did not answer within {config.first_token_timeout:g} s."
             ) from None
         except httpx.HTTPError as exc:
-            raise UpstreamError(f"The upstream could not be reached ({_kind(exc)}).") from None
+            reader.begun = True  # the request may have arrived
+            raise UpstreamError(f"The upstream broke off the request ({_kind(exc)}).") from None
         try:
             if response.status_code != 200:
                 raise refused(
                     response.status_code,
-                    await _json_body(response),
+                    await _error_body(response, first_deadline),
                     response.headers.get("retry-after"),
+                    secret=self.backend.key,
                 )
             async with contextlib.aclosing(_records(response.aiter_lines())) as records:
                 while not reader.ended:
                     data = await self._next(records, reader, first_deadline)
-                    for chunk in reader.read(decode_event(data)):
+                    for chunk in reader.read(reader.decode(data)):
                         yield chunk
+                await _drain(records)
         finally:
             await response.aclose()  # mid-stream: the connection is closed, not reused
 
@@ -182,7 +225,7 @@ class ResponsesSampler:
     ) -> str:
         """The next event's data, within the first-token or the idle deadline."""
         config = self.backend.config
-        if reader.started:
+        if reader.begun:
             wait = config.idle_timeout
             deadline = asyncio.get_running_loop().time() + wait
         else:
@@ -191,15 +234,18 @@ class ResponsesSampler:
             async with asyncio.timeout_at(deadline):
                 data = await anext(records, None)
         except TimeoutError:
+            reader.begun = True
             raise UpstreamError(
                 f"The upstream sent nothing for {wait:g} s.", output_started=reader.started
             ) from None
         except httpx.HTTPError as exc:
+            reader.begun = True
             raise UpstreamError(
                 f"The upstream broke off the stream ({_kind(exc)}).",
                 output_started=reader.started,
             ) from None
         if data is None:
+            reader.begun = True
             raise UpstreamError(
                 "The upstream ended the stream before the response ended.",
                 output_started=reader.started,
@@ -219,10 +265,28 @@ async def _records(lines: AsyncIterator[str]) -> AsyncGenerator[str, None]:
                 yield record
 
 
-async def _json_body(response: httpx.Response) -> Mapping[str, Any] | None:
+async def _drain(records: AsyncGenerator[str, None]) -> None:
+    """Read what follows the terminal event, so the connection can be reused; an
+    upstream that goes on past :data:`DRAIN_TIMEOUT` has its connection closed."""
+    with contextlib.suppress(TimeoutError, httpx.HTTPError):
+        async with asyncio.timeout(DRAIN_TIMEOUT):
+            async for _ in records:
+                pass
+
+
+async def _error_body(response: httpx.Response, deadline: float) -> Mapping[str, Any] | None:
+    """An error answer's JSON body: at most :data:`MAX_ERROR_BYTES`, read by ``deadline``
+    (None if it is not JSON, or did not come whole in time)."""
+    kept = bytearray()
+    with contextlib.suppress(TimeoutError, httpx.HTTPError):
+        async with asyncio.timeout_at(deadline):
+            async for chunk in response.aiter_bytes():
+                kept += chunk
+                if len(kept) >= MAX_ERROR_BYTES:
+                    break
     try:
-        body = msgspec.json.decode(await response.aread())
-    except (msgspec.DecodeError, httpx.HTTPError):
+        body = msgspec.json.decode(kept)
+    except msgspec.DecodeError:
         return None
     return body if isinstance(body, Mapping) else None
 

@@ -23,8 +23,18 @@ which an upstream could not open), instructions, tools, tool choice, the
 budget left, metadata (a longresponse upstream's ``sim_*`` keys pass
 through), temperature and top_p, ``text.format``.
 
+:class:`Reasoned` carries an upstream reasoning model's own reasoning from
+turn to turn when the upstream keeps nothing (``upstream_store`` false): the
+create asks for ``include: ["reasoning.encrypted_content"]``, the reader
+keeps each reasoning item that comes with its encrypted content, and a turn
+that sends the full input sends each one again, as it came, just before the
+output item that followed it. A chained turn sends none (the upstream has
+them), and an item whose output is no longer in the context is let go.
+
 :class:`TurnReader` turns the upstream's events into sampler chunks:
-``response.output_text.delta`` → TextDelta; a ``function_call`` item added →
+``response.output_text.delta`` → TextDelta (and ``response.refusal.delta``:
+the gateway's message carries a refusal as its text, so an answer that is
+only a refusal still arrives); a ``function_call`` item added →
 ToolCallStart; ``response.function_call_arguments.delta`` → ArgumentsDelta;
 an item done → ItemEnd (incomplete when its status says so); the terminal
 ``response.completed`` / ``response.incomplete`` → Usage (the upstream's own
@@ -34,7 +44,15 @@ only their token count reaches the usage. ``response.failed`` and ``error``
 events, and the HTTP statuses of a refused request (:func:`refused`), become
 :class:`~longresponse.engine.failures.UpstreamError` with the shipped code.
 No message of this module ever holds the API key: the errors quote the
-upstream's own message, and a refusal of the credentials is worded here.
+upstream's own message with the key cut out (:func:`redact`), and a refusal
+of the credentials is worded here.
+
+Retrying is safe only while the upstream cannot have begun the response:
+:attr:`TurnReader.begun` is set by the first event that is not an
+``error`` (``response.created`` on), and by the transports for any failure
+after which the request may have been acted upon (a timeout, a stream that
+broke, an event that could not be read); a turn whose reader has begun is
+never sent again.
 """
 
 from __future__ import annotations
@@ -65,9 +83,11 @@ __all__ = [
     "CHAIN_LOST",
     "MIN_OUTPUT_TOKENS",
     "Chain",
+    "Reasoned",
     "TurnReader",
     "create_body",
     "decode_event",
+    "redact",
     "refused",
     "retryable",
     "upstream_input",
@@ -83,13 +103,49 @@ CHAIN_LOST: Final = frozenset({"previous_response_not_found"})
 # --- what a turn sends ------------------------------------------------------------
 
 
-def upstream_input(items: Sequence[Item]) -> list[Item]:
-    """``items`` as an upstream may read them: messages, calls and outputs, no ids."""
-    out: list[Item] = []
+def upstream_input(items: Sequence[Item], reasoned: Reasoned | None = None) -> list[Any]:
+    """``items`` as an upstream may read them: messages, calls and outputs, no ids;
+    before an output item, the upstream's reasoning that led to it (``reasoned``)."""
+    out: list[Any] = []
     for item in items:
         if isinstance(item, Message | FunctionCall | FunctionCallOutput):
+            if reasoned is not None:
+                out.extend(reasoned.before(item))
             out.append(msgspec.structs.replace(item, id=UNSET) if item.id else item)
     return out
+
+
+@dataclasses.dataclass(slots=True)
+class Reasoned:
+    """The upstream's reasoning items (encrypted), by the output item each preceded."""
+
+    #: id() of an output item in the context → (that item, the reasoning before it).
+    _before: dict[int, tuple[Item, list[dict[str, Any]]]] = dataclasses.field(default_factory=dict)
+    #: The last ended turn: the context it sent, and its reasoning by output index.
+    _sent: list[Item] = dataclasses.field(default_factory=list)
+    _pending: list[tuple[int, dict[str, Any]]] = dataclasses.field(default_factory=list)
+
+    def ended(self, context: Sequence[Item], reasoning: list[tuple[int, dict[str, Any]]]) -> None:
+        """A turn that sent ``context`` ended with ``reasoning`` (see :class:`TurnReader`)."""
+        self._sent, self._pending = list(context), list(reasoning)
+
+    def attach(self, context: Sequence[Item]) -> None:
+        """Pin the last turn's reasoning to its output items, now in ``context``;
+        forget what belongs to items ``context`` no longer holds."""
+        sent, pending = self._sent, self._pending
+        self._sent, self._pending = [], []
+        if pending and all(a is b for a, b in zip(sent, context, strict=False)):
+            for index, item in pending:
+                at = len(sent) + index
+                if at < len(context) and isinstance(context[at], Message | FunctionCall):
+                    target = context[at]
+                    self._before.setdefault(id(target), (target, []))[1].append(item)
+        live = {id(item) for item in context}
+        self._before = {key: found for key, found in self._before.items() if key in live}
+
+    def before(self, item: Item) -> list[dict[str, Any]]:
+        found = self._before.get(id(item))
+        return found[1] if found is not None and found[0] is item else []
 
 
 @dataclasses.dataclass(slots=True)
@@ -127,17 +183,20 @@ def create_body(
     request: SampleRequest,
     items: Sequence[Item],
     previous_response_id: str | None,
+    reasoned: Reasoned | None = None,
 ) -> dict[str, Any]:
     """The ``response.create`` / ``POST /responses`` body of one turn (without ``stream``)."""
     body: dict[str, Any] = {
         "model": config.model,
-        "input": upstream_input(items),
+        "input": upstream_input(items, reasoned),
         "store": config.upstream_store,
         "tool_choice": request.tool_choice,
         "parallel_tool_calls": request.parallel_tool_calls,
     }
     if previous_response_id is not None:
         body["previous_response_id"] = previous_response_id
+    if not config.upstream_store:
+        body["include"] = ["reasoning.encrypted_content"]  # the upstream keeps none
     if request.instructions is not None:
         body["instructions"] = request.instructions
     if request.tools:
@@ -186,26 +245,43 @@ def decode_event(data: bytes | str) -> _Event:
         raise UpstreamError("The upstream sent an event that is not valid JSON.") from None
 
 
+def redact(text: str, secret: str | None) -> str:
+    """``text`` with every occurrence of ``secret`` (the API key) cut out."""
+    return text.replace(secret, "[redacted]") if secret else text
+
+
 def retryable(exc: UpstreamError) -> bool:
     """Worth sending again: nothing was produced, and the upstream was down or busy."""
     return not exc.output_started and exc.code in ("upstream_unavailable", "rate_limit_exceeded")
 
 
 def refused(
-    status: int, body: Mapping[str, Any] | None, retry_after: str | None = None
+    status: int,
+    body: Mapping[str, Any] | None,
+    retry_after: str | None = None,
+    *,
+    secret: str | None = None,
 ) -> UpstreamError:
-    """The error of an upstream that refused the request with HTTP ``status``."""
+    """The error of an upstream that refused the request with HTTP ``status``;
+    ``secret`` (the API key) is cut out of what the upstream said."""
     error = body.get("error") if isinstance(body, Mapping) else None
     error = error if isinstance(error, Mapping) else {}
     code = error.get("code") if isinstance(error.get("code"), str) else None
     message = error.get("message") if isinstance(error.get("message"), str) else None
     param = error.get("param") if isinstance(error.get("param"), str) else None
-    return _mapped(status, code, message, param, retry_after)
+    return _mapped(status, code, message, param, retry_after, secret)
 
 
 def _mapped(
-    status: int, code: str | None, message: str | None, param: str | None, retry_after: str | None
+    status: int,
+    code: str | None,
+    message: str | None,
+    param: str | None,
+    retry_after: str | None,
+    secret: str | None,
 ) -> UpstreamError:
+    if message is not None:
+        message = redact(message, secret)
     if code in CHAIN_LOST:
         return UpstreamError(message or "The upstream lost the chain's previous response.",
                              code=code, status=400, param=param)  # fmt: skip
@@ -252,11 +328,28 @@ class TurnReader:
     produced: int = 0
     #: Something was already passed on (a retry would repeat it).
     started: bool = False
+    #: The upstream may have begun the response: sending it again could run it
+    #: twice. Set by any event but ``error``, and by the transports.
+    begun: bool = False
+    #: The API key, cut out of every upstream message (None: none is sent).
+    secret: str | None = None
+    #: Reasoning items that came with encrypted content, each with the number of
+    #: output items produced before it (the index of the one it led to).
+    reasoning: list[tuple[int, dict[str, Any]]] = dataclasses.field(default_factory=list)
     #: The terminal event arrived.
     ended: bool = False
     _open: str | None = None  # the type of the item being passed on
     _streamed: bool = False  # the open call's arguments came as deltas
     _calls: bool = False
+
+    def decode(self, data: bytes | str) -> _Event:
+        """One upstream event of this turn. Raises :class:`UpstreamError` if it is
+        not one; the turn is then begun (the upstream is running something)."""
+        try:
+            return decode_event(data)
+        except UpstreamError as exc:
+            self.begun, exc.output_started = True, self.started
+            raise
 
     def read(self, event: _Event) -> Iterator[SampleChunk]:
         """The chunks of ``event`` (Usage then Stop for the terminal one).
@@ -264,7 +357,9 @@ class TurnReader:
         Raises :class:`UpstreamError` for ``response.failed`` and ``error``.
         """
         kind = event.type
-        if kind == "response.output_text.delta":
+        if kind != "error":
+            self.begun = True
+        if kind in ("response.output_text.delta", "response.refusal.delta"):
             if event.delta:
                 self._open, self.started = "message", True
                 yield TextDelta(event.delta)
@@ -290,6 +385,8 @@ class TurnReader:
                 self._open = None
                 self.produced += 1
                 yield ItemEnd(incomplete=item.get("status") == "incomplete")
+            elif item.get("type") == "reasoning" and item.get("encrypted_content"):
+                self.reasoning.append((self.produced, item))
         elif kind in ("response.created", "response.in_progress", "response.queued"):
             if event.response is not None and self.response_id is None:
                 self.response_id = event.response.get("id")
@@ -318,21 +415,23 @@ class TurnReader:
     def _failed(
         self, status: int, code: str | None, message: str | None, param: str | None
     ) -> UpstreamError:
-        exc = _mapped(status, code, message, param, None)
+        exc = _mapped(status, code, message, param, None, self.secret)
         exc.output_started = self.started
         return exc
 
 
 def _text(item: Mapping[str, Any]) -> str:
-    """The output text of a message item."""
+    """The output text of a message item (a refusal part counts as text)."""
     content = item.get("content")
     if not isinstance(content, list):
         return ""
-    return "".join(
-        str(part.get("text", ""))
-        for part in content
-        if isinstance(part, Mapping) and part.get("type") == "output_text"
-    )
+    text = []
+    for part in content:
+        if isinstance(part, Mapping) and part.get("type") == "output_text":
+            text.append(str(part.get("text", "")))
+        elif isinstance(part, Mapping) and part.get("type") == "refusal":
+            text.append(str(part.get("refusal", "")))
+    return "".join(text)
 
 
 def _usage(usage: Any) -> Usage:

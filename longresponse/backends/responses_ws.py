@@ -21,13 +21,19 @@ The socket's life:
 - a socket the upstream closed (its 60-minute limit: an ``error``
   ``websocket_connection_limit_reached``, then the close) or that broke is
   found at the next turn, which opens a new one and sends the full input
-  (once within a turn, if the old one dies under the turn before any
-  output);
+  (once within a turn, if the old one dies under the turn before any event;
+  that counts as one of the turn's attempts);
 - a turn abandoned while its upstream response still runs (the client's
   ``response.cancel``, a disconnect, a timeout) aborts the socket at once,
   so the upstream stops; the next turn opens a new one;
 - :meth:`ResponsesWSSampler.aclose`, called when the rollout ends or is
   dropped (:func:`longresponse.engine.sampling.release`), closes it.
+
+Timeouts and retries are as over HTTP (:mod:`.responses_http`): the create
+is sent and the first event (any event) read within ``first_token_timeout``,
+then at most ``idle_timeout`` between two events; only a failure the
+upstream cannot have begun (the socket could not be opened, an ``error``
+event with a retryable code before ``response.created``) is sent again.
 
 The websockets library's own logger would print the handshake's headers
 (the API key among them) at DEBUG; the sockets log to :data:`SOCKET_LOG`,
@@ -51,8 +57,8 @@ from websockets.protocol import State
 from ..config import BackendConfig
 from ..engine.failures import UpstreamError
 from ..engine.sampling import SampleChunk, SampleRequest, Usage
-from .responses_http import auth_headers, retry_wait
-from .responses_wire import CHAIN_LOST, Chain, TurnReader, create_body, decode_event, refused
+from .responses_http import api_key, auth_headers, retry_wait
+from .responses_wire import CHAIN_LOST, Chain, Reasoned, TurnReader, create_body, refused
 
 __all__ = ["MAX_UPSTREAM_EVENT_BYTES", "SOCKET_LOG", "ResponsesWSBackend", "ResponsesWSSampler"]
 
@@ -83,6 +89,7 @@ class ResponsesWSBackend:
     def __init__(self, config: BackendConfig) -> None:
         self.config = config
         self.url = websocket_url(config.base_url)
+        self.key = api_key(config)
         self.headers = auth_headers(config)
 
     def make_sampler(self) -> ResponsesWSSampler:
@@ -98,6 +105,7 @@ class ResponsesWSSampler:
     def __init__(self, backend: ResponsesWSBackend) -> None:
         self.backend = backend
         self.chain = Chain()
+        self.reasoned = Reasoned()
         self.socket: ClientConnection | None = None
         config = backend.config
         self.headers = {
@@ -110,28 +118,34 @@ class ResponsesWSSampler:
         attempt, reopened = 0, False
         while True:
             sent = list(request.context)
-            reader = TurnReader()
+            reader = TurnReader(secret=self.backend.key)
             previous = None
             reused = self.socket is not None and self.socket.state is State.OPEN
             try:
                 socket = await self._open()
                 previous, items = self.chain.continuation(sent)
-                body = {"type": "response.create", **create_body(config, request, items, previous)}
-                async for chunk in self._turn(socket, body, reader):
-                    if isinstance(chunk, Usage) and reader.response_id:
-                        log.debug("upstream response %s after %s: %d items sent",
-                                  reader.response_id, previous, len(items))  # fmt: skip
-                        self.chain.ended(reader.response_id, sent, reader.produced)
-                    yield chunk
+                self.reasoned.attach(sent)
+                created = create_body(config, request, items, previous, self.reasoned)
+                body = {"type": "response.create", **created}
+                async with contextlib.aclosing(self._turn(socket, body, reader)) as chunks:
+                    async for chunk in chunks:
+                        if isinstance(chunk, Usage):  # the upstream response ended
+                            self.reasoned.ended(sent, reader.reasoning)
+                        if isinstance(chunk, Usage) and reader.response_id:
+                            log.debug("upstream response %s after %s: %d items sent",
+                                      reader.response_id, previous, len(items))  # fmt: skip
+                            self.chain.ended(reader.response_id, sent, reader.produced)
+                        yield chunk
                 return
             except UpstreamError as exc:
-                if reader.started:
-                    raise
+                if reader.begun:
+                    raise  # the upstream may have begun it: never run it twice
                 if previous is not None and exc.code in CHAIN_LOST:
                     self.chain.forget()  # the upstream forgot it: send everything
                     continue
                 if reused and not reopened and self.socket is None:
                     reopened = True  # the socket died while idle: a new one, at once
+                    attempt += 1
                     continue
                 wait = retry_wait(config, exc, attempt)
                 if wait is None:
@@ -163,7 +177,10 @@ class ResponsesWSSampler:
             body: Any = None
             with contextlib.suppress(msgspec.DecodeError):
                 body = msgspec.json.decode(response.body or b"null")
-            raise refused(response.status_code, body, response.headers.get("Retry-After")) from None
+            retry_after = response.headers.get("Retry-After")
+            raise refused(
+                response.status_code, body, retry_after, secret=self.backend.key
+            ) from None
         except (OSError, TimeoutError, InvalidHandshake, InvalidURI) as exc:
             raise UpstreamError(
                 f"The upstream could not be reached ({type(exc).__name__})."
@@ -183,9 +200,16 @@ class ResponsesWSSampler:
         first_deadline = loop.time() + config.first_token_timeout
         running = True
         try:
-            await socket.send(msgspec.json.encode(body).decode())
+            try:
+                async with asyncio.timeout_at(first_deadline):
+                    await socket.send(msgspec.json.encode(body).decode())
+            except TimeoutError:
+                reader.begun = True  # part of it may have gone: the socket is dropped
+                raise UpstreamError(
+                    f"The upstream took no request for {config.first_token_timeout:g} s."
+                ) from None
             while not reader.ended:
-                if reader.started:
+                if reader.begun:
                     wait = config.idle_timeout
                     deadline = loop.time() + wait
                 else:
@@ -194,10 +218,11 @@ class ResponsesWSSampler:
                     async with asyncio.timeout_at(deadline):
                         data = await socket.recv()
                 except TimeoutError:
+                    reader.begun = True  # the response may be running upstream
                     raise UpstreamError(
                         f"The upstream sent nothing for {wait:g} s.", output_started=reader.started
                     ) from None
-                event = decode_event(data)
+                event = reader.decode(data)
                 if event.type in ("error", "response.failed"):
                     running = False  # refused, or ended: the socket stays usable
                     if (event.error or {}).get("code", event.code) in SOCKET_LOST:

@@ -63,6 +63,7 @@ from protocol.response import Response, ResponseError
 
 from ..config import BACKGROUND_ENDINGS_BYTES, BACKGROUND_LOG_BYTES, MAX_BACKGROUND
 from ..engine.models import ModelSpec
+from ..engine.sampling import release
 from ..ids import new_id
 from ..storage.persistence import Persistence, StoreWriteFailed
 from .inspect_records import WatchedSink
@@ -448,6 +449,8 @@ class BackgroundResponses:
             if task is not None:
                 task.uncancel()
             await self._bill(entry, entry.final)  # stopped: its terminal event is in the log
+        finally:
+            await release(started.rollout.sampler)  # the rollout ends: an upstream socket closes
 
     async def _bill(self, entry: BackgroundResponse, response: Response) -> None:
         """A background response that did not complete: billed, and stored when the
