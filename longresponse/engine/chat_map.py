@@ -252,6 +252,8 @@ def messages_from_items(
             assistant = AssistantMessage(
                 content=item_text(item.content), reasoning_content=_pop(reasoning)
             )
+        elif isinstance(item, FunctionCall) and item.status == "incomplete":
+            continue  # cut short (SPEC §16): it never ran; an engine wants a result per call
         elif isinstance(item, FunctionCall):
             call = ToolCall(
                 id=item.call_id,

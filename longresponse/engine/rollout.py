@@ -51,7 +51,7 @@ from . import models
 from .admission import Pipeline
 from .classifier import Finding
 from .compaction import Compactor, Intake, compact_rollout, compact_threshold, intake, start_window
-from .failures import UpstreamError, cut_short, failure, fit_window, upstream_error_event
+from .failures import UpstreamError, cut_short, failure, fit_window, kept, upstream_error_event
 from .models import ItemEnd, ModelSpec, Sampler, SampleRequest, Stop, TextDelta, ToolCallStart
 from .render import TokenCache, render_prefix
 from .reply import Reply, TokenCounts
@@ -449,7 +449,7 @@ class Rollout:
             failed = exc
             await cut_short(self, reply, None if not first else (cached + uncached, cached))
         timing.inference = self.clock() - sampling_started
-        produced = builder.output[first_output:]
+        produced = kept(builder.output[first_output:])
         # The model's own output joins the context and the token cache; it is
         # not new input next turn (a real model already holds it).
         self.context.extend(produced)

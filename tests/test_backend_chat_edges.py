@@ -1,0 +1,115 @@
+"""The Chat Completions backend against the ways a third-party engine misbehaves.
+
+The engine is :class:`tests.engine_peer.StandIn`, a raw-socket stand-in for
+engines that cannot run on this machine (vLLM, llama.cpp, older Ollama, a
+proxy): it writes the exact records they send, and the gateway in front
+(``make_server`` with a ``chat`` backend) reads them with its real client.
+The clients at the front are the project's trio client (append mode) and the
+official ``openai`` SDK. Pure parts (the stream reader, the body, the
+mapping) are checked on their own where that says more.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from longresponse.client import connect
+from protocol.events import ErrorEvent, OutputItemDone, ResponseDone
+from protocol.items import FunctionCall, Message
+from tests.conftest import openai_client
+from tests.engine_peer import StandIn, answer, choice, cut, record
+from tests.test_backend_chat import ADD, gateway
+
+USAGE = record({"choices": [], "usage": {"prompt_tokens": 30, "completion_tokens": 2}})
+
+
+def text_answer(text: str = "ok") -> bytes:
+    return answer(choice({"content": text}), choice(finish="stop"), USAGE, record("[DONE]"))
+
+
+def call_delta(call_id: str | None, name: str | None, arguments: str, **extra: Any) -> bytes:
+    function: dict[str, str] = {"arguments": arguments}
+    if name is not None:
+        function["name"] = name
+    piece: dict[str, Any] = {"type": "function", "function": function, **extra}
+    if call_id is not None:
+        piece["id"] = call_id
+    return choice({"tool_calls": [piece]})
+
+
+@pytest.fixture
+def engine() -> Iterator[list[StandIn]]:
+    """Stand-ins made by a test, closed after it."""
+    made: list[StandIn] = []
+    yield made
+    for stand_in in made:
+        stand_in.close()
+
+
+def stand_in(made: list[StandIn], script: Any) -> StandIn:
+    peer = StandIn(script)
+    made.append(peer)
+    return peer
+
+
+# --- a call cut short (review item 1) -----------------------------------------------
+
+
+async def test_a_call_cut_short_is_incomplete_and_the_resume_goes_on(
+    make_server: Any, engine: list[StandIn]
+) -> None:
+    def script(number: int, body: dict[str, Any]) -> list[Any]:
+        if number == 1:
+            return cut(call_delta("call_A", "add", '{"a": 1', index=0))
+        return [text_answer("resumed")]
+
+    peer = stand_in(engine, script)
+    front = gateway(make_server, peer.url, max_retries=0)
+    async with connect(front.url) as client:
+        await client.create(model="engine", input="add", tools=[ADD])
+        events = await client.until_done()
+        cut_calls = [e.item for e in events if isinstance(e, OutputItemDone)]
+        assert len(cut_calls) == 1
+        assert isinstance(cut_calls[0], FunctionCall)
+        assert cut_calls[0].status == "incomplete"
+        assert isinstance(events[-1], ErrorEvent)
+        pause = (await client.until_done())[-1]
+        assert isinstance(pause, ResponseDone)
+        assert pause.response.status == "requires_action"
+        # Nothing waits for the cut call: an empty append resumes.
+        assert pause.response.required_action.call_ids == []  # type: ignore[union-attr]
+        await client.append([])
+        done = (await client.until_done(timeout=10))[-1]
+    assert isinstance(done, ResponseDone)
+    assert done.response.status == "completed"
+    assert isinstance(done.response.output[-1], Message)
+    # The engine is never sent the call it did not finish (it would want its result).
+    resumed = peer.requests[1]["messages"]
+    assert [m["role"] for m in resumed] == ["user"]
+    assert all("tool_calls" not in m for m in resumed)
+
+
+def test_a_call_cut_by_the_length_limit_is_incomplete(
+    make_server: Any, engine: list[StandIn]
+) -> None:
+    def script(number: int, body: dict[str, Any]) -> list[Any]:
+        return [
+            answer(
+                call_delta("call_A", "add", '{"a": 1, "b"', index=0),
+                choice(finish="length"),
+                USAGE,
+                record("[DONE]"),
+            )
+        ]
+
+    peer = stand_in(engine, script)
+    front = gateway(make_server, peer.url)
+    response = openai_client(front).responses.create(model="engine", input="add", tools=[ADD])
+    assert response.status == "incomplete"
+    assert response.incomplete_details is not None
+    assert response.incomplete_details.reason == "max_output_tokens"
+    assert [(o.type, o.status) for o in response.output] == [("function_call", "incomplete")]
+
