@@ -113,3 +113,32 @@ def test_a_call_cut_by_the_length_limit_is_incomplete(
     assert response.incomplete_details.reason == "max_output_tokens"
     assert [(o.type, o.status) for o in response.output] == [("function_call", "incomplete")]
 
+
+# --- input appended while a turn fails (review item 10) ---------------------------
+
+
+async def test_input_appended_while_the_turn_fails_resumes_at_once(
+    make_server: Any, engine: list[StandIn]
+) -> None:
+    def script(number: int, body: dict[str, Any]) -> list[Any]:
+        if number == 1:
+            return [0.5, answer(b'{"error": {"message": "busy"}}', status=503)]
+        return [text_answer("resumed")]
+
+    peer = stand_in(engine, script)
+    front = gateway(make_server, peer.url, max_retries=0)
+    async with connect(front.url) as client:
+        await client.create(model="engine", input="first")
+        await client.next_event()  # created: the turn is under way
+        await client.append("and then this")
+        events = await client.until_done()
+        assert isinstance(events[-1], ErrorEvent)
+        assert events[-1].status == 502
+        pause = (await client.until_done())[-1]
+        assert isinstance(pause, ResponseDone)
+        assert pause.response.status == "requires_action"
+        # No further append: what came during the failed turn is enough.
+        done = (await client.until_done(timeout=10))[-1]
+    assert isinstance(done, ResponseDone)
+    assert done.response.status == "completed"
+    assert [m["content"] for m in peer.requests[1]["messages"]] == ["first", "and then this"]

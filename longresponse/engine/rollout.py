@@ -470,8 +470,9 @@ class Rollout:
         return taken
 
     async def _pause(self, failed: UpstreamError | None = None) -> bool:
-        """Block until every pending call has its output (after an upstream failure,
-        until an append comes, if none is pending). False if the pause timed out."""
+        """Block until every pending call has its output (after an upstream failure with
+        none pending, until an append comes, or not at all if one came meanwhile).
+        False if the pause timed out."""
         reply = self._current()
         self._wakeup.clear()
         if failed is not None:
@@ -482,7 +483,7 @@ class Rollout:
         self._waiting = True
         try:
             async with asyncio.timeout(self.pause_timeout):
-                if failed is not None and not reply.pending_calls:
+                if failed is not None and not reply.pending_calls and not self._inbox:
                     await self._wakeup.wait()
                 while reply.pending_calls:
                     await self._wakeup.wait()
