@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from longresponse.backends.chat import window_margin
 from longresponse.client import connect
 from protocol.events import ErrorEvent, OutputItemDone, ResponseDone
 from protocol.items import FunctionCall, Message
@@ -142,3 +143,72 @@ async def test_input_appended_while_the_turn_fails_resumes_at_once(
     assert isinstance(done, ResponseDone)
     assert done.response.status == "completed"
     assert [m["content"] for m in peer.requests[1]["messages"]] == ["first", "and then this"]
+
+
+# --- the output limit by the engine's count (review items 4 and 11) ----------------
+
+
+async def test_the_output_limit_leaves_a_margin_by_the_engines_count(
+    make_server: Any, engine: list[StandIn]
+) -> None:
+    counted = 300  # the engine counts far more than the o200k estimate (~40)
+
+    def script(number: int, body: dict[str, Any]) -> list[Any]:
+        if number == 1:
+            usage = {"prompt_tokens": counted, "completion_tokens": 9}
+            return [
+                answer(
+                    call_delta("call_A", "add", '{"a": 1, "b": 2}', index=0),
+                    choice(finish="tool_calls"),
+                    record({"choices": [], "usage": usage}),
+                    record("[DONE]"),
+                )
+            ]
+        return [text_answer("3")]
+
+    peer = stand_in(engine, script)
+    front = gateway(make_server, peer.url, context_window=400, max_tokens_field="max_tokens")
+    async with connect(front.url) as client:
+        await client.create(model="engine", input="add 1 and 2", tools=[ADD])
+        pause = (await client.until_done())[-1]
+        assert isinstance(pause, ResponseDone)
+        await client.append([{"type": "function_call_output", "call_id": "call_A", "output": "3"}])
+        done = (await client.until_done())[-1]
+    assert isinstance(done, ResponseDone)
+    assert done.response.status == "completed"
+    first, second = peer.requests
+    # No count of the engine's yet, and only the window would bind: no limit.
+    assert "max_tokens" not in first
+    # Then the engine's count (plus what was added) and a margin bound it.
+    assert 1 <= second["max_tokens"] <= 400 - counted - window_margin(counted)
+
+
+async def test_a_spent_budget_asks_the_engine_for_nothing(
+    make_server: Any, engine: list[StandIn]
+) -> None:
+    spent = {"prompt_tokens": 30, "completion_tokens": 16}  # all of the budget
+
+    def script(number: int, body: dict[str, Any]) -> list[Any]:
+        return [
+            answer(
+                call_delta("call_A", "add", '{"a": 1, "b": 2}', index=0),
+                choice(finish="tool_calls"),
+                record({"choices": [], "usage": spent}),
+                record("[DONE]"),
+            )
+        ]
+
+    peer = stand_in(engine, script)
+    front = gateway(make_server, peer.url)
+    async with connect(front.url) as client:
+        await client.create(model="engine", input="add", tools=[ADD], max_output_tokens=16)
+        pause = (await client.until_done())[-1]
+        assert isinstance(pause, ResponseDone)
+        assert pause.response.status == "requires_action"
+        await client.append([{"type": "function_call_output", "call_id": "call_A", "output": "3"}])
+        done = (await client.until_done())[-1]
+    assert isinstance(done, ResponseDone)
+    assert done.response.status == "incomplete"
+    assert done.response.incomplete_details is not None
+    assert done.response.incomplete_details.reason == "max_output_tokens"
+    assert len(peer.requests) == 1  # the spent budget was never sent as "no limit"

@@ -43,7 +43,11 @@ sampler checks the context against ``context_window`` by the engine's own
 count where it has one: ``POST /tokenize`` when configured (``tokenize``),
 else the ``prompt_tokens`` the engine reported last turn plus the o200k
 estimate of what was added since; on the first turn the rollout's own o200k
-check stands.
+check stands. The turn's output limit is the budget left, never past the
+backend's cap nor the window less that count and a margin
+(:func:`window_margin`); with no count of the engine's, a limit only the
+window would set is left out (the engine stops at its own window). A spent
+budget (0) asks the engine for nothing: the turn stops ``max_output_tokens``.
 """
 
 from __future__ import annotations
@@ -64,10 +68,17 @@ from protocol.response import FormatText
 from ..config import BackendConfig
 from ..engine.chat_map import format_to_chat, messages_from_items, tool_choice_to_chat
 from ..engine.failures import UpstreamError
-from ..engine.sampling import SampleChunk, SampleRequest, Usage
+from ..engine.sampling import SampleChunk, SampleRequest, Stop, Usage
 from .chat_stream import ChunkReader, decode_chunk, refusal
 
-__all__ = ["MAX_RETRY_WAIT", "ChatBackend", "ChatSampler", "chat_body"]
+__all__ = [
+    "MAX_RETRY_WAIT",
+    "ChatBackend",
+    "ChatSampler",
+    "chat_body",
+    "set_output_limit",
+    "window_margin",
+]
 
 #: The longest ``Retry-After`` a retry waits for; a longer one is the client's to honour.
 MAX_RETRY_WAIT: Final = 5.0
@@ -79,10 +90,14 @@ _RETRIED: Final = frozenset({429, 502, 503, 504})
 
 
 def chat_body(
-    config: BackendConfig, request: SampleRequest, affinity: str = ""
+    config: BackendConfig,
+    request: SampleRequest,
+    affinity: str = "",
+    prompt_tokens: int | None = None,
 ) -> dict[str, Any]:
     """The ``POST /chat/completions`` body of one turn of the rollout whose
-    affinity key (hex) is ``affinity``."""
+    affinity key (hex) is ``affinity``; ``prompt_tokens`` is the engine's count
+    of the prompt, where known (:func:`set_output_limit`)."""
     messages = messages_from_items(request.context, request.instructions)
     body: dict[str, Any] = {
         "model": config.model,
@@ -94,12 +109,7 @@ def chat_body(
         body["tools"] = [_tool(tool) for tool in request.tools]
         body["tool_choice"] = msgspec.to_builtins(tool_choice_to_chat(request.tool_choice))
         body["parallel_tool_calls"] = request.parallel_tool_calls
-    if request.max_output_tokens:
-        # Engines refuse a limit past what the window leaves after the prompt.
-        room = config.context_window - request.cached_tokens - request.uncached_tokens
-        body[config.max_tokens_field] = max(
-            1, min(request.max_output_tokens, config.max_output_tokens, room)
-        )
+    set_output_limit(body, config, request, prompt_tokens)
     if request.temperature is not None:
         body["temperature"] = request.temperature
     if request.top_p is not None:
@@ -113,6 +123,33 @@ def chat_body(
     if config.slots and affinity:
         body["id_slot"] = int(affinity[:8], 16) % config.slots
     return body
+
+
+def window_margin(count: int) -> int:
+    """Tokens of the window kept free beyond a prompt counted ``count``: the
+    count may be partly an estimate, and engines count a little differently."""
+    return count // 20 + 32
+
+
+def set_output_limit(
+    body: dict[str, Any], config: BackendConfig, request: SampleRequest, prompt_tokens: int | None
+) -> None:
+    """The turn's output limit in ``body``: the budget left, never past the
+    backend's cap nor what the window leaves after the prompt less a margin
+    (an engine refuses a limit past its window with a 400). With no count of
+    the engine's (a first turn without ``tokenize``), the limit is left out
+    where only the window would bind: the engine then stops at its own window."""
+    body.pop(config.max_tokens_field, None)
+    if request.max_output_tokens is None:
+        return
+    limit = min(request.max_output_tokens, config.max_output_tokens)
+    count = prompt_tokens
+    if count is None:
+        count = request.cached_tokens + request.uncached_tokens  # our o200k estimate
+    room = config.context_window - count - window_margin(count)
+    if room < limit and prompt_tokens is None:
+        return
+    body[config.max_tokens_field] = max(1, min(limit, room))
 
 
 def _tool(tool: FunctionTool) -> dict[str, Any]:
@@ -242,9 +279,12 @@ class ChatSampler:
 
     async def sample(self, request: SampleRequest) -> AsyncGenerator[SampleChunk, None]:
         backend, config = self.backend, self.backend.config
+        if request.max_output_tokens == 0:  # the budget is spent: nothing to ask for
+            yield Stop("max_output_tokens")
+            return
         body = chat_body(config, request, self.affinity)
         estimated = request.cached_tokens + request.uncached_tokens
-        await self._check_window(body, estimated)
+        set_output_limit(body, config, request, await self._check_window(body, estimated))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + config.first_token_timeout
         response = await backend.open_stream(msgspec.json.encode(body), self._headers, deadline)
@@ -293,8 +333,9 @@ class ChatSampler:
         finally:
             await response.aclose()
 
-    async def _check_window(self, body: dict[str, Any], estimated: int) -> None:
-        """Refuse a context longer than the window by the engine's count (module docstring)."""
+    async def _check_window(self, body: dict[str, Any], estimated: int) -> int | None:
+        """Refuse a context longer than the window by the engine's count (module
+        docstring); that count, or None where the engine has given none yet."""
         config = self.backend.config
         count: int | None = None
         if config.tokenize:
@@ -309,6 +350,7 @@ class ChatSampler:
                 status=400,
                 param="input",
             )
+        return count
 
 
 async def _read_some(chunks: AsyncIterator[bytes], limit: int) -> bytes:
