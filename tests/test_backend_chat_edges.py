@@ -11,9 +11,12 @@ mapping) are checked on their own where that says more.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
+import openai
 import pytest
 
 from longresponse.backends.chat import window_margin
@@ -24,6 +27,7 @@ from tests.conftest import openai_client
 from tests.engine_peer import StandIn, answer, choice, cut, record
 from tests.test_backend_chat import ADD, gateway
 
+KEY = {"authorization": "Bearer test-key"}
 USAGE = record({"choices": [], "usage": {"prompt_tokens": 30, "completion_tokens": 2}})
 
 
@@ -212,3 +216,90 @@ async def test_a_spent_budget_asks_the_engine_for_nothing(
     assert done.response.incomplete_details is not None
     assert done.response.incomplete_details.reason == "max_output_tokens"
     assert len(peer.requests) == 1  # the spent budget was never sent as "no limit"
+
+
+# --- /v1/chat/completions in front of an engine (review item 7) --------------------
+
+
+def test_chat_completions_keep_the_engines_refusals(
+    make_server: Any, engine: list[StandIn], caplog: pytest.LogCaptureFixture
+) -> None:
+    too_long = b'{"error": {"message": "This model\'s maximum context length is 4096 tokens."}}'
+
+    def script(number: int, body: dict[str, Any]) -> list[Any]:
+        if number == 1:
+            return [
+                answer(
+                    b'{"error": {"message": "slow down"}}', status=429, headers={"retry-after": "3"}
+                )
+            ]
+        return [answer(too_long, status=400)]
+
+    peer = stand_in(engine, script)
+    front = gateway(make_server, peer.url, max_retries=0)
+    url = f"http://127.0.0.1:{front.port}/v1/chat/completions"
+    request = {"model": "engine", "messages": [{"role": "user", "content": "hi"}]}
+    with caplog.at_level(logging.ERROR, logger="longresponse"):
+        limited = httpx.post(url, json=request, headers=KEY)
+        assert limited.status_code == 429
+        assert limited.headers["retry-after"] == "3"
+        error = limited.json()["error"]
+        assert (error["code"], error["type"]) == ("rate_limit_exceeded", "rate_limit_error")
+        # A stream: the engine's error is the last record, then [DONE].
+        with pytest.raises(openai.APIError) as refused:
+            list(
+                openai_client(front).chat.completions.create(
+                    model="engine", messages=[{"role": "user", "content": "hi"}], stream=True
+                )
+            )
+    body = refused.value.body
+    assert isinstance(body, dict)
+    assert (body["code"], body["param"]) == ("context_length_exceeded", "messages")
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]  # not our fault
+
+
+def test_chat_completions_report_the_engines_usage_and_reasoning(
+    make_server: Any, engine: list[StandIn]
+) -> None:
+    usage = {
+        "prompt_tokens": 1234,
+        "completion_tokens": 56,
+        "prompt_tokens_details": {"cached_tokens": 1000},
+        "completion_tokens_details": {"reasoning_tokens": 50},
+    }
+
+    def script(number: int, body: dict[str, Any]) -> list[Any]:
+        return [
+            answer(
+                choice({"reasoning_content": "think "}),
+                choice({"reasoning_content": "hard"}),
+                choice({"content": "42"}),
+                choice(finish="stop"),
+                record({"choices": [], "usage": usage}),
+                record("[DONE]"),
+            )
+        ]
+
+    peer = stand_in(engine, script)
+    front = gateway(make_server, peer.url)
+    url = f"http://127.0.0.1:{front.port}/v1/chat/completions"
+    request = {"model": "engine", "messages": [{"role": "user", "content": "why"}]}
+    completion = httpx.post(url, json=request, headers=KEY).json()
+    message = completion["choices"][0]["message"]
+    assert (message["content"], message["reasoning_content"]) == ("42", "think hard")
+    assert completion["usage"]["prompt_tokens"] == 1234
+    assert completion["usage"]["completion_tokens"] == 56
+    assert completion["usage"]["prompt_tokens_details"]["cached_tokens"] == 1000
+    assert completion["usage"]["completion_tokens_details"]["reasoning_tokens"] == 50
+    chunks = list(
+        openai_client(front).chat.completions.create(
+            model="engine",
+            messages=[{"role": "user", "content": "why"}],
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert (deltas[0].model_extra or {}).get("reasoning_content") == "think hard"
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.prompt_tokens == 1234
