@@ -13,19 +13,26 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 import openai
 import pytest
 
-from longresponse.backends.chat import window_margin
+from longresponse.backends.chat import ChatBackend, window_margin
+from longresponse.backends.chat_stream import ChunkReader, StreamChunk
+from longresponse.backends.settings import SettingsError, load_toml, shown_url
 from longresponse.client import connect
+from longresponse.engine.failures import UpstreamError
+from longresponse.engine.sampling import ToolCallStart
+from longresponse.engine.stream import StreamBuilder
 from protocol.events import ErrorEvent, OutputItemDone, ResponseDone
 from protocol.items import FunctionCall, Message
 from tests.conftest import openai_client
 from tests.engine_peer import StandIn, answer, choice, cut, record
-from tests.test_backend_chat import ADD, gateway
+from tests.test_backend_chat import ADD, chat_backend, gateway
 
 KEY = {"authorization": "Bearer test-key"}
 USAGE = record({"choices": [], "usage": {"prompt_tokens": 30, "completion_tokens": 2}})
@@ -303,3 +310,110 @@ def test_chat_completions_report_the_engines_usage_and_reasoning(
     assert (deltas[0].model_extra or {}).get("reasoning_content") == "think hard"
     assert chunks[-1].usage is not None
     assert chunks[-1].usage.prompt_tokens == 1234
+
+
+# --- a cut stream, error records, call pieces (review items 8, 9, 13) ---------------
+
+
+def pieces(*records: dict[str, Any]) -> list[StreamChunk]:
+    return [
+        msgspec.convert({"choices": [{"index": 0, "delta": {"tool_calls": [r]}}]}, StreamChunk)
+        for r in records
+    ]
+
+
+def test_call_pieces_without_index_or_with_a_repeated_name_make_whole_calls() -> None:
+    reader = ChunkReader()
+    out = []
+    for piece in pieces(  # older Ollama: no index at all, the name on every piece
+        {"id": "call_a", "function": {"name": "add", "arguments": '{"a": 1}'}},
+        {"id": "call_b", "function": {"name": "mul", "arguments": '{"x"'}},
+        {"function": {"name": "mul", "arguments": ": 2}"}},
+    ):
+        out.extend(reader.feed(piece))
+    out.extend(reader.end())
+    starts = [c for c in out if isinstance(c, ToolCallStart)]
+    assert starts == [ToolCallStart("call_a", "add"), ToolCallStart("call_b", "mul")]
+    builder = StreamBuilder("resp_x", tag_response_id=False)
+    for sample in out:
+        builder.feed(sample)
+    assert [(c.name, c.arguments) for c in builder.output] == [  # type: ignore[union-attr]
+        ("add", '{"a": 1}'),
+        ("mul", '{"x": 2}'),
+    ]
+    # A proxy that numbers every call 0: the new id makes the new call.
+    reader = ChunkReader()
+    out = []
+    for piece in pieces(
+        {"index": 0, "id": "call_a", "function": {"name": "add", "arguments": "{}"}},
+        {"index": 0, "id": "call_b", "function": {"name": "add", "arguments": "{}"}},
+    ):
+        out.extend(reader.feed(piece))
+    out.extend(reader.end())
+    assert [c.call_id for c in out if isinstance(c, ToolCallStart)] == ["call_a", "call_b"]
+
+
+@pytest.mark.parametrize(
+    "record_",
+    [
+        {"object": "error", "message": "engine crashed, key sk-SECRET", "type": "X", "code": 500},
+        {"message": "engine crashed, key sk-SECRET", "code": 503},
+        {"error": {"message": "engine crashed, key sk-SECRET", "code": 500}},
+    ],
+)
+def test_an_error_record_in_the_stream_ends_the_turn_without_the_key(
+    record_: dict[str, Any],
+) -> None:
+    reader = ChunkReader(secret="sk-SECRET")
+    reader.feed(
+        msgspec.convert({"choices": [{"index": 0, "delta": {"content": "hi"}}]}, StreamChunk)
+    )
+    with pytest.raises(UpstreamError) as failed:
+        reader.feed(msgspec.convert(record_, StreamChunk))
+    assert failed.value.code == "upstream_unavailable"
+    assert failed.value.output_started
+    assert "engine crashed" in failed.value.message
+    assert "sk-SECRET" not in failed.value.message
+
+
+def test_done_before_the_finish_is_a_cut_stream(make_server: Any, engine: list[StandIn]) -> None:
+    def script(number: int, body: dict[str, Any]) -> list[Any]:
+        return [answer(choice({"content": "half an ans"}), record("[DONE]"))]
+
+    peer = stand_in(engine, script)
+    front = gateway(make_server, peer.url)
+    events = list(openai_client(front).responses.create(model="engine", input="talk", stream=True))
+    assert events[-1].type == "response.failed"
+    assert events[-1].response.error.code == "upstream_unavailable"
+    assert "ended the stream" in events[-1].response.error.message
+    assert events[-1].response.output[0].status == "incomplete"
+
+
+def test_a_base_urls_credentials_are_never_shown(tmp_path: Path) -> None:
+    assert shown_url("http://user:pw@engine:8000/v1") == "http://engine:8000/v1"
+    for url in ("ftp://user:pw@engine/v1", "http://user:pw@/v1"):
+        path = tmp_path / "models.toml"
+        path.write_text(f'[models.m]\nkind = "chat"\nbase_url = "{url}"\n')
+        with pytest.raises(SettingsError) as refused:
+            load_toml(str(path))
+        assert "user:pw" not in str(refused.value)
+    ChatBackend(chat_backend("http://user:pw@engine.invalid/v1"))  # quiets httpx
+    assert logging.getLogger("httpx").getEffectiveLevel() >= logging.WARNING
+
+
+# --- connections reused (review item 14) --------------------------------------------
+
+
+async def test_turns_reuse_one_connection_to_the_engine(
+    make_server: Any, engine: list[StandIn]
+) -> None:
+    peer = stand_in(engine, lambda number, body: [text_answer(f"turn {number}")])
+    front = gateway(make_server, peer.url)
+    async with connect(front.url) as client:
+        for turn in range(3):
+            await client.create(model="engine", input=f"turn {turn}")
+            done = (await client.until_done())[-1]
+            assert isinstance(done, ResponseDone)
+            assert done.response.status == "completed"
+    assert len(peer.requests) == 3
+    assert peer.connections == 1

@@ -6,7 +6,9 @@ vLLM, llama.cpp's ``llama-server``, Ollama, SGLang and OpenAI all serve the
 Chat Completions API. :class:`ChatBackend` holds one ``httpx.AsyncClient``
 (one connection pool) for its model, with the API key read once from the
 variable ``api_key_env`` names and sent as ``Authorization: Bearer``; it is
-never logged and never part of an error. Each rollout gets a
+never logged and never part of an error (cut out of what the engine says,
+mid-stream too; httpx's per-request INFO logs, which show the URL, are
+turned down to WARNING). Each rollout gets a
 :class:`ChatSampler` of its own: its turns send the whole context (the rollout
 holds the conversation; :func:`chat_body` maps the items to messages, the
 instructions to the leading system message, function tools, ``tool_choice``,
@@ -33,6 +35,11 @@ times, after ``retry_backoff * 2**n`` seconds (or the engine's
 stream has begun nothing is retried: the turn fails with what it wrote
 (``longresponse.engine.failures.cut_short``).
 
+**A stream's end.** ``data: [DONE]`` before the engine's ``finish_reason``
+is a cut stream (some proxies end one so), as is a body that ends early. A
+finished stream is read on to the body's end (briefly: :func:`_drain`) so
+that httpx keeps the connection for the rollout's next turn.
+
 **Cancellation.** The sampler is an async generator that the rollout closes
 (``contextlib.aclosing``) when the client cancels or goes away; its
 ``finally`` closes the HTTP response at once, which closes the connection,
@@ -53,6 +60,8 @@ budget (0) asks the engine for nothing: the turn stops ``max_output_tokens``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import os
 import secrets
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -87,6 +96,9 @@ MAX_ERROR_BYTES: Final = 64 * 1024
 #: Connections to one engine at once (a turn holds one while it streams).
 MAX_CONNECTIONS: Final = 1024
 _RETRIED: Final = frozenset({429, 502, 503, 504})
+#: How long, and for how many lines, a finished stream is read on to its end.
+DRAIN_SECONDS: Final = 0.25
+MAX_DRAIN_LINES: Final = 64
 
 
 def chat_body(
@@ -168,6 +180,8 @@ class ChatBackend:
 
     def __init__(self, config: BackendConfig) -> None:
         self.config = config
+        for name in ("httpx", "httpcore"):  # they log each request's URL at INFO
+            logging.getLogger(name).setLevel(logging.WARNING)
         #: The API key, read once; only ever sent in the Authorization header.
         self._key = os.environ.get(config.api_key_env) if config.api_key_env else None
         headers = {"authorization": f"Bearer {self._key}"} if self._key else {}
@@ -243,6 +257,12 @@ class ChatBackend:
                 raise failed
             await asyncio.sleep(wait)
 
+    def ended_early(self, reader: ChunkReader) -> UpstreamError:
+        return UpstreamError(
+            f"The upstream engine at {self.where} ended the stream before the turn ended.",
+            output_started=reader.output_started,
+        )
+
     def _first_token_timeout(self) -> UpstreamError:
         return self.unreachable(
             f"sent nothing within first_token_timeout ({self.config.first_token_timeout:g} s)"
@@ -288,7 +308,7 @@ class ChatSampler:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + config.first_token_timeout
         response = await backend.open_stream(msgspec.json.encode(body), self._headers, deadline)
-        reader = ChunkReader()
+        reader = ChunkReader(secret=backend._key)
         lines = response.aiter_lines()
         try:
             while True:
@@ -297,11 +317,7 @@ class ChatSampler:
                         line = await anext(lines)
                 except StopAsyncIteration:
                     if not reader.finished:
-                        raise UpstreamError(
-                            f"The upstream engine at {backend.where} ended the stream before "
-                            "the turn ended.",
-                            output_started=reader.output_started,
-                        ) from None
+                        raise backend.ended_early(reader) from None
                     break
                 except TimeoutError:
                     if reader.started_stream:
@@ -317,6 +333,9 @@ class ChatSampler:
                     continue  # blank lines, comments, event names
                 data = line[5:].strip()
                 if data == "[DONE]":
+                    if not reader.finished:  # a proxy's cut stream can end so too
+                        raise backend.ended_early(reader)
+                    await _drain(lines)  # to the body's end: the connection is kept
                     break
                 for chunk in reader.feed(decode_chunk(data)):
                     yield chunk
@@ -351,6 +370,16 @@ class ChatSampler:
                 param="input",
             )
         return count
+
+
+async def _drain(lines: AsyncIterator[str]) -> None:
+    """Read a finished stream to its end, briefly: httpx returns a connection to
+    its pool only when its answer was read whole (else the next turn opens
+    another). An engine that keeps it open longer loses the connection only."""
+    with contextlib.suppress(TimeoutError, StopAsyncIteration, httpx.HTTPError):
+        async with asyncio.timeout(DRAIN_SECONDS):
+            for _ in range(MAX_DRAIN_LINES):
+                await anext(lines)
 
 
 async def _read_some(chunks: AsyncIterator[bytes], limit: int) -> bytes:
