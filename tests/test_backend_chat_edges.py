@@ -25,11 +25,12 @@ from longresponse.backends.chat import ChatBackend, window_margin
 from longresponse.backends.chat_stream import ChunkReader, StreamChunk
 from longresponse.backends.settings import SettingsError, load_toml, shown_url
 from longresponse.client import connect
+from longresponse.engine.chat_map import messages_from_items
 from longresponse.engine.failures import UpstreamError
 from longresponse.engine.sampling import ToolCallStart
 from longresponse.engine.stream import StreamBuilder
 from protocol.events import ErrorEvent, OutputItemDone, ResponseDone
-from protocol.items import FunctionCall, Message
+from protocol.items import FunctionCall, InputImage, InputText, Message, item_text
 from tests.conftest import openai_client
 from tests.engine_peer import StandIn, answer, choice, cut, record
 from tests.test_backend_chat import ADD, chat_backend, gateway
@@ -417,3 +418,72 @@ async def test_turns_reuse_one_connection_to_the_engine(
             assert done.response.status == "completed"
     assert len(peer.requests) == 3
     assert peer.connections == 1
+
+
+# --- what a mapping used to lose (review item 15) -----------------------------------
+
+
+def test_text_after_a_call_becomes_a_message_after_the_calls() -> None:
+    reader = ChunkReader()
+    out = []
+    for piece in pieces(
+        {"index": 0, "id": "call_a", "function": {"name": "add", "arguments": "{}"}}
+    ):
+        out.extend(reader.feed(piece))
+    out.extend(
+        reader.feed(
+            msgspec.convert(
+                {
+                    "choices": [
+                        {
+                            "index": 0,
+                            "delta": {"content": "Adding now."},
+                            "finish_reason": "tool_calls",
+                        }
+                    ]
+                },
+                StreamChunk,
+            )
+        )
+    )
+    out.extend(reader.end())
+    builder = StreamBuilder("resp_x", tag_response_id=False)
+    for sample in out:
+        builder.feed(sample)
+    assert [type(item) for item in builder.output] == [FunctionCall, Message]
+    assert item_text(builder.output[1].content) == "Adding now."  # type: ignore[union-attr]
+
+
+def test_several_text_parts_stay_apart_and_an_image_is_refused() -> None:
+    parts = [InputText(text="first line"), InputText(text="second line")]
+    messages = messages_from_items([Message(role="user", content=parts)])
+    assert msgspec.to_builtins(messages[0])["content"] == [
+        {"type": "text", "text": "first line"},
+        {"type": "text", "text": "second line"},
+    ]
+    image = InputImage(image_url="https://example.invalid/cat.png")
+    with pytest.raises(UpstreamError) as refused:
+        messages_from_items([Message(role="user", content=[parts[0], image])])
+    assert (refused.value.code, refused.value.status, refused.value.param) == (
+        "invalid_value",
+        400,
+        "input",
+    )
+    assert "input_image" in refused.value.message
+
+
+def test_an_image_for_a_chat_engine_is_refused_over_http(
+    make_server: Any, engine: list[StandIn]
+) -> None:
+    peer = stand_in(engine, lambda number, body: [text_answer()])
+    front = gateway(make_server, peer.url)
+    content = [
+        {"type": "input_text", "text": "what is this?"},
+        {"type": "input_image", "image_url": "https://example.invalid/cat.png"},
+    ]
+    with pytest.raises(openai.BadRequestError) as refused:
+        openai_client(front).responses.create(
+            model="engine", input=[{"role": "user", "content": content}]
+        )
+    assert refused.value.code == "invalid_value"
+    assert peer.requests == []  # nothing was sent with the image left out

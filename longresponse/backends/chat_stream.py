@@ -9,7 +9,8 @@ into the sampler's vocabulary (``longresponse.engine.sampling``) in an order
 the engine's :class:`~longresponse.engine.stream.StreamBuilder` accepts: one
 output item open at a time, each closed by an ``ItemEnd``.
 
-- ``delta.content`` is text: :class:`TextDelta`.
+- ``delta.content`` is text: :class:`TextDelta`; text that comes after a
+  call began (rare) is kept and sent as a message after the calls.
 - ``delta.tool_calls`` are index-based pieces of calls: the first piece of a
   call carries its ``id`` and ``function.name``, later ones pieces of
   ``function.arguments``. A piece without ``index`` (older Ollama) goes to
@@ -176,6 +177,7 @@ class ChunkReader:
         self._calls: dict[int, _Call] = {}
         self._live: int | None = None  # the call streamed as it comes
         self._last = 0  # the call the latest piece went to
+        self._late: list[str] = []
         self._finish: str | None = None
         self._usage: _Usage | None = None
         self._reasoning: list[str] = []
@@ -200,8 +202,9 @@ class ChunkReader:
             delta = choice.delta
             if delta is not None and (delta.reasoning_content or delta.reasoning):
                 self._reasoning.append(delta.reasoning_content or delta.reasoning or "")
-            if delta is not None and delta.content and self._live is None:
-                # (text after a call began: engines do not write it; dropped)
+            if delta is not None and delta.content and self._live is not None:
+                self._late.append(delta.content)  # text after a call began: kept for the end
+            elif delta is not None and delta.content:
                 if not self._text_open:
                     self._flush_reasoning(out)
                 self._text_open = True
@@ -255,6 +258,8 @@ class ChunkReader:
             call = self._calls[index]
             if index != self._live and call.name:
                 out.extend([*_start(call), ItemEnd(incomplete=cut)])
+        if self._late:
+            out.extend([TextDelta("".join(self._late)), ItemEnd(incomplete=cut)])
         if self._usage is not None:
             usage = self._usage
             prompt = usage.prompt_tokens_details
