@@ -391,7 +391,8 @@ class Connection:
                 param="response.id",
             )
         call = event.item if isinstance(event, OutputItemDone) else None
-        if not isinstance(call, FunctionCall) or call.call_id in track.answered_calls:
+        cut = isinstance(call, FunctionCall) and call.status == "incomplete"  # never run
+        if not isinstance(call, FunctionCall) or cut or call.call_id in track.answered_calls:
             call = None
         elif (
             call.call_id not in track.pending_calls

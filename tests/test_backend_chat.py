@@ -21,7 +21,7 @@ import pydantic
 import pytest
 from openai.types.responses import ResponseStreamEvent
 
-from longresponse.backends.chat import ChatBackend, chat_body
+from longresponse.backends.chat import ChatBackend, chat_body, window_margin
 from longresponse.backends.chat_stream import ChunkReader, StreamChunk, refusal, responses_param
 from longresponse.client import connect
 from longresponse.config import BackendConfig
@@ -248,11 +248,15 @@ def test_a_turn_maps_to_one_chat_body() -> None:
     assert body["response_format"] == {"type": "json_object"}
     assert body["cache_prompt"] is True
     # The limit never passes the backend's cap nor what the window leaves
-    # after the prompt (engines refuse that with a 400).
+    # after the prompt by the engine's count, less a margin (engines refuse
+    # that with a 400); with no count of the engine's yet, where only the
+    # window would bind, the limit is left to the engine.
     huge = dataclasses.replace(request, max_output_tokens=10**6)
     assert chat_body(config, huge)["max_tokens"] == config.max_output_tokens
     small = dataclasses.replace(config, context_window=100)
-    assert chat_body(small, huge)["max_tokens"] == 90
+    assert chat_body(small, huge, prompt_tokens=10)["max_tokens"] == 90 - window_margin(10)
+    assert "max_tokens" not in chat_body(small, huge)
+    assert chat_body(small, dataclasses.replace(request, max_output_tokens=20))["max_tokens"] == 20
     # llama.cpp's slot pinning: one slot per rollout, the same on every turn.
     assert "id_slot" not in body
     pinned = dataclasses.replace(config, slots=4)

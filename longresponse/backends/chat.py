@@ -6,7 +6,9 @@ vLLM, llama.cpp's ``llama-server``, Ollama, SGLang and OpenAI all serve the
 Chat Completions API. :class:`ChatBackend` holds one ``httpx.AsyncClient``
 (one connection pool) for its model, with the API key read once from the
 variable ``api_key_env`` names and sent as ``Authorization: Bearer``; it is
-never logged and never part of an error. Each rollout gets a
+never logged and never part of an error (cut out of what the engine says,
+mid-stream too; httpx's per-request INFO logs, which show the URL, are
+turned down to WARNING). Each rollout gets a
 :class:`ChatSampler` of its own: its turns send the whole context (the rollout
 holds the conversation; :func:`chat_body` maps the items to messages, the
 instructions to the leading system message, function tools, ``tool_choice``,
@@ -33,6 +35,11 @@ times, after ``retry_backoff * 2**n`` seconds (or the engine's
 stream has begun nothing is retried: the turn fails with what it wrote
 (``longresponse.engine.failures.cut_short``).
 
+**A stream's end.** ``data: [DONE]`` before the engine's ``finish_reason``
+is a cut stream (some proxies end one so), as is a body that ends early. A
+finished stream is read on to the body's end (briefly: :func:`_drain`) so
+that httpx keeps the connection for the rollout's next turn.
+
 **Cancellation.** The sampler is an async generator that the rollout closes
 (``contextlib.aclosing``) when the client cancels or goes away; its
 ``finally`` closes the HTTP response at once, which closes the connection,
@@ -43,12 +50,18 @@ sampler checks the context against ``context_window`` by the engine's own
 count where it has one: ``POST /tokenize`` when configured (``tokenize``),
 else the ``prompt_tokens`` the engine reported last turn plus the o200k
 estimate of what was added since; on the first turn the rollout's own o200k
-check stands.
+check stands. The turn's output limit is the budget left, never past the
+backend's cap nor the window less that count and a margin
+(:func:`window_margin`); with no count of the engine's, a limit only the
+window would set is left out (the engine stops at its own window). A spent
+budget (0) asks the engine for nothing: the turn stops ``max_output_tokens``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import os
 import secrets
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -64,10 +77,17 @@ from protocol.response import FormatText
 from ..config import BackendConfig
 from ..engine.chat_map import format_to_chat, messages_from_items, tool_choice_to_chat
 from ..engine.failures import UpstreamError
-from ..engine.sampling import SampleChunk, SampleRequest, Usage
+from ..engine.sampling import SampleChunk, SampleRequest, Stop, Usage
 from .chat_stream import ChunkReader, decode_chunk, refusal
 
-__all__ = ["MAX_RETRY_WAIT", "ChatBackend", "ChatSampler", "chat_body"]
+__all__ = [
+    "MAX_RETRY_WAIT",
+    "ChatBackend",
+    "ChatSampler",
+    "chat_body",
+    "set_output_limit",
+    "window_margin",
+]
 
 #: The longest ``Retry-After`` a retry waits for; a longer one is the client's to honour.
 MAX_RETRY_WAIT: Final = 5.0
@@ -76,13 +96,20 @@ MAX_ERROR_BYTES: Final = 64 * 1024
 #: Connections to one engine at once (a turn holds one while it streams).
 MAX_CONNECTIONS: Final = 1024
 _RETRIED: Final = frozenset({429, 502, 503, 504})
+#: How long, and for how many lines, a finished stream is read on to its end.
+DRAIN_SECONDS: Final = 0.25
+MAX_DRAIN_LINES: Final = 64
 
 
 def chat_body(
-    config: BackendConfig, request: SampleRequest, affinity: str = ""
+    config: BackendConfig,
+    request: SampleRequest,
+    affinity: str = "",
+    prompt_tokens: int | None = None,
 ) -> dict[str, Any]:
     """The ``POST /chat/completions`` body of one turn of the rollout whose
-    affinity key (hex) is ``affinity``."""
+    affinity key (hex) is ``affinity``; ``prompt_tokens`` is the engine's count
+    of the prompt, where known (:func:`set_output_limit`)."""
     messages = messages_from_items(request.context, request.instructions)
     body: dict[str, Any] = {
         "model": config.model,
@@ -94,12 +121,7 @@ def chat_body(
         body["tools"] = [_tool(tool) for tool in request.tools]
         body["tool_choice"] = msgspec.to_builtins(tool_choice_to_chat(request.tool_choice))
         body["parallel_tool_calls"] = request.parallel_tool_calls
-    if request.max_output_tokens:
-        # Engines refuse a limit past what the window leaves after the prompt.
-        room = config.context_window - request.cached_tokens - request.uncached_tokens
-        body[config.max_tokens_field] = max(
-            1, min(request.max_output_tokens, config.max_output_tokens, room)
-        )
+    set_output_limit(body, config, request, prompt_tokens)
     if request.temperature is not None:
         body["temperature"] = request.temperature
     if request.top_p is not None:
@@ -113,6 +135,33 @@ def chat_body(
     if config.slots and affinity:
         body["id_slot"] = int(affinity[:8], 16) % config.slots
     return body
+
+
+def window_margin(count: int) -> int:
+    """Tokens of the window kept free beyond a prompt counted ``count``: the
+    count may be partly an estimate, and engines count a little differently."""
+    return count // 20 + 32
+
+
+def set_output_limit(
+    body: dict[str, Any], config: BackendConfig, request: SampleRequest, prompt_tokens: int | None
+) -> None:
+    """The turn's output limit in ``body``: the budget left, never past the
+    backend's cap nor what the window leaves after the prompt less a margin
+    (an engine refuses a limit past its window with a 400). With no count of
+    the engine's (a first turn without ``tokenize``), the limit is left out
+    where only the window would bind: the engine then stops at its own window."""
+    body.pop(config.max_tokens_field, None)
+    if request.max_output_tokens is None:
+        return
+    limit = min(request.max_output_tokens, config.max_output_tokens)
+    count = prompt_tokens
+    if count is None:
+        count = request.cached_tokens + request.uncached_tokens  # our o200k estimate
+    room = config.context_window - count - window_margin(count)
+    if room < limit and prompt_tokens is None:
+        return
+    body[config.max_tokens_field] = max(1, min(limit, room))
 
 
 def _tool(tool: FunctionTool) -> dict[str, Any]:
@@ -131,6 +180,8 @@ class ChatBackend:
 
     def __init__(self, config: BackendConfig) -> None:
         self.config = config
+        for name in ("httpx", "httpcore"):  # they log each request's URL at INFO
+            logging.getLogger(name).setLevel(logging.WARNING)
         #: The API key, read once; only ever sent in the Authorization header.
         self._key = os.environ.get(config.api_key_env) if config.api_key_env else None
         headers = {"authorization": f"Bearer {self._key}"} if self._key else {}
@@ -206,6 +257,12 @@ class ChatBackend:
                 raise failed
             await asyncio.sleep(wait)
 
+    def ended_early(self, reader: ChunkReader) -> UpstreamError:
+        return UpstreamError(
+            f"The upstream engine at {self.where} ended the stream before the turn ended.",
+            output_started=reader.output_started,
+        )
+
     def _first_token_timeout(self) -> UpstreamError:
         return self.unreachable(
             f"sent nothing within first_token_timeout ({self.config.first_token_timeout:g} s)"
@@ -242,13 +299,16 @@ class ChatSampler:
 
     async def sample(self, request: SampleRequest) -> AsyncGenerator[SampleChunk, None]:
         backend, config = self.backend, self.backend.config
+        if request.max_output_tokens == 0:  # the budget is spent: nothing to ask for
+            yield Stop("max_output_tokens")
+            return
         body = chat_body(config, request, self.affinity)
         estimated = request.cached_tokens + request.uncached_tokens
-        await self._check_window(body, estimated)
+        set_output_limit(body, config, request, await self._check_window(body, estimated))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + config.first_token_timeout
         response = await backend.open_stream(msgspec.json.encode(body), self._headers, deadline)
-        reader = ChunkReader()
+        reader = ChunkReader(secret=backend._key)
         lines = response.aiter_lines()
         try:
             while True:
@@ -257,11 +317,7 @@ class ChatSampler:
                         line = await anext(lines)
                 except StopAsyncIteration:
                     if not reader.finished:
-                        raise UpstreamError(
-                            f"The upstream engine at {backend.where} ended the stream before "
-                            "the turn ended.",
-                            output_started=reader.output_started,
-                        ) from None
+                        raise backend.ended_early(reader) from None
                     break
                 except TimeoutError:
                     if reader.started_stream:
@@ -277,6 +333,9 @@ class ChatSampler:
                     continue  # blank lines, comments, event names
                 data = line[5:].strip()
                 if data == "[DONE]":
+                    if not reader.finished:  # a proxy's cut stream can end so too
+                        raise backend.ended_early(reader)
+                    await _drain(lines)  # to the body's end: the connection is kept
                     break
                 for chunk in reader.feed(decode_chunk(data)):
                     yield chunk
@@ -293,8 +352,9 @@ class ChatSampler:
         finally:
             await response.aclose()
 
-    async def _check_window(self, body: dict[str, Any], estimated: int) -> None:
-        """Refuse a context longer than the window by the engine's count (module docstring)."""
+    async def _check_window(self, body: dict[str, Any], estimated: int) -> int | None:
+        """Refuse a context longer than the window by the engine's count (module
+        docstring); that count, or None where the engine has given none yet."""
         config = self.backend.config
         count: int | None = None
         if config.tokenize:
@@ -309,6 +369,17 @@ class ChatSampler:
                 status=400,
                 param="input",
             )
+        return count
+
+
+async def _drain(lines: AsyncIterator[str]) -> None:
+    """Read a finished stream to its end, briefly: httpx returns a connection to
+    its pool only when its answer was read whole (else the next turn opens
+    another). An engine that keeps it open longer loses the connection only."""
+    with contextlib.suppress(TimeoutError, StopAsyncIteration, httpx.HTTPError):
+        async with asyncio.timeout(DRAIN_SECONDS):
+            for _ in range(MAX_DRAIN_LINES):
+                await anext(lines)
 
 
 async def _read_some(chunks: AsyncIterator[bytes], limit: int) -> bytes:

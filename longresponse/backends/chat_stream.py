@@ -9,12 +9,16 @@ into the sampler's vocabulary (``longresponse.engine.sampling``) in an order
 the engine's :class:`~longresponse.engine.stream.StreamBuilder` accepts: one
 output item open at a time, each closed by an ``ItemEnd``.
 
-- ``delta.content`` is text: :class:`TextDelta`.
+- ``delta.content`` is text: :class:`TextDelta`; text that comes after a
+  call began (rare) is kept and sent as a message after the calls.
 - ``delta.tool_calls`` are index-based pieces of calls: the first piece of a
   call carries its ``id`` and ``function.name``, later ones pieces of
-  ``function.arguments``. The first call is streamed as it comes
-  (:class:`ToolCallStart`, then :class:`ArgumentsDelta`); pieces of the other
-  calls (parallel calls, in any interleaving) are kept per index and sent,
+  ``function.arguments``. A piece without ``index`` (older Ollama) goes to
+  the call of the piece before; one whose ``id`` differs from the call at
+  its index starts a new call; a name repeated on later pieces is kept once.
+  The first call is streamed as it comes (:class:`ToolCallStart`, then
+  :class:`ArgumentsDelta`); pieces of the other calls (parallel calls, in
+  any interleaving) are kept per index and sent,
   in index order, once the first call ends with the stream. A call without
   an ``id`` gets one.
 - ``delta.reasoning_content`` (vLLM, DeepSeek; newer vLLM says ``reasoning``)
@@ -73,7 +77,7 @@ class _FunctionDelta(msgspec.Struct, frozen=True):
 
 
 class _ToolCallDelta(msgspec.Struct, frozen=True):
-    index: int = 0
+    index: int | None = None
     id: str | None = None
     function: _FunctionDelta | None = None
 
@@ -115,11 +119,28 @@ class _ErrorBody(msgspec.Struct, frozen=True):
 
 class StreamChunk(msgspec.Struct, frozen=True):
     """One ``chat.completion.chunk`` as read (unknown fields are ignored), or
-    an ``error`` record some engines send mid-stream."""
+    an error record some engines send mid-stream: OpenAI's ``{"error": {...}}``,
+    or vLLM's bare ``{"object": "error", "message", "type", "param", "code"}``."""
 
     choices: list[_Choice] = msgspec.field(default_factory=list)
     usage: _Usage | None = None
     error: _ErrorBody | None = None
+    object: str | None = None
+    message: str | None = None
+    type: str | None = None
+    param: str | None = None
+    code: str | int | None = None
+
+    def error_record(self) -> _ErrorBody | None:
+        """The error this record carries, if it is one."""
+        if self.error is not None:
+            return self.error
+        bare = self.object == "error" or (self.message is not None and not self.choices)
+        if not bare or self.usage is not None:
+            return None
+        return _ErrorBody(
+            message=self.message or "", type=self.type, param=self.param, code=self.code
+        )
 
 
 _chunk_decoder: Final = msgspec.json.Decoder(StreamChunk)
@@ -150,10 +171,13 @@ class _Call:
 class ChunkReader:
     """Turns one turn's chunks into sampler chunks (see the module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, secret: str | None = None) -> None:
+        self._secret = secret  # the API key: never quoted from the engine
         self._text_open = False
         self._calls: dict[int, _Call] = {}
         self._live: int | None = None  # the call streamed as it comes
+        self._last = 0  # the call the latest piece went to
+        self._late: list[str] = []
         self._finish: str | None = None
         self._usage: _Usage | None = None
         self._reasoning: list[str] = []
@@ -170,16 +194,17 @@ class ChunkReader:
     def feed(self, chunk: StreamChunk) -> list[SampleChunk]:
         """The sampler chunks of one stream chunk (possibly none)."""
         out: list[SampleChunk] = []
-        if chunk.error is not None:
-            raise _mid_stream(chunk.error, self.output_started)
+        if (error := chunk.error_record()) is not None:
+            raise _mid_stream(error, self.output_started, self._secret)
         for choice in chunk.choices:
             if choice.index != 0:
                 continue  # n is 1: no other choice is asked for
             delta = choice.delta
             if delta is not None and (delta.reasoning_content or delta.reasoning):
                 self._reasoning.append(delta.reasoning_content or delta.reasoning or "")
-            if delta is not None and delta.content and self._live is None:
-                # (text after a call began: engines do not write it; dropped)
+            if delta is not None and delta.content and self._live is not None:
+                self._late.append(delta.content)  # text after a call began: kept for the end
+            elif delta is not None and delta.content:
                 if not self._text_open:
                     self._flush_reasoning(out)
                 self._text_open = True
@@ -195,14 +220,20 @@ class ChunkReader:
         return out
 
     def _call_piece(self, piece: _ToolCallDelta, out: list[SampleChunk]) -> None:
-        call = self._calls.get(piece.index)
+        index = self._last if piece.index is None else piece.index
+        call = self._calls.get(index)
+        if call is not None and piece.id and call.call_id and piece.id != call.call_id:
+            # Another call's id where its index is taken (no index, or a proxy's
+            # constant 0): a new call, at the next free index.
+            index, call = max(self._calls) + 1, None
         if call is None:
-            call = self._calls[piece.index] = _Call()
+            call = self._calls[index] = _Call()
+        self._last = index
         if piece.id:
             call.call_id = piece.id
         function = piece.function
-        if function is not None and function.name and not call.started:
-            call.name += function.name
+        if function is not None and function.name and not call.name:
+            call.name = function.name  # (engines that repeat it on each piece: once)
         if function is not None and function.arguments:
             call.arguments.append(function.arguments)
         if self._live is None and call.name:
@@ -210,9 +241,9 @@ class ChunkReader:
                 out.append(ItemEnd())
                 self._text_open = False
             self._flush_reasoning(out)
-            self._live = piece.index
+            self._live = index
             out.extend(_start(call))
-        elif self._live == piece.index and call.arguments:
+        elif self._live == index and call.arguments:
             out.extend(ArgumentsDelta(part) for part in call.arguments)
             call.arguments.clear()
 
@@ -227,6 +258,8 @@ class ChunkReader:
             call = self._calls[index]
             if index != self._live and call.name:
                 out.extend([*_start(call), ItemEnd(incomplete=cut)])
+        if self._late:
+            out.extend([TextDelta("".join(self._late)), ItemEnd(incomplete=cut)])
         if self._usage is not None:
             usage = self._usage
             prompt = usage.prompt_tokens_details
@@ -373,9 +406,10 @@ def refusal(
     return UpstreamError(f"The upstream engine failed (HTTP {status}): {said}")
 
 
-def _mid_stream(error: _ErrorBody, started: bool) -> UpstreamError:
+def _mid_stream(error: _ErrorBody, started: bool, secret: str | None) -> UpstreamError:
     """An ``error`` record in the stream: the engine broke off the turn."""
     status = error.code if isinstance(error.code, int) and 400 <= error.code < 600 else 502
-    exc = refusal(status, msgspec.json.encode({"error": msgspec.to_builtins(error)}))
+    body = msgspec.json.encode({"error": msgspec.to_builtins(error)})
+    exc = refusal(status, body, secret=secret)
     exc.output_started = started
     return exc

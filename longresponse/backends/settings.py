@@ -38,11 +38,11 @@ import os
 import tomllib
 from collections.abc import Mapping
 from typing import Any, Final
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from ..config import BACKEND_KINDS, RANGES, BackendConfig
 
-__all__ = ["ENV", "SettingsError", "add_arguments", "backends_from_args", "load_toml"]
+__all__ = ["ENV", "SettingsError", "add_arguments", "backends_from_args", "load_toml", "shown_url"]
 
 #: flag destination -> environment variable.
 ENV: Final[Mapping[str, str]] = {
@@ -181,10 +181,17 @@ def backend(name: str, table: Mapping[str, Any], *, where: str) -> BackendConfig
         raise SettingsError(f"{where}: kind must be one of {kinds}, not {kind!r}")
     url = table.get("base_url")
     if not isinstance(url, str) or urlsplit(url).scheme not in ("http", "https", "ws", "wss"):
-        raise SettingsError(f"{where}: base_url must be an http(s) or ws(s) URL, not {url!r}")
+        shown = shown_url(url) if isinstance(url, str) else url
+        raise SettingsError(f"{where}: base_url must be an http(s) or ws(s) URL, not {shown!r}")
     if not urlsplit(url).hostname:
-        raise SettingsError(f"{where}: base_url {url!r} names no host")
+        raise SettingsError(f"{where}: base_url {shown_url(url)!r} names no host")
     return BackendConfig(name=name, **table)
+
+
+def shown_url(url: str) -> str:
+    """``url`` as a message may show it: without ``user:password@``."""
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
 
 
 def _check(where: str, key: str, value: Any, annotation: str) -> None:

@@ -40,9 +40,12 @@ from protocol import ErrorCode, RemoteProtocolError
 from protocol.items import (
     Compaction,
     CompactionTrigger,
+    ContentPart,
     FunctionCall,
     FunctionCallOutput,
     FunctionTool,
+    InputFile,
+    InputImage,
     Item,
     Message,
     OutputText,
@@ -56,12 +59,16 @@ from protocol.response import FormatJSONObject, FormatJSONSchema, FormatText, Te
 
 from .chat_wire import (
     AssistantMessage,
+    AudioPart,
     ChatMessage,
     ChatTool,
     ChatToolChoice,
+    Content,
     DeveloperMessage,
+    FilePart,
     FunctionDefinition,
     FunctionName,
+    ImagePart,
     JSONSchemaSpec,
     NamedToolChoice,
     OtherPart,
@@ -77,6 +84,7 @@ from .chat_wire import (
     ToolMessage,
     UserMessage,
 )
+from .failures import UpstreamError
 
 __all__ = [
     "format_from_chat",
@@ -252,6 +260,8 @@ def messages_from_items(
             assistant = AssistantMessage(
                 content=item_text(item.content), reasoning_content=_pop(reasoning)
             )
+        elif isinstance(item, FunctionCall) and item.status == "incomplete":
+            continue  # cut short (SPEC §16): it never ran; an engine wants a result per call
         elif isinstance(item, FunctionCall):
             call = ToolCall(
                 id=item.call_id,
@@ -264,10 +274,11 @@ def messages_from_items(
             assistant = msgspec.structs.replace(assistant, tool_calls=[*calls, call])
         elif isinstance(item, FunctionCallOutput):
             flush()
-            messages.append(ToolMessage(tool_call_id=item.call_id, content=item_text(item.output)))
+            content = chat_content(item.output)
+            messages.append(ToolMessage(tool_call_id=item.call_id, content=content))
         elif isinstance(item, Message):
             flush()
-            text = item_text(item.content)
+            text = chat_content(item.content)
             if item.role == "system":
                 messages.append(SystemMessage(content=text))
             elif item.role == "developer":
@@ -278,6 +289,29 @@ def messages_from_items(
             continue
     flush()
     return messages
+
+
+def chat_content(content: str | list[ContentPart]) -> Content:
+    """A message's (or a tool output's) content as an engine is sent it: one
+    text as a string, several as text parts (kept apart, as the client gave
+    them). An image or a file cannot be carried to a Chat Completions engine
+    by this server: refused, rather than left out unseen."""
+    if isinstance(content, str):
+        return content
+    parts: list[TextPart | ImagePart | AudioPart | FilePart] = []
+    for part in content:
+        if isinstance(part, InputImage | InputFile):
+            kind = "input_image" if isinstance(part, InputImage) else "input_file"
+            raise UpstreamError(
+                f"This model's engine takes text only; an {kind} part cannot be sent to it.",
+                code=ErrorCode.INVALID_VALUE,
+                status=400,
+                param="input",
+            )
+        parts.append(TextPart(text=item_text([part])))
+    if len(parts) == 1 and isinstance(parts[0], TextPart):
+        return parts[0].text
+    return parts or ""
 
 
 def _pop(reasoning: list[str]) -> str | msgspec.UnsetType:

@@ -28,6 +28,12 @@ as fast as the model decodes:
   ``choices: []`` and ``usage`` (every chunk before it has ``usage: null``).
   Every chunk has ``system_fingerprint: null``, as the completion does.
 
+A real engine's sampler (``longresponse.backends``) also gives its own
+``Usage``, which the answer's ``usage`` reports instead of the estimate,
+and its reasoning (``ReasoningDone``), sent as a ``reasoning_content``
+delta and kept as the completion message's ``reasoning_content``, as vLLM
+writes them.
+
 The same turn, read to its end, is also the non-streaming answer
 (:meth:`ChatTurn.completion`). Output tokens are counted as the Responses
 path counts them (text as :class:`~longresponse.engine.stream.ItemText`,
@@ -71,6 +77,7 @@ from .chat_wire import (
 from .models import ArgumentsDelta, ItemEnd, Sampler, SampleRequest, Stop, TextDelta, ToolCallStart
 from .prefix_cache import block_digests, cache_seed
 from .render import encode, render_item, render_prefix
+from .sampling import ReasoningDone, Usage
 from .stream import ItemText
 
 __all__ = ["ChatPrompt", "ChatTurn", "FinishReason", "render_prompt"]
@@ -131,6 +138,9 @@ class ChatTurn:
         self._answer: str | None = None  # the whole text, once finished
         self._calls: list[ReplyToolCall] = []
         self._arguments: list[str] = []
+        self._reasoning: list[str] = []
+        #: A real engine's own counts (a backend's ``Usage``), which ``usage`` reports.
+        self._upstream: Usage | None = None
         self.completion_tokens = 0
         self.finish_reason: FinishReason | None = None
 
@@ -160,11 +170,17 @@ class ChatTurn:
         samples = self._sampler.sample(self._request)
         try:
             async for sample in samples:
+                if isinstance(sample, Usage):
+                    self._upstream = sample
+                    continue
                 if first and self._prefilled is not None:
                     self._prefilled()
                 role: Literal["assistant"] | None = "assistant" if first else None
                 first = False
-                if isinstance(sample, TextDelta):
+                if isinstance(sample, ReasoningDone):
+                    self._reasoning.append(sample.text)
+                    yield self._chunk(_delta(role, reasoning_content=sample.text))
+                elif isinstance(sample, TextDelta):
                     self._text.add(sample.text)
                     self._has_text = True
                     yield self._chunk(_delta(role, content=sample.text))
@@ -234,6 +250,16 @@ class ChatTurn:
         self.finish_reason = reason
 
     def usage(self) -> ChatUsage:
+        if (upstream := self._upstream) is not None:  # the engine's own counts
+            return ChatUsage(
+                prompt_tokens=upstream.input_tokens,
+                completion_tokens=upstream.output_tokens,
+                total_tokens=upstream.input_tokens + upstream.output_tokens,
+                prompt_tokens_details=PromptTokensDetails(cached_tokens=upstream.cached_tokens),
+                completion_tokens_details=CompletionTokensDetails(
+                    reasoning_tokens=upstream.reasoning_tokens
+                ),
+            )
         cached = self._request.cached_tokens
         return ChatUsage(
             prompt_tokens=self.prompt_tokens,
@@ -249,6 +275,8 @@ class ChatTurn:
         message = ReplyMessage(content=self._answer)
         if self._calls:
             message = ReplyMessage(content=message.content, tool_calls=list(self._calls))
+        if self._reasoning:
+            message = msgspec.structs.replace(message, reasoning_content="".join(self._reasoning))
         return ChatCompletion(
             id=self.completion_id,
             created=self.created,
@@ -276,6 +304,7 @@ def _delta(
     role: Literal["assistant"] | None,
     *,
     content: str | None = None,
+    reasoning_content: str | None = None,
     tool_calls: list[ToolCallDelta] | None = None,
 ) -> ChunkDelta:
     fields: dict[str, object] = {}
@@ -283,6 +312,8 @@ def _delta(
         fields["role"] = role
     if content is not None:
         fields["content"] = content
+    if reasoning_content is not None:
+        fields["reasoning_content"] = reasoning_content
     if tool_calls is not None:
         fields["tool_calls"] = tool_calls
     return ChunkDelta(**fields)  # type: ignore[arg-type]

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from protocol.events import ErrorBody, ErrorEvent
+from protocol.items import FunctionCall, Item
 from protocol.response import ResponseError
 
 from .render import items_to_drop, render_item, render_prefix
@@ -38,6 +39,7 @@ __all__ = [
     "cut_short",
     "failure",
     "fit_window",
+    "kept",
     "upstream_error_event",
 ]
 
@@ -132,6 +134,17 @@ def failure(exc: Exception, response_id: str) -> ResponseError:
         return ResponseError(code=exc.code, message=exc.message)
     log.exception("response %s failed", response_id, exc_info=exc)
     return ResponseError(code="server_error", message="The model failed.")
+
+
+def kept(produced: list[Item]) -> list[Item]:
+    """What a turn wrote that joins the rollout's context: all of it but a call
+    cut short (``incomplete``), which never runs and gets no output; an
+    engine given a call with no output refuses the context."""
+    return [
+        item
+        for item in produced
+        if not (isinstance(item, FunctionCall) and item.status == "incomplete")
+    ]
 
 
 async def cut_short(rollout: Rollout, reply: Reply, unbilled: tuple[int, int] | None) -> None:

@@ -51,7 +51,7 @@ from . import models
 from .admission import Pipeline
 from .classifier import Finding
 from .compaction import Compactor, Intake, compact_rollout, compact_threshold, intake, start_window
-from .failures import UpstreamError, cut_short, failure, fit_window, upstream_error_event
+from .failures import UpstreamError, cut_short, failure, fit_window, kept, upstream_error_event
 from .models import ItemEnd, ModelSpec, Sampler, SampleRequest, Stop, TextDelta, ToolCallStart
 from .render import TokenCache, render_prefix
 from .reply import Reply, TokenCounts
@@ -449,7 +449,7 @@ class Rollout:
             failed = exc
             await cut_short(self, reply, None if not first else (cached + uncached, cached))
         timing.inference = self.clock() - sampling_started
-        produced = builder.output[first_output:]
+        produced = kept(builder.output[first_output:])
         # The model's own output joins the context and the token cache; it is
         # not new input next turn (a real model already holds it).
         self.context.extend(produced)
@@ -470,8 +470,9 @@ class Rollout:
         return taken
 
     async def _pause(self, failed: UpstreamError | None = None) -> bool:
-        """Block until every pending call has its output (after an upstream failure,
-        until an append comes, if none is pending). False if the pause timed out."""
+        """Block until every pending call has its output (after an upstream failure with
+        none pending, until an append comes, or not at all if one came meanwhile).
+        False if the pause timed out."""
         reply = self._current()
         self._wakeup.clear()
         if failed is not None:
@@ -482,7 +483,7 @@ class Rollout:
         self._waiting = True
         try:
             async with asyncio.timeout(self.pause_timeout):
-                if failed is not None and not reply.pending_calls:
+                if failed is not None and not reply.pending_calls and not self._inbox:
                     await self._wakeup.wait()
                 while reply.pending_calls:
                     await self._wakeup.wait()

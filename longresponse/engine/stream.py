@@ -318,7 +318,7 @@ class StreamBuilder:
                 call_id=self._call.call_id,
                 name=self._call.name,
                 arguments=text,
-                status="completed",
+                status="incomplete" if incomplete else "completed",
             )
             events = [
                 FunctionCallArgumentsDone(

@@ -43,6 +43,12 @@ the producer does, so a producer that fails never leaves it waiting.
 A model that raises is a ``server_error``: the shipped envelope with
 status 500 for ``stream: false``; for a stream, a last ``data:`` record
 holding that envelope (the official SDK raises on it), then ``[DONE]``.
+An engine behind a real backend that fails or refuses
+(:class:`~longresponse.engine.failures.UpstreamError`) keeps its own code,
+status, ``param`` and type (429 ``rate_limit_exceeded`` with
+``Retry-After``, 400 ``context_length_exceeded``, 502
+``upstream_unavailable``), in the envelope or the stream's last record, and
+is not logged as a fault of this server.
 
 Headers such as ``x-longresponse-affinity`` (a gateway's per-rollout pin)
 and the body's ``cache_prompt`` / ``id_slot`` / ``prompt_cache_key`` are
@@ -58,6 +64,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, Final
@@ -87,6 +94,7 @@ from ..engine.chat_wire import (
     decode_tokenize_request,
     unsupported_field,
 )
+from ..engine.failures import UpstreamError
 from ..engine.models import ModelRegistry, ModelSpec, SampleRequest, check_sim_metadata
 from ..engine.prefix_cache import PrefixCache, block_digests
 from ..engine.render import encode, render_item
@@ -255,10 +263,12 @@ class ChatCompletions:
         """The whole answer as one ``chat.completion``; a client that hangs up
         first stops the turn (its ``http.disconnect`` is watched meanwhile)."""
 
-        async def run() -> ProtocolError | None:
+        async def run() -> ProtocolError | UpstreamError | None:
             try:
                 async for _ in turn.chunks():
                     pass
+            except UpstreamError as exc:  # the engine behind failed or refused: its error
+                return exc
             except Exception as exc:  # the model failed: the envelope, not a bare 500
                 return _server_error(exc)
             await self._remember(turn, prompt)
@@ -285,7 +295,12 @@ class ChatCompletions:
                 self.stopped += 1
         if work.cancelled():  # the client is gone: nobody reads this
             return Response(status_code=499)
-        if (failed := work.result()) is not None:
+        if isinstance(failed := work.result(), UpstreamError):
+            response = http_error(_upstream(failed))
+            if failed.retry_after is not None:
+                response.headers["retry-after"] = str(max(1, math.ceil(failed.retry_after)))
+            return response
+        if failed is not None:
             return http_error(failed)
         return Response(_encoder.encode(turn.completion()), media_type="application/json")
 
@@ -315,7 +330,7 @@ class ChatCompletions:
                             return
                     await self._remember(turn, prompt)
                 except Exception as exc:  # the model failed: say so, then end the stream
-                    error = _server_error(exc)
+                    error = _upstream(exc) if isinstance(exc, UpstreamError) else _server_error(exc)
                     if not await put(b"data: " + _encoder.encode(_envelope(error)) + b"\n\n"):
                         return
                 if not await put(DONE_RECORD):
@@ -423,6 +438,18 @@ def _server_error(exc: Exception) -> ProtocolError:
         code=ErrorCode.SERVER_ERROR,
         status=500,
         error_type="server_error",
+    )
+
+
+def _upstream(exc: UpstreamError) -> ProtocolError:
+    """The engine behind failed or refused: its code, status and param (no traceback)."""
+    param = "messages" if exc.param == "input" else exc.param  # as chat names it
+    for old, new in _PARAMS:
+        if param is not None and old in param:
+            param = param.replace(old, new, 1)
+            break
+    return RemoteProtocolError(
+        exc.message, code=exc.code, param=param, status=exc.status, error_type=exc.error_type
     )
 
 

@@ -1,0 +1,123 @@
+"""A stand-in for a third-party Chat Completions engine, on a raw socket.
+
+Some ways an engine misbehaves cannot be made from a real longresponse
+process (a stream cut in the middle of a tool call, an ``error`` record of
+vLLM's shape, call pieces without ``index`` as older Ollama sends them, a
+reasoning model's ``reasoning_content``), and the engines that do them
+cannot run on this machine. :class:`StandIn` speaks just enough HTTP/1.1 for
+the gateway's ``httpx`` client: it reads each request (head and
+``content-length`` body), records it, and writes the bytes a test scripted
+for it; a connection is kept open between requests unless the script says
+``CLOSE``. Nothing in it is a double of the gateway: the gateway's real
+client, reader and mapping read what it writes.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["CLOSE", "StandIn", "answer", "choice", "cut", "record"]
+
+#: A script step: close the connection now (the engine broke off).
+CLOSE = "CLOSE"
+
+Step = bytes | float | str
+Script = Callable[[int, dict[str, Any]], list[Step]]
+
+
+def record(payload: Any) -> bytes:
+    """One SSE ``data:`` record (``[DONE]`` as given)."""
+    text = payload if isinstance(payload, str) else json.dumps(payload)
+    return f"data: {text}\n\n".encode()
+
+
+def choice(delta: dict[str, Any] | None = None, finish: str | None = None) -> bytes:
+    return record({"choices": [{"index": 0, "delta": delta or {}, "finish_reason": finish}]})
+
+
+def answer(*records: bytes, status: int = 200, headers: dict[str, str] | None = None) -> bytes:
+    """A whole answer with its length (the connection can be used again)."""
+    body = b"".join(records)
+    kind = "text/event-stream" if status == 200 else "application/json"
+    head = [f"HTTP/1.1 {status} X", f"content-type: {kind}", f"content-length: {len(body)}"]
+    head += [f"{name}: {value}" for name, value in (headers or {}).items()]
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+def cut(*records: bytes) -> list[Step]:
+    """A stream that starts, sends ``records`` and breaks off (no length, then closed)."""
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n"
+    return [head, *records, 0.05, CLOSE]
+
+
+class StandIn:
+    """The engine: ``script(n, body)`` gives the steps answering the n-th request
+    (1-based; bytes are written, a float is a pause in seconds, ``CLOSE`` closes)."""
+
+    def __init__(self, script: Script) -> None:
+        self.script = script
+        self.requests: list[dict[str, Any]] = []
+        self.connections = 0
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}/v1"
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def close(self) -> None:
+        self._listener.close()
+
+    def __enter__(self) -> StandIn:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return
+            with self._lock:
+                self.connections += 1
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        buffered = b""
+        with conn:
+            while True:
+                while b"\r\n\r\n" not in buffered:
+                    data = conn.recv(65536)
+                    if not data:
+                        return
+                    buffered += data
+                head, buffered = buffered.split(b"\r\n\r\n", 1)
+                length = 0
+                for line in head.decode("latin-1").split("\r\n")[1:]:
+                    name, _, value = line.partition(":")
+                    if name.strip().lower() == "content-length":
+                        length = int(value)
+                while len(buffered) < length:
+                    data = conn.recv(65536)
+                    if not data:
+                        return
+                    buffered += data
+                body, buffered = buffered[:length], buffered[length:]
+                with self._lock:
+                    self.requests.append(json.loads(body) if body else {})
+                    number = len(self.requests)
+                try:
+                    for step in self.script(number, self.requests[-1]):
+                        if step == CLOSE:
+                            return
+                        if isinstance(step, float):
+                            time.sleep(step)
+                        elif isinstance(step, bytes):
+                            conn.sendall(step)
+                except OSError:
+                    return
