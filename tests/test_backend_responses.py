@@ -23,7 +23,7 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from longresponse.backends.responses_http import retry_wait
+from longresponse.backends.responses_http import ResponsesBackend, retry_wait
 from longresponse.backends.responses_wire import (
     Reasoned,
     TurnReader,
@@ -970,3 +970,35 @@ def test_reasoning_whose_output_left_the_context_is_not_sent() -> None:
     # A truncation dropped the answer: its reasoning goes with it.
     reasoned.attach([question])
     assert reasoned.before(answer) == []
+
+
+def test_a_call_cut_short_never_goes_upstream_again() -> None:
+    question = Message(role="user", content="Read a.")
+    cut = FunctionCall(call_id="c1", name="read", arguments='{"pa', status="incomplete")
+    done = FunctionCall(call_id="c2", name="read", arguments='{"path": "a"}', status="completed")
+    sent = upstream_input([question, cut, done])
+    assert [item.call_id for item in sent if isinstance(item, FunctionCall)] == ["c2"]
+
+
+@pytest.mark.parametrize("backend_class", [ResponsesBackend, ResponsesWSBackend])
+async def test_a_spent_budget_asks_the_upstream_for_nothing(backend_class: Any) -> None:
+    # Nothing listens at this address: a request would fail, not stop.
+    config = BackendConfig(
+        name="m", kind="responses", base_url=f"http://127.0.0.1:{free_port()}/v1"
+    )
+    backend = backend_class(config)
+    try:
+        request = SampleRequest(
+            context=[Message(role="user", content="more")],
+            tools=[],
+            tool_choice="auto",
+            parallel_tool_calls=True,
+            metadata={},
+            cached_tokens=0,
+            uncached_tokens=3,
+            max_output_tokens=0,
+        )
+        chunks = [chunk async for chunk in backend.make_sampler().sample(request)]
+        assert chunks == [Stop("max_output_tokens")]
+    finally:
+        await backend.aclose()

@@ -50,7 +50,7 @@ import msgspec
 
 from ..config import BackendConfig
 from ..engine.failures import UpstreamError
-from ..engine.sampling import SampleChunk, SampleRequest, Usage
+from ..engine.sampling import SampleChunk, SampleRequest, Stop, Usage
 from .responses_wire import CHAIN_LOST, Chain, Reasoned, TurnReader, create_body, refused
 from .responses_wire import retryable as _retryable
 from .settings import SettingsError
@@ -143,6 +143,9 @@ class ResponsesSampler:
         )
 
     async def sample(self, request: SampleRequest) -> AsyncGenerator[SampleChunk, None]:
+        if request.max_output_tokens == 0:  # the budget is spent: nothing to ask for
+            yield Stop("max_output_tokens")
+            return
         config = self.backend.config
         attempt = 0
         while True:

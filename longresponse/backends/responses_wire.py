@@ -104,10 +104,12 @@ CHAIN_LOST: Final = frozenset({"previous_response_not_found"})
 
 
 def upstream_input(items: Sequence[Item], reasoned: Reasoned | None = None) -> list[Any]:
-    """``items`` as an upstream may read them: messages, calls and outputs, no ids;
-    before an output item, the upstream's reasoning that led to it (``reasoned``)."""
+    """``items`` as an upstream may read them: messages, finished calls and outputs,
+    no ids; before an output item, the upstream's reasoning that led to it (``reasoned``)."""
     out: list[Any] = []
     for item in items:
+        if isinstance(item, FunctionCall) and item.status == "incomplete":
+            continue  # a call cut short never reaches the model again
         if isinstance(item, Message | FunctionCall | FunctionCallOutput):
             if reasoned is not None:
                 out.extend(reasoned.before(item))

@@ -56,7 +56,7 @@ from websockets.protocol import State
 
 from ..config import BackendConfig
 from ..engine.failures import UpstreamError
-from ..engine.sampling import SampleChunk, SampleRequest, Usage
+from ..engine.sampling import SampleChunk, SampleRequest, Stop, Usage
 from .responses_http import api_key, auth_headers, retry_wait
 from .responses_wire import CHAIN_LOST, Chain, Reasoned, TurnReader, create_body, refused
 
@@ -114,6 +114,9 @@ class ResponsesWSSampler:
         }
 
     async def sample(self, request: SampleRequest) -> AsyncGenerator[SampleChunk, None]:
+        if request.max_output_tokens == 0:  # the budget is spent: nothing to ask for
+            yield Stop("max_output_tokens")
+            return
         config = self.backend.config
         attempt, reopened = 0, False
         while True:
