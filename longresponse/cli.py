@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gc
 import importlib
 import importlib.util
 import logging
@@ -31,11 +30,6 @@ BENCH_COMMANDS: Final = {
     "bench-scale": ("scale", "many concurrent paused rollouts: memory and resume latency"),
     "soak": ("soak", "connections of mixed shapes for minutes: errors, latency, memory"),
 }
-#: ``--gc-young-threshold``'s default: allocations between young collections
-#: (Python's own is 700). Chosen by measurement (docs/BENCHMARKS.md, "Close to
-#: the floor"): with 10,000 paused rollouts the collector took 18 of the
-#: server's 42 CPU seconds at 700, 5 at this.
-GC_YOUNG_THRESHOLD: Final = 20_000
 #: What the benchmark commands import beyond the server: the ``[bench]`` extra.
 BENCH_EXTRA: Final = ("httpx", "matplotlib", "tqdm", "openai")
 
@@ -216,11 +210,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--gc-young-threshold",
-        type=int,
-        default=GC_YOUNG_THRESHOLD,
+        type=_ranged("gc_young_threshold", int),
+        default=limits.GC_YOUNG_THRESHOLD,
         metavar="N",
         help="run the garbage collector's young generation every N net allocations "
-        f"(default {GC_YOUNG_THRESHOLD:,}; 0 keeps Python's own, 700); objects made at "
+        f"(default {limits.GC_YOUNG_THRESHOLD:,}; 0 keeps Python's own, 700); objects made at "
         "start-up are frozen out of every collection either way",
     )
     serve.add_argument(
@@ -441,22 +435,6 @@ def uvicorn_config(config: ServerConfig, *, log_level: str = "info") -> object:
     )
 
 
-def tune_gc(young_threshold: int) -> None:
-    """Set the collector up for a server holding many live rollouts.
-
-    A paused rollout is thousands of live objects (its items, tasks, protocol
-    state); every full collection walks all of them, and at Python's default
-    thresholds full collections came often enough to be most of the CPU of
-    resuming 10,000 rollouts at once. Fewer young collections mean fewer full
-    ones; what was made at start-up (modules, the app) is frozen so that no
-    collection walks it. Cycles are still collected, only less often.
-    """
-    gc.freeze()
-    if young_threshold > 0:
-        _, middle, old = gc.get_threshold()
-        gc.set_threshold(young_threshold, middle, old)
-
-
 def store_problem(config: ServerConfig) -> str | None:
     """Why the configured store cannot be used (a bad URL, nothing answering), or ``None``."""
     import asyncio
@@ -503,8 +481,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"refusing to listen on {config.host} without API keys: pass --api-key "
                 f"(or set {API_KEYS_ENV}), or --allow-unauthenticated to accept anyone"
             )
-        if args.gc_young_threshold < 0:
-            parser.error(f"--gc-young-threshold must be 0 or more, not {args.gc_young_threshold}")
         problem = store_problem(config)
         if problem is not None:
             print(f"longresponse: {problem}", file=sys.stderr)
@@ -521,6 +497,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             drain_timeout=config.shutdown_drain_timeout,
             background=state.background,
         )
+        from .serve.collector import tune_gc
+
         tune_gc(args.gc_young_threshold)
         # On SIGINT/SIGTERM the WebSockets drain (turns in flight finish, then
         # close 1012), uvicorn shuts down cleanly (the lifespan drains the

@@ -127,7 +127,8 @@ def test_the_server_serves_without_the_bench_extra(
 def test_gc_tuning_freezes_start_up_and_sets_the_young_threshold() -> None:
     import gc
 
-    from longresponse.cli import GC_YOUNG_THRESHOLD, tune_gc
+    from longresponse.config import GC_YOUNG_THRESHOLD
+    from longresponse.serve.collector import tune_gc
 
     before = gc.get_threshold()
     try:
@@ -149,4 +150,4 @@ def test_a_negative_gc_threshold_is_refused() -> None:
         text=True,
     )
     assert result.returncode == 2
-    assert "--gc-young-threshold must be 0 or more, not -1" in result.stderr
+    assert "--gc-young-threshold: must be 100 to 1e+09, or 0, not -1" in result.stderr
