@@ -209,6 +209,15 @@ def build_parser() -> argparse.ArgumentParser:
         "store)",
     )
     serve.add_argument(
+        "--gc-young-threshold",
+        type=_ranged("gc_young_threshold", int),
+        default=limits.GC_YOUNG_THRESHOLD,
+        metavar="N",
+        help="run the garbage collector's young generation every N net allocations "
+        f"(default {limits.GC_YOUNG_THRESHOLD:,}; 0 keeps Python's own, 700); objects made at "
+        "start-up are frozen out of every collection either way",
+    )
+    serve.add_argument(
         "--allow-unauthenticated",
         action="store_true",
         help="listen on a non-loopback address without API keys (refused otherwise)",
@@ -488,6 +497,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             drain_timeout=config.shutdown_drain_timeout,
             background=state.background,
         )
+        from .serve.collector import tune_gc
+
+        tune_gc(args.gc_young_threshold)
         # On SIGINT/SIGTERM the WebSockets drain (turns in flight finish, then
         # close 1012), uvicorn shuts down cleanly (the lifespan drains the
         # post-inference queue), then re-raises the signal it captured.

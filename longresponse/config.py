@@ -24,6 +24,7 @@ __all__ = [
     "DEFAULT_HOST",
     "DEFAULT_PORT",
     "DEFAULT_STORE",
+    "GC_YOUNG_THRESHOLD",
     "MAX_BACKGROUND",
     "MAX_IN_FLIGHT",
     "MAX_LANES",
@@ -171,7 +172,12 @@ RANGES: Final[Mapping[str, Range]] = {
     "upstream_context_window": Range(1, 100_000_000),
     "chat_prefix_cache_tokens": Range(16, 1_000_000_000, zero=True),
     "chat_max_in_flight": Range(1, 1_000_000),
+    "gc_young_threshold": Range(100, 1_000_000_000, zero=True),
 }
+#: ``--gc-young-threshold``'s default: net allocations between the collector's
+#: young collections (Python's own is 700), chosen by measurement
+#: (``longresponse.serve.collector``; docs/BENCHMARKS.md, "Close to the floor").
+GC_YOUNG_THRESHOLD: Final = 20_000
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -122,3 +122,32 @@ def test_the_server_serves_without_the_bench_extra(
         check=True,
     ).stdout
     assert "--ws-compression" in help_text
+
+
+def test_gc_tuning_freezes_start_up_and_sets_the_young_threshold() -> None:
+    import gc
+
+    from longresponse.config import GC_YOUNG_THRESHOLD
+    from longresponse.serve.collector import tune_gc
+
+    before = gc.get_threshold()
+    try:
+        tune_gc(GC_YOUNG_THRESHOLD)
+        assert gc.get_threshold() == (GC_YOUNG_THRESHOLD, before[1], before[2])
+        assert gc.get_freeze_count() > 0
+        gc.unfreeze()
+        tune_gc(0)  # 0 keeps the threshold as it is
+        assert gc.get_threshold() == (GC_YOUNG_THRESHOLD, before[1], before[2])
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
+
+
+def test_a_negative_gc_threshold_is_refused() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "longresponse", "serve", "--gc-young-threshold", "-1"],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 2
+    assert "--gc-young-threshold: must be 100 to 1e+09, or 0, not -1" in result.stderr

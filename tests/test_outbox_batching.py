@@ -96,3 +96,36 @@ async def test_without_send_texts_events_go_one_by_one(
     events = await stream(plain_server)
     check_events(events)
     assert taken == [1] * len(events)
+
+
+def _open_pair(extensions: list[Any] | None = None) -> Any:
+    """A server-side wsproto connection, open, after a client's handshake."""
+    from wsproto import ConnectionType, WSConnection
+    from wsproto.events import AcceptConnection, Request
+
+    client, server = WSConnection(ConnectionType.CLIENT), WSConnection(ConnectionType.SERVER)
+    server.receive_data(client.send(Request(host="x", target="/", extensions=extensions or [])))
+    list(server.events())
+    client.receive_data(server.send(AcceptConnection(extensions=extensions or [])))
+    return server
+
+
+def test_plain_frames_are_byte_for_byte_wsproto_s() -> None:
+    import wsproto.events
+
+    from longresponse.serve.oversize import plain_text_frames
+
+    server = _open_pair()
+    # Each length encoding: 7-bit, 16-bit (126..65535) and 64-bit, and the edges.
+    texts = [b"", b"x" * 125, b"y" * 126, "é".encode() * 300, b"z" * 65535, b"w" * 65536]
+    framed = plain_text_frames(server, texts)
+    expected = b"".join(server.send(wsproto.events.Message(data=t.decode())) for t in texts)
+    assert framed == expected
+
+
+def test_wsproto_frames_what_an_extension_touches() -> None:
+    from wsproto.extensions import PerMessageDeflate
+
+    from longresponse.serve.oversize import plain_text_frames
+
+    assert plain_text_frames(_open_pair([PerMessageDeflate()]), [b"{}"]) is None

@@ -71,7 +71,7 @@ class Outbox:
         self.writer: asyncio.Task[None] | None = None
         #: Drops the connection outright (``serve.seam.abort``), set by the endpoint.
         self.drop: Callable[[], object] | None = None
-        self.send_texts: Callable[[list[str]], Awaitable[None]] | None = None  # seam
+        self.send_texts: Callable[[list[bytes]], Awaitable[None]] | None = None  # seam
 
     def __len__(self) -> int:
         return len(self._queue)
@@ -147,7 +147,7 @@ class Outbox:
                     if len(texts) > 1 and self.send_texts is not None:
                         await self.send_texts(texts)
                     else:
-                        await send({"type": "websocket.send", "text": texts[0]})
+                        await send({"type": "websocket.send", "text": texts[0].decode()})
                 except Exception as exc:  # the server side of the socket is gone
                     raise PeerGone("send failed") from exc
                 if time.monotonic() - turn >= WRITE_SLICE_SECONDS:  # others' turn
@@ -159,14 +159,14 @@ class Outbox:
                     await send({"type": "websocket.close", "code": code, "reason": reason})
                 raise ServerClosed("closed by server")
 
-    def _take_batch(self) -> list[str]:
+    def _take_batch(self) -> list[bytes]:
         """The oldest queued event, and with ``send_texts`` those after it that fit a batch."""
         limit = WRITE_BATCH_BYTES if self.send_texts is not None else 0
-        texts: list[str] = []
+        texts: list[bytes] = []
         size = 0
         while self._queue and (not texts or size + len(self._queue[0]) <= limit):
             data = self._queue.popleft()
             self.queued_bytes -= len(data)
             size += len(data)
-            texts.append(data.decode())
+            texts.append(data)
         return texts
