@@ -14,6 +14,8 @@ import itertools
 import json
 import shutil
 import signal
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -32,7 +34,7 @@ from longresponse.client import AppendClient, connect
 from longresponse.engine.timing import TurnTiming
 from longresponse.serve import inspector as inspector_module
 from longresponse.serve.inspector import Watcher
-from longresponse.server_process import ServerProcess
+from longresponse.server_process import ServerProcess, free_port
 from protocol.events import OutputItemDone, ResponseDone
 from protocol.items import FunctionCall
 from tests.conftest import RunningServer, openai_client
@@ -612,3 +614,37 @@ def test_an_http_chain_is_one_rollout_and_a_fork_opens_another(make_server: Any)
     assert chain["timeline"][1]["bytes_out"] > 0  # the JSON body
     (forked,) = [r for r in state["rollouts"] if r["id"] == fork["id"]]
     assert forked["parent"] == first["id"]
+
+
+def test_a_key_in_the_address_never_reaches_the_access_log() -> None:
+    # The page carries its key as ?key= (a browser cannot set a header on a page
+    # load or an EventSource), and uvicorn's access log prints the query: a real
+    # server process at log level info, its log read back.
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "longresponse", "serve", "--port", str(port),
+         "--store", "memory://", "--api-key", "sk-in-the-address", "--log-level", "info"],
+        stdout=subprocess.PIPE,  # uvicorn's access log
+        stderr=subprocess.STDOUT,
+        text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                with httpx.Client(base_url=f"http://127.0.0.1:{port}") as http:
+                    page = http.get("/inspect", params={"key": "sk-in-the-address"})
+                    state = http.get("/inspect/api/state?key=sk-in-the-address&x=1")
+                    wrong = http.get("/inspect?key=sk-wrong-one")
+                break
+            except httpx.ConnectError:
+                assert time.monotonic() < deadline, "the server did not start"
+                time.sleep(0.1)
+        assert (page.status_code, state.status_code, wrong.status_code) == (200, 200, 401)
+    finally:
+        process.send_signal(signal.SIGINT)
+        log, _ = process.communicate(timeout=30)
+    assert "GET /inspect/api/state?key=[redacted]&x=1" in log
+    assert "GET /inspect?key=[redacted]" in log
+    assert "sk-in-the-address" not in log
+    assert "sk-wrong-one" not in log

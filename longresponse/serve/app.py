@@ -41,7 +41,7 @@ from ..storage.server_keys import configured_compaction_secret, stored_compactio
 from .background import BackgroundResponses
 from .chat import ChatCompletions
 from .compact import CompactHTTP
-from .gate import RouteGate
+from .gate import RouteGate, redact_access_log
 from .http import ResponsesHTTP
 from .input_tokens import InputTokens
 from .inspect_routes import InspectRoutes
@@ -190,6 +190,7 @@ def create_app(config: ServerConfig | None = None) -> Seam:
     )
     # 404 for unknown paths, then the API key, then 405 (longresponse.serve.gate).
     app.add_middleware(RouteGate, router=app.router, keys=keys)
+    redact_access_log()  # the inspector's ?key= never reaches the log
     app.state.config = config
     app.state.models = models
     app.state.endpoint = endpoint

@@ -26,6 +26,8 @@ any state exists there too.
 
 from __future__ import annotations
 
+import logging
+import re
 from typing import Final
 
 from starlette.datastructures import Headers, QueryParams
@@ -37,7 +39,14 @@ from protocol import RemoteProtocolError
 from ..storage.keys import ApiKeys, Unauthorized
 from .http import http_error
 
-__all__ = ["INSPECT_PREFIX", "METHOD_NOT_ALLOWED", "UNKNOWN_URL", "RouteGate"]
+__all__ = [
+    "INSPECT_PREFIX",
+    "METHOD_NOT_ALLOWED",
+    "UNKNOWN_URL",
+    "RedactQueryKey",
+    "RouteGate",
+    "redact_access_log",
+]
 
 #: ``error.code`` of a path the server does not have.
 UNKNOWN_URL: Final = "unknown_url"
@@ -45,6 +54,31 @@ UNKNOWN_URL: Final = "unknown_url"
 METHOD_NOT_ALLOWED: Final = "method_not_allowed"
 #: The inspector's paths, where the key may also come as the query's ``key``.
 INSPECT_PREFIX: Final = "/inspect"
+
+
+class RedactQueryKey(logging.Filter):
+    """Cuts a query's ``key`` out of log lines (uvicorn's access log prints the
+    path with its query, and the inspector's page carries its key there)."""
+
+    PATTERN: Final = re.compile(r"([?&]key=)[^&\s\"]*")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(
+                self.PATTERN.sub(r"\1[redacted]", arg) if isinstance(arg, str) else arg
+                for arg in record.args
+            )
+        return True
+
+
+_REDACT: Final = RedactQueryKey()
+
+
+def redact_access_log() -> None:
+    """Keep API keys given as ``?key=`` out of uvicorn's access log (once per process)."""
+    access = logging.getLogger("uvicorn.access")
+    if _REDACT not in access.filters:
+        access.addFilter(_REDACT)
 
 
 class RouteGate:
