@@ -205,8 +205,12 @@ def _scan_once(text: str) -> list[tuple[int, int, str]]:
     if len(lowered) != len(text):  # only "İ" lengthens; keep offsets equal
         lowered = text.replace("İ", "I").lower()
     spans: list[tuple[int, int, str]] = []
+    present = {c: c in text for c in _NEEDED}
+    found: dict[str, list[int]] = {}  # trigger word -> where it occurs in lowered
     for rule in RULES:
-        for m in _matches(rule, text, lowered):
+        if rule.needs and not any(present[c] for c in rule.needs):
+            continue  # the rule cannot match: proven by a memchr per character
+        for m in _matches(rule, text, lowered, found):
             start, end = m.span(rule.group)
             kind = rule.kind
             if rule.variant is not None and m.group(rule.variant[0]) is not None:
@@ -221,7 +225,24 @@ def _scan_once(text: str) -> list[tuple[int, int, str]]:
     return spans
 
 
-def _matches(rule: Rule, text: str, lowered: str) -> Iterator[re.Match[str]]:
+#: Every character some rule ``needs``.
+_NEEDED = frozenset("".join(rule.needs for rule in RULES))
+
+
+def _occurrences(word: str, lowered: str, found: dict[str, list[int]]) -> list[int]:
+    """Where ``word`` occurs in ``lowered``, found once per scan and shared by the rules."""
+    if (where := found.get(word)) is None:
+        where = found[word] = []
+        at = lowered.find(word)
+        while at != -1:
+            where.append(at)
+            at = lowered.find(word, at + 1)
+    return where
+
+
+def _matches(
+    rule: Rule, text: str, lowered: str, found: dict[str, list[int]]
+) -> Iterator[re.Match[str]]:
     """The accepted matches of ``rule``, none starting inside the one before.
 
     A match that ``check`` rejects does not hide one that starts inside it:
@@ -242,10 +263,16 @@ def _matches(rule: Rule, text: str, lowered: str) -> Iterator[re.Match[str]]:
         return
     positions: set[int] = set()
     for trigger in rule.triggers:
-        at = lowered.find(trigger)
-        while at != -1:
-            positions.add(at)
-            at = lowered.find(trigger, at + 1)
+        positions.update(_occurrences(trigger, lowered, found))
+    for key in _occurrences("key", lowered, found) if rule.key_words else ():
+        for word in rule.key_words:  # `<word>key`, `<word>_key`, `<word>-key`
+            for start in (key - len(word), key - 1 - len(word)):
+                if (
+                    start >= 0
+                    and lowered.startswith(word, start)
+                    and (start + len(word) == key or lowered[key - 1] in "_-")
+                ):
+                    positions.add(start)
     resume = 0
     for at in sorted(positions):
         if at < resume or (m := rule.pattern.match(text, at)) is None:
@@ -308,4 +335,3 @@ def _redact(text: str, findings: Sequence[Finding]) -> tuple[str, list[_Marker]]
         cursor = f.end
     parts.append(text[cursor:])
     return "".join(parts), markers
-
