@@ -62,6 +62,14 @@ class Rule:
     (lower case; case-insensitive rules) the pattern is matched only where
     one of them occurs in ``text.lower()``, and starts there. ``check``
     rejects a match whose value is code, a placeholder, or not random.
+
+    Two shortcuts skip work without changing what is found. ``needs`` lists
+    characters of which every match holds at least one (``_`` for ``ghp_``):
+    text holding none of them is not searched at all, which one ``in`` test
+    per character proves at memchr speed. ``key_words`` are trigger words
+    that start a match only as ``<word>[_-]?key`` (``api_key``): their
+    positions are found from the occurrences of ``key``, one text scan
+    instead of one per word.
     """
 
     kind: str
@@ -70,6 +78,8 @@ class Rule:
     check: _Check | None = None
     triggers: tuple[str, ...] = ()
     variant: tuple[str, str] | None = None  # (group, kind): the kind if group took part
+    needs: str = ""
+    key_words: tuple[str, ...] = ()
 
 
 _PLACEHOLDERS = frozenset(
@@ -214,44 +224,62 @@ RULES: tuple[Rule, ...] = (
             r"(?:-----END[ A-Z0-9]{0,40}PRIVATE KEY(?: BLOCK)?-----)?"
         ),
         check=_pem_body,
+        needs="-",
     ),
     Rule(
         "aws_access_key_id",
         _token("A", r"(?:KIA|SIA|BIA|CCA|3T[A-Z0-9])[A-Z0-9]{16}(?![A-Za-z0-9])"),
+        needs="A",
     ),
-    Rule("github_token", _token("gh", r"[pousr]_[A-Za-z0-9]{36,255}+" + _E)),
-    Rule("github_token", _token("github_pat_", r"[A-Za-z0-9]{22}_[A-Za-z0-9]{59}" + _E)),
+    Rule("github_token", _token("gh", r"[pousr]_[A-Za-z0-9]{36,255}+" + _E), needs="_"),
+    Rule(
+        "github_token",
+        _token("github_pat_", r"[A-Za-z0-9]{22}_[A-Za-z0-9]{59}" + _E),
+        needs="_",
+    ),
     Rule(
         "gitlab_token",
         _token(
             "gl",
             r"(?:pat|dt|rt|ptt|soat|ft)-[A-Za-z0-9_\-]{20,255}+(?:\.[0-9a-z]{2}\.[a-z0-9]{9})?",
         ),
+        needs="-",
     ),
-    Rule("slack_token", _token("x", r"(?:ox[abposre]|app)-[A-Za-z0-9\-]{10,255}+")),
+    Rule("slack_token", _token("x", r"(?:ox[abposre]|app)-[A-Za-z0-9\-]{10,255}+"), needs="-"),
     Rule(
         "slack_webhook",
         re.compile(
             r"https://hooks\.slack\.com/(?:services|workflows|triggers)/[A-Za-z0-9_/+\-]{20,}+"
         ),
+        needs=":",
     ),
-    Rule("stripe_key", _token("sk_", r"(?:live|test)_[A-Za-z0-9]{10,255}+")),
-    Rule("stripe_key", _token("rk_", r"(?:live|test)_[A-Za-z0-9]{10,255}+")),
-    Rule("stripe_key", _token("whsec_", r"[A-Za-z0-9+/=]{24,}+")),
-    Rule("google_api_key", _token("AIza", r"[A-Za-z0-9_\-]{35}" + _E)),
+    Rule("stripe_key", _token("sk_", r"(?:live|test)_[A-Za-z0-9]{10,255}+"), needs="_"),
+    Rule("stripe_key", _token("rk_", r"(?:live|test)_[A-Za-z0-9]{10,255}+"), needs="_"),
+    Rule("stripe_key", _token("whsec_", r"[A-Za-z0-9+/=]{24,}+"), needs="_"),
+    Rule("google_api_key", _token("AIza", r"[A-Za-z0-9_\-]{35}" + _E), needs="A"),
     Rule(
         "openai_api_key",
         _token("sk-", r"(?P<ant>ant-)?(?:proj-|svcacct-|admin-)?(?P<tail>[A-Za-z0-9_\-]{20,255}+)"),
         check=_mixed_token,
         variant=("ant", "anthropic_api_key"),
+        needs="-",
     ),
     Rule(
-        "huggingface_token", _token("hf_", r"(?P<tail>[A-Za-z0-9]{34})" + _E), check=_mixed_token
+        "huggingface_token",
+        _token("hf_", r"(?P<tail>[A-Za-z0-9]{34})" + _E),
+        check=_mixed_token,
+        needs="_",
     ),
-    Rule("npm_token", _token("npm_", r"(?P<tail>[A-Za-z0-9]{36})" + _E), check=_mixed_token),
+    Rule(
+        "npm_token",
+        _token("npm_", r"(?P<tail>[A-Za-z0-9]{36})" + _E),
+        check=_mixed_token,
+        needs="_",
+    ),
     Rule(
         "pypi_token",  # a macaroon whose location is pypi.org or test.pypi.org
         _token("pypi-Ag", r"(?:EIcHlwaS5vcmc|ENdGVzdC5weXBpLm9yZw)[A-Za-z0-9_\-]{50,}+"),
+        needs="-",
     ),
     Rule(
         "jwt",
@@ -262,12 +290,14 @@ RULES: tuple[Rule, ...] = (
             r"|[A-Za-z0-9_\-]{8,}+\.[A-Za-z0-9_\-]{8,}+)"
             r"(?:\.[A-Za-z0-9_\-]++){0,2}",  # a JWE has five segments
         ),
+        needs="J",
     ),
     Rule(
         "url_credentials",  # scheme://user:PASSWORD@host
         re.compile(r"://[^\s/:@\"'<>]{0,256}+:(?P<value>[^\s/:@\"'<>]{1,256}+)@"),
         group="value",
         check=_url_password,
+        needs="@",
     ),
     Rule(
         "aws_secret_access_key",  # (AWS_)SECRET_ACCESS_KEY, SecretAccessKey, AWS_SECRET_KEY
@@ -278,6 +308,7 @@ RULES: tuple[Rule, ...] = (
         group="value",
         check=_aws_secret,
         triggers=("secret",),
+        needs=":=",
     ),
     Rule(
         "authorization_header",
@@ -307,21 +338,9 @@ RULES: tuple[Rule, ...] = (
         ),
         group="value",
         check=_assignment,
-        triggers=(
-            "pass",
-            "pwd",
-            "secret",
-            "token",
-            "credential",
-            "api",
-            "access",
-            "private",
-            "signing",
-            "encryption",
-            "master",
-            "auth",
-        ),
+        triggers=("pass", "pwd", "secret", "token", "credential"),
         variant=("pw", "password_assignment"),
+        key_words=("api", "access", "private", "signing", "encryption", "master", "auth"),
     ),
 )
 
@@ -335,7 +354,8 @@ _BASE64_CHARS = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789
 _RUN_IMAGE = bytes(
     ord("a") if b in _BASE64_CHARS else ord("=") if b == ord("=") else ord(" ") for b in range(256)
 )
-_CANDIDATE = re.compile(b"a" * ENTROPY_MIN_LENGTH + b"a*={0,2}")
+_CANDIDATE_HEAD = b"a" * ENTROPY_MIN_LENGTH
+_CANDIDATE = re.compile(_CANDIDATE_HEAD + b"a*={0,2}")
 _PIECES = re.compile(r"[-_/+]")
 _HEX = re.compile(r"(?:0[xX])?[0-9a-fA-F_\-]+")
 _WORDS = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
@@ -411,7 +431,10 @@ def entropy_spans(text: str, found: list[tuple[int, int, str]]) -> Iterator[tupl
     reach = list(itertools.accumulate((b for _, b in spans), max))  # furthest end so far
     raw = text.encode("latin-1", "replace").replace(b"-----", b"     ")  # PEM armor ends a run
     image = raw.translate(_RUN_IMAGE)
-    for run in _CANDIDATE.finditer(image):
+    # The first long enough run starts where its first ENTROPY_MIN_LENGTH "a"s
+    # do; bytes.find gets there (or proves there is none) 3x faster than the regex.
+    first = image.find(_CANDIDATE_HEAD)
+    for run in _CANDIDATE.finditer(image, first) if first != -1 else ():
         start, end = run.span()
         if _HAS_DIGIT.search(text, start, end) is None:  # nor has any piece of it
             continue
