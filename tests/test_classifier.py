@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from longresponse.engine import classifier
 from longresponse.engine.classifier import KINDS, Finding, Policy, redact, scan
+from longresponse.engine.secret_rules import RULES
 
 B62 = string.ascii_letters + string.digits
 B64 = B62 + "+/"
@@ -429,3 +430,25 @@ def test_a_secret_is_covered_in_any_prose(
     start = text.index(secret)
     end = start + len(secret)
     assert any(f.kind == kind and f.start <= start and end <= f.end for f in scan(text))
+
+
+def _needs_hold(text: str) -> None:
+    """Every match a rule accepts, searched for anywhere (no shortcut), holds one
+    of the characters the rule ``needs``: so skipping the rule on a text without
+    them (the classifier's prefilter) can never lose a finding."""
+    for rule in RULES:
+        if not rule.needs:
+            continue
+        for m in rule.pattern.finditer(text):
+            if rule.check is None or rule.check(m, text):
+                assert any(c in m.group() for c in rule.needs), (rule.kind, m.group())
+
+
+@pytest.mark.parametrize(("kind", "text", "secret"), POSITIVES)
+def test_every_positive_holds_a_character_its_rule_needs(kind: str, text: str, secret: str) -> None:
+    _needs_hold(text)
+
+
+@given(texts)
+def test_the_needs_prefilter_loses_nothing(text: str) -> None:
+    _needs_hold(text)
