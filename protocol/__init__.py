@@ -21,6 +21,7 @@ from .codec import (
     encode_event,
     error_event,
     json_path_to_param,
+    validation_refusal,
     wire_type,
 )
 from .connection import (
@@ -92,5 +93,6 @@ __all__ = [
     "items",
     "json_path_to_param",
     "response",
+    "validation_refusal",
     "wire_type",
 ]

@@ -38,6 +38,7 @@ __all__ = [
     "encode_event",
     "error_event",
     "json_path_to_param",
+    "validation_refusal",
     "wire_type",
 ]
 
@@ -49,6 +50,7 @@ _AT = re.compile(
     r"^(?P<what>.*?)(?: - at `(?:key` in `)?(?P<path>\$[^`]*)`)?$", re.DOTALL
 )
 _MISSING = re.compile(r"^Object missing required field `(?P<field>[^`]+)`$")
+_UNKNOWN_FIELD = re.compile(r"^Object contains unknown field `(?P<field>[^`]+)`$")
 _INVALID_TAG = re.compile(r"^Invalid value '(?P<value>.*)'$", re.DOTALL)
 #: A value of the right type outside its published range (``Meta(ge=..., le=...)``).
 _OUT_OF_RANGE = re.compile(r"^Expected `[^`]+` (?:of length )?(?:>=|<=|>|<) ")
@@ -67,7 +69,7 @@ def json_path_to_param(path: str | None, field: str | None = None) -> str | None
 
 
 def _validation_error(
-    exc: msgspec.ValidationError, known_types: frozenset[str]
+    exc: msgspec.ValidationError, known_types: frozenset[str], unknown: str | None = None
 ) -> RemoteProtocolError:
     match = _AT.match(str(exc))
     assert match is not None  # the pattern matches every string
@@ -82,6 +84,19 @@ def _validation_error(
             code=ErrorCode.UNKNOWN_EVENT_TYPE,
             param="type",
         )
+    return validation_refusal(exc, whole="the event", unknown=unknown)
+
+
+def validation_refusal(
+    exc: msgspec.ValidationError, *, whole: str, unknown: str | None = None
+) -> RemoteProtocolError:
+    """The shipped error of JSON that is not the Struct it was decoded as: a
+    missing field, an unknown one (when the Struct forbids them; ``unknown`` is
+    the message, ``{param}`` filled in), a wrong type, a value out of range.
+    ``whole`` names what was decoded when the error is at its top."""
+    match = _AT.match(str(exc))
+    assert match is not None  # the pattern matches every string
+    what, path = match["what"], match["path"]
     if missing := _MISSING.match(what):
         param = json_path_to_param(path, missing["field"])
         return RemoteProtocolError(
@@ -89,8 +104,13 @@ def _validation_error(
             code=ErrorCode.MISSING_REQUIRED_PARAMETER,
             param=param,
         )
+    if unknown is not None and (extra := _UNKNOWN_FIELD.match(what)):
+        param = json_path_to_param(path, extra["field"])
+        return RemoteProtocolError(
+            unknown.format(param=param), code=ErrorCode.UNKNOWN_PARAMETER, param=param
+        )
     param = json_path_to_param(path)
-    where = f"'{param}'" if param else "the event"
+    where = f"'{param}'" if param else whole
     if what.startswith("Expected `") and not _OUT_OF_RANGE.match(what):
         return RemoteProtocolError(
             f"Invalid type for {where}: {what[0].lower()}{what[1:]}.",
@@ -198,7 +218,6 @@ class _ResponseCreateBody(ResponseCreate, frozen=True, kw_only=True, forbid_unkn
 
 
 _body_decoder: Final = msgspec.json.Decoder(_ResponseCreateBody)
-_UNKNOWN_FIELD = re.compile(r"^Object contains unknown field `(?P<field>[^`]+)`$")
 
 
 def decode_create_body(data: bytes | str) -> ResponseCreate:
@@ -219,13 +238,7 @@ def decode_create_body(data: bytes | str) -> ResponseCreate:
                 return body
             raise
     except msgspec.ValidationError as exc:
-        match = _AT.match(str(exc))
-        if match and (unknown := _UNKNOWN_FIELD.match(match["what"])):
-            param = json_path_to_param(match["path"], unknown["field"])
-            raise RemoteProtocolError(
-                f"Unknown parameter: '{param}'.", code=ErrorCode.UNKNOWN_PARAMETER, param=param
-            ) from exc
-        raise _validation_error(exc, frozenset()) from exc
+        raise _validation_error(exc, frozenset(), unknown="Unknown parameter: '{param}'.") from exc
     except _NOT_JSON as exc:
         raise RemoteProtocolError(
             "We could not parse the JSON body of your request.", code=ErrorCode.INVALID_JSON

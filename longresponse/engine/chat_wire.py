@@ -35,13 +35,12 @@ the shipped ``code`` and a ``param`` in the shipped spelling
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any, Final, Literal
 
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
-from protocol import ErrorCode, RemoteProtocolError, json_path_to_param
+from protocol import ErrorCode, RemoteProtocolError, validation_refusal
 from protocol.events import AtLeastOne, Metadata, Penalty, Temperature, TopP
 
 __all__ = [
@@ -443,43 +442,12 @@ class ChatCompletionChunk(
 _request_decoder: Final = msgspec.json.Decoder(ChatRequest)
 _tokenize_decoder: Final = msgspec.json.Decoder(TokenizeRequest)
 _NOT_JSON: Final = (msgspec.DecodeError, RecursionError, UnicodeError)
-_AT: Final = re.compile(r"^(?P<what>.*?)(?: - at `(?:key` in `)?(?P<path>\$[^`]*)`)?$", re.DOTALL)
-_MISSING: Final = re.compile(r"^Object missing required field `(?P<field>[^`]+)`$")
-_UNKNOWN: Final = re.compile(r"^Object contains unknown field `(?P<field>[^`]+)`$")
-_OUT_OF_RANGE: Final = re.compile(r"^Expected `[^`]+` (?:of length )?(?:>=|<=|>|<) ")
 
 
 def _refusal(exc: msgspec.ValidationError) -> RemoteProtocolError:
     """The shipped error for a body that decodes as JSON but not as the request."""
-    match = _AT.match(str(exc))
-    assert match is not None  # the pattern matches every string
-    what, path = match["what"], match["path"]
-    if missing := _MISSING.match(what):
-        param = json_path_to_param(path, missing["field"])
-        return RemoteProtocolError(
-            f"Missing required parameter: '{param}'.",
-            code=ErrorCode.MISSING_REQUIRED_PARAMETER,
-            param=param,
-        )
-    if unknown := _UNKNOWN.match(what):
-        param = json_path_to_param(path, unknown["field"])
-        return RemoteProtocolError(
-            f"Unrecognized request argument supplied: '{param}'.",
-            code=ErrorCode.UNKNOWN_PARAMETER,
-            param=param,
-        )
-    param = json_path_to_param(path)
-    where = f"'{param}'" if param else "the body"
-    if what.startswith("Expected `") and not _OUT_OF_RANGE.match(what):
-        return RemoteProtocolError(
-            f"Invalid type for {where}: {what[0].lower()}{what[1:]}.",
-            code=ErrorCode.INVALID_TYPE,
-            param=param,
-        )
-    return RemoteProtocolError(
-        f"Invalid value for {where}: {what[0].lower()}{what[1:]}.",
-        code=ErrorCode.INVALID_VALUE,
-        param=param,
+    return validation_refusal(
+        exc, whole="the body", unknown="Unrecognized request argument supplied: '{param}'."
     )
 
 
