@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import os
 import secrets
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
@@ -51,7 +50,15 @@ import msgspec
 from ..config import BackendConfig
 from ..engine.failures import UpstreamError
 from ..engine.sampling import SampleChunk, SampleRequest, Stop, Usage
-from .responses_wire import CHAIN_LOST, Chain, Reasoned, TurnReader, create_body, refused
+from .responses_wire import (
+    CHAIN_LOST,
+    Chain,
+    Reasoned,
+    TurnReader,
+    create_body,
+    refused,
+    turn_ended,
+)
 from .responses_wire import retryable as _retryable
 from .settings import SettingsError
 
@@ -66,7 +73,6 @@ __all__ = [
     "retry_wait",
 ]
 
-log = logging.getLogger(__name__)
 
 #: The longest wait before a retry; a longer ``Retry-After`` ends the turn at once.
 MAX_RETRY_WAIT: Final = 10.0
@@ -161,12 +167,8 @@ class ResponsesSampler:
                 async with contextlib.aclosing(self._turn(body, reader)) as chunks:
                     async for chunk in chunks:
                         if isinstance(chunk, Usage):  # the upstream response ended
-                            self.reasoned.ended(sent, reader.reasoning)
-                        if isinstance(chunk, Usage) and reader.response_id:
-                            log.debug("upstream response %s after %s: %d items sent",
-                                      reader.response_id, previous, len(items))  # fmt: skip
-                            if config.upstream_store:
-                                self.chain.ended(reader.response_id, sent, reader.produced)
+                            chain = self.chain if config.upstream_store else None
+                            turn_ended(reader, sent, items, previous, chain, self.reasoned)
                         yield chunk
                 return
             except UpstreamError as exc:

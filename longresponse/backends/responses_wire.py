@@ -58,6 +58,7 @@ never sent again.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Final
 
@@ -90,8 +91,11 @@ __all__ = [
     "redact",
     "refused",
     "retryable",
+    "turn_ended",
     "upstream_input",
 ]
+
+log = logging.getLogger(__name__)
 
 #: The least ``max_output_tokens`` the shipped API accepts; a smaller budget
 #: left is sent as this (the turn may overrun it by as much).
@@ -178,6 +182,24 @@ class Chain:
 
     def forget(self) -> None:
         self.response_id, self.sent, self.produced = None, [], 0
+
+
+def turn_ended(
+    reader: TurnReader,
+    sent: Sequence[Item],
+    items: Sequence[Item],
+    previous: str | None,
+    chain: Chain | None,
+    reasoned: Reasoned,
+) -> None:
+    """A turn's upstream response ended (its usage came): keep its reasoning, and
+    the point the next turn continues from (``chain``; ``None``: it never chains)."""
+    reasoned.ended(sent, reader.reasoning)
+    if reader.response_id:
+        log.debug("upstream response %s after %s: %d items sent",
+                  reader.response_id, previous, len(items))  # fmt: skip
+        if chain is not None:
+            chain.ended(reader.response_id, sent, reader.produced)
 
 
 def create_body(

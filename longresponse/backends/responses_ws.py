@@ -58,11 +58,18 @@ from ..config import BackendConfig
 from ..engine.failures import UpstreamError
 from ..engine.sampling import SampleChunk, SampleRequest, Stop, Usage
 from .responses_http import api_key, auth_headers, retry_wait
-from .responses_wire import CHAIN_LOST, Chain, Reasoned, TurnReader, create_body, refused
+from .responses_wire import (
+    CHAIN_LOST,
+    Chain,
+    Reasoned,
+    TurnReader,
+    create_body,
+    refused,
+    turn_ended,
+)
 
 __all__ = ["MAX_UPSTREAM_EVENT_BYTES", "SOCKET_LOG", "ResponsesWSBackend", "ResponsesWSSampler"]
 
-log = logging.getLogger(__name__)
 #: The sockets' logger: never below INFO (websockets logs headers at DEBUG).
 SOCKET_LOG: Final = logging.getLogger(f"{__name__}.socket")
 SOCKET_LOG.setLevel(logging.INFO)
@@ -133,11 +140,7 @@ class ResponsesWSSampler:
                 async with contextlib.aclosing(self._turn(socket, body, reader)) as chunks:
                     async for chunk in chunks:
                         if isinstance(chunk, Usage):  # the upstream response ended
-                            self.reasoned.ended(sent, reader.reasoning)
-                        if isinstance(chunk, Usage) and reader.response_id:
-                            log.debug("upstream response %s after %s: %d items sent",
-                                      reader.response_id, previous, len(items))  # fmt: skip
-                            self.chain.ended(reader.response_id, sent, reader.produced)
+                            turn_ended(reader, sent, items, previous, self.chain, self.reasoned)
                         yield chunk
                 return
             except UpstreamError as exc:
