@@ -9,7 +9,7 @@ import importlib.util
 import logging
 import math
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, Final
 
 from protocol import MAX_ITEMS_PER_EVENT, MAX_MESSAGE_BYTES
@@ -45,21 +45,7 @@ def missing_bench_dependency() -> str | None:
     return None
 
 
-def _ranged(name: str, kind: type[int] | type[float]) -> Callable[[str], Any]:
-    """An argparse type: ``kind`` within the flag's range (``config.RANGES``)."""
-    accepted = limits.RANGES[name]
-
-    def parse(text: str) -> int | float:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if value not in accepted:
-            raise argparse.ArgumentTypeError(f"must be {accepted}, not {text}")
-        return value
-
-    parse.__name__ = kind.__name__  # argparse names the type in its messages
-    return parse
+_ranged = limits.ranged
 
 
 def build_parser() -> argparse.ArgumentParser:

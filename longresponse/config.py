@@ -7,10 +7,11 @@ setting can make the server wait forever or allocate without bound.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
-from collections.abc import Mapping
-from typing import Final
+from collections.abc import Callable, Mapping
+from typing import Any, Final
 
 from protocol import MAX_ITEMS_PER_EVENT, MAX_MESSAGE_BYTES
 
@@ -45,6 +46,7 @@ __all__ = [
     "ServerConfig",
     "SimConfig",
     "Switches",
+    "ranged",
 ]
 
 DEFAULT_HOST: Final = "127.0.0.1"
@@ -174,6 +176,24 @@ RANGES: Final[Mapping[str, Range]] = {
     "chat_max_in_flight": Range(1, 1_000_000),
     "gc_young_threshold": Range(100, 1_000_000_000, zero=True),
 }
+
+
+def ranged(name: str, kind: type[int] | type[float]) -> Callable[[str], Any]:
+    """An argparse type: ``kind`` within the flag's range (:data:`RANGES`)."""
+    accepted = RANGES[name]
+
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            what = "an integer" if kind is int else "a number"
+            raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
+        if value not in accepted:
+            raise argparse.ArgumentTypeError(f"must be {accepted}, not {text}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in its messages
+    return parse
 #: ``--gc-young-threshold``'s default: net allocations between the collector's
 #: young collections (Python's own is 700), chosen by measurement
 #: (``longresponse.serve.collector``; docs/BENCHMARKS.md, "Close to the floor").

@@ -40,7 +40,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 from urllib.parse import urlsplit, urlunsplit
 
-from ..config import BACKEND_KINDS, RANGES, BackendConfig
+from ..config import BACKEND_KINDS, RANGES, BackendConfig, ranged
 
 __all__ = ["ENV", "SettingsError", "add_arguments", "backends_from_args", "load_toml", "shown_url"]
 
@@ -95,19 +95,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _window(text: str) -> int:
-    """An argparse type: a context window within its range (``config.RANGES``)."""
-    accepted = RANGES["upstream_context_window"]
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value not in accepted:
-        raise argparse.ArgumentTypeError(f"must be {accepted}, not {text}")
-    return value
-
-
-_window.__name__ = "int"  # argparse names the type in its messages
+_window = ranged("upstream_context_window", int)
 
 
 def _setting(args: argparse.Namespace, name: str, env: Mapping[str, str]) -> Any:
