@@ -550,13 +550,16 @@ async def test_a_truncated_context_is_sent_whole(
 ) -> None:
     caplog.set_level(logging.DEBUG, logger="longresponse.backends")
     # The gateway's own window is small: truncation=auto drops the oldest items.
-    config = backend(upstream, "responses", upstream_store=True, context_window=600)
+    # It holds the four calls and their outputs but not the long task before
+    # them too, so the fifth turn drops the task; the sim still sees its four
+    # calls and answers (a window too small for them would call forever).
+    config = backend(upstream, "responses", upstream_store=True, context_window=800)
     gateway = make_server(backends=(config,))
     dones: list[ResponseDone] = []
     async with connect(gateway.url) as client:
         await client.create(
             model="up",
-            input="go",
+            input="go " + "please " * 150,
             tools=[TOOL],
             truncation="auto",
             metadata={"sim_tool_calls": "4"},

@@ -199,23 +199,27 @@ def test_token_cache_counts_only_new_work() -> None:
     assert cache.items_rendered == 3
 
 
+@pytest.mark.parametrize("method", ["extend", "defer"])
 def test_token_cache_extend_is_atomic_when_rendering_fails(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, method: str
 ) -> None:
     import longresponse.engine.render as render
 
-    real = render.render_item
+    real = render._item_segment
 
-    def fail_on_poison(item: Any) -> list[int]:
+    def fail_on_poison(item: Any) -> tuple[str, str]:
         if isinstance(item, Message) and item.content == "poison":
             raise ValueError("cannot render this item")
         return real(item)
 
-    monkeypatch.setattr(render, "render_item", fail_on_poison)
+    monkeypatch.setattr(render, "_item_segment", fail_on_poison)
     cache = TokenCache(render_prefix(None, []))
     before = cache.snapshot()
     with pytest.raises(ValueError, match="cannot render"):
-        cache.extend([Message(role="user", content="fine"), Message(role="user", content="poison")])
+        getattr(cache, method)(
+            [Message(role="user", content="fine"), Message(role="user", content="poison")]
+        )
+    assert cache.settle() == 0  # nothing of the failed call is held either
     assert cache.snapshot() == before
     assert (cache.items_rendered, cache.tokens_rendered) == (0, 0)
 

@@ -139,6 +139,10 @@ class ResponsesBackend:
 class ResponsesSampler:
     """One rollout's turns: its chain of upstream responses, and its affinity key."""
 
+    #: The upstream counts its own input: the rollout's count of the new input
+    #: can wait until the first output (``longresponse.engine.counting``).
+    counts_first = False
+
     def __init__(self, backend: ResponsesBackend) -> None:
         self.backend = backend
         self.chain = Chain()

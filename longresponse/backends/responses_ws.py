@@ -109,6 +109,10 @@ class ResponsesWSBackend:
 class ResponsesWSSampler:
     """One rollout's upstream socket and chain."""
 
+    #: The upstream counts its own input: the rollout's count of the new input
+    #: can wait until the first output (``longresponse.engine.counting``).
+    counts_first = False
+
     def __init__(self, backend: ResponsesWSBackend) -> None:
         self.backend = backend
         self.chain = Chain()

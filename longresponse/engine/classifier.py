@@ -115,6 +115,7 @@ __all__ = [
     "KINDS",
     "Finding",
     "Policy",
+    "Verdict",
     "redact",
     "scan",
 ]
@@ -152,6 +153,10 @@ class Finding:
     kind: str
     start: int
     end: int
+
+
+#: The findings in one item (empty: nothing found).
+Verdict = tuple[Finding, ...]
 
 
 class Policy(enum.StrEnum):

@@ -278,6 +278,9 @@ class SimSampler:
         self.config = config
         self._clock = clock
         self.turns = 0
+        #: Only a prefill rate reads the token counts before the first chunk
+        #: (``longresponse.engine.counting``).
+        self.counts_first = config.prefill_tokens_per_second > 0
 
     def _plan_calls(self, request: SampleRequest) -> list[FunctionTool]:
         tools = list(request.tools)
@@ -442,11 +445,16 @@ def _fit(pieces: list[str], budget: int) -> int:
 
 
 def _call_id(request: SampleRequest, offset: int, name: str) -> str:
-    """A call id that depends only on the context (the model is deterministic)."""
-    digest = hashlib.sha256(
-        f"{len(request.context)}:{request.cached_tokens + request.uncached_tokens}:"
-        f"{offset}:{name}".encode()
-    )
+    """A call id that depends only on the context (the model is deterministic): its
+    length and its last item (whose own call id, or text, is new each turn)."""
+    last = request.context[-1] if request.context else None
+    if isinstance(last, FunctionCall | FunctionCallOutput):
+        key = last.call_id
+    elif isinstance(last, Message):
+        key = item_text(last.content)
+    else:
+        key = type(last).__name__
+    digest = hashlib.sha256(f"{len(request.context)}:{offset}:{name}:{key}".encode())
     return f"call_{digest.hexdigest()[:24]}"
 
 

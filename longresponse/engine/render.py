@@ -184,6 +184,15 @@ def _prefix_segment(instructions: str | None, tools: Sequence[FunctionTool]) -> 
     return "system", _escape("\n\n".join(sections))
 
 
+#: Marker tokens in every segment: start, message, end.
+_SEGMENT_MARKERS: Final = 3
+
+
+def _utf8_length(text: str) -> int:
+    # isascii() reads a flag of the string object: no pass over the text.
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
 def _encode_segment(header: str, body: str) -> list[int]:
     return [START, *encode(header), MESSAGE, *encode(body), END]
 
@@ -243,12 +252,21 @@ class TokenCache:
     Holds tokens as a 32-bit ``array`` and renders each item once, when it is
     appended. ``items_rendered`` and ``tokens_rendered`` count that rendering
     work (the prefix is not counted; a fork starts at zero).
+
+    Tokenizing can also wait: :meth:`defer` takes items and answers at once
+    with an upper bound of the tokens they add (a byte-level BPE token
+    covers at least one byte, so a segment is at most its UTF-8 bytes plus
+    its three markers); :meth:`settle` tokenizes them. Everything that
+    reads the tokens (``len``, :attr:`tokens`, a fork, :meth:`extend`)
+    settles first, so a deferred item is never lost or reordered.
     """
 
-    __slots__ = ("_tokens", "items_rendered", "prefix_length", "tokens_rendered")
+    __slots__ = ("_pending", "_tokens", "items_rendered", "prefix_length", "tokens_rendered")
 
     def __init__(self, prefix: Sequence[int] = ()) -> None:
         self._tokens = array(_TOKEN_TYPECODE, prefix)
+        #: Segments :meth:`defer` holds, not tokenized yet (in order, after ``_tokens``).
+        self._pending: list[tuple[str, str]] = []
         #: How many leading tokens are the prefix (instructions and tools).
         self.prefix_length = len(self._tokens)
         self.items_rendered = 0
@@ -257,9 +275,11 @@ class TokenCache:
     @property
     def tokens(self) -> array[int]:
         """The live token array: read it, never mutate it (use :meth:`snapshot` for a copy)."""
+        self.settle()
         return self._tokens
 
     def __len__(self) -> int:
+        self.settle()
         return len(self._tokens)
 
     def __repr__(self) -> str:
@@ -272,6 +292,7 @@ class TokenCache:
 
     def snapshot(self) -> list[int]:
         """A copy of the tokens as a list."""
+        self.settle()
         return self._tokens.tolist()
 
     def extend(self, items: Iterable[Item]) -> int:
@@ -280,13 +301,27 @@ class TokenCache:
         All items are rendered before anything is appended: if rendering raises,
         the tokens and the counters are unchanged.
         """
+        self.settle()
+        self._pending = [_item_segment(item) for item in items]
+        return self.settle()
+
+    def defer(self, items: Iterable[Item]) -> int:
+        """Hold the new ``items`` for :meth:`settle`; return at most how many tokens
+        they will add (raises, holding nothing, for an item that cannot be rendered)."""
+        segments = [_item_segment(item) for item in items]
+        self._pending.extend(segments)
+        return sum(_SEGMENT_MARKERS + _utf8_length(h) + _utf8_length(b) for h, b in segments)
+
+    def settle(self) -> int:
+        """Tokenize what :meth:`defer` holds; return how many tokens that added."""
+        if not self._pending:
+            return 0
+        pending, self._pending = self._pending, []
         rendered = array(_TOKEN_TYPECODE)
-        count = 0
-        for item in items:
-            rendered.fromlist(render_item(item))  # 3x faster than extend() from a list
-            count += 1
+        for header, body in pending:
+            rendered.fromlist(_encode_segment(header, body))  # 3x faster than extend()
         self._tokens.extend(rendered)
-        self.items_rendered += count
+        self.items_rendered += len(pending)
         self.tokens_rendered += len(rendered)
         return len(rendered)
 
@@ -295,6 +330,7 @@ class TokenCache:
 
         Raises ``ValueError`` if ``length`` is negative or longer than this cache.
         """
+        self.settle()
         if not 0 <= length <= len(self._tokens):
             raise ValueError(f"fork length {length} outside 0..{len(self._tokens)}")
         forked = TokenCache()
@@ -308,6 +344,7 @@ class TokenCache:
         For forking at an old boundary whose prefix may differ from this cache's
         current one. Raises ``ValueError`` if there are not that many item tokens.
         """
+        self.settle()
         available = len(self._tokens) - self.prefix_length
         if not 0 <= item_tokens <= available:
             raise ValueError(f"fork of {item_tokens} item tokens outside 0..{available}")
@@ -317,6 +354,7 @@ class TokenCache:
 
     def extend_tokens(self, tokens: Iterable[int]) -> None:
         """Append tokens rendered elsewhere (a cache); nothing is rendered or counted."""
+        self.settle()
         self._tokens.extend(tokens)
 
     def rerendered(self, prefix: Sequence[int], items: Iterable[Item]) -> TokenCache:
@@ -326,6 +364,7 @@ class TokenCache:
         dropped from the front); this cache's work counters carry over, plus
         the new rendering.
         """
+        self.settle()
         fresh = TokenCache(prefix)
         fresh.extend(items)
         fresh.items_rendered += self.items_rendered
@@ -338,6 +377,7 @@ class TokenCache:
         Item renderings do not depend on the prefix, so nothing is re-tokenized:
         changed instructions or tools cost a copy, not a render. Counters carry over.
         """
+        self.settle()
         rebased = TokenCache(prefix)
         rebased._tokens.extend(self._tokens[self.prefix_length :])
         rebased.items_rendered = self.items_rendered

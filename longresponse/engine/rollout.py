@@ -10,7 +10,8 @@ inbox, and the counts of tokens processed. It writes to one
 is reading; the Reply's state lives in the protocol core.
 
 :meth:`Rollout.turn` is the one place a model turn happens: pre-inference on
-the NEW items only (render + tokenize into the cache), sampling, and the
+the NEW items only (render + tokenize into the cache, or, far from the window,
+after the first output: ``longresponse.engine.counting``), sampling, and the
 output streamed out as events. Two drivers run turns:
 
 - :meth:`Rollout.run`, the append-mode loop (an asyncio task owned by the
@@ -49,8 +50,9 @@ from protocol.response import Response, ResponseError
 from ..config import MAX_RESPONSE_EVENTS, MAX_RESPONSE_OUTPUT_TOKENS, Switches
 from . import models
 from .admission import Pipeline
-from .classifier import Finding
+from .classifier import Verdict
 from .compaction import Compactor, Intake, compact_rollout, compact_threshold, intake, start_window
+from .counting import count_input, may_defer, note_rendering, rerender, settle_count
 from .failures import UpstreamError, cut_short, failure, fit_window, kept, upstream_error_event
 from .models import ItemEnd, ModelSpec, Sampler, SampleRequest, Stop, TextDelta, ToolCallStart
 from .render import TokenCache, render_prefix
@@ -65,10 +67,10 @@ __all__ = ["INCOMPLETE_STOPS", "Rollout"]
 
 log = logging.getLogger(__name__)
 
-#: How :meth:`Rollout.settle` may stop short: the Response ends ``incomplete``.
 #: What one Boundary holds beside its prefix, about (its Response object and
 #: pending calls; measured on the simulated model's short answers).
 _BOUNDARY_BYTES: Final = 4096
+#: How :meth:`Rollout.settle` may stop short: the Response ends ``incomplete``.
 INCOMPLETE_STOPS: Final = frozenset({"max_output_tokens", "max_events", "pause_timeout"})
 
 
@@ -104,7 +106,7 @@ class Rollout:
         self.reply: Reply | None = None
         #: Classifier findings of every input item taken in, in arrival order
         #: (kept so later turns need not read those items again).
-        self.verdicts: list[tuple[Finding, ...]] = []
+        self.verdicts: list[Verdict] = []
         #: Post-inference work of a finished append-mode rollout (usage ledger),
         #: run before its terminal event is sent; the serve layer sets it.
         self.on_terminal: Callable[[Response], Awaitable[None]] | None = None
@@ -142,8 +144,8 @@ class Rollout:
         #: Where each finished shipped-shape segment ended (to continue or fork).
         self.boundaries: list[Boundary] = []
         self.truncated = False
-        self._rendered_seen = 0  # token cache counters already added to the pipeline's
-        self._items_seen = 0
+        self.rendered_seen = 0  # token cache counters already added to the pipeline's
+        self.items_seen = 0
         #: A segment is running (the shipped shape); a second one must fork.
         self.busy = False
         #: A segment failed half-way; the context may hold a partial turn.
@@ -151,6 +153,8 @@ class Rollout:
         #: Seals and opens compaction items for the rollout's owner (serve layer).
         self.compactor: Compactor | None = None
         self._waiting = False  # paused: awaiting the outputs of client calls
+        #: This turn's new input waits in the token cache, uncounted (``counting``).
+        self.uncounted = False
 
     def open_reply(
         self,
@@ -191,12 +195,7 @@ class Rollout:
             self._wakeup.set()
 
     def note_admission(
-        self,
-        verdicts: list[tuple[Finding, ...]],
-        *,
-        decode: float,
-        validate: float,
-        classify: float,
+        self, verdicts: list[Verdict], *, decode: float, validate: float, classify: float
     ) -> None:
         """Keep an admission's verdicts and stage times (for the next turn).
 
@@ -368,37 +367,31 @@ class Rollout:
                 self.model, self.sampler = model, model.make_sampler()
         resolved = self.clock()
         taken = self._take_inbox()
-        new_items = taken.items
-        self.context.extend(new_items)
+        self.context.extend(taken.items)
         cached = 0 if prefix_changed else min(self.model_seen, len(self.tokens))
-        if pipeline.switches.token_cache:
-            added = self.tokens.extend(new_items)
-        else:
-            # No token cache: render and tokenize the whole context again.
-            before = len(self.tokens)
-            prefix = render_prefix(self.request.instructions, self.request.tools)
-            self.tokens = self.tokens.rerendered(prefix, self.context)
-            added = len(self.tokens) - before
-        pipeline.counters.tokens_rendered += self.tokens.tokens_rendered - self._rendered_seen
-        pipeline.counters.items_rendered += self.tokens.items_rendered - self._items_seen
-        self._rendered_seen = self.tokens.tokens_rendered
-        self._items_seen = self.tokens.items_rendered
-        rendered = self.clock()
         request = self.request
         threshold = compact_threshold(request, self.model.context_window)
-        if taken.trigger or (threshold is not None and len(self.tokens) > threshold):
-            await compact_rollout(self, reply, cached)
-            cached = 0  # the model reads the new window afresh
-            if taken.trigger:  # a compaction turn: the compaction item is its output
-                self.timings.append(timing)
-                return "stop"
-        if fit_window(self):
-            cached = 0
-        uncached = len(self.tokens) - cached
-        self.counts.input_tokens += cached + uncached
-        self.counts.cached_tokens += cached
-        timing.new_tokens, timing.cached_tokens = added, cached
-        timing.input_tokens = cached + uncached
+        self.uncounted = False
+        if pipeline.switches.token_cache:
+            bound = len(self.tokens) + self.tokens.defer(taken.items)
+            self.uncounted = not taken.trigger and may_defer(self, bound, threshold)
+            added = 0 if self.uncounted else self.tokens.settle()
+        else:
+            added = rerender(self)  # no token cache: the whole context again
+        rendered = self.clock()
+        if self.uncounted:  # counted after the first output (it cannot reach the window)
+            uncached = bound - cached
+        else:
+            note_rendering(self)
+            if taken.trigger or (threshold is not None and len(self.tokens) > threshold):
+                await compact_rollout(self, reply, cached)
+                cached = 0  # the model reads the new window afresh
+                if taken.trigger:  # a compaction turn: the compaction item is its output
+                    self.timings.append(timing)
+                    return "stop"
+            if fit_window(self):
+                cached = 0
+            uncached = count_input(self, timing, cached, added)
         sample_request = SampleRequest.for_turn(
             request,
             self.context,
@@ -425,6 +418,7 @@ class Rollout:
                         timing.time_to_first_token = self.clock() - sampling_started
                         first = False
                     if isinstance(chunk, models.Usage):  # a real engine's own counts
+                        uncached = settle_count(self, timing, cached, uncached)
                         spent = builder.output_tokens - output_before
                         reply.bill_upstream(chunk, (cached + uncached, cached, spent))
                         continue
@@ -443,19 +437,23 @@ class Rollout:
                     if first_flush:  # the writer's turn: the first output goes out now
                         first_flush = False
                         await asyncio.sleep(0)
+                        uncached = settle_count(self, timing, cached, uncached)
                     if stop == "max_events":
                         break
         except UpstreamError as exc:  # what the model wrote stays; the open item is cut
             failed = exc
+            uncached = settle_count(self, timing, cached, uncached)
             await cut_short(self, reply, None if not first else (cached + uncached, cached))
+        finally:  # no output at all, or cancelled
+            settle_count(self, timing, cached, uncached)
         timing.inference = self.clock() - sampling_started
         produced = kept(builder.output[first_output:])
         # The model's own output joins the context and the token cache; it is
         # not new input next turn (a real model already holds it).
         self.context.extend(produced)
         self.tokens.extend(produced)
-        self._rendered_seen = self.tokens.tokens_rendered
-        self._items_seen = self.tokens.items_rendered
+        self.rendered_seen = self.tokens.tokens_rendered
+        self.items_seen = self.tokens.items_rendered
         self.model_seen = len(self.tokens)
         self.timings.append(timing)
         if failed is not None:

@@ -99,6 +99,7 @@ class SampleRequest:
     parallel_tool_calls: bool
     metadata: Mapping[str, str]
     cached_tokens: int
+    #: Exact, or an upper bound for a sampler with ``counts_first = False``.
     uncached_tokens: int
     #: Output tokens this turn may still write (the Response's budget left).
     max_output_tokens: int | None = None
@@ -144,6 +145,11 @@ class SampleRequest:
 
 
 class Sampler(Protocol):
+    """Writes one turn. A sampler that never reads ``SampleRequest``'s token counts
+    before its first chunk may say ``counts_first = False``: its rollout then
+    counts the new input after the first output, and ``uncached_tokens`` is an
+    upper bound (``longresponse.engine.counting``). Without it, counts are exact."""
+
     def sample(self, request: SampleRequest) -> AsyncGenerator[SampleChunk, None]: ...
 
 

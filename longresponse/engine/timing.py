@@ -30,6 +30,9 @@ class TurnTiming:
     classify: float = 0.0
     resolve: float = 0.0
     render: float = 0.0
+    #: Rendering and tokenizing the new input after the first output, when its
+    #: count could wait (``longresponse.engine.counting``; then ``render`` is ~0).
+    count: float = 0.0
     time_to_first_token: float = 0.0
     inference: float = 0.0
     #: Encoding and queueing this turn's events for the transport.
@@ -58,6 +61,7 @@ class TurnTiming:
             "classify_ms": self.classify * 1000,
             "resolve_ms": self.resolve * 1000,
             "render_ms": self.render * 1000,
+            "count_ms": self.count * 1000,
             "time_to_first_token_ms": self.time_to_first_token * 1000,
             "inference_ms": self.inference * 1000,
             "encode_ms": self.encode * 1000,
@@ -73,6 +77,7 @@ class TurnTiming:
         "classify",
         "resolve",
         "render",
+        "count",
         "pre_inference",
         "time_to_first_token",
         "inference",
