@@ -9,6 +9,7 @@ only what a run must get right whatever the machine's speed.
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ TURN_FIELDS: dict[str, type | tuple[type, ...]] = {
     "tool_latency_ms": (int, float),
     "echo_rtt_ms": (float, type(None)),
     "overhead_minus_echo_ms": (float, type(None)),
+    "client_echo_rtt_ms": (float, type(None)),
 }
 ROLLOUT_FIELDS: dict[str, type | tuple[type, ...]] = {
     "scenario": str,
@@ -256,11 +258,22 @@ def test_echo_floor_is_recorded_for_websocket_continuations(
         # Ablations send the same frames as their transport: the same floor.
         floor = record["shape"] in compare.ECHO_SHAPES
         assert all((row["echo_rtt_ms"] is not None) == floor for row in rows)
+        # The SDK's own round trip to the echo: only for the SDK, and dearer
+        # than the bare client's (it encodes each event through its types).
+        sdk = record["shape"] == "ws-sdk"
+        assert all((row["client_echo_rtt_ms"] is not None) == sdk for row in rows)
         for row in rows:
             if floor:
                 assert row["overhead_minus_echo_ms"] == pytest.approx(
                     row["overhead_ms"] - row["echo_rtt_ms"]
                 )
+        if sdk:
+            own = statistics.median(row["client_echo_rtt_ms"] for row in rows)
+            assert own > statistics.median(row["echo_rtt_ms"] for row in rows)
+    assert sorted(document["echo"]["sdk_rtt_ms"]) == ["main:ws-sdk"]
+    (sdk_target,) = [t for t in report.floor_targets(document) if t["transport"] == "ws-sdk"]
+    assert "above the SDK client's own echo round trip" in sdk_target["text"]
+    assert "above the bare echo" in sdk_target["text"]
 
 
 def test_summary_has_a_row_per_transport_and_the_targets(

@@ -279,17 +279,24 @@ def floor_targets(document: dict[str, Any]) -> list[dict[str, Any]]:
             if records[0]["shape"] not in FLOOR_SHAPES or records[0]["switch_off"]:
                 continue
             last = min(50, records[0]["tool_calls"])
-            gaps = [_gap(records, turn) for turn in (1, last)]
+            # The SDK's floor is its own round trip to the echo (it spends about a
+            # millisecond encoding an event); the bare client's is the raw echo.
+            own = records[0]["shape"] == "ws-sdk"
+            echo = "client_echo_rtt_ms" if own else "echo_rtt_ms"
+            gaps = [_gap(records, turn, echo) for turn in (1, last)]
             pre = at_turn(records, last, "pre_inference_ms")
             met = None if math.isnan(max(gaps)) else max(gaps) <= 1.0 and pre <= 0.5
+            raw = [_gap(records, turn, "echo_rtt_ms") for turn in (1, last)]
+            floor = "the SDK client's own echo" if own else "the echo"
             text = (
-                f"{name} at {speed:g} tok/s: first output {fmt(gaps[0], 3)} ms above the echo "
-                f"round trip at turn 1, {fmt(gaps[1], 3)} ms at turn {last} (target ≤ 1.0 ms; "
-                f"TTFT {fmt(at_turn(records, 1, 'client_ttft_ms'), 3)} / "
+                f"{name} at {speed:g} tok/s: first output {fmt(gaps[0], 3)} ms above "
+                f"{floor} round trip at turn 1, {fmt(gaps[1], 3)} ms "
+                f"at turn {last} (target ≤ 1.0 ms; TTFT "
+                f"{fmt(at_turn(records, 1, 'client_ttft_ms'), 3)} / "
                 f"{fmt(at_turn(records, last, 'client_ttft_ms'), 3)} ms, echo "
-                f"{fmt(at_turn(records, 1, 'echo_rtt_ms'), 3)} / "
-                f"{fmt(at_turn(records, last, 'echo_rtt_ms'), 3)} ms); server pre-inference at "
-                f"turn {last} {fmt(pre, 3)} ms (target ≤ 0.5 ms)"
+                f"{fmt(at_turn(records, 1, echo), 3)} / {fmt(at_turn(records, last, echo), 3)} ms"
+                + (f"; above the bare echo {fmt(raw[0], 3)} / {fmt(raw[1], 3)} ms" if own else "")
+                + f"); server pre-inference at turn {last} {fmt(pre, 3)} ms (target ≤ 0.5 ms)"
             )
             found.append({"target": 1, "transport": name, "met": met, "stated": last == 50,
                           "text": text})  # fmt: skip
@@ -312,9 +319,9 @@ def floor_targets(document: dict[str, Any]) -> list[dict[str, Any]]:
     return found
 
 
-def _gap(records: Sequence[Record], turn: int) -> float:
-    """Median over rollouts of client TTFT minus the echo round trip, at ``turn``."""
-    return at_turn(records, turn, "client_ttft_ms") - at_turn(records, turn, "echo_rtt_ms")
+def _gap(records: Sequence[Record], turn: int, echo: str) -> float:
+    """Median over rollouts of client TTFT minus the echo round trip ``echo``, at ``turn``."""
+    return at_turn(records, turn, "client_ttft_ms") - at_turn(records, turn, echo)
 
 
 def inconsistencies(document: dict[str, Any]) -> list[str]:

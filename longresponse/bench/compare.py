@@ -329,6 +329,10 @@ def run_bench(options: BenchOptions) -> dict[str, Any]:
                 "client_ttft_ms": "from writing the request to the first output item or delta "
                 "(HTTP is not streamed: the whole response)",
                 "overhead_ms": "observed_ms - model_ms",
+                "echo_rtt_ms": "the same frame sent by a bare trio/wsproto client to a bare "
+                "Starlette/uvicorn echo endpoint and read back (median of the repeats)",
+                "client_echo_rtt_ms": "ws-sdk only: the same event sent by the SDK itself "
+                "(conn.response.create) to the echo endpoint and read back (conn.recv_bytes)",
                 "sent_bytes": "client-to-server wire bytes of the turn: the masked WebSocket "
                 "frame, or the HTTP request (head and body)",
                 "cpu_s": "server process CPU seconds (process_cpu_seconds_total on /metrics) "

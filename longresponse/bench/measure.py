@@ -23,7 +23,12 @@ The floor (:func:`echo_floor`): the same continuation frames are sent to a
 bare Starlette/uvicorn WebSocket echo endpoint (:mod:`.echo`) and the round
 trip of each (send the frame, receive it back) is timed, the median of
 :data:`ECHO_REPEATS`; a continuation's overhead minus that round trip is what
-the server and the protocol add.
+the server and the protocol add. The official SDK spends about a millisecond
+of its own encoding an event before it leaves (it walks the body against its
+parameter types), which a bare client does not: ``ws-sdk`` rows also get
+``client_echo_rtt_ms``, the same frames sent by the SDK itself
+(``conn.response.create``) to the echo endpoint and read back with
+``conn.recv_bytes()``.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ import trio
 from .conversation import Endpoint, Turn
 from .options import ECHO_SHAPES, Transport, Workload
 from .scrape import server_cpu_seconds as read_server_cpu_seconds
-from .sdk_transports import sdk_rollout
+from .sdk_transports import sdk_echo_floor, sdk_rollout
 from .trio_transports import http_rollout, ws_rollout
 
 __all__ = [
@@ -96,6 +101,7 @@ def turn_row(turn: Turn, previous: Turn | None, workload: Workload, shape: str) 
         "tool_latency_ms": turn.tool_latency_ms,
         "echo_rtt_ms": None,
         "overhead_minus_echo_ms": None,
+        "client_echo_rtt_ms": None,
     }
 
 
@@ -165,8 +171,7 @@ def echo_floor(rollouts: list[dict[str, Any]], notes: list[str]) -> dict[str, An
     """
     frames: dict[str, list[bytes]] = {}
     for record in rollouts:
-        name = record["transport"]
-        key = f"{record['scenario']}:{name}"
+        key = f"{record['scenario']}:{record['shape']}"  # a +deflate twin sends the same
         if record["switch_off"] is None and record["frames"] and key not in frames:
             if record["shape"] in ECHO_SHAPES:
                 frames[key] = record["frames"]
@@ -190,6 +195,12 @@ def echo_floor(rollouts: list[dict[str, Any]], notes: list[str]) -> dict[str, An
 
     with EchoProcess() as echo:
         rtts = trio.run(measure, echo.url)
+        # The official SDK's own floor: its encoding and threads, same frames.
+        sdk_rtts = {
+            key: sdk_echo_floor(echo.url, payloads, ECHO_REPEATS)
+            for key, payloads in frames.items()
+            if key.endswith(":ws-sdk")
+        }
     for record in rollouts:
         key = f"{record['scenario']}:{record['shape']}"
         if key not in rtts or record["error"]:
@@ -197,4 +208,6 @@ def echo_floor(rollouts: list[dict[str, Any]], notes: list[str]) -> dict[str, An
         for row, rtt in zip(record["turns"], rtts[key], strict=False):
             row["echo_rtt_ms"] = rtt
             row["overhead_minus_echo_ms"] = row["overhead_ms"] - rtt
-    return {"repeats": ECHO_REPEATS, "rtt_ms": rtts}
+        for row, rtt in zip(record["turns"], sdk_rtts.get(key, ()), strict=False):
+            row["client_echo_rtt_ms"] = rtt
+    return {"repeats": ECHO_REPEATS, "rtt_ms": rtts, "sdk_rtt_ms": sdk_rtts}

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import json
+import statistics
 import time
 from typing import Any, Final
 
@@ -48,7 +49,13 @@ from .conversation import (
 )
 from .options import Transport, Workload
 
-__all__ = ["FIRST_OUTPUT_EVENTS", "SDK_API_KEY", "SDK_THREADS", "sdk_rollout"]
+__all__ = [
+    "FIRST_OUTPUT_EVENTS",
+    "SDK_API_KEY",
+    "SDK_THREADS",
+    "sdk_echo_floor",
+    "sdk_rollout",
+]
 
 #: The SDK clients' API key (the bench's own servers take none).
 SDK_API_KEY: Final = "longresponse-bench"
@@ -220,3 +227,29 @@ async def sdk_rollout(
         functools.partial(drive, endpoint, transport, workload, via_url=via_url),
         limiter=limiter,
     )
+
+
+def sdk_echo_floor(echo_url: str, frames: list[bytes], repeats: int) -> list[float]:
+    """The SDK's own floor: for each ``ws-sdk`` frame, the median milliseconds from
+    ``conn.response.create(...)`` of its event to the echo of what the SDK sent,
+    read with ``conn.recv_bytes()``, against the bare echo endpoint at ``echo_url``
+    (``ws://host:port/v1/responses``). The SDK's encoding of the event (it walks
+    the body against its parameter types) and its socket threads are in it, as
+    they are in the transport's own turns."""
+    import openai
+
+    http_url = echo_url.replace("ws://", "http://", 1).removesuffix("/responses")
+    client = openai.OpenAI(base_url=http_url, api_key=SDK_API_KEY, max_retries=0)
+    medians = []
+    with client, client.responses.connect() as conn:
+        for frame in frames:
+            body = json.loads(frame)
+            body.pop("type")
+            times = []
+            for _ in range(repeats):
+                started = time.perf_counter()
+                conn.response.create(**body)
+                conn.recv_bytes()
+                times.append(time.perf_counter() - started)
+            medians.append(1000 * statistics.median(times))
+    return medians
