@@ -355,7 +355,6 @@ class Rollout:
         tokenizer work is still reused). Returns the sampler's stop reason.
         """
         reply = self._current()
-        await asyncio.sleep(0)  # the writer's turn: queued lifecycle events go out first
         timing = TurnTiming(turn=len(self.timings) + 1)
         timing.decode, timing.validate, timing.classify = self._admission
         self._admission = (0.0, 0.0, 0.0)
@@ -375,9 +374,12 @@ class Rollout:
         if pipeline.switches.token_cache:
             bound = len(self.tokens) + self.tokens.defer(taken.items)
             self.uncounted = not taken.trigger and may_defer(self, bound, threshold)
-            added = 0 if self.uncounted else self.tokens.settle()
-        else:
-            added = rerender(self)  # no token cache: the whole context again
+        if not self.uncounted:  # tokenizing first: queued events go out before it (untimed)
+            waited = self.clock()
+            await asyncio.sleep(0)
+            waited = self.clock() - waited
+            started, resolved = started + waited, resolved + waited
+            added = self.tokens.settle() if pipeline.switches.token_cache else rerender(self)
         rendered = self.clock()
         if self.uncounted:  # counted after the first output (it cannot reach the window)
             uncached = bound - cached
