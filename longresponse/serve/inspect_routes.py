@@ -267,6 +267,7 @@ def trace_document(detail: dict[str, Any]) -> dict[str, Any]:
                 "tool_latency_ms": row["pause_ms"],
                 "echo_rtt_ms": None,
                 "overhead_minus_echo_ms": None,
+                "client_echo_rtt_ms": None,
                 "response_id": row["response_id"],
             }
         )
