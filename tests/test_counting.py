@@ -169,3 +169,40 @@ def test_a_turn_cut_off_before_its_first_output_still_counts_its_input() -> None
     assert len(rollout.tokens) == _exact(rollout)
     assert rollout.counts.input_tokens == _exact(rollout)
     assert rollout.snapshot().status == "cancelled"
+
+
+def test_new_tokens_are_counted_when_a_reader_settled_the_cache_first() -> None:
+    async def scenario() -> Rollout:
+        outbox = Outbox(ServerConfig(), Mode.APPEND)
+        model = ModelRegistry().resolve("sim")
+        request = ResponseCreate(model="sim", input=_big(500), metadata={"sim_ttft_ms": "100"})
+        rollout = Rollout(request=request, model=model, pause_timeout=60)
+        rollout.open_reply("resp_read", outbox, append=True).announce_created()
+        task = asyncio.get_running_loop().create_task(rollout.run())
+        for _ in range(100):
+            await asyncio.sleep(0)
+            if rollout.uncounted:
+                break
+        assert rollout.uncounted
+        assert len(rollout.tokens) > 500  # a reader (a fork, the inspector) settles it
+        await task
+        return rollout
+
+    rollout = asyncio.run(scenario())
+    (turn,) = rollout.timings
+    message = tokenize_text(render_text(None, [], rollout.context[:1]))
+    prefix = tokenize_text(render_text(None, [], []))
+    assert turn.new_tokens == len(message) - len(prefix)
+    assert rollout.counts.input_tokens == len(message)
+
+
+def test_an_input_of_rare_characters_near_the_encoders_limit_is_counted() -> None:
+    # 60,000 characters outside the vocabulary: one token per UTF-8 byte, 240,000
+    # tokens, more than the encoder takes in one call (200,000).
+    text = "\U000f0000" * 60_000
+    rollout, done = _run(SimConfig(), text)
+    assert [d.response.status for d in done] == ["completed"]
+    assert rollout.counts.input_tokens == len(
+        tokenize_text(render_text(None, [], rollout.context[:1]))
+    )
+    assert rollout.counts.input_tokens > 200_000

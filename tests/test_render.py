@@ -355,3 +355,26 @@ def test_long_text_is_encoded_in_pieces_with_the_same_tokens() -> None:
     assert pieces[: len(encode(head[:cut]))] == encode(head[:cut])
     assert len(pieces) == len(encode(head[:cut])) + len(encode(head[cut:] + tail))
     assert len(encode("x" * (3 * ENCODE_CHUNK_CHARS))) > 0  # no space at all: still encodes
+
+
+def test_a_settle_that_fails_keeps_what_was_held(monkeypatch: pytest.MonkeyPatch) -> None:
+    import longresponse.engine.render as render
+
+    real = render._encode_segment
+
+    def fail_on_poison(header: str, body: str) -> list[int]:
+        if body == "poison":
+            raise ValueError("cannot encode this segment")
+        return real(header, body)
+
+    cache = TokenCache(render_prefix(None, []))
+    items = [Message(role="user", content="fine"), Message(role="user", content="poison")]
+    before = cache.snapshot()
+    cache.defer(items)
+    monkeypatch.setattr(render, "_encode_segment", fail_on_poison)
+    with pytest.raises(ValueError, match="cannot encode"):
+        cache.settle()
+    monkeypatch.undo()
+    assert cache.snapshot()[: len(before)] == before  # nothing half-appended
+    assert cache.snapshot() == tokenize_text(render_text(None, [], items))
+    assert cache.items_rendered == 2

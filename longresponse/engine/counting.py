@@ -39,9 +39,44 @@ from .render import render_prefix
 from .timing import TurnTiming
 
 if TYPE_CHECKING:
+    from protocol.items import Item
+
     from .rollout import Rollout
 
-__all__ = ["count_input", "may_defer", "note_rendering", "rerender", "settle_count"]
+__all__ = [
+    "count_input",
+    "hold_input",
+    "may_defer",
+    "note_rendering",
+    "rerender",
+    "settle_count",
+    "tokenize_input",
+]
+
+
+def hold_input(
+    rollout: Rollout, items: list[Item], *, trigger: bool, threshold: int | None
+) -> int:
+    """Hold the turn's new ``items`` in the token cache and decide whether their count
+    can wait (``rollout.uncounted``); the context's tokens at most (0 without the
+    token cache, whose ablation renders everything again: :func:`rerender`)."""
+    rollout.uncounted = False
+    if not rollout.pipeline.switches.token_cache:
+        return 0
+    rollout.input_from = len(rollout.tokens)
+    bound = rollout.input_from + rollout.tokens.defer(items)
+    rollout.uncounted = not trigger and may_defer(rollout, bound, threshold)
+    return bound
+
+
+def tokenize_input(rollout: Rollout) -> int:
+    """Tokenize the input :func:`hold_input` held (without the token cache: the whole
+    context, :func:`rerender`); the tokens it added, counted from the cache's length
+    (so a reader that settled the cache first changes nothing)."""
+    if not rollout.pipeline.switches.token_cache:
+        return rerender(rollout)
+    rollout.tokens.settle()
+    return len(rollout.tokens) - rollout.input_from
 
 
 def may_defer(rollout: Rollout, bound: int, threshold: int | None) -> bool:
@@ -69,7 +104,7 @@ def settle_count(rollout: Rollout, timing: TurnTiming, cached: int, uncached: in
         return uncached
     rollout.uncounted = False
     started = rollout.clock()
-    added = rollout.tokens.settle()
+    added = tokenize_input(rollout)
     note_rendering(rollout)
     timing.count = rollout.clock() - started
     return count_input(rollout, timing, cached, added)

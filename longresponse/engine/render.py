@@ -111,8 +111,9 @@ def _encoding() -> Any:
 
 
 #: The encoder refuses one call over 1,000,000 characters or 200,000 tokens,
-#: so longer texts are encoded in pieces of at most this many characters.
-ENCODE_CHUNK_CHARS: Final = 100_000
+#: so longer texts are encoded in pieces of at most this many characters: at
+#: most 200,000 UTF-8 bytes, and a token is never less than a byte.
+ENCODE_CHUNK_CHARS: Final = 50_000
 
 
 def encode(text: str) -> list[int]:
@@ -316,12 +317,12 @@ class TokenCache:
         """Tokenize what :meth:`defer` holds; return how many tokens that added."""
         if not self._pending:
             return 0
-        pending, self._pending = self._pending, []
         rendered = array(_TOKEN_TYPECODE)
-        for header, body in pending:
+        for header, body in self._pending:  # all of them, or (raising) none
             rendered.fromlist(_encode_segment(header, body))  # 3x faster than extend()
         self._tokens.extend(rendered)
-        self.items_rendered += len(pending)
+        self.items_rendered += len(self._pending)
+        self._pending = []
         self.tokens_rendered += len(rendered)
         return len(rendered)
 

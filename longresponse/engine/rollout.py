@@ -48,11 +48,10 @@ from protocol.items import Item, as_items
 from protocol.response import Response, ResponseError
 
 from ..config import MAX_RESPONSE_EVENTS, MAX_RESPONSE_OUTPUT_TOKENS, Switches
-from . import models
+from . import counting, models
 from .admission import Pipeline
 from .classifier import Verdict
 from .compaction import Compactor, Intake, compact_rollout, compact_threshold, intake, start_window
-from .counting import count_input, may_defer, note_rendering, rerender, settle_count
 from .failures import UpstreamError, cut_short, failure, fit_window, kept, upstream_error_event
 from .models import ItemEnd, ModelSpec, Sampler, SampleRequest, Stop, TextDelta, ToolCallStart
 from .render import TokenCache, render_prefix
@@ -153,8 +152,9 @@ class Rollout:
         #: Seals and opens compaction items for the rollout's owner (serve layer).
         self.compactor: Compactor | None = None
         self._waiting = False  # paused: awaiting the outputs of client calls
-        #: This turn's new input waits in the token cache, uncounted (``counting``).
-        self.uncounted = False
+        #: This turn's new input: where it starts in the token cache, and whether it
+        #: waits there uncounted (``longresponse.engine.counting``).
+        self.input_from, self.uncounted = 0, False
 
     def open_reply(
         self,
@@ -370,21 +370,18 @@ class Rollout:
         cached = 0 if prefix_changed else min(self.model_seen, len(self.tokens))
         request = self.request
         threshold = compact_threshold(request, self.model.context_window)
-        self.uncounted = False
-        if pipeline.switches.token_cache:
-            bound = len(self.tokens) + self.tokens.defer(taken.items)
-            self.uncounted = not taken.trigger and may_defer(self, bound, threshold)
+        bound = counting.hold_input(self, taken.items, trigger=taken.trigger, threshold=threshold)
         if not self.uncounted:  # tokenizing first: queued events go out before it (untimed)
             waited = self.clock()
             await asyncio.sleep(0)
             waited = self.clock() - waited
             started, resolved = started + waited, resolved + waited
-            added = self.tokens.settle() if pipeline.switches.token_cache else rerender(self)
+            added = counting.tokenize_input(self)
         rendered = self.clock()
         if self.uncounted:  # counted after the first output (it cannot reach the window)
             uncached = bound - cached
         else:
-            note_rendering(self)
+            counting.note_rendering(self)
             if taken.trigger or (threshold is not None and len(self.tokens) > threshold):
                 await compact_rollout(self, reply, cached)
                 cached = 0  # the model reads the new window afresh
@@ -393,7 +390,7 @@ class Rollout:
                     return "stop"
             if fit_window(self):
                 cached = 0
-            uncached = count_input(self, timing, cached, added)
+            uncached = counting.count_input(self, timing, cached, added)
         sample_request = SampleRequest.for_turn(
             request,
             self.context,
@@ -420,7 +417,7 @@ class Rollout:
                         timing.time_to_first_token = self.clock() - sampling_started
                         first = False
                     if isinstance(chunk, models.Usage):  # a real engine's own counts
-                        uncached = settle_count(self, timing, cached, uncached)
+                        uncached = counting.settle_count(self, timing, cached, uncached)
                         spent = builder.output_tokens - output_before
                         reply.bill_upstream(chunk, (cached + uncached, cached, spent))
                         continue
@@ -439,15 +436,15 @@ class Rollout:
                     if first_flush:  # the writer's turn: the first output goes out now
                         first_flush = False
                         await asyncio.sleep(0)
-                        uncached = settle_count(self, timing, cached, uncached)
+                        uncached = counting.settle_count(self, timing, cached, uncached)
                     if stop == "max_events":
                         break
         except UpstreamError as exc:  # what the model wrote stays; the open item is cut
             failed = exc
-            uncached = settle_count(self, timing, cached, uncached)
+            uncached = counting.settle_count(self, timing, cached, uncached)
             await cut_short(self, reply, None if not first else (cached + uncached, cached))
         finally:  # no output at all, or cancelled
-            settle_count(self, timing, cached, uncached)
+            counting.settle_count(self, timing, cached, uncached)
         timing.inference = self.clock() - sampling_started
         produced = kept(builder.output[first_output:])
         # The model's own output joins the context and the token cache; it is
