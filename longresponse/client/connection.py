@@ -407,16 +407,24 @@ class AppendClient:
 
     async def _take_fragment(self, event: Message[Any]) -> None:
         # Text and binary messages alike: both hold JSON for the codec.
-        chunk = event.data.encode() if isinstance(event.data, str) else bytes(event.data)
-        self._fragment_bytes += len(chunk)
-        if self._fragment_bytes > self.max_message_bytes:
-            await self._fail(CloseCode.MESSAGE_TOO_BIG, "message too big")
-            return
-        self._fragments.append(chunk)
-        if not event.message_finished:
-            return
-        message = b"".join(self._fragments)
-        self._fragments, self._fragment_bytes = [], 0
+        message: str | bytes
+        if event.message_finished and not self._fragments and isinstance(event.data, str):
+            message = event.data  # whole in one frame: the codec reads the str as it is
+            size = len(message) if message.isascii() else len(message.encode())
+            if size > self.max_message_bytes:
+                await self._fail(CloseCode.MESSAGE_TOO_BIG, "message too big")
+                return
+        else:
+            chunk = event.data.encode() if isinstance(event.data, str) else bytes(event.data)
+            self._fragment_bytes += len(chunk)
+            if self._fragment_bytes > self.max_message_bytes:
+                await self._fail(CloseCode.MESSAGE_TOO_BIG, "message too big")
+                return
+            self._fragments.append(chunk)
+            if not event.message_finished:
+                return
+            message = b"".join(self._fragments)
+            self._fragments, self._fragment_bytes = [], 0
         try:
             self.connection.receive_message(message)
         except RemoteProtocolError as exc:
@@ -448,7 +456,10 @@ class AppendClient:
 
     async def _deliver(self, item: ServerEvent | RemoteProtocolError) -> None:
         with contextlib.suppress(trio.BrokenResourceError):  # aclose() discards events
-            await self._queue_send.send(item)
+            try:  # no checkpoint per event: the loop's next read is one
+                self._queue_send.send_nowait(item)
+            except trio.WouldBlock:  # the reader is behind: wait for room
+                await self._queue_send.send(item)
 
     def _end_input(self) -> None:
         if self._input_ended.is_set():
