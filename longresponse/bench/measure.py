@@ -80,7 +80,7 @@ def turn_row(turn: Turn, previous: Turn | None, workload: Workload, shape: str) 
     model_ms = workload.model_ms(turn.output_tokens, uncached)
     server = turn.server
     server_overhead = (
-        server["resume_ms"] + server.get("post_inference_ms", 0.0)
+        server["resume_ms"] + server.get("count_ms", 0.0) + server.get("post_inference_ms", 0.0)
         if "resume_ms" in server
         else None
     )

@@ -134,11 +134,12 @@ MODEL_TIME_FORMULA: Final = (
 )
 #: What a turn's ``server_overhead_ms`` adds up.
 SERVER_OVERHEAD_FORMULA: Final = (
-    "server_overhead_ms = resume_ms + post_inference_ms (resume: from the decoded request "
-    "to the sampler being called, incl. store reads, validation, classification, resolution, "
-    "render; post_inference: work done before the terminal event). Encoding the model's "
-    "output events (encode_ms) is left out: it scales with the output, the same in every "
-    "transport."
+    "server_overhead_ms = resume_ms + count_ms + post_inference_ms (resume: from the "
+    "decoded request to the sampler being called, incl. store reads, validation, "
+    "classification, resolution, render; count: tokenizing the new input after the first "
+    "output when that could wait, work the server still does while the model writes; "
+    "post_inference: work done before the terminal event). Encoding the model's output "
+    "events (encode_ms) is left out: it scales with the output, the same in every transport."
 )
 
 

@@ -262,6 +262,7 @@ def trace_document(detail: dict[str, Any]) -> dict[str, Any]:
                 "model_ms": None,
                 "overhead_ms": None,
                 "server_overhead_ms": row["server"]["resume_ms"]
+                + row["server"]["count_ms"]
                 + row["server"]["post_inference_ms"],
                 "server": row["server"],
                 "tool_latency_ms": row["pause_ms"],
