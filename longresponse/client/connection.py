@@ -409,9 +409,10 @@ class AppendClient:
         # Text and binary messages alike: both hold JSON for the codec.
         message: str | bytes
         if event.message_finished and not self._fragments and isinstance(event.data, str):
-            message = event.data  # whole in one frame: the codec reads the str as it is
-            size = len(message) if message.isascii() else len(message.encode())
-            if size > self.max_message_bytes:
+            # Whole in one frame: ASCII goes to the codec as the str it is (one
+            # byte a character); other text is encoded once, to count and decode.
+            message = event.data if event.data.isascii() else event.data.encode()
+            if len(message) > self.max_message_bytes:
                 await self._fail(CloseCode.MESSAGE_TOO_BIG, "message too big")
                 return
         else:

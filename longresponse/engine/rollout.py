@@ -490,7 +490,8 @@ class Rollout:
         finally:
             self._waiting = False
         await reply.resume()
-        return True
+        await asyncio.sleep(0)  # the writer's turn: when many resume at once, each
+        return True  # rollout's response.in_progress leaves before any turn runs
 
     async def finish(self, state: ResponseState) -> None:
         """End the append-mode Response with ``state``: post-inference, then ``response.done``."""
