@@ -19,9 +19,10 @@ from longresponse.engine.models import ModelRegistry
 from longresponse.engine.render import TokenCache, render_prefix, render_text, tokenize_text
 from longresponse.engine.rollout import Rollout
 from longresponse.serve.ws import Outbox
-from protocol import Mode, decode_server_event
+from protocol import Mode
 from protocol.events import ResponseCreate, ResponseDone
 from protocol.items import FunctionCallOutput, Item, Message
+from tests.test_engine import done_events
 
 _texts = st.text(st.characters(codec="utf-8"), max_size=400)
 _items = st.lists(
@@ -87,12 +88,7 @@ def _run(sim: SimConfig, text: str) -> tuple[Rollout, list[ResponseDone]]:
         reply = rollout.open_reply("resp_count", outbox, append=True)
         reply.announce_created()
         await rollout.run()
-        done = []
-        while len(outbox):
-            event = decode_server_event(outbox._queue.popleft())
-            if isinstance(event, ResponseDone):
-                done.append(event)
-        return rollout, done
+        return rollout, done_events(outbox)
 
     return asyncio.run(scenario())
 

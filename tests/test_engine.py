@@ -17,6 +17,16 @@ from protocol.events import ResponseCreate, ResponseDone
 from protocol.response import Response
 
 
+def done_events(outbox: Outbox) -> list[ResponseDone]:
+    """The ``response.done`` events queued in ``outbox`` (draining it)."""
+    sent = []
+    while len(outbox):
+        event = decode_server_event(outbox._queue.popleft())
+        if isinstance(event, ResponseDone):
+            sent.append(event)
+    return sent
+
+
 def test_a_cancel_during_post_inference_comes_too_late() -> None:
     async def scenario() -> tuple[list[Response], list[ResponseDone]]:
         outbox = Outbox(ServerConfig(), Mode.APPEND)
@@ -42,12 +52,7 @@ def test_a_cancel_during_post_inference_comes_too_late() -> None:
         rollout.request_cancel()  # too late: the answer is complete
         release.set()
         await rollout.task
-        sent = []
-        while len(outbox):
-            event = decode_server_event(outbox._queue.popleft())
-            if isinstance(event, ResponseDone):
-                sent.append(event)
-        return billed, sent
+        return billed, done_events(outbox)
 
     billed, done = asyncio.run(scenario())
     assert [r.status for r in billed] == ["completed"]
