@@ -211,7 +211,10 @@ def check_page(driver: Any, base: str, append_id: str, pending: str, shipped: li
     bars = driver.find_elements(By.CSS_SELECTOR, "#timeline svg.turn-bar")
     for bar in bars:
         phases = {r.get_attribute("data-phase") for r in bar.find_elements(By.TAG_NAME, "rect")}
-        assert {"admission", "render", "ttft", "decode", "pause"} <= phases
+        assert {"admission", "render", "ttft", "count", "decode", "pause"} <= phases
+    # The tool outputs were counted after their turn's first output: a count bar.
+    count = bars[1].find_element(By.CSS_SELECTOR, 'rect[data-phase="count"]')
+    assert float(count.get_attribute("width")) > 0
     # The later turns waited for the client's tools: their pause bar has a width.
     pause = bars[1].find_element(By.CSS_SELECTOR, 'rect[data-phase="pause"]')
     assert float(pause.get_attribute("width")) > 0

@@ -9,6 +9,7 @@ const PHASES = [
   ["classification", "classification"],
   ["render", "render"],
   ["ttft", "model: time to first token"],
+  ["count", "counting the input, after the first output"],
   ["decode", "model: decode"],
   ["post", "post-inference"],
   ["pause", "paused for client tools"],
@@ -123,12 +124,14 @@ function spark(values, top, format) {
 
 function phases(turn) {
   const t = turn.server;
-  const decode = Math.max(0, t.inference_ms - t.time_to_first_token_ms);
+  const count = t.count_ms || 0; // within the model's time: it runs while the model writes
+  const decode = Math.max(0, t.inference_ms - t.time_to_first_token_ms - count);
   return {
     admission: t.decode_ms + t.validate_ms,
     classification: t.classify_ms,
     render: t.resolve_ms + t.render_ms,
     ttft: t.time_to_first_token_ms,
+    count: count,
     decode: decode,
     post: t.post_inference_ms,
     pause: document.getElementById("show-pauses").checked ? turn.pause_ms : 0,
