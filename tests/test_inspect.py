@@ -651,3 +651,20 @@ def test_a_key_in_the_address_never_reaches_the_access_log() -> None:
     assert "GET /inspect?key=[redacted]" in log
     assert "sk-in-the-address" not in log
     assert "sk-wrong-one" not in log
+
+
+async def test_an_http_create_refused_before_its_turn_leaves_no_body_behind(
+    make_server: Any,
+) -> None:
+    server = make_server()
+    creates = server.app.state.inspector.http.creates
+    async with httpx.AsyncClient(base_url=server.http_url) as http:
+        for body in (
+            {"model": "no-such-model", "input": "x" * 100_000},
+            {"model": "sim", "input": "x", "previous_response_id": "resp_missing"},
+        ):
+            refused = await http.post("/v1/responses", json=body)
+            assert refused.status_code in (400, 404)
+        answered = await http.post("/v1/responses", json={"model": "sim", "input": "hi"})
+        assert answered.status_code == 200
+    assert creates == {}

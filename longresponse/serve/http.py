@@ -160,6 +160,7 @@ class ResponsesHTTP:
     async def create(self, request: Request) -> Response:
         received_at = time.perf_counter()
         self.requests += 1
+        body: ResponseCreate | None = None
         try:
             owner = self._owner(request)
             raw = await self._body(request)
@@ -205,6 +206,8 @@ class ResponsesHTTP:
             )
             run.seed_from_token_cache()
         except ProtocolError as error:
+            if body is not None:
+                self.turns.inspector.http.refused(body)
             return http_error(error)
         if body.stream:
             return StreamingResponse(run.sse(), media_type="text/event-stream")

@@ -134,6 +134,10 @@ class ConnectionRecord:
             record.bytes_in += nbytes
             record.note("client", event, nbytes)
 
+
+    def refused(self, event: ResponseCreate) -> None:
+        """A create refused before its turn started: its body is not kept."""
+        self.creates.pop(id(event), None)
     def summary(self) -> dict[str, Any]:
         session = self.session
         out: dict[str, Any] = {
@@ -216,11 +220,11 @@ class Inspector:
         # What ran on it is cut off, as the server ends it (cancelled); a shipped
         # chain paused between responses may go on elsewhere, from the store.
         for rollout in self.rollouts.values():
-            if rollout.connection is record:
-                rollout.digest()
-            if rollout.connection is record and (
-                rollout.status == "sampling"
-                or (rollout.status == "paused" and rollout.shape == "append")
+            if rollout.connection is not record:
+                continue
+            rollout.digest()
+            if rollout.status == "sampling" or (
+                rollout.status == "paused" and rollout.shape == "append"
             ):
                 rollout.status, rollout.pending, rollout.running = "cancelled", [], False
         if self.watchers:
@@ -237,13 +241,12 @@ class Inspector:
         connection = self._by_sink.get(sink) or self.http
         record = self._by_rollout.get(rollout)
         previous = request.previous_response_id
-        if record is None and previous is not None:
-            parent = self.by_response.get(previous)
-            if parent is not None:
-                parent.digest()  # (``running`` follows from its events)
-            if parent is not None and parent.responses[-1] == previous and not parent.running:
+        parent = self.by_response.get(previous) if previous is not None else None
+        if record is None and parent is not None:
+            parent.digest()  # (``running`` follows from its events)
+            if parent.responses[-1] == previous and not parent.running:
                 record = parent  # the chain goes on (HTTP: a fresh engine rollout each time)
-            elif parent is not None:
+            else:
                 record = self._open(response_id, connection)
                 record.parent = parent.id  # a fork
         if record is None:
