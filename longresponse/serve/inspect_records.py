@@ -51,7 +51,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Final, Protocol, cast
 
-from protocol import ResponseTrack
+from protocol import ResponseTrack, wire_type
 from protocol.events import (
     ErrorEvent,
     OutputItemAdded,
@@ -92,10 +92,6 @@ MAX_PENDING: Final = 256
 FINISHED: Final = frozenset({"completed", "failed", "cancelled", "incomplete"})
 
 
-def _tag(cls: type) -> str:
-    return str(cls.__struct_config__.tag)  # type: ignore[attr-defined]
-
-
 def _summary(event: Any) -> dict[str, Any] | None:
     """What a state-changing event says, in a few fields (None for the rest)."""
     response = getattr(event, "response", None)
@@ -133,7 +129,7 @@ _SUMMARISED = frozenset(
 def _kind(cls: type) -> tuple[str, bool, bool]:
     kind = _KINDS.get(cls)
     if kind is None:
-        tag = _tag(cls)
+        tag = wire_type(cls)
         lifecycle = "response" in getattr(cls, "__struct_fields__", ())
         kind = _KINDS[cls] = (tag, lifecycle or tag in _SUMMARISED, tag in _DELTAS)
     return kind

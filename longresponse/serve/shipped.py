@@ -118,9 +118,7 @@ class SegmentCache:
         if entry is not None:
             entry[1].remove(segment_id)
             if not entry[1]:
-                del self._rollouts[id(rollout)]
-                self.dropped.append(rollout)
-                self.nbytes -= self._sizes.pop(id(rollout), 0)
+                self.drop_rollout(rollout)
 
     def drop_rollout(self, rollout: Rollout) -> None:
         entry = self._rollouts.pop(id(rollout), None)

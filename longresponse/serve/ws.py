@@ -66,7 +66,7 @@ from ..engine.stream import StreamClosed
 from ..storage.keys import ApiKeys, Unauthorized
 from .append import AppendShape
 from .inspector import ConnectionRecord
-from .outbox import Outbox
+from .outbox import ASGISend, Outbox
 from .seam import SEND_TEXTS_KEY, abort
 from .shipped import ShippedShape
 from .turns import Turns
@@ -91,7 +91,6 @@ MULTI_AGENT_BETA: Final = "responses_multi_agent=v1"
 DRAIN_POLL_INTERVAL: Final = 0.02
 
 ASGIReceive = Callable[[], Awaitable[dict[str, Any]]]
-ASGISend = Callable[[dict[str, Any]], Awaitable[None]]
 
 
 class Shape(Protocol):
