@@ -97,17 +97,17 @@ def count_input(rollout: Rollout, timing: TurnTiming, cached: int, added: int) -
     return total - cached
 
 
-def settle_count(rollout: Rollout, timing: TurnTiming, cached: int, uncached: int) -> int:
+def settle_count(rollout: Rollout, timing: TurnTiming, cached: int) -> None:
     """Tokenize and count the new input a turn left uncounted (once; a no-op
-    otherwise); the turn's uncached tokens."""
+    otherwise). Then the context's tokens are ``len(rollout.tokens)``."""
     if not rollout.uncounted:
-        return uncached
+        return
     rollout.uncounted = False
     started = rollout.clock()
     added = tokenize_input(rollout)
     note_rendering(rollout)
     timing.count = rollout.clock() - started
-    return count_input(rollout, timing, cached, added)
+    count_input(rollout, timing, cached, added)
 
 
 def rerender(rollout: Rollout) -> int:

@@ -371,16 +371,16 @@ class Rollout:
         request = self.request
         threshold = compact_threshold(request, self.model.context_window)
         bound = counting.hold_input(self, taken.items, trigger=taken.trigger, threshold=threshold)
-        if not self.uncounted:  # tokenizing first: queued events go out before it (untimed)
+        if self.uncounted:  # counted after the first output (it cannot reach the window)
+            rendered = self.clock()
+            uncached = bound - cached
+        else:  # tokenizing first: queued events go out before it (untimed)
             waited = self.clock()
             await asyncio.sleep(0)
             waited = self.clock() - waited
             started, resolved = started + waited, resolved + waited
             added = counting.tokenize_input(self)
-        rendered = self.clock()
-        if self.uncounted:  # counted after the first output (it cannot reach the window)
-            uncached = bound - cached
-        else:
+            rendered = self.clock()
             counting.note_rendering(self)
             if taken.trigger or (threshold is not None and len(self.tokens) > threshold):
                 await compact_rollout(self, reply, cached)
@@ -417,9 +417,9 @@ class Rollout:
                         timing.time_to_first_token = self.clock() - sampling_started
                         first = False
                     if isinstance(chunk, models.Usage):  # a real engine's own counts
-                        uncached = counting.settle_count(self, timing, cached, uncached)
+                        counting.settle_count(self, timing, cached)
                         spent = builder.output_tokens - output_before
-                        reply.bill_upstream(chunk, (cached + uncached, cached, spent))
+                        reply.bill_upstream(chunk, (len(self.tokens), cached, spent))
                         continue
                     if isinstance(chunk, Stop):
                         stop = chunk.reason
@@ -436,15 +436,15 @@ class Rollout:
                     if first_flush:  # the writer's turn: the first output goes out now
                         first_flush = False
                         await asyncio.sleep(0)
-                        uncached = counting.settle_count(self, timing, cached, uncached)
+                        counting.settle_count(self, timing, cached)
                     if stop == "max_events":
                         break
         except UpstreamError as exc:  # what the model wrote stays; the open item is cut
             failed = exc
-            uncached = counting.settle_count(self, timing, cached, uncached)
-            await cut_short(self, reply, None if not first else (cached + uncached, cached))
+            counting.settle_count(self, timing, cached)
+            await cut_short(self, reply, None if not first else (len(self.tokens), cached))
         finally:  # no output at all, or cancelled
-            counting.settle_count(self, timing, cached, uncached)
+            counting.settle_count(self, timing, cached)
         timing.inference = self.clock() - sampling_started
         produced = kept(builder.output[first_output:])
         # The model's own output joins the context and the token cache; it is
