@@ -60,6 +60,7 @@ from ..engine.sampling import (
     ToolCallStart,
     Usage,
 )
+from .responses_wire import redact
 
 __all__ = [
     "ChunkReader",
@@ -159,13 +160,12 @@ def decode_chunk(data: bytes | str) -> StreamChunk:
 
 
 class _Call:
-    __slots__ = ("arguments", "call_id", "name", "started")
+    __slots__ = ("arguments", "call_id", "name")
 
     def __init__(self) -> None:
         self.call_id = ""
         self.name = ""
         self.arguments: list[str] = []
-        self.started = False
 
 
 class ChunkReader:
@@ -287,7 +287,6 @@ class ChunkReader:
 
 
 def _start(call: _Call) -> list[SampleChunk]:
-    call.started = True
     call_id = call.call_id or f"call_{secrets.token_hex(12)}"
     out: list[SampleChunk] = [ToolCallStart(call_id=call_id, name=call.name)]
     out.extend(ArgumentsDelta(part) for part in call.arguments)
@@ -347,10 +346,6 @@ def _error_body(body: bytes) -> _ErrorBody:
         return _ErrorBody(message=message if isinstance(message, str) else "")
 
 
-def _scrub(text: str, secret: str | None) -> str:
-    return text.replace(secret, "[redacted]") if secret else text
-
-
 def retry_after(value: str | None) -> float | None:
     """The seconds of a ``Retry-After`` header (a number; a date is not read)."""
     if value is None:
@@ -370,7 +365,7 @@ def refusal(
     ``secret`` (the API key) is cut out of whatever the engine said.
     """
     error = _error_body(body)
-    said = _scrub(error.message.strip(), secret)[:1000]
+    said = redact(error.message.strip(), secret)[:1000]
     if status in (401, 403):
         return UpstreamError(
             f"The upstream engine refused the server's credentials (HTTP {status}); "

@@ -80,7 +80,7 @@ from .render import encode, render_item, render_prefix
 from .sampling import ReasoningDone, Usage
 from .stream import ItemText
 
-__all__ = ["ChatPrompt", "ChatTurn", "FinishReason", "render_prompt"]
+__all__ = ["ChatPrompt", "ChatTurn", "FinishReason", "render_prompt", "render_tokens"]
 
 FinishReason = Literal["stop", "length", "tool_calls"]
 _FINISH: Final[dict[str, FinishReason]] = {
@@ -100,14 +100,20 @@ class ChatPrompt:
     seed: str
 
 
+def render_tokens(items: Sequence[Item], tools: Sequence[FunctionTool]) -> list[int]:
+    """A conversation's tokens as the simulated engine reads them (pure)."""
+    tokens = render_prefix(None, tools)
+    for item in items:
+        tokens.extend(render_item(item))
+    return tokens
+
+
 def render_prompt(
     model: str, items: Sequence[Item], tools: Sequence[FunctionTool], *, owner: str = ""
 ) -> ChatPrompt:
     """Render and hash a conversation for ``owner`` (the API key's; pure: safe
     in a worker thread)."""
-    tokens = render_prefix(None, tools)
-    for item in items:
-        tokens.extend(render_item(item))
+    tokens = render_tokens(items, tools)
     seed = cache_seed(owner, model)
     return ChatPrompt(tokens, block_digests(seed, tokens), seed)
 
@@ -137,7 +143,7 @@ class ChatTurn:
         self._has_text = False
         self._answer: str | None = None  # the whole text, once finished
         self._calls: list[ReplyToolCall] = []
-        self._arguments: list[str] = []
+        self._arguments: list[list[str]] = []  # each call's pieces, joined at the end
         self._reasoning: list[str] = []
         #: A real engine's own counts (a backend's ``Usage``), which ``usage`` reports.
         self._upstream: Usage | None = None
@@ -192,7 +198,7 @@ class ChatTurn:
                             function=ReplyFunction(name=sample.name, arguments=""),
                         )
                     )
-                    self._arguments.append("")
+                    self._arguments.append([])
                     start = ToolCallDelta(
                         index=index,
                         id=sample.call_id,
@@ -202,7 +208,7 @@ class ChatTurn:
                     yield self._chunk(_delta(role, tool_calls=[start]))
                 elif isinstance(sample, ArgumentsDelta):
                     index = len(self._calls) - 1
-                    self._arguments[index] += sample.delta
+                    self._arguments[index].append(sample.delta)
                     piece = ToolCallDelta(
                         index=index, function=FunctionCallDelta(arguments=sample.delta)
                     )
@@ -242,10 +248,11 @@ class ChatTurn:
             self._answer, text_tokens = self._text.finish()
         else:
             text_tokens = 0
-        self.completion_tokens = text_tokens + sum(len(encode(a)) for a in self._arguments)
+        arguments = ["".join(pieces) for pieces in self._arguments]
+        self.completion_tokens = text_tokens + sum(len(encode(a)) for a in arguments)
         self._calls = [
             ReplyToolCall(id=call.id, function=ReplyFunction(name=call.function.name, arguments=a))
-            for call, a in zip(self._calls, self._arguments, strict=True)
+            for call, a in zip(self._calls, arguments, strict=True)
         ]
         self.finish_reason = reason
 

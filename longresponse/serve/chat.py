@@ -87,7 +87,7 @@ from ..engine.chat_map import (
     tool_choice_from_chat,
     tools_from_chat,
 )
-from ..engine.chat_turn import ChatPrompt, ChatTurn, render_prompt
+from ..engine.chat_turn import ChatPrompt, ChatTurn, render_prompt, render_tokens
 from ..engine.chat_wire import (
     ChatRequest,
     decode_chat_request,
@@ -401,7 +401,7 @@ class ChatCompletions:
             else:
                 tools = tools_from_chat(body.tools)
                 items = items_from_messages(body.messages or [], answered=False)
-                tokens = (await asyncio.to_thread(render_prompt, model.name, items, tools)).tokens
+                tokens = await asyncio.to_thread(render_tokens, items, tools)
         except ProtocolError as error:
             return http_error(error)
         return JSONResponse(
