@@ -40,7 +40,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import secrets
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from typing import Any, Final
 
@@ -50,10 +49,10 @@ import msgspec
 from ..config import BackendConfig
 from ..engine.failures import UpstreamError
 from ..engine.sampling import SampleChunk, SampleRequest, Stop, Usage
+from .registry import missing_keys
 from .responses_wire import (
     CHAIN_LOST,
-    Chain,
-    Reasoned,
+    ChainedTurns,
     TurnReader,
     create_body,
     refused,
@@ -87,20 +86,13 @@ def api_key(config: BackendConfig) -> str | None:
 
     Raises :class:`SettingsError` naming the variable (never a value) if it is unset.
     """
-    if not config.api_key_env:
-        return None
-    key = os.environ.get(config.api_key_env)
-    if not key:
-        raise SettingsError(
-            f"model {config.name!r}: the environment variable {config.api_key_env} "
-            "(its API key) is not set"
-        )
-    return key
+    if (why := missing_keys([config])) is not None:
+        raise SettingsError(why)
+    return os.environ.get(config.api_key_env) if config.api_key_env else None
 
 
-def auth_headers(config: BackendConfig) -> dict[str, str]:
-    """The ``Authorization`` header of :func:`api_key` (none without a key)."""
-    key = api_key(config)
+def auth_headers(key: str | None) -> dict[str, str]:
+    """The ``Authorization`` header for ``key`` (:func:`api_key`; none without one)."""
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 
@@ -120,7 +112,7 @@ class ResponsesBackend:
         self.url = config.base_url.rstrip("/") + "/responses"
         self.key = api_key(config)
         self.client = httpx.AsyncClient(
-            headers={**auth_headers(config), "Content-Type": "application/json"},
+            headers={**auth_headers(self.key), "Content-Type": "application/json"},
             timeout=httpx.Timeout(
                 connect=config.connect_timeout,
                 read=None,  # the first-token and idle deadlines are the sampler's
@@ -136,21 +128,12 @@ class ResponsesBackend:
         await self.client.aclose()
 
 
-class ResponsesSampler:
+class ResponsesSampler(ChainedTurns):
     """One rollout's turns: its chain of upstream responses, and its affinity key."""
 
-    #: The upstream counts its own input: the rollout's count of the new input
-    #: can wait until the first output (``longresponse.engine.counting``).
-    counts_first = False
-
     def __init__(self, backend: ResponsesBackend) -> None:
+        super().__init__(backend.config)
         self.backend = backend
-        self.chain = Chain()
-        self.reasoned = Reasoned()
-        config = backend.config
-        self.headers = (
-            {config.affinity_header: secrets.token_hex(8)} if config.affinity_header else {}
-        )
 
     async def sample(self, request: SampleRequest) -> AsyncGenerator[SampleChunk, None]:
         if request.max_output_tokens == 0:  # the budget is spent: nothing to ask for
@@ -178,7 +161,7 @@ class ResponsesSampler:
             except UpstreamError as exc:
                 if reader.begun:
                     raise  # the upstream may have begun it: never run it twice
-                if previous is not None and exc.code in CHAIN_LOST and not reader.started:
+                if previous is not None and exc.code in CHAIN_LOST:  # (nothing started: not begun)
                     self.chain.forget()  # the upstream forgot it: send everything
                     continue
                 wait = retry_wait(config, exc, attempt)

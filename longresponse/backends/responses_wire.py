@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import secrets
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Final
 
@@ -84,6 +85,7 @@ __all__ = [
     "CHAIN_LOST",
     "MIN_OUTPUT_TOKENS",
     "Chain",
+    "ChainedTurns",
     "Reasoned",
     "TurnReader",
     "create_body",
@@ -152,6 +154,22 @@ class Reasoned:
     def before(self, item: Item) -> list[dict[str, Any]]:
         found = self._before.get(id(item))
         return found[1] if found is not None and found[0] is item else []
+
+
+class ChainedTurns:
+    """What both Responses samplers keep for one rollout: its chain of upstream
+    responses, the reasoning it keeps, its affinity header (if configured)."""
+
+    #: The upstream counts its own input: the rollout's count of the new input
+    #: can wait until the first output (``longresponse.engine.counting``).
+    counts_first = False
+
+    def __init__(self, config: BackendConfig) -> None:
+        self.chain = Chain()
+        self.reasoned = Reasoned()
+        self.headers: dict[str, str] = (
+            {config.affinity_header: secrets.token_hex(8)} if config.affinity_header else {}
+        )
 
 
 @dataclasses.dataclass(slots=True)

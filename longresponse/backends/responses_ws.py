@@ -45,7 +45,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import secrets
 from collections.abc import AsyncGenerator
 from typing import Any, Final
 
@@ -60,8 +59,7 @@ from ..engine.sampling import SampleChunk, SampleRequest, Stop, Usage
 from .responses_http import api_key, auth_headers, retry_wait
 from .responses_wire import (
     CHAIN_LOST,
-    Chain,
-    Reasoned,
+    ChainedTurns,
     TurnReader,
     create_body,
     refused,
@@ -97,7 +95,7 @@ class ResponsesWSBackend:
         self.config = config
         self.url = websocket_url(config.base_url)
         self.key = api_key(config)
-        self.headers = auth_headers(config)
+        self.headers = auth_headers(self.key)
 
     def make_sampler(self) -> ResponsesWSSampler:
         return ResponsesWSSampler(self)
@@ -106,23 +104,14 @@ class ResponsesWSBackend:
         """Nothing shared to close: each rollout's sampler closes its own socket."""
 
 
-class ResponsesWSSampler:
+class ResponsesWSSampler(ChainedTurns):
     """One rollout's upstream socket and chain."""
 
-    #: The upstream counts its own input: the rollout's count of the new input
-    #: can wait until the first output (``longresponse.engine.counting``).
-    counts_first = False
-
     def __init__(self, backend: ResponsesWSBackend) -> None:
+        super().__init__(backend.config)
         self.backend = backend
-        self.chain = Chain()
-        self.reasoned = Reasoned()
         self.socket: ClientConnection | None = None
-        config = backend.config
-        self.headers = {
-            **backend.headers,
-            **({config.affinity_header: secrets.token_hex(8)} if config.affinity_header else {}),
-        }
+        self.headers = {**backend.headers, **self.headers}
 
     async def sample(self, request: SampleRequest) -> AsyncGenerator[SampleChunk, None]:
         if request.max_output_tokens == 0:  # the budget is spent: nothing to ask for

@@ -64,7 +64,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, Final
@@ -99,7 +98,7 @@ from ..engine.models import ModelRegistry, ModelSpec, SampleRequest, check_sim_m
 from ..engine.prefix_cache import PrefixCache, block_digests
 from ..engine.render import encode, render_item
 from ..ids import new_id
-from .http import ResponsesHTTP, http_error
+from .http import ResponsesHTTP, error_body, http_error, upstream_http_error
 from .http_sinks import SSE_QUEUE_DEPTH
 from .seam import abort, peer_gone
 
@@ -118,12 +117,16 @@ _PARAMS: Final = (
 )
 
 
-def _rename(error: RemoteProtocolError) -> RemoteProtocolError:
-    param = error.param or ""
+def _chat_param(param: str | None) -> str | None:
+    """A Responses ``param`` as the chat API names it."""
     for old, new in _PARAMS:
-        if old in param:
-            param = param.replace(old, new, 1)
-            break
+        if param is not None and old in param:
+            return param.replace(old, new, 1)
+    return param
+
+
+def _rename(error: RemoteProtocolError) -> RemoteProtocolError:
+    param = _chat_param(error.param) or ""
     message = error.message.replace(f"'{error.param}'", f"'{param}'")
     return RemoteProtocolError(message, code=error.code, param=param or None, status=error.status)
 
@@ -296,10 +299,7 @@ class ChatCompletions:
         if work.cancelled():  # the client is gone: nobody reads this
             return Response(status_code=499)
         if isinstance(failed := work.result(), UpstreamError):
-            response = http_error(_upstream(failed))
-            if failed.retry_after is not None:
-                response.headers["retry-after"] = str(max(1, math.ceil(failed.retry_after)))
-            return response
+            return upstream_http_error(failed, _upstream(failed))
         if failed is not None:
             return http_error(failed)
         return Response(_encoder.encode(turn.completion()), media_type="application/json")
@@ -331,7 +331,7 @@ class ChatCompletions:
                     await self._remember(turn, prompt)
                 except Exception as exc:  # the model failed: say so, then end the stream
                     error = _upstream(exc) if isinstance(exc, UpstreamError) else _server_error(exc)
-                    if not await put(b"data: " + _encoder.encode(_envelope(error)) + b"\n\n"):
+                    if not await put(b"data: " + _encoder.encode(error_body(error)) + b"\n\n"):
                         return
                 if not await put(DONE_RECORD):
                     return
@@ -443,26 +443,10 @@ def _server_error(exc: Exception) -> ProtocolError:
 
 def _upstream(exc: UpstreamError) -> ProtocolError:
     """The engine behind failed or refused: its code, status and param (no traceback)."""
-    param = "messages" if exc.param == "input" else exc.param  # as chat names it
-    for old, new in _PARAMS:
-        if param is not None and old in param:
-            param = param.replace(old, new, 1)
-            break
+    param = _chat_param("messages" if exc.param == "input" else exc.param)
     return RemoteProtocolError(
         exc.message, code=exc.code, param=param, status=exc.status, error_type=exc.error_type
     )
-
-
-def _envelope(error: ProtocolError) -> dict[str, Any]:
-    """The error envelope as a stream record carries it (the SDK raises on it)."""
-    return {
-        "error": {
-            "message": error.message,
-            "type": error.error_type,
-            "param": error.param,
-            "code": error.code,
-        }
-    }
 
 
 def _answer_digests(prompt: ChatPrompt, answer: list[Item]) -> list[bytes]:

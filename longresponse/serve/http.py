@@ -56,19 +56,15 @@ TRANSPORT = "http"
 _encoder = msgspec.json.Encoder()
 
 
+def error_body(error: ProtocolError) -> dict[str, Any]:
+    """The shipped error envelope (an HTTP error's body, a chat stream's error record)."""
+    fields = {"message": error.message, "type": error.error_type, "param": error.param}
+    return {"error": fields | {"code": error.code}}
+
+
 def http_error(error: ProtocolError) -> JSONResponse:
     """The shipped HTTP error envelope."""
-    return JSONResponse(
-        {
-            "error": {
-                "message": error.message,
-                "type": error.error_type,
-                "param": error.param,
-                "code": error.code,
-            }
-        },
-        status_code=error.status,
-    )
+    return JSONResponse(error_body(error), status_code=error.status)
 
 
 def _not_found(response_id: str) -> RemoteProtocolError:
@@ -80,15 +76,14 @@ def _not_found(response_id: str) -> RemoteProtocolError:
     )
 
 
-def upstream_http_error(exc: UpstreamError) -> JSONResponse:
-    """An engine's failure as the shipped HTTP error (``Retry-After`` when it gave one)."""
+def upstream_http_error(exc: UpstreamError, error: ProtocolError | None = None) -> JSONResponse:
+    """An engine's failure as the shipped HTTP error (``Retry-After`` when it gave one),
+    or as ``error`` when the caller words it (the chat API names params its own way)."""
+    status, error_type = exc.status, exc.error_type
     response = http_error(
-        RemoteProtocolError(
-            exc.message,
-            code=exc.code,
-            param=exc.param,
-            status=exc.status,
-            error_type=exc.error_type,
+        error
+        or RemoteProtocolError(
+            exc.message, code=exc.code, param=exc.param, status=status, error_type=error_type
         )
     )
     if exc.retry_after is not None:
@@ -206,8 +201,7 @@ class ResponsesHTTP:
             )
             run.seed_from_token_cache()
         except ProtocolError as error:
-            if body is not None:
-                self.turns.inspector.http.refused(body)
+            self.turns.inspector.http.refused(body)
             return http_error(error)
         if body.stream:
             return StreamingResponse(run.sse(), media_type="text/event-stream")

@@ -135,9 +135,11 @@ class ConnectionRecord:
             record.note("client", event, nbytes)
 
 
-    def refused(self, event: ResponseCreate) -> None:
-        """A create refused before its turn started: its body is not kept."""
-        self.creates.pop(id(event), None)
+    def refused(self, event: ResponseCreate | None) -> None:
+        """A create refused before its turn started (or before it was read): its body
+        is not kept."""
+        if event is not None:
+            self.creates.pop(id(event), None)
     def summary(self) -> dict[str, Any]:
         session = self.session
         out: dict[str, Any] = {
