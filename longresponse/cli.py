@@ -231,7 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--inspector-watchers",
         type=_ranged("inspector_watchers", int),
-        default=4,
+        default=limits.INSPECTOR_WATCHERS,
         help="live /inspect feeds open at once; one more gets 429 (too_many_watchers)",
     )
     serve.add_argument(

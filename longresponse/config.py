@@ -26,6 +26,7 @@ __all__ = [
     "DEFAULT_PORT",
     "DEFAULT_STORE",
     "GC_YOUNG_THRESHOLD",
+    "INSPECTOR_WATCHERS",
     "MAX_BACKGROUND",
     "MAX_IN_FLIGHT",
     "MAX_LANES",
@@ -91,6 +92,8 @@ PAUSE_TIMEOUT: Final = 600.0
 #: HTTP ``background: true`` responses running at once in one server process;
 #: beyond it a create gets a 429.
 MAX_BACKGROUND: Final = 64
+#: Live /inspect feeds open at once (``--inspector-watchers``).
+INSPECTOR_WATCHERS: Final = 4
 #: Bytes of SSE records one running background response keeps for readers
 #: that resume (``starting_after``); the oldest records go first beyond it.
 BACKGROUND_LOG_BYTES: Final = 4 * 1024 * 1024
@@ -328,7 +331,7 @@ class ServerConfig:
     compaction_key: str | None = None
     #: The inspector (``/inspect``): keeping observations, and live feeds at once.
     inspector: bool = True
-    inspector_watchers: int = 4
+    inspector_watchers: int = INSPECTOR_WATCHERS
     sim: SimConfig = dataclasses.field(default_factory=SimConfig)
     #: Models answered by real engines, beside the simulated ones.
     backends: tuple[BackendConfig, ...] = ()
