@@ -213,10 +213,7 @@ def targets(document: dict[str, Any]) -> list[dict[str, Any]]:
         grouped = by_transport(r for r in main if r["tokens_per_second"] == speed)
         if "http" not in grouped or "append" not in grouped:
             continue
-        http_e2e = e2e_s(grouped["http"])
-        append_e2e = e2e_s(grouped["append"])
-        model_s = median(sum(t["model_ms"] for t in r["turns"]) for r in grouped["append"]) / 1000
-        saving = percent_lower(append_e2e, http_e2e)
+        append_e2e, http_e2e, model_s, saving = _append_vs_http(grouped)
         sample = grouped["append"][0]
         knobs = document["meta"]["knobs"]
         parameters = (
@@ -308,10 +305,8 @@ def floor_targets(document: dict[str, Any]) -> list[dict[str, Any]]:
         if "append" not in grouped or "http" not in grouped:
             continue
         append = grouped["append"]
-        e2e, http = e2e_s(append), e2e_s(grouped.get("http", []))
-        model = median(sum(t["model_ms"] for t in r["turns"]) for r in append) / 1000
+        e2e, http, model, saving = _append_vs_http(grouped)
         above = (e2e / model - 1) * 100 if model else math.nan
-        saving = percent_lower(e2e, http)
         met = None if math.isnan(saving) or math.isnan(above) else above <= 10 and saving >= 40
         text = (
             f"at {speed:g} tok/s, {append[0]['tool_calls']} tool calls: append {fmt(e2e, 3)} s end "
@@ -322,6 +317,14 @@ def floor_targets(document: dict[str, Any]) -> list[dict[str, Any]]:
         found.append({"target": 2, "transport": "append", "met": met, "stated": stated,
                       "text": text})  # fmt: skip
     return found
+
+
+def _append_vs_http(grouped: dict[str, list[Record]]) -> tuple[float, float, float, float]:
+    """Append's and http's end to end (s), the model's own time summed over append's
+    turns (s), and how much lower append's is than http's (%)."""
+    append, http = e2e_s(grouped["append"]), e2e_s(grouped["http"])
+    model = median(sum(t["model_ms"] for t in r["turns"]) for r in grouped["append"]) / 1000
+    return append, http, model, percent_lower(append, http)
 
 
 def _pair(records: Sequence[Record], last: int, key: str) -> str:
