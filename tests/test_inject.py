@@ -273,8 +273,11 @@ def test_http_refuses_multi_agent(server: Any) -> None:
 
 
 async def test_append_mode_accepts_inject(server: Any) -> None:
+    # A paced answer keeps the response alive while the test reads the client's
+    # record of the answered call (the client reads ahead of what it is asked for).
     async with connect(server.url) as client:
-        await client.create(model="sim", input="Read it.", tools=[READ_FILE])
+        paced = {"sim_tokens_per_second": "200"}
+        await client.create(model="sim", input="Read it.", tools=[READ_FILE], metadata=paced)
         paused = (await client.until_done())[-1]
         assert isinstance(paused, ResponseDone)
         assert paused.response.status == "requires_action"
