@@ -7,7 +7,10 @@ still look at the app's state (live sessions) to check cleanup.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -110,6 +113,24 @@ def make_server(tmp_path: Any) -> Iterator[Callable[..., RunningServer]]:
 
 #: SDK clients made by a test, closed after it (their HTTP pools hold sockets).
 OPEN_CLIENTS: list[Any] = []
+
+
+@contextlib.contextmanager
+def stalled_post(port: int, path: str, body: dict[str, Any]) -> Iterator[socket.socket]:
+    """A raw HTTP POST of ``body`` to ``path`` from a socket with a 4 KiB receive
+    buffer that then reads nothing until the caller does (a slow reader)."""
+    data = json.dumps(body).encode()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.settimeout(10)
+    with sock:
+        sock.connect(("127.0.0.1", port))
+        sock.sendall(
+            b"POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\n" % path.encode()
+            + b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+            % (len(data), data)
+        )
+        yield sock
 
 
 def openai_client(server: RunningServer, key: str = "test-key") -> Any:

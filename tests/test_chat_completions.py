@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
 import time
 import uuid
 from typing import Any
@@ -31,7 +30,7 @@ from longresponse.engine.chat_wire import (
     decode_chat_request,
 )
 from longresponse.engine.prefix_cache import BLOCK_TOKENS, ENTRY_BYTES, PrefixCache, block_digests
-from tests.conftest import openai_client
+from tests.conftest import openai_client, stalled_post
 
 WEATHER = {
     "type": "function",
@@ -504,23 +503,13 @@ def test_a_client_that_hangs_up_on_a_completion_stops_it(server: Any) -> None:
 def test_a_slow_stream_reader_is_dropped_and_its_turn_stopped(make_server: Any) -> None:
     running = make_server(slow_reader_timeout=0.3)
     chat = running.app.state.chat
-    body = json.dumps(
-        {
-            "model": "sim",
-            "messages": [user("flood me")],
-            "stream": True,
-            "metadata": {"sim_output_tokens": "2000000"},
-        }
-    ).encode()
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.settimeout(10)
-    with sock:
-        sock.connect(("127.0.0.1", running.port))
-        sock.sendall(
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
-        )
+    body = {
+        "model": "sim",
+        "messages": [user("flood me")],
+        "stream": True,
+        "metadata": {"sim_output_tokens": "2000000"},
+    }
+    with stalled_post(running.port, "/v1/chat/completions", body) as sock:
         wait_for(lambda: chat.running == 1, "the turn to start")
         # Never reading: the connection is dropped and the turn stopped.
         wait_for(lambda: chat.stopped == 1 and chat.running == 0, "the reader's drop", 30)

@@ -9,7 +9,6 @@ what the SDK will not (bad input, a reader that never reads).
 from __future__ import annotations
 
 import json
-import socket
 import time
 from collections.abc import AsyncGenerator
 from typing import Any
@@ -20,7 +19,7 @@ import pytest
 
 from longresponse.engine.models import ModelSpec, SampleChunk, SampleRequest, TextDelta
 from longresponse.engine.structured import MAX_SCHEMA_COUNT, MAX_SCHEMA_DEPTH, value_for_schema
-from tests.conftest import openai_client
+from tests.conftest import openai_client, stalled_post
 
 GOOD = {"model": "sim", "messages": [{"role": "user", "content": "Hi"}]}
 TOOL_PARAMS = {"type": "object", "properties": {"city": {"type": "string"}}}
@@ -229,16 +228,8 @@ def test_a_stalled_reader_of_a_stream_that_fits_the_queue_is_dropped(
     monkeypatch.setattr("longresponse.serve.chat.SSE_QUEUE_DEPTH", 1 << 20)
     running = make_server(slow_reader_timeout=0.5)
     chat = running.app.state.chat
-    body = json.dumps({**GOOD, "stream": True, "metadata": {"sim_output_tokens": "50000"}}).encode()
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.settimeout(10)
-    with sock:
-        sock.connect(("127.0.0.1", running.port))
-        sock.sendall(
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
-        )
+    body = {**GOOD, "stream": True, "metadata": {"sim_output_tokens": "50000"}}
+    with stalled_post(running.port, "/v1/chat/completions", body) as sock:
         wait_for(lambda: chat.requests == 1, "the request")
         # Never reading: the whole answer is generated, but its reader never
         # takes it, so the connection is dropped within the timeout.

@@ -13,6 +13,7 @@ import wsproto.events as ws
 from longresponse.client import connect
 from protocol import ResponseState
 from protocol.events import OutputTextDelta, ResponseDone
+from tests.conftest import stalled_post
 from tests.raw_ws import handshake, wait_until
 
 TOOL = {"type": "function", "name": "read_file", "parameters": {"type": "object"}}
@@ -124,23 +125,13 @@ async def test_a_slow_websocket_reader_is_dropped_and_its_connection_freed(
 
 async def test_a_slow_sse_reader_is_dropped_and_its_connection_freed(make_server: Any) -> None:
     running = make_server(slow_reader_timeout=0.3)
-    body = json.dumps(
-        {
-            "input": "flood me",
-            "stream": True,
-            "store": False,
-            "metadata": {"sim_output_tokens": "2000000"},
-        }
-    ).encode()
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.settimeout(10)
-    with sock:
-        sock.connect(("127.0.0.1", running.port))
-        sock.sendall(
-            b"POST /v1/responses HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
-        )
+    body = {
+        "input": "flood me",
+        "stream": True,
+        "store": False,
+        "metadata": {"sim_output_tokens": "2000000"},
+    }
+    with stalled_post(running.port, "/v1/responses", body) as sock:
         await wait_until(lambda: open_connections(running) == 1)
         await wait_until(lambda: open_connections(running) == 0, seconds=30)
         received = b""
