@@ -27,9 +27,9 @@ lint: $(VENV)/.installed-test
 	$(BIN)/ruff check protocol longresponse tests examples
 	$(BIN)/mypy protocol longresponse
 
-# The tests start a real redis-server (tests/redis_server.py) and a real nginx
-# (tests/nginx_server.py), and open /inspect in Debian's headless chromium
-# (tests/test_inspect.py); install what is missing (CI runs as root).
+# The tests start a real redis-server (tests/support/redis_server.py) and a real nginx
+# (tests/support/nginx_server.py), and open /inspect in Debian's headless chromium
+# (tests/serve/inspector/test_inspect.py); install what is missing (CI runs as root).
 NGINX := $(shell command -v nginx || ls /usr/sbin/nginx 2>/dev/null)
 test-services:
 	@command -v redis-server >/dev/null || (apt-get update -qq && \

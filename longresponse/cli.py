@@ -402,7 +402,7 @@ def uvicorn_config(config: ServerConfig, *, log_level: str = "info") -> object:
     import uvicorn
 
     from .serve.app import create_app
-    from .serve.oversize import LingeringWSProtocol
+    from .serve.ws.oversize import LingeringWSProtocol
 
     return uvicorn.Config(
         create_app(config),

@@ -21,8 +21,8 @@ import uvicorn
 
 from longresponse.config import ServerConfig
 from longresponse.serve.app import create_app
-from longresponse.serve.oversize import LingeringWSProtocol
-from tests.redis_server import redis_server_fixture
+from longresponse.serve.ws.oversize import LingeringWSProtocol
+from tests.support.redis_server import redis_server_fixture
 
 
 class RunningServer:

@@ -21,13 +21,13 @@ import pytest
 
 from longresponse.config import ServerConfig
 from longresponse.engine.stream import PeerGone, ServerClosed, StreamClosed
-from longresponse.serve.http_sinks import RecordingSink, SSESink
-from longresponse.serve.ws import Outbox
+from longresponse.serve.http.sinks import RecordingSink, SSESink
+from longresponse.serve.ws.session import Outbox
 from protocol import LocalProtocolError, Mode
 from protocol.events import OutputTextDelta, ResponseCreated
 from protocol.response import Response
+from tests.support.paths import ROOT
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
 #: A module of the packages may not pass this many lines (STYLE: ~500).
 MAX_MODULE_LINES = 520
 
@@ -81,11 +81,11 @@ def test_the_layers_are_where_the_layout_says() -> None:
         "longresponse.engine.segment",
         "longresponse.engine.admission",
         "longresponse.serve.turns",
-        "longresponse.serve.ws",
-        "longresponse.serve.append",
-        "longresponse.serve.shipped",
+        "longresponse.serve.ws.session",
+        "longresponse.serve.ws.append",
+        "longresponse.serve.ws.shipped",
         "longresponse.serve.continuation",
-        "longresponse.serve.http",
+        "longresponse.serve.http.responses",
         "longresponse.storage.persistence",
         "longresponse.client",
     ):

@@ -1,6 +1,6 @@
 """Real model backends: the engines a served model name can stand for.
 
-A backend is a :class:`~longresponse.engine.models.Sampler` factory that
+A backend is a :class:`~longresponse.engine.sampling.Sampler` factory that
 speaks to an engine over the network: ``chat`` (an OpenAI-compatible Chat
 Completions API: vLLM, llama.cpp's server, Ollama, SGLang, OpenAI),
 ``responses`` (a Responses API over HTTP SSE) and ``responses-ws`` (its

@@ -74,8 +74,8 @@ import msgspec
 from protocol.items import FunctionTool
 from protocol.response import FormatText
 
+from ..chat.mapping import format_to_chat, messages_from_items, tool_choice_to_chat
 from ..config import BackendConfig
-from ..engine.chat_map import format_to_chat, messages_from_items, tool_choice_to_chat
 from ..engine.failures import UpstreamError
 from ..engine.sampling import SampleChunk, SampleRequest, Stop, Usage
 from .chat_stream import ChunkReader, decode_chunk, refusal

@@ -5,7 +5,7 @@ Each :class:`~longresponse.config.BackendConfig` becomes one :class:`Backend`
 an unused backend's dependencies are never loaded), which owns the network
 clients shared by every rollout of its model and hands each rollout a sampler
 of its own. :func:`serve_backends` adds one
-:class:`~longresponse.engine.models.ModelSpec` per backend to the registry;
+:class:`~longresponse.engine.sampling.ModelSpec` per backend to the registry;
 the app closes the backends when it stops (:func:`close_backends`).
 """
 
@@ -14,13 +14,23 @@ from __future__ import annotations
 import importlib
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Final, Protocol
+from typing import Any, Final, Protocol
 
-from ..config import BackendConfig
-from ..engine.models import ModelRegistry, ModelSpec, Sampler
+from protocol import ErrorCode, RemoteProtocolError
+
+from ..config import BackendConfig, SimConfig
+from ..engine.sampling import ModelSpec, Sampler
 from .settings import SettingsError
+from .sim.sampler import SimSampler
 
-__all__ = ["Backend", "close_backends", "missing_keys", "open_backends", "serve_backends"]
+__all__ = [
+    "Backend",
+    "ModelRegistry",
+    "close_backends",
+    "missing_keys",
+    "open_backends",
+    "serve_backends",
+]
 
 #: kind -> (module, class) of its backend.
 KINDS: Final[Mapping[str, tuple[str, str]]] = {
@@ -28,6 +38,55 @@ KINDS: Final[Mapping[str, tuple[str, str]]] = {
     "responses": ("longresponse.backends.responses_http", "ResponsesBackend"),
     "responses-ws": ("longresponse.backends.responses_ws", "ResponsesWSBackend"),
 }
+
+
+class ModelRegistry:
+    """Resolves a model name (or alias) to a :class:`ModelSpec`."""
+
+    def __init__(self, sim: SimConfig | None = None) -> None:
+        sim = sim or SimConfig()
+        # Two simulated models with the same behaviour and separate sampler
+        # state, so that switching models mid-conversation can be exercised.
+        self._models: dict[str, ModelSpec] = {
+            name: ModelSpec(
+                name=name,
+                context_window=sim.context_window,
+                max_output_tokens=128_000,
+                make_sampler=lambda: SimSampler(sim),
+            )
+            for name in ("sim", "sim-alt")
+        }
+        self.resolutions = 0  # how many times resolve() ran (for measurement)
+        #: Optional shared counters (the pipeline's) that also count resolutions.
+        self.counters: Any = None
+
+    def names(self) -> list[str]:
+        return sorted(self._models)
+
+    def specs(self) -> list[ModelSpec]:
+        return [self._models[name] for name in self.names()]
+
+    def add(self, spec: ModelSpec) -> None:
+        """Serve ``spec`` under its name (a real backend; replaces a sim of that name)."""
+        self._models[spec.name] = spec
+
+    def resolve(self, name: str | None) -> ModelSpec:
+        """The model named ``name`` (``None`` means the default, ``sim``).
+
+        Raises :class:`RemoteProtocolError` ``model_not_found`` (param ``model``).
+        """
+        self.resolutions += 1
+        if self.counters is not None:
+            self.counters.resolutions += 1
+        spec = self._models.get(name or "sim")
+        if spec is None:
+            raise RemoteProtocolError(
+                f"The model {name!r} does not exist. Available: {', '.join(self.names())}.",
+                code=ErrorCode.MODEL_NOT_FOUND,
+                param="model",
+                status=404,
+            )
+        return spec
 
 
 class Backend(Protocol):

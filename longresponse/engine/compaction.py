@@ -6,7 +6,7 @@ A **compaction** replaces a rollout's context with a smaller **window**: the
 ``compaction`` item, then the summary it stands for. The simulated models'
 summary (:func:`summarize`) is deterministic and keeps what their final
 answer quotes: every user, system and developer message, every function
-call, and the head (:data:`~longresponse.engine.models.QUOTE_CHARS`
+call, and the head (:data:`~longresponse.backends.sim.sampler.QUOTE_CHARS`
 characters) of every tool output; assistant messages, reasoning and earlier
 compaction items are dropped. So a conversation compacted any number of times
 still answers with the request and the tool outputs' heads.
@@ -56,8 +56,8 @@ from protocol.items import (
     item_text,
 )
 
+from ..backends.sim.sampler import QUOTE_CHARS
 from ..ids import new_id
-from .models import QUOTE_CHARS
 from .render import render_prefix
 
 if TYPE_CHECKING:

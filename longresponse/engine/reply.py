@@ -57,7 +57,7 @@ from .classifier import Finding
 from .stream import EventSink, StreamBuilder
 
 if TYPE_CHECKING:
-    from . import models
+    from . import sampling as models
 
 __all__ = ["Reply", "TokenCounts"]
 
@@ -210,7 +210,7 @@ class Reply:
 
     def bill_upstream(self, counted: models.Usage, estimate: tuple[int, int, int]) -> None:
         """Replace this turn's estimated counts (input, cached, output) with the
-        engine's own (a real backend's :class:`~longresponse.engine.models.Usage`)."""
+        engine's own (a real backend's :class:`~longresponse.engine.sampling.Usage`)."""
         input_tokens, cached, output = estimate
         self._counts.input_tokens += counted.input_tokens - input_tokens
         self._counts.cached_tokens += counted.cached_tokens - cached

@@ -48,14 +48,15 @@ from protocol.items import Item, as_items
 from protocol.response import Response, ResponseError
 
 from ..config import MAX_RESPONSE_EVENTS, MAX_RESPONSE_OUTPUT_TOKENS, Switches
-from . import counting, models
+from . import counting
+from . import sampling as models
 from .admission import Pipeline
 from .classifier import Verdict
 from .compaction import Compactor, Intake, compact_rollout, compact_threshold, intake, start_window
 from .failures import UpstreamError, cut_short, failure, fit_window, kept, upstream_error_event
-from .models import ItemEnd, ModelSpec, Sampler, SampleRequest, Stop, TextDelta, ToolCallStart
 from .render import TokenCache, render_prefix
 from .reply import Reply, TokenCounts
+from .sampling import ItemEnd, ModelSpec, Sampler, SampleRequest, Stop, TextDelta, ToolCallStart
 from .stream import EventSink, StreamClosed
 from .timing import TurnTiming
 

@@ -45,10 +45,9 @@ from protocol.items import Item
 from protocol.response import Response
 
 from .failures import failure, fit_window
-from .models import ModelSpec
 from .reply import Reply, TokenCounts
 from .rollout import INCOMPLETE_STOPS, Rollout
-from .sampling import release
+from .sampling import ModelSpec, release
 from .stream import EventSink, StreamClosed
 
 __all__ = ["Boundary", "Segment", "fork"]

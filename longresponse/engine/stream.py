@@ -55,9 +55,16 @@ from protocol.items import (
 from protocol.response import Response
 
 from ..ids import new_id
-from .models import ArgumentsDelta, ItemEnd, SampleChunk, Stop, TextDelta, ToolCallStart
 from .render import encode
-from .sampling import ReasoningDone
+from .sampling import (
+    ArgumentsDelta,
+    ItemEnd,
+    ReasoningDone,
+    SampleChunk,
+    Stop,
+    TextDelta,
+    ToolCallStart,
+)
 
 __all__ = [
     "COUNT_SLICE_CHARS",

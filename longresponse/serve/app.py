@@ -1,19 +1,19 @@
 """The ASGI application: Starlette routing, the stores' lifespan, the operator pages.
 
 ``/v1/responses`` as a WebSocket is the pure-ASGI endpoint of
-``longresponse.serve.ws``; the HTTP Responses API is ``longresponse.serve.http``;
+``longresponse.serve.ws.session``; the HTTP Responses API is ``longresponse.serve.http.responses``;
 both start their turns through one :class:`~longresponse.serve.turns.Turns`;
-``POST /v1/responses/compact`` is ``longresponse.serve.compact``;
-``POST /v1/chat/completions`` and ``POST /tokenize`` are ``longresponse.serve.chat``. The app's
+``POST /v1/responses/compact`` is ``longresponse.serve.http.compact``;
+``POST /v1/chat/completions`` and ``POST /tokenize`` are ``longresponse.serve.http.chat``. The app's
 lifespan opens the store and its write-behind queue, loads the compaction key
 (``longresponse.storage.server_keys``), and drains the queue on shutdown,
 after the HTTP ``background: true`` responses still running
-(``longresponse.serve.background``) have been ended and queued for writing.
+(``longresponse.serve.http.background``) have been ended and queued for writing.
 ``/v1/models``, ``/metrics`` and ``/healthz`` are here; the lifespan also
 runs the event-loop lag monitor behind ``/metrics``
 (``longresponse.serve.metrics.LoopLagMonitor``). ``/inspect`` and its API are
-``longresponse.serve.inspect_routes``, over the app's
-``longresponse.serve.inspector.Inspector``.
+``longresponse.serve.inspector.routes``, over the app's
+``longresponse.serve.inspector.observer.Inspector``.
 """
 
 from __future__ import annotations
@@ -27,30 +27,29 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 
-from ..backends.registry import close_backends, open_backends, serve_backends
+from ..backends.registry import ModelRegistry, close_backends, open_backends, serve_backends
 from ..config import ServerConfig
 from ..engine.admission import Pipeline
 from ..engine.classifier import Policy
 from ..engine.compaction import CompactionKey
-from ..engine.models import ModelRegistry
 from ..engine.render import encode
 from ..storage.backends import StoreError, open_store
 from ..storage.keys import ApiKeys
 from ..storage.persistence import Persistence
 from ..storage.server_keys import configured_compaction_secret, stored_compaction_key
-from .background import BackgroundResponses
-from .chat import ChatCompletions
-from .compact import CompactHTTP
 from .gate import RouteGate, redact_access_log
-from .http import ResponsesHTTP
-from .input_tokens import InputTokens
-from .inspect_routes import InspectRoutes
-from .inspector import Inspector
+from .http.background import BackgroundResponses
+from .http.chat import ChatCompletions
+from .http.compact import CompactHTTP
+from .http.input_tokens import InputTokens
+from .http.responses import ResponsesHTTP
+from .inspector.observer import Inspector
+from .inspector.routes import InspectRoutes
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import LoopLagMonitor, ServerMetrics
 from .seam import Seam
 from .turns import Turns
-from .ws import ResponsesEndpoint
+from .ws.session import ResponsesEndpoint
 
 __all__ = ["HEALTH_STORE_TIMEOUT", "ResponsesEndpoint", "create_app"]
 

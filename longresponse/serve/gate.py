@@ -20,7 +20,7 @@ All three answers are the shipped HTTP error envelope (``message``, ``type``,
 ``param``, ``code``). A WebSocket upgrade to a path with no WebSocket route
 gets the same 404, sent as the upgrade's HTTP response where the server
 supports that (uvicorn does), else a refused upgrade. A known WebSocket path
-checks its key itself (``longresponse.serve.ws``), so the 401 comes before
+checks its key itself (``longresponse.serve.ws.session``), so the 401 comes before
 any state exists there too.
 """
 
@@ -37,7 +37,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from protocol import RemoteProtocolError
 
 from ..storage.keys import ApiKeys, Unauthorized
-from .http import http_error
+from .http.responses import http_error
 
 __all__ = [
     "INSPECT_PREFIX",

@@ -32,8 +32,8 @@ import socket
 
 import uvicorn
 
-from .background import BackgroundResponses
-from .ws import ResponsesEndpoint
+from .http.background import BackgroundResponses
+from .ws.session import ResponsesEndpoint
 
 __all__ = ["GracefulServer"]
 

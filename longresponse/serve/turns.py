@@ -34,19 +34,21 @@ from protocol.events import ResponseCreate
 from protocol.items import CompactionTrigger, Item
 from protocol.response import Response, ResponseError
 
+from ..backends.registry import ModelRegistry
+from ..backends.sim.sampler import check_sim_metadata
 from ..config import ServerConfig
 from ..engine.admission import Pipeline
 from ..engine.compaction import CompactionKey, Compactor, check_context_management
 from ..engine.failures import TurnRefused
-from ..engine.models import ModelRegistry, ModelSpec, check_sim_metadata
 from ..engine.reply import Reply
 from ..engine.rollout import Rollout
+from ..engine.sampling import ModelSpec
 from ..engine.segment import Boundary, Segment
 from ..engine.stream import EventSink
 from ..engine.timing import TurnTiming
 from ..storage.persistence import Persistence, StoreWriteFailed
-from .inspect_records import RolloutRecord
-from .inspector import Inspector
+from .inspector.observer import Inspector
+from .inspector.records import RolloutRecord
 from .metrics import ServerMetrics
 
 __all__ = ["TRANSPORTS", "Started", "Turns"]

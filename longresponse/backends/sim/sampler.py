@@ -1,0 +1,422 @@
+"""The deterministic simulated model ``sim``: the mock backend.
+
+A :class:`~longresponse.engine.sampling.Sampler` turns a context into an async
+stream of chunks: text deltas, tool-call starts, argument deltas, item ends and one stop. One
+sampler instance lives as long as its rollout, so it may keep reusable state
+across pauses (a real model would keep its KV cache there).
+
+``sim`` is the embedded default. It is deterministic: what it says depends
+only on its context and request. When function tools are offered and allowed
+it calls them (arguments generated from each tool's JSON schema) until it has
+made ``sim_tool_calls`` calls since the last user message, ``sim_parallel_calls``
+per turn (under ``tool_choice: "required"`` or a named tool, at least one
+call every turn, as the shipped API forces one); then it answers with a
+message quoting the first 40 characters of every user message and every
+tool output in its context, so a test can prove the model saw its whole
+context. Asked for JSON (``text.format``), it writes that answer as JSON
+instead (:mod:`.structured`).
+``max_output_tokens`` is the Response's budget in tokens: a call whose
+arguments would not fit is not started, and the answer stops at the last word
+(or JSON slice) that fits, so ``usage.output_tokens`` never exceeds it. Its
+speed (time to first token, decode tokens/s, prefill tokens/s over uncached
+tokens) comes from the server flags, overridable per request by ``metadata``:
+
+``sim_tool_calls``        calls before the final answer (default 1; 0 to 1,024)
+``sim_parallel_calls``    calls per turn (default 1; 0 to 128, 0 counts as 1)
+``sim_output_tokens``     pad the final answer to about this many words (0 to 2,000,000)
+``sim_tokens_per_second`` decode speed for this request (0 = unthrottled, else 1 to 10^6)
+``sim_ttft_ms``           time to first token for this request (0 to 600,000)
+
+A value outside its range (or not finite) is refused up front with
+``invalid_value`` (:func:`check_sim_metadata`), so no request can make the
+model sleep forever or plan a million calls.
+
+The answer is generated lazily: the quoted summary is built (it is as long as
+the context's user messages and outputs, at most 40 characters each), then
+the padding is produced one word at a time as the stream is read, its token
+count known word by word; the whole padded text never exists before it is
+sent. Generation gives the event loop a turn at least every
+:data:`SIM_YIELD_SECONDS`, throttled or not, so one long answer cannot stall
+the other connections. (An answer in JSON is built whole, off the loop in a
+worker thread, and no longer than the Response's output budget.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import math
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Mapping
+from typing import Any, Final
+
+import msgspec
+
+from protocol import ErrorCode, RemoteProtocolError
+from protocol.items import (
+    FunctionCall,
+    FunctionCallOutput,
+    FunctionTool,
+    Message,
+    ToolChoiceFunction,
+    item_text,
+)
+from protocol.response import FormatText
+
+from ...config import RANGES, SimConfig
+from ...engine.render import encode
+from ...engine.sampling import (
+    ArgumentsDelta,
+    ItemEnd,
+    SampleChunk,
+    SampleRequest,
+    Stop,
+    TextDelta,
+    ToolCallStart,
+)
+from .structured import answer_in_format
+
+__all__ = [
+    "MAX_SIM_OUTPUT_TOKENS",
+    "MAX_SIM_PARALLEL_CALLS",
+    "MAX_SIM_TOKENS_PER_SECOND",
+    "MAX_SIM_TOOL_CALLS",
+    "MAX_SIM_TTFT_MS",
+    "QUOTE_CHARS",
+    "SIM_YIELD_SECONDS",
+    "SimSampler",
+    "check_sim_metadata",
+    "example_for_schema",
+]
+
+#: How much of each user message and tool output the sim's answer quotes.
+QUOTE_CHARS: Final = 40
+#: The ranges of the ``sim_*`` metadata keys (inclusive; the smallest is 0).
+MAX_SIM_TOOL_CALLS: Final = 1024
+MAX_SIM_PARALLEL_CALLS: Final = 128
+MAX_SIM_OUTPUT_TOKENS: Final = 2_000_000
+#: Decode speed: 0 (unthrottled), or from 1 token/s up to this (as the flag).
+MAX_SIM_TOKENS_PER_SECOND: Final = RANGES["sim_tokens_per_second"].high
+#: Time to first token, milliseconds: ten minutes (as the flag).
+MAX_SIM_TTFT_MS: Final = RANGES["sim_ttft_ms"].high
+#: Generation that has not waited for this long gives the event loop a turn.
+SIM_YIELD_SECONDS: Final = 0.0005
+
+
+# --- the simulated model ----------------------------------------------------
+def _out_of_range(key: str, value: str, what: str) -> RemoteProtocolError:
+    return RemoteProtocolError(
+        f"metadata.{key} must be {what}, written as a string, not {value!r}.",
+        code=ErrorCode.INVALID_VALUE,
+        param=f"metadata.{key}",
+    )
+
+
+#: key -> largest value (the smallest is 0).
+_INT_RANGES: Final[Mapping[str, int]] = {
+    "sim_tool_calls": MAX_SIM_TOOL_CALLS,
+    "sim_parallel_calls": MAX_SIM_PARALLEL_CALLS,
+    "sim_output_tokens": MAX_SIM_OUTPUT_TOKENS,
+}
+#: key -> (smallest non-zero value, largest value); 0 is always accepted.
+_FLOAT_RANGES: Final[Mapping[str, tuple[float, float]]] = {
+    "sim_tokens_per_second": (1.0, MAX_SIM_TOKENS_PER_SECOND),
+    "sim_ttft_ms": (0.0, MAX_SIM_TTFT_MS),
+}
+
+
+def _int_meta(metadata: Mapping[str, str], key: str, default: int) -> int:
+    """``metadata[key]`` as an integer in its range (raises ``invalid_value``)."""
+    value = metadata.get(key)
+    if value is None:
+        return default
+    high = _INT_RANGES[key]
+    what = f"an integer from 0 to {high}"
+    try:
+        number = int(value)
+    except ValueError:
+        raise _out_of_range(key, value, what) from None
+    if not 0 <= number <= high:
+        raise _out_of_range(key, value, what)
+    return number
+
+
+def _float_meta(metadata: Mapping[str, str], key: str, default: float) -> float:
+    """``metadata[key]`` as a finite number in its range, or 0 (raises ``invalid_value``)."""
+    value = metadata.get(key)
+    if value is None:
+        return default
+    low, high = _FLOAT_RANGES[key]
+    what = f"a number from {low:g} to {high:g}" + (", or 0" if low > 0 else "")
+    try:
+        number = float(value)
+    except ValueError:
+        raise _out_of_range(key, value, what) from None
+    if not (number == 0 or (math.isfinite(number) and low <= number <= high)):
+        raise _out_of_range(key, value, what)
+    return number
+
+
+def check_sim_metadata(metadata: Mapping[str, str]) -> None:
+    """Validate the ``sim_*`` metadata keys up front: each an integer or a finite
+    number within its range. Raises :class:`RemoteProtocolError` ``invalid_value``
+    with ``param`` ``metadata.<key>``; nothing else happens then."""
+    for key in _INT_RANGES:
+        _int_meta(metadata, key, 0)
+    for key in _FLOAT_RANGES:
+        _float_meta(metadata, key, 0.0)
+
+
+def example_for_schema(schema: Any, seed: int, name: str = "value") -> Any:
+    """A deterministic value that satisfies a (simple) JSON schema."""
+    if not isinstance(schema, dict):
+        return f"{name}-{seed}"
+    if schema.get("enum"):
+        return schema["enum"][seed % len(schema["enum"])]
+    if "const" in schema:
+        return schema["const"]
+    for key in ("anyOf", "oneOf"):
+        if schema.get(key):
+            return example_for_schema(schema[key][0], seed, name)
+    kind = schema.get("type", "object" if "properties" in schema else "string")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "null")
+    if kind == "object":
+        props = schema.get("properties") or {}
+        return {key: example_for_schema(sub, seed, key) for key, sub in props.items()}
+    if kind == "array":
+        return [example_for_schema(schema.get("items", {}), seed, name)]
+    if kind == "integer":
+        return int(schema.get("minimum", 0)) + seed
+    if kind == "number":
+        return float(schema.get("minimum", 0)) + seed + 0.5
+    if kind == "boolean":
+        return seed % 2 == 0
+    if kind == "null":
+        return None
+    return f"{name}-{seed}"
+
+
+_FILLER: Final = (
+    "The rollout kept its whole context in memory between tool calls, so each "
+    "continuation cost only the new input. "
+).split()
+
+
+def _quote(text: str) -> str:
+    return text[:QUOTE_CHARS].replace("\n", " ")
+
+
+class SimSampler:
+    """The deterministic simulated model (see the module docstring)."""
+
+    def __init__(self, config: SimConfig, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self._clock = clock
+        self.turns = 0
+        #: Only a prefill rate reads the token counts before the first chunk
+        #: (``longresponse.engine.counting``).
+        self.counts_first = config.prefill_tokens_per_second > 0
+
+    def _plan_calls(self, request: SampleRequest) -> list[FunctionTool]:
+        tools = list(request.tools)
+        if not tools or request.tool_choice == "none":
+            return []
+        if isinstance(request.tool_choice, ToolChoiceFunction):
+            tools = [t for t in tools if t.name == request.tool_choice.name] or tools
+        made = 0
+        for item in reversed(request.context):
+            if isinstance(item, Message) and item.role == "user":
+                break
+            if isinstance(item, FunctionCall):
+                made += 1
+        wanted = _int_meta(request.metadata, "sim_tool_calls", 1)
+        remaining = wanted - made
+        if request.tool_choice == "required" or isinstance(
+            request.tool_choice, ToolChoiceFunction
+        ):
+            remaining = max(remaining, 1)  # forced: a call every turn, results or not
+        if remaining <= 0:
+            return []
+        per_turn = _int_meta(request.metadata, "sim_parallel_calls", 1) or 1
+        if not request.parallel_tool_calls:
+            per_turn = 1
+        count = min(per_turn, remaining)
+        return [tools[(made + i) % len(tools)] for i in range(count)]
+
+    def _summary(self, request: SampleRequest) -> str:
+        """The answer before its padding: every user message and tool output, quoted."""
+        asked: list[str] = []
+        outputs: list[str] = []
+        for item in request.context:
+            if isinstance(item, Message) and item.role == "user":
+                asked.append(_quote(item_text(item.content)))
+            elif isinstance(item, FunctionCallOutput):
+                outputs.append(f"[{item.call_id}] «{_quote(item_text(item.output))}»")
+        parts = ["You asked: " + " | ".join(f"«{a}»" for a in asked) + "."]
+        if outputs:
+            parts.append(f"I read {len(outputs)} tool outputs: " + " ".join(outputs) + ".")
+        return " ".join(parts)
+
+    async def sample(self, request: SampleRequest) -> AsyncGenerator[SampleChunk, None]:
+        self.turns += 1
+        meta = request.metadata
+        tps = _float_meta(meta, "sim_tokens_per_second", self.config.tokens_per_second)
+        ttft = _float_meta(meta, "sim_ttft_ms", self.config.time_to_first_token * 1000) / 1000
+        delay = ttft
+        if self.config.prefill_tokens_per_second > 0:
+            delay += request.uncached_tokens / self.config.prefill_tokens_per_second
+        if delay > 0:
+            await asyncio.sleep(delay)
+        pacer = _Pacer(tps, self._clock)
+        calls = self._plan_calls(request)
+        budget = request.max_output_tokens
+        if calls:
+            seed = sum(isinstance(item, FunctionCall) for item in request.context)
+            for offset, tool in enumerate(calls):
+                arguments = msgspec.json.encode(
+                    example_for_schema(tool.parameters or {"type": "object"}, seed + offset)
+                ).decode()
+                if budget is not None:
+                    budget -= len(encode(arguments))
+                    if budget < 0:  # the call would not fit: it is not started
+                        yield Stop("max_output_tokens")
+                        return
+                yield ToolCallStart(call_id=_call_id(request, offset, tool.name), name=tool.name)
+                for start in range(0, len(arguments), 8):
+                    await pacer.tick()
+                    yield ArgumentsDelta(arguments[start : start + 8])
+                yield ItemEnd()
+            yield Stop("tool_calls")
+            return
+        if request.text_format is None or isinstance(request.text_format, FormatText):
+            async for chunk in self._stream_text(request, pacer, budget):
+                yield chunk
+            return
+        # JSON: built whole off the loop (never longer than the budget), then sliced.
+        pieces, fits = await asyncio.to_thread(self._json_pieces, request, budget)
+        for piece in pieces[:fits]:
+            await pacer.tick()
+            yield TextDelta(piece)
+        yield ItemEnd(incomplete=fits < len(pieces))
+        yield Stop("stop" if fits == len(pieces) else "max_output_tokens")
+
+    async def _stream_text(
+        self, request: SampleRequest, pacer: _Pacer, budget: int | None
+    ) -> AsyncIterator[SampleChunk]:
+        """The plain-text answer, word by word: the summary, then the padding made
+        as it is read. Every word after the first starts with a space after a
+        non-space, where the o200k pre-tokenizer starts a new piece, so the
+        answer's tokens are the sum of its words' (the budget is exact)."""
+        words = self._summary(request).split(" ")
+        head = [words[0], *(" " + word for word in words[1:])]
+        fits = len(head) if budget is None else _fit(head, budget)
+        for piece in head[:fits]:
+            await pacer.tick()
+            yield TextDelta(piece)
+        if fits < len(head):
+            yield ItemEnd(incomplete=True)
+            yield Stop("max_output_tokens")
+            return
+        left = None if budget is None else budget - len(encode("".join(head)))
+        padding = _int_meta(request.metadata, "sim_output_tokens", 0) - len(head)
+        for piece, tokens in _padding(padding):
+            if left is not None:
+                left -= tokens
+                if left < 0:
+                    yield ItemEnd(incomplete=True)
+                    yield Stop("max_output_tokens")
+                    return
+            await pacer.tick()
+            yield TextDelta(piece)
+        yield ItemEnd()
+        yield Stop("stop")
+
+    def _json_pieces(self, request: SampleRequest, budget: int | None) -> tuple[list[str], int]:
+        """The answer in JSON in 8-character slices, and how many of them fit the
+        budget (run in a worker thread).
+
+        Padding past the budget could never be sent (a word is a token at
+        least), so the text is no longer than the budget allows; nor is the
+        value (``answer_in_format`` charges it to the budget as it builds it).
+        """
+        text = self._summary(request)
+        padding = _int_meta(request.metadata, "sim_output_tokens", 0) - len(text.split(" "))
+        if budget is not None:
+            padding = min(padding, budget)
+        text = "".join([text, *(piece for piece, _ in _padding(padding))])
+        encoded, whole = answer_in_format(request.text_format, text, budget)
+        pieces = [encoded[start : start + 8] for start in range(0, len(encoded), 8)]
+        fits = len(pieces) if budget is None else _fit(pieces, budget)
+        if not whole:  # the budget ran out inside the value: never sent as complete
+            fits = min(fits, len(pieces) - 1)
+        return pieces, fits
+
+
+@functools.cache
+def _filler_pieces() -> tuple[tuple[str, int], ...]:
+    """The padding's words, each with a space before it, and its token count."""
+    return tuple((" " + word, len(encode(" " + word))) for word in _FILLER)
+
+
+def _padding(count: int) -> Iterator[tuple[str, int]]:
+    """``count`` filler words (made one at a time), each with its token count."""
+    pieces = _filler_pieces()
+    for index in range(max(0, count)):
+        yield pieces[index % len(pieces)]
+
+
+def _fit(pieces: list[str], budget: int) -> int:
+    """How many of ``pieces``, from the start, encode to at most ``budget`` tokens."""
+    if len(encode("".join(pieces))) <= budget:
+        return len(pieces)
+    fits, too_many = 0, len(pieces)
+    while too_many - fits > 1:
+        middle = (fits + too_many) // 2
+        if len(encode("".join(pieces[:middle]))) <= budget:
+            fits = middle
+        else:
+            too_many = middle
+    return fits
+
+
+def _call_id(request: SampleRequest, offset: int, name: str) -> str:
+    """A call id that depends only on the context (the model is deterministic): its
+    length and its last item (whose own call id, or text, is new each turn)."""
+    last = request.context[-1] if request.context else None
+    if isinstance(last, FunctionCall | FunctionCallOutput):
+        key = last.call_id
+    elif isinstance(last, Message):
+        key = item_text(last.content)
+    else:
+        key = type(last).__name__
+    digest = hashlib.sha256(f"{len(request.context)}:{offset}:{name}:{key}".encode())
+    return f"call_{digest.hexdigest()[:24]}"
+
+
+class _Pacer:
+    """Spaces tokens ``1/tps`` apart without a sleep per token, and gives the
+    event loop a turn at least every :data:`SIM_YIELD_SECONDS` even when
+    unthrottled (or running behind), so a long answer never holds the loop."""
+
+    __slots__ = ("_clock", "_interval", "_next", "_yielded")
+
+    def __init__(self, tokens_per_second: float, clock: Callable[[], float]) -> None:
+        self._interval = 1.0 / tokens_per_second if tokens_per_second > 0 else 0.0
+        self._clock = clock
+        self._next = clock()
+        self._yielded = time.monotonic()
+
+    async def tick(self) -> None:
+        if self._interval:
+            self._next += self._interval
+            ahead = self._next - self._clock()
+            if ahead > 0.001:
+                await asyncio.sleep(ahead)
+                self._yielded = time.monotonic()
+                return
+        now = time.monotonic()
+        if now - self._yielded >= SIM_YIELD_SECONDS:
+            await asyncio.sleep(0)
+            self._yielded = time.monotonic()

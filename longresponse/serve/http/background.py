@@ -1,0 +1,500 @@
+"""Background responses: HTTP ``background: true``, owned by the server, not the request.
+
+Theory of operation
+-------------------
+A ``POST /v1/responses`` with ``background: true`` is checked and admitted
+like any HTTP request (``serve/http.py``, ``serve/turns.py``), then handed to
+the app's :class:`BackgroundResponses`, which owns it from then on: its task
+runs the segment (``engine/segment.py``) whatever becomes of the request that
+started it, and the app's lifespan stops what is still running at shutdown.
+
+Its sink is an :class:`EventLog`: every event goes through a protocol
+``Connection`` with SSE framing (checked and recorded like any other), and the
+record is kept in a log bounded in bytes, oldest first out. The log never
+makes the response wait: readers follow it at their own pace, any number at
+once, from any ``sequence_number`` (``starting_after``); one that asks for, or
+falls behind to, a record no longer held goes on from the oldest one still
+held (the gap shows in ``sequence_number``; the terminal event carries the
+whole Response anyway). The response opens ``queued`` (``response.created``
+carries that status) and ``response.in_progress`` starts it.
+
+How it ends:
+
+- finished (``completed``, ``incomplete``) or ``failed``: billed and stored
+  (``store=true`` is required, so a poll finds it after its log is gone);
+- cancelled (:meth:`BackgroundResponses.cancel`): unless post-inference has
+  begun (then it is too late, the response completes), the stream ends with
+  ``response.failed`` carrying status ``cancelled`` and no output, the task
+  is cancelled, and the cancelled Response is billed and stored;
+- at shutdown (:meth:`BackgroundResponses.aclose`): the same, ending
+  ``failed`` with ``server_error``.
+
+Then the log is freed but for its terminal event, which a byte-bounded table
+keeps for a late ``GET ?stream=true`` (replayed alone, under its own
+``sequence_number``). At most ``max_running`` responses run at once; one more
+gets a 429 (``too_many_background_responses``). Only the owner (API key) of a
+response finds it here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import AsyncIterator, Sequence
+from typing import Final
+
+import msgspec
+from starlette.responses import Response as HTTPResponse
+from starlette.responses import StreamingResponse
+
+from protocol import (
+    Connection,
+    ErrorCode,
+    Framing,
+    Mode,
+    RemoteProtocolError,
+    ResponseState,
+    ResponseTrack,
+    Role,
+)
+from protocol.events import ResponseCreate, ResponseCreated, ResponseFailed, ServerEvent
+from protocol.items import Item
+from protocol.response import Response, ResponseError
+
+from ...config import BACKGROUND_ENDINGS_BYTES, BACKGROUND_LOG_BYTES, MAX_BACKGROUND
+from ...engine.sampling import ModelSpec, release
+from ...ids import new_id
+from ...storage.persistence import Persistence, StoreWriteFailed
+from ..inspector.records import WatchedSink
+from ..turns import Started, Turns
+
+__all__ = [
+    "TOO_MANY_BACKGROUND_RESPONSES",
+    "BackgroundResponse",
+    "BackgroundResponses",
+    "EventLog",
+    "check_cancellable",
+]
+
+#: The error code of a create beyond the limit of running background responses.
+TOO_MANY_BACKGROUND_RESPONSES: Final = "too_many_background_responses"
+TRANSPORT: Final = "http"
+SSE_MEDIA_TYPE: Final = "text/event-stream"
+_encoder = msgspec.json.Encoder()
+
+
+def check_cancellable(response: Response) -> None:
+    """The answer to cancelling ``response``, which is not running (any more).
+
+    Returns for a cancelled one (cancelling again changes nothing); raises
+    :class:`RemoteProtocolError` (400, param ``response_id``) for one that was
+    not a background response, or that ended otherwise.
+    """
+    if not response.background:
+        raise RemoteProtocolError(
+            "Only responses created with background=true can be cancelled; "
+            f"response '{response.id}' was not.",
+            code=ErrorCode.INVALID_VALUE,
+            param="response_id",
+        )
+    if response.status != "cancelled":
+        raise RemoteProtocolError(
+            f"Cannot cancel a {response.status} response.",
+            code=ErrorCode.RESPONSE_ALREADY_COMPLETED,
+            param="response_id",
+        )
+
+
+class EventLog:
+    """The sink of one background response: its SSE records, bounded in bytes."""
+
+    def __init__(self, budget_bytes: int = BACKGROUND_LOG_BYTES) -> None:
+        self.connection = Connection(Role.SERVER, Mode.SHIPPED, framing=Framing.SSE)
+        self.budget_bytes = budget_bytes
+        self._records: collections.deque[tuple[int, bytes]] = collections.deque()
+        self.nbytes = 0
+        #: The Response ``response.created`` carried (``None`` until it is out).
+        self.created: Response | None = None
+        #: Set once ``response.created`` is out, or the log closed without it.
+        self.opened = asyncio.Event()
+        self.closed = False
+        self._changed = asyncio.Event()
+
+    async def room(self) -> None:
+        return None  # readers never hold a background response back
+
+    def push(self, event: ServerEvent) -> None:
+        record = self.connection.send(event)
+        if isinstance(event, ResponseCreated):
+            self.created = event.response
+            self.opened.set()
+        sequence = getattr(event, "sequence_number", None)
+        assert isinstance(sequence, int)  # a response's events only: no timing, no errors
+        self._records.append((sequence, record))
+        self.nbytes += len(record)
+        while self.nbytes > self.budget_bytes and len(self._records) > 1:
+            _, dropped = self._records.popleft()
+            self.nbytes -= len(dropped)
+        self._wake()
+
+    def track(self, response_id: str) -> ResponseTrack:
+        track = self.connection.response(response_id)
+        assert track is not None  # asked only after response.created
+        return track
+
+    @property
+    def last(self) -> tuple[int, bytes] | None:
+        """The newest record and its ``sequence_number``."""
+        return self._records[-1] if self._records else None
+
+    def close(self) -> None:
+        """No more records will come; readers end once they have read the last."""
+        self.closed = True
+        self.opened.set()
+        self._wake()
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def follow(self, after: int) -> AsyncIterator[bytes]:
+        """Every record after ``sequence_number`` ``after``, as it comes, until the log closes."""
+        wanted = after + 1
+        while True:
+            changed = self._changed
+            while self._records and wanted <= self._records[-1][0]:
+                index = max(0, wanted - self._records[0][0])
+                sequence, record = self._records[index]
+                wanted = sequence + 1
+                yield record
+            if self.closed:
+                return
+            await changed.wait()
+
+
+class BackgroundResponse:
+    """One background response while it runs: its turn, its log, its task."""
+
+    def __init__(self, started: Started, *, owner: str, log: EventLog) -> None:
+        assert started.segment is not None  # background responses are HTTP segments
+        self.id = started.reply.id
+        self.owner = owner
+        self.started = started
+        self.log = log
+        self.task: asyncio.Task[None] | None = None
+        #: Post-inference has begun: too late to cancel.
+        self.finishing = False
+        #: The Response as it ended (set as it ends, before it is billed).
+        self.final: Response | None = None
+        #: The run is over, billed and stored (or queued to be).
+        self.ended = asyncio.Event()
+
+    def snapshot(self) -> Response:
+        """The Response now: live while it runs, as it ended after."""
+        return self.final if self.final is not None else self.started.reply.snapshot()
+
+
+class BackgroundResponses:
+    """The server's background responses (see the module docstring); one per app."""
+
+    def __init__(
+        self,
+        turns: Turns,
+        *,
+        max_running: int = MAX_BACKGROUND,
+        log_bytes: int = BACKGROUND_LOG_BYTES,
+        endings_bytes: int = BACKGROUND_ENDINGS_BYTES,
+    ) -> None:
+        self.turns = turns
+        self.max_running = max_running
+        self.log_bytes = log_bytes
+        self.endings_bytes = endings_bytes
+        self._running: dict[str, BackgroundResponse] = {}
+        #: id -> (owner, sequence_number, SSE record) of finished responses' terminal events.
+        self._endings: collections.OrderedDict[str, tuple[str, int, bytes]] = (
+            collections.OrderedDict()
+        )
+        self._endings_nbytes = 0
+        self._closing = False
+
+    @property
+    def running(self) -> int:
+        """How many run now."""
+        return len(self._running)
+
+    def check_room(self) -> None:
+        """Raises :class:`RemoteProtocolError` (429) when no more may start now."""
+        if self._closing or len(self._running) >= self.max_running:
+            raise RemoteProtocolError(
+                f"Too many background responses are running ({self.max_running} at most); "
+                "wait for one to finish or cancel one.",
+                code=TOO_MANY_BACKGROUND_RESPONSES,
+                status=429,
+            )
+
+    def start(
+        self, started: Started, *, owner: str, history: Sequence[Item], received_at: float
+    ) -> BackgroundResponse:
+        """Run ``started`` (admitted, its sink an :class:`EventLog`) in a task owned here.
+
+        Raises :class:`RemoteProtocolError` (429, nothing started) beyond the limit.
+        """
+        self.check_room()
+        log = started.reply.sink
+        if isinstance(log, WatchedSink):  # the inspector's note-taker around it
+            log = log.sink
+        assert isinstance(log, EventLog)
+        entry = BackgroundResponse(started, owner=owner, log=log)
+        self._running[entry.id] = entry
+        entry.task = asyncio.get_running_loop().create_task(
+            self._run(entry, history, received_at), name=f"background {entry.id}"
+        )
+        # Cleanup runs however the task ends, even cancelled before its first step.
+        entry.task.add_done_callback(lambda _: self._ended(entry))
+        return entry
+
+    def get(self, response_id: str, *, owner: str) -> BackgroundResponse | None:
+        """The running response ``response_id`` of ``owner`` (anyone else's is not found)."""
+        entry = self._running.get(response_id)
+        return entry if entry is not None and entry.owner == owner else None
+
+    def ending(self, response_id: str, *, owner: str) -> tuple[int, bytes] | None:
+        """The kept terminal event of a finished response: its ``sequence_number`` and record."""
+        kept = self._endings.get(response_id)
+        if kept is None or kept[0] != owner:
+            return None
+        return kept[1], kept[2]
+
+    def check_deletable(self, response_id: str, *, owner: str) -> None:
+        """Raises :class:`RemoteProtocolError` (400) while the response runs."""
+        if self.get(response_id, owner=owner) is not None:
+            raise RemoteProtocolError(
+                f"Response '{response_id}' is still running; cancel it or let it finish "
+                "before deleting it.",
+                code=ErrorCode.INVALID_VALUE,
+                param="response_id",
+            )
+
+    def forget(self, response_id: str) -> None:
+        """Drop what is kept of a finished response (it was deleted)."""
+        kept = self._endings.pop(response_id, None)
+        if kept is not None:
+            self._endings_nbytes -= len(kept[2])
+
+    async def create(
+        self,
+        request: ResponseCreate,
+        *,
+        owner: str,
+        new_items: list[Item],
+        history: list[Item],
+        model: ModelSpec,
+        received_at: float,
+        decode: float,
+    ) -> HTTPResponse:
+        """Admit a checked ``background: true`` create, start it (:meth:`start`) and
+        answer it: the Response ``response.created`` carried (status ``queued``),
+        or, with ``stream: true``, its events as they come.
+
+        Raises :class:`RemoteProtocolError` (nothing started): admission's
+        errors, 429 beyond the limit; 500 when it failed before ``response.created``.
+        """
+        self.check_room()
+        # Stateless, as any HTTP request: the whole history is checked again.
+        started = self.turns.start_turn(
+            request,
+            transport=TRANSPORT,
+            response_id=new_id("resp"),
+            sink=EventLog(self.log_bytes),
+            new_items=new_items,
+            history=history,
+            cached=False,
+            model=model,
+            decode=decode,
+            owner=owner,
+        )
+        entry = self.start(started, owner=owner, history=history, received_at=received_at)
+        await entry.log.opened.wait()
+        created = entry.log.created
+        if created is None:
+            raise RemoteProtocolError(
+                "The server had an error while processing your request.",
+                code=ErrorCode.SERVER_ERROR,
+                status=500,
+                error_type="server_error",
+            )
+        if request.stream:
+            return StreamingResponse(entry.log.follow(-1), media_type=SSE_MEDIA_TYPE)
+        return HTTPResponse(_encoder.encode(created), media_type="application/json")
+
+    async def stream(
+        self, response_id: str, starting_after: str | None, owner: str, persistence: Persistence
+    ) -> HTTPResponse | None:
+        """``GET /v1/responses/{id}?stream=true&starting_after=N``: the events after
+        ``sequence_number`` N (all without it); ``None`` when ``owner`` has no such response.
+
+        A running response is followed live from its log; a finished one replays
+        its kept terminal event alone (nothing if N is not before it). Raises
+        :class:`RemoteProtocolError` (400): ``starting_after`` not a non-negative
+        integer; param ``stream`` for a response that was not a background one,
+        or whose terminal event is no longer kept.
+        """
+        after = _sequence_number(starting_after)
+        entry = self.get(response_id, owner=owner)
+        if entry is not None:
+            return StreamingResponse(entry.log.follow(after), media_type=SSE_MEDIA_TYPE)
+        record = await persistence.get(response_id, owner=owner)
+        if record is None:
+            return None
+        if not record.response.background:
+            raise RemoteProtocolError(
+                f"Response '{response_id}' cannot be streamed: it was not created with "
+                "background=true.",
+                code=ErrorCode.INVALID_VALUE,
+                param="stream",
+            )
+        ending = self.ending(response_id, owner=owner)
+        if ending is None:
+            raise RemoteProtocolError(
+                f"The event stream of response '{response_id}' is no longer kept; "
+                "retrieve it without stream=true.",
+                code=ErrorCode.INVALID_VALUE,
+                param="stream",
+            )
+        sequence, last = ending
+        replay = _replay([last] if sequence > after else [])
+        return StreamingResponse(replay, media_type=SSE_MEDIA_TYPE)
+
+    async def cancel(self, response_id: str, *, owner: str) -> Response | None:
+        """Cancel a running response and wait until it is stored; return how it ended.
+
+        ``None`` when ``owner`` has no such running response. A response already
+        in post-inference is not cancelled: its finished Response is returned.
+        """
+        entry = self.get(response_id, owner=owner)
+        if entry is None:
+            return None
+        self._stop(entry, ResponseState.CANCELLED)
+        await entry.ended.wait()
+        return entry.snapshot()
+
+    async def aclose(self) -> None:
+        """Shutdown: refuse new ones, end the running ones ``failed``, wait until stored."""
+        self._closing = True
+        error = ResponseError(
+            code="server_error", message="The server shut down before the response finished."
+        )
+        running = list(self._running.values())
+        for entry in running:
+            self._stop(entry, ResponseState.FAILED, error)
+        for entry in running:
+            await entry.ended.wait()
+
+    # --- the run -------------------------------------------------------------------
+
+    def _stop(
+        self, entry: BackgroundResponse, status: ResponseState, error: ResponseError | None = None
+    ) -> None:
+        """End ``entry`` now with ``status``, unless it is ending already.
+
+        The terminal event goes into the log before the task is cancelled, with
+        no ``await`` between: the rollout is suspended at an ``await`` of its
+        own, never between building events and pushing them.
+        """
+        reply = entry.started.reply
+        if entry.finishing or entry.final is not None or reply.terminal:
+            return
+        assert entry.task is not None
+        if reply.track is not None:
+            if error is not None:
+                reply.error = error
+            final = reply.snapshot(status)
+            if status is ResponseState.CANCELLED:
+                final = msgspec.structs.replace(final, output=[])
+            reply.push(reply.builder.lifecycle(ResponseFailed, final))
+            entry.final = final
+        entry.task.cancel()
+
+    async def _run(
+        self, entry: BackgroundResponse, history: Sequence[Item], received_at: float
+    ) -> None:
+        started = entry.started
+        segment = started.segment
+        assert segment is not None
+
+        start = len(started.rollout.context) + len(history)
+
+        async def finishing(response: Response) -> None:
+            entry.finishing = True
+            entry.final = response
+            await self.turns.acknowledge(
+                started, response, owner=entry.owner, transport=TRANSPORT, context_from=start
+            )
+
+        try:
+            boundary = await segment.run(
+                [*history, *started.items],
+                received_at=received_at,
+                on_finish=finishing,
+                queued=True,
+            )
+            if boundary is None:  # failed: its response.failed is in the log
+                entry.final = started.reply.snapshot(ResponseState.FAILED)
+                await self._bill(entry, entry.final)
+        except asyncio.CancelledError:
+            if entry.final is None:
+                raise  # cancelled before response.created: nothing to bill
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            await self._bill(entry, entry.final)  # stopped: its terminal event is in the log
+        finally:
+            await release(started.rollout.sampler)  # the rollout ends: an upstream socket closes
+
+    async def _bill(self, entry: BackgroundResponse, response: Response) -> None:
+        """A background response that did not complete: billed, and stored when the
+        store takes it (a poll then finds it); a store that is down loses only that."""
+        request = entry.started.reply.request
+        try:
+            await self.turns.bill(
+                response,
+                owner=entry.owner,
+                transport=TRANSPORT,
+                store_input=entry.started.items,
+                previous_response_id=request.previous_response_id,
+            )
+        except StoreWriteFailed:
+            await self.turns.bill(response, owner=entry.owner, transport=TRANSPORT)
+
+    def _ended(self, entry: BackgroundResponse) -> None:
+        self._running.pop(entry.id, None)
+        entry.log.close()
+        last = entry.log.last
+        if last is not None and entry.started.reply.terminal:
+            self._keep_ending(entry.id, entry.owner, *last)
+        entry.ended.set()
+
+    def _keep_ending(self, response_id: str, owner: str, sequence: int, record: bytes) -> None:
+        self._endings[response_id] = (owner, sequence, record)
+        self._endings_nbytes += len(record)
+        while self._endings_nbytes > self.endings_bytes and self._endings:
+            _, (_, _, dropped) = self._endings.popitem(last=False)
+            self._endings_nbytes -= len(dropped)
+
+
+async def _replay(records: list[bytes]) -> AsyncIterator[bytes]:
+    for record in records:
+        yield record
+
+
+def _sequence_number(value: str | None) -> int:
+    """``starting_after``: absent is -1 (everything)."""
+    if value is None:
+        return -1
+    if not (value.isascii() and value.isdigit() and len(value) <= 18):
+        raise RemoteProtocolError(
+            "Invalid 'starting_after': expected a sequence_number (a non-negative integer).",
+            code=ErrorCode.INVALID_VALUE,
+            param="starting_after",
+        )
+    return int(value)

@@ -1,0 +1,478 @@
+"""``POST /v1/chat/completions`` and ``POST /tokenize`` on the simulated models.
+
+Theory of operation
+-------------------
+The endpoint an inference engine serves, so longresponse can stand as the
+engine behind another longresponse (or any Chat Completions client). It sits
+behind the same gate as ``/v1/responses`` (404, the API key's 401, 405:
+``longresponse.serve.gate``) and answers bad input with the shipped error
+envelope. A request is checked before anything runs:
+
+1. the body decodes as :class:`~longresponse.chat.wire.ChatRequest`
+   (types, ranges, unknown fields refused with their ``param``), and no
+   field the server cannot honour is set (``unsupported_parameter``);
+2. ``model`` names a model (else 404 ``model_not_found``); ``n`` is 1;
+   ``stream_options`` only with ``stream``; the ``sim_*`` metadata is in range;
+3. tools (names, schemas), ``tool_choice``, ``response_format`` as the
+   Responses path checks them, with chat's params (``tools[0].function.name``);
+4. the messages become items and the tool calls are paired with their
+   answers (``longresponse.chat.mapping``);
+5. the prompt is rendered and hashed in a worker thread and must fit the
+   context window (``context_length_exceeded``, param ``messages``), and
+   ``max_tokens`` the room left (``invalid_value``); unset, the answer may
+   take all of it (up to ``--max-response-output-tokens``).
+
+Then the prefix cache (``longresponse.chat.prefix_cache``) says how many
+leading tokens are cached: the simulated prefill is charged for the rest
+only, and ``usage.prompt_tokens_details.cached_tokens`` reports them. The
+prompt's blocks join the cache when the first token comes (prefill done);
+the blocks of prompt and answer, when the answer ends.
+
+``stream: false`` returns one ``chat.completion``. ``stream: true`` returns
+Server-Sent Events, ``data: {chunk}`` records then ``data: [DONE]``, written
+as the model decodes. The turn runs in a task owned by the response and
+feeds a queue bounded in records: a reader that leaves it full for the
+slow-reader timeout has its connection dropped (``serve.seam.abort``), and
+so does one that has not taken the whole stream, ``[DONE]`` included,
+within that timeout once the last record is queued (the writer marks each
+record done once written; the producer waits for all of them). A client
+that goes away stops the turn, sampler included, at once
+(:attr:`ChatCompletions.stopped` counts both). The writer also ends when
+the producer does, so a producer that fails never leaves it waiting.
+
+A model that raises is a ``server_error``: the shipped envelope with
+status 500 for ``stream: false``; for a stream, a last ``data:`` record
+holding that envelope (the official SDK raises on it), then ``[DONE]``.
+An engine behind a real backend that fails or refuses
+(:class:`~longresponse.engine.failures.UpstreamError`) keeps its own code,
+status, ``param`` and type (429 ``rate_limit_exceeded`` with
+``Retry-After``, 400 ``context_length_exceeded``, 502
+``upstream_unavailable``), in the envelope or the stream's last record, and
+is not logged as a fault of this server.
+
+Headers such as ``x-longresponse-affinity`` (a gateway's per-rollout pin)
+and the body's ``cache_prompt`` / ``id_slot`` / ``prompt_cache_key`` are
+accepted and change nothing: one process has one cache.
+
+``POST /tokenize`` is vLLM's: ``{"model", "prompt"}`` (plain text) or
+``{"model", "messages"[, "tools"]}`` (the chat prompt, exactly as a
+completion renders it) gives ``{"count", "max_model_len", "tokens"}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any, Final
+
+import msgspec
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from protocol import ErrorCode, LocalProtocolError, ProtocolError, RemoteProtocolError
+from protocol.items import Item
+
+from ...backends.registry import ModelRegistry
+from ...backends.sim.sampler import check_sim_metadata
+from ...chat.engine import ChatPrompt, ChatTurn, render_prompt, render_tokens
+from ...chat.mapping import (
+    format_from_chat,
+    items_from_messages,
+    tool_choice_from_chat,
+    tools_from_chat,
+)
+from ...chat.prefix_cache import PrefixCache, block_digests
+from ...chat.wire import (
+    ChatRequest,
+    decode_chat_request,
+    decode_tokenize_request,
+    unsupported_field,
+)
+from ...config import WRITE_SLICE_SECONDS, ServerConfig
+from ...engine.admission import Pipeline
+from ...engine.failures import UpstreamError
+from ...engine.render import encode, render_item
+from ...engine.sampling import ModelSpec, SampleRequest
+from ...ids import new_id
+from ..seam import abort, peer_gone
+from .responses import ResponsesHTTP, error_body, http_error, upstream_http_error
+from .sinks import SSE_QUEUE_DEPTH
+
+__all__ = ["DONE_RECORD", "ChatCompletions"]
+
+#: The record that ends a chat stream.
+DONE_RECORD: Final = b"data: [DONE]\n\n"
+log = logging.getLogger(__name__)
+_encoder: Final = msgspec.json.Encoder()
+
+#: Admission's params -> chat's spelling of the same field.
+_PARAMS: Final = (
+    ("text.format.", "response_format.json_schema."),  # first: it has a ".name" too
+    (".name", ".function.name"),
+    (".parameters", ".function.parameters"),
+)
+
+
+def _chat_param(param: str | None) -> str | None:
+    """A Responses ``param`` as the chat API names it."""
+    for old, new in _PARAMS:
+        if param is not None and old in param:
+            return param.replace(old, new, 1)
+    return param
+
+
+def _rename(error: RemoteProtocolError) -> RemoteProtocolError:
+    param = _chat_param(error.param) or ""
+    message = error.message.replace(f"'{error.param}'", f"'{param}'")
+    return RemoteProtocolError(message, code=error.code, param=param or None, status=error.status)
+
+
+class ChatCompletions:
+    """The chat endpoints, sharing models, keys and limits with the Responses API."""
+
+    def __init__(
+        self, config: ServerConfig, http: ResponsesHTTP, models: ModelRegistry, pipeline: Pipeline
+    ) -> None:
+        self.config = config
+        self.http = http
+        self.models = models
+        self.pipeline = pipeline
+        self.cache = PrefixCache(config.chat_prefix_cache_tokens)
+        #: Counters: requests taken, turns running now, turns ended before their
+        #: answer did (the client left, or read too slowly).
+        self.requests = 0
+        self.running = 0
+        self.stopped = 0
+        #: Requests refused with 429 because ``chat_max_in_flight`` were running.
+        self.refused_busy = 0
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/v1/chat/completions", self.complete, methods=["POST"]),
+            Route("/tokenize", self.tokenize, methods=["POST"]),
+        ]
+
+    # --- POST /v1/chat/completions -------------------------------------------
+
+    async def complete(self, request: Request) -> Response:
+        self.requests += 1
+        try:
+            owner = self.http._owner(request)
+            self._check_room()
+            body = decode_chat_request(await self.http._body(request))
+            turn, prompt = await self._start(body, owner)
+        except ProtocolError as error:
+            response = http_error(error)
+            if error.status == 429:
+                response.headers["retry-after"] = "1"
+            return response
+        if body.stream:
+            return StreamingResponse(
+                self._sse(turn, prompt, request.scope), media_type="text/event-stream"
+            )
+        return await self._json(turn, prompt, request)
+
+    def _check_room(self) -> None:
+        """Refuse a completion beyond ``--chat-max-in-flight`` (429, retry in a second)."""
+        limit = self.config.chat_max_in_flight
+        if self.running >= limit:
+            self.refused_busy += 1
+            raise RemoteProtocolError(
+                f"{self.running} completions are running; the limit is {limit}. Retry later.",
+                code=ErrorCode.RATE_LIMIT_EXCEEDED,
+                status=429,
+                error_type="rate_limit_error",
+            )
+
+    def collector(self) -> Collector:
+        """The endpoint's counters for ``/metrics``."""
+        return _ChatCounters(self)
+
+    async def _start(self, body: ChatRequest, owner: str) -> tuple[ChatTurn, ChatPrompt]:
+        """Check ``body`` and make its turn (its cache blocks ``owner``'s).
+        Raises :class:`RemoteProtocolError`."""
+        model = self.models.resolve(body.model)
+        if (unsupported := unsupported_field(body)) is not None:
+            raise unsupported
+        if body.n not in (None, 1):
+            raise RemoteProtocolError(
+                f"Invalid 'n': this server makes one choice per request, not {body.n}.",
+                code=ErrorCode.INVALID_VALUE,
+                param="n",
+            )
+        if body.stream_options is not None and not body.stream:
+            raise RemoteProtocolError(
+                "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
+                code=ErrorCode.INVALID_VALUE,
+                param="stream_options",
+            )
+        metadata = body.metadata or {}
+        check_sim_metadata(metadata)
+        tools = tools_from_chat(body.tools)
+        text_format = format_from_chat(body.response_format)
+        try:
+            self.pipeline.check_tools(tools)
+            self.pipeline.check_text_format(text_format)
+        except RemoteProtocolError as error:
+            raise _rename(error) from None
+        tool_choice = tool_choice_from_chat(body.tool_choice, tools)
+        items = items_from_messages(body.messages)
+        prompt = await asyncio.to_thread(render_prompt, model.name, items, tools, owner=owner)
+        self._fits(model, len(prompt.tokens))
+        cached = self.cache.cached_tokens(prompt.digests, len(prompt.tokens))
+        limit = min(self.config.max_response_output_tokens, _budget(body, model, prompt))
+        sample = SampleRequest(
+            context=items,
+            tools=tools,
+            tool_choice=tool_choice,
+            parallel_tool_calls=body.parallel_tool_calls is not False,
+            metadata=metadata,
+            cached_tokens=cached,
+            uncached_tokens=len(prompt.tokens) - cached,
+            max_output_tokens=limit,
+            text_format=text_format,
+        )
+        turn = ChatTurn(
+            completion_id=new_id("chatcmpl").replace("_", "-"),
+            created=int(time.time()),
+            model=model.name,
+            sampler=model.make_sampler(),
+            request=sample,
+            include_usage=body.stream_options is not None and body.stream_options.include_usage,
+            prefilled=lambda: self.cache.insert(prompt.digests),
+        )
+        return turn, prompt
+
+    @staticmethod
+    def _fits(model: ModelSpec, tokens: int) -> None:
+        if tokens > model.context_window:
+            raise RemoteProtocolError(
+                model.too_long(tokens), code="context_length_exceeded", param="messages"
+            )
+
+    async def _remember(self, turn: ChatTurn, prompt: ChatPrompt) -> None:
+        """The answer's blocks join the cache, as the next request will render them."""
+        answer = turn.answer_items()
+        if not answer:
+            return
+        digests = await asyncio.to_thread(_answer_digests, prompt, answer)
+        self.cache.insert(digests)
+
+    async def _json(self, turn: ChatTurn, prompt: ChatPrompt, request: Request) -> Response:
+        """The whole answer as one ``chat.completion``; a client that hangs up
+        first stops the turn (its ``http.disconnect`` is watched meanwhile)."""
+
+        async def run() -> ProtocolError | UpstreamError | None:
+            try:
+                async for _ in turn.chunks():
+                    pass
+            except UpstreamError as exc:  # the engine behind failed or refused: its error
+                return exc
+            except Exception as exc:  # the model failed: the envelope, not a bare 500
+                return _server_error(exc)
+            await self._remember(turn, prompt)
+            return None
+
+        async def hung_up() -> None:
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+
+        self.running += 1
+        work = asyncio.ensure_future(run())
+        watch = asyncio.ensure_future(hung_up())
+        try:
+            await asyncio.wait((work, watch), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self.running -= 1
+            for task in (work, watch):
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch
+            try:
+                await work
+            except asyncio.CancelledError:
+                self.stopped += 1
+        if work.cancelled():  # the client is gone: nobody reads this
+            return Response(status_code=499)
+        if isinstance(failed := work.result(), UpstreamError):
+            return upstream_http_error(failed, _upstream(failed))
+        if failed is not None:
+            return http_error(failed)
+        return Response(_encoder.encode(turn.completion()), media_type="application/json")
+
+    async def _sse(self, turn: ChatTurn, prompt: ChatPrompt, scope: Any) -> AsyncIterator[bytes]:
+        queue: asyncio.Queue[bytes | None] = asyncio.Queue(SSE_QUEUE_DEPTH)
+        timeout = self.config.slow_reader_timeout
+        dropped = False
+
+        async def put(record: bytes) -> bool:
+            """Queue ``record``; a reader that leaves the queue full too long is dropped."""
+            nonlocal dropped
+            try:
+                async with asyncio.timeout(timeout):
+                    await queue.put(record)
+            except TimeoutError:
+                abort(scope, "slow chat stream reader")
+                dropped = True
+                return False
+            return True
+
+        async def produce() -> None:
+            nonlocal dropped
+            try:
+                try:
+                    async for chunk in turn.chunks():
+                        if not await put(b"data: " + _encoder.encode(chunk) + b"\n\n"):
+                            return
+                    await self._remember(turn, prompt)
+                except Exception as exc:  # the model failed: say so, then end the stream
+                    error = _upstream(exc) if isinstance(exc, UpstreamError) else _server_error(exc)
+                    if not await put(b"data: " + _encoder.encode(error_body(error)) + b"\n\n"):
+                        return
+                if not await put(DONE_RECORD):
+                    return
+                # The whole stream is queued; its reader still has to take it in time.
+                try:
+                    async with asyncio.timeout(timeout):
+                        await queue.join()
+                except TimeoutError:
+                    abort(scope, "chat stream reader left its last records")
+                    dropped = True
+            finally:
+                with contextlib.suppress(asyncio.QueueFull):
+                    queue.put_nowait(None)
+
+        async def taken() -> bytes | None:
+            """The next record; None once the producer is done and nothing is left."""
+            if not queue.empty():
+                return queue.get_nowait()
+            getter = asyncio.ensure_future(queue.get())
+            try:
+                await asyncio.wait((getter, producer), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                if not getter.done():
+                    getter.cancel()
+            if getter.done() and not getter.cancelled():
+                return getter.result()
+            return queue.get_nowait() if not queue.empty() else None
+
+        self.running += 1
+        # Owned here: cancelled with this generator when the client goes away.
+        producer = asyncio.get_running_loop().create_task(produce())
+        try:
+            turn_started = time.monotonic()
+            while (record := await taken()) is not None:
+                if peer_gone(scope):
+                    return  # the client left: the finally stops the turn
+                yield record
+                queue.task_done()  # written: the producer waits for this at the end
+                if record is DONE_RECORD:
+                    return
+                if time.monotonic() - turn_started >= WRITE_SLICE_SECONDS:  # others' turn
+                    await asyncio.sleep(0)
+                    turn_started = time.monotonic()
+        finally:
+            self.running -= 1
+            if turn.finish_reason is None or dropped:
+                self.stopped += 1
+            producer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await producer
+
+    # --- POST /tokenize -----------------------------------------------------------
+
+    async def tokenize(self, request: Request) -> Response:
+        try:
+            self.http._owner(request)
+            body = decode_tokenize_request(await self.http._body(request))
+            model = self.models.resolve(body.model)
+            if (body.prompt is None) == (body.messages is None):
+                raise RemoteProtocolError(
+                    "Give either 'prompt' or 'messages' (one of them).",
+                    code=ErrorCode.INVALID_VALUE,
+                    param="prompt" if body.prompt is not None else "messages",
+                )
+            if body.prompt is not None:
+                tokens = await asyncio.to_thread(encode, body.prompt)
+            else:
+                tools = tools_from_chat(body.tools)
+                items = items_from_messages(body.messages or [], answered=False)
+                tokens = await asyncio.to_thread(render_tokens, items, tools)
+        except ProtocolError as error:
+            return http_error(error)
+        return JSONResponse(
+            {"count": len(tokens), "max_model_len": model.context_window, "tokens": tokens}
+        )
+
+
+def _budget(body: ChatRequest, model: ModelSpec, prompt: ChatPrompt) -> int:
+    """The answer's token budget: what the window leaves after the prompt, or
+    less when ``max_tokens`` / ``max_completion_tokens`` ask for less; asking
+    for more is ``invalid_value`` (as vLLM refuses it)."""
+    room = model.context_window - len(prompt.tokens)
+    budget = room
+    asks = (("max_tokens", body.max_tokens), ("max_completion_tokens", body.max_completion_tokens))
+    for name, asked in asks:
+        if asked is None:
+            continue
+        if asked > room:
+            raise RemoteProtocolError(
+                f"Invalid '{name}': {asked} tokens do not fit the context window of "
+                f"{model.context_window} tokens after the {len(prompt.tokens)} of the messages.",
+                code=ErrorCode.INVALID_VALUE,
+                param=name,
+            )
+        budget = min(budget, asked)
+    return budget
+
+
+def _server_error(exc: Exception) -> ProtocolError:
+    """What a client is told when the model raised (logged here, not sent)."""
+    log.error("chat completion failed", exc_info=exc)
+    return LocalProtocolError(
+        "The model failed while generating the answer.",
+        code=ErrorCode.SERVER_ERROR,
+        status=500,
+        error_type="server_error",
+    )
+
+
+def _upstream(exc: UpstreamError) -> ProtocolError:
+    """The engine behind failed or refused: its code, status and param (no traceback)."""
+    param = _chat_param("messages" if exc.param == "input" else exc.param)
+    return RemoteProtocolError(
+        exc.message, code=exc.code, param=param, status=exc.status, error_type=exc.error_type
+    )
+
+
+def _answer_digests(prompt: ChatPrompt, answer: list[Item]) -> list[bytes]:
+    """The digests of prompt and answer (pure: run in a worker thread)."""
+    tokens = list(prompt.tokens)
+    for item in answer:
+        tokens.extend(render_item(item))
+    return block_digests(prompt.seed, tokens, known=prompt.digests)
+
+
+class _ChatCounters(Collector):
+    """``longresponse_chat_*`` on ``/metrics``: what the endpoint took, ran, stopped, refused."""
+
+    def __init__(self, chat: ChatCompletions) -> None:
+        self.chat = chat
+
+    def collect(self) -> Iterator[Metric]:
+        chat = self.chat
+        for name, help_text, value in (
+            ("requests", "Chat completion requests received.", chat.requests),
+            ("stopped", "Chat turns ended before their answer (client gone).", chat.stopped),
+            ("refused_busy", "Chat requests refused with 429 (at the limit).", chat.refused_busy),
+        ):
+            yield CounterMetricFamily(f"longresponse_chat_{name}", help_text, value=value)
+        yield GaugeMetricFamily(
+            "longresponse_chat_running", "Chat completions running now.", value=chat.running
+        )

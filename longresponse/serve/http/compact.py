@@ -1,0 +1,171 @@
+"""``POST /v1/responses/compact``: a conversation, compacted into a window to go on from.
+
+Theory of operation
+-------------------
+The body is a subset of a create's: ``model`` (required), ``input``,
+``instructions`` and ``previous_response_id``; ``prompt_cache_key`` and
+``service_tier`` are type-checked and ignored, and so are the compaction-only
+``image``, ``prompt_cache_options`` and ``prompt_cache_retention``; any other
+key is ``unknown_parameter``. The body is checked by the create decoder of
+the protocol, so a bad field gets the same ``code`` and ``param`` as it would
+on ``POST /v1/responses``.
+
+The conversation is the stored chain named by ``previous_response_id`` (same
+owner; its pending calls may stay unanswered), then the input. It is
+admitted as a create's input is (validated, compaction items opened, read by
+the secrets classifier under the server's policy), taken in as a rollout
+takes input in (the latest compaction item supersedes what precedes it), and
+compacted with the simulated models' summary
+(``longresponse.engine.compaction``). No model turn runs and nothing is
+stored.
+
+The answer (``protocol.response.ResponseCompaction``) lists the
+conversation's user messages, then the compaction item; passed unchanged as
+the ``input`` of a create without ``previous_response_id`` (over HTTP or
+either WebSocket shape) it continues the conversation from that window. Its
+``usage`` counts what the model read (the instructions and the conversation,
+rendered) and wrote (the window, rendered).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any, Final
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from protocol import ErrorCode, ProtocolError, RemoteProtocolError, decode_create_body
+from protocol.events import ResponseCreate
+from protocol.items import InputText, Item, Message, as_items
+from protocol.response import InputTokensDetails, OutputTokensDetails, ResponseCompaction, Usage
+
+from ...engine.compaction import compact, intake
+from ...engine.render import render_item, render_prefix
+from ...ids import new_id
+from .responses import ResponsesHTTP, http_error
+
+__all__ = ["COMPACT_PARAMETERS", "CompactHTTP"]
+
+#: The body parameters of a compaction that mean something here.
+COMPACT_PARAMETERS: Final = frozenset(
+    {"model", "input", "instructions", "previous_response_id", "prompt_cache_key", "service_tier"}
+)
+#: Parameters of the shipped compaction endpoint that are accepted and ignored.
+_IGNORED: Final = ("image", "prompt_cache_options", "prompt_cache_retention")
+
+_encoder: Final = msgspec.json.Encoder()
+
+
+class CompactHTTP:
+    """The compaction endpoint, sharing keys, store and turns with the HTTP API."""
+
+    def __init__(self, http: ResponsesHTTP) -> None:
+        self.http = http
+        self.turns = http.turns
+        self.compactions = 0
+
+    def routes(self) -> list[Route]:
+        return [Route("/v1/responses/compact", self.compact, methods=["POST"])]
+
+    async def compact(self, request: Request) -> Response:
+        try:
+            owner = self.http._owner(request)
+            body = _decode(await self.http._body(request))
+            self.turns.resolve(body)  # refuses an unknown model; the simulated ones compact alike
+            compactor = self.turns.compactor(owner)
+            assert compactor is not None  # the lifespan loaded the key
+            history = await self._history(body.previous_response_id, owner)
+            admission = self.turns.pipeline.admit(
+                as_items(body.input), history=history, cached=False, compactor=compactor
+            )
+            context = intake([*history, *admission.items], compactor).items
+            item, window = compact(context, compactor)
+        except ProtocolError as error:
+            return http_error(error)
+        self.compactions += 1
+        read = len(render_prefix(body.instructions, [])) + _rendered(context)
+        written = _rendered(window)
+        answer = ResponseCompaction(
+            id=new_id("resp"),
+            created_at=int(time.time()),
+            output=[*_user_messages(context), item],
+            usage=Usage(
+                input_tokens=read,
+                input_tokens_details=InputTokensDetails(),
+                output_tokens=written,
+                output_tokens_details=OutputTokensDetails(),
+                total_tokens=read + written,
+            ),
+        )
+        return Response(_encoder.encode(answer), media_type="application/json")
+
+    async def _history(self, parent_id: str | None, owner: str) -> list[Item]:
+        """The stored chain ending at ``parent_id`` (none: nothing).
+
+        Raises :class:`RemoteProtocolError` ``previous_response_not_found``.
+        """
+        if parent_id is None:
+            return []
+        conversation = await self.http.persistence.conversation(parent_id, owner=owner)
+        if conversation is None:
+            raise RemoteProtocolError(
+                f"Previous response with id {parent_id!r} not found.",
+                code=ErrorCode.PREVIOUS_RESPONSE_NOT_FOUND,
+                param="previous_response_id",
+            )
+        return conversation.items
+
+
+def _decode(data: bytes) -> ResponseCreate:
+    """The compaction body, checked by the protocol's create decoder.
+
+    Raises :class:`RemoteProtocolError` (``invalid_json``,
+    ``missing_required_parameter`` on ``model``, ``unknown_parameter``, and
+    whatever the create decoder finds).
+    """
+    try:
+        raw: Any = msgspec.json.decode(data)
+    except msgspec.DecodeError:
+        raw = None
+    if not isinstance(raw, dict):
+        return decode_create_body(data)  # its error for a body that is not an object
+    if raw.get("model") is None:
+        raise RemoteProtocolError(
+            "Missing required parameter: 'model'.",
+            code=ErrorCode.MISSING_REQUIRED_PARAMETER,
+            param="model",
+        )
+    for name in _IGNORED:
+        raw.pop(name, None)
+    for name in raw:
+        if name not in COMPACT_PARAMETERS:
+            raise RemoteProtocolError(
+                f"Unknown parameter: '{name}'.", code=ErrorCode.UNKNOWN_PARAMETER, param=name
+            )
+    body = decode_create_body(_encoder.encode(raw))
+    if body.previous_response_id is None and not body.input:
+        raise RemoteProtocolError(
+            "Nothing to compact: give 'input', 'previous_response_id', or both.",
+            code=ErrorCode.MISSING_REQUIRED_PARAMETER,
+            param="input",
+        )
+    return body
+
+
+def _rendered(items: Sequence[Item]) -> int:
+    return sum(len(render_item(item)) for item in items)
+
+
+def _user_messages(context: Sequence[Item]) -> list[Item]:
+    """The user messages of ``context``, each with its text as content parts."""
+    kept: list[Item] = []
+    for item in context:
+        if isinstance(item, Message) and item.role == "user":
+            if isinstance(item.content, str):
+                item = msgspec.structs.replace(item, content=[InputText(text=item.content)])
+            kept.append(item)
+    return kept

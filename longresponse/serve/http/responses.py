@@ -1,0 +1,511 @@
+"""The HTTP Responses API: the shape every client speaks, and the research baseline.
+
+``POST /v1/responses`` (JSON, or SSE with ``stream: true``),
+``GET``/``DELETE /v1/responses/{id}``, ``GET /v1/responses/{id}/input_items``,
+``POST /v1/responses/{id}/cancel``; ``background: true`` is ``serve/background.py``.
+
+Every request is stateless: a continuation (``previous_response_id``) walks
+the chain back through the store, renders and tokenizes the whole history
+again, and runs a fresh Rollout over it. That is the cost the WebSocket
+shapes avoid, and what the benchmark compares them against.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from protocol import ErrorCode, ProtocolError, RemoteProtocolError, decode_create_body
+from protocol.events import ResponseCreate
+from protocol.items import Compaction, Item, as_items
+from protocol.response import Response as ResponseObject
+
+from ...config import WRITE_SLICE_SECONDS, ServerConfig
+from ...engine.failures import UpstreamError
+from ...engine.sampling import release
+from ...engine.stream import StreamClosed
+from ...engine.timing import TurnTiming
+from ...ids import new_id
+from ...storage.keys import ApiKeys, Unauthorized
+from ...storage.persistence import Persistence
+from ..continuation import Continuation, continue_from
+from ..seam import abort, peer_gone, until_gone
+from ..turns import Started, Turns
+from .background import BackgroundResponses, check_cancellable
+from .sinks import SSE_QUEUE_DEPTH, RecordingSink, SSESink
+from .token_cache import HTTPTokenCache
+
+__all__ = ["HTTPTokenCache", "ResponsesHTTP", "http_error"]
+
+TRANSPORT = "http"
+
+_encoder = msgspec.json.Encoder()
+
+
+def error_body(error: ProtocolError) -> dict[str, Any]:
+    """The shipped error envelope (an HTTP error's body, a chat stream's error record)."""
+    fields = {"message": error.message, "type": error.error_type, "param": error.param}
+    return {"error": fields | {"code": error.code}}
+
+
+def http_error(error: ProtocolError) -> JSONResponse:
+    """The shipped HTTP error envelope."""
+    return JSONResponse(error_body(error), status_code=error.status)
+
+
+def _not_found(response_id: str) -> RemoteProtocolError:
+    return RemoteProtocolError(
+        f"Response with id '{response_id}' not found.",
+        code=ErrorCode.RESPONSE_NOT_FOUND,
+        param="response_id",
+        status=404,
+    )
+
+
+def upstream_http_error(exc: UpstreamError, error: ProtocolError | None = None) -> JSONResponse:
+    """An engine's failure as the shipped HTTP error (``Retry-After`` when it gave one),
+    or as ``error`` when the caller words it (the chat API names params its own way)."""
+    status, error_type = exc.status, exc.error_type
+    response = http_error(
+        error
+        or RemoteProtocolError(
+            exc.message, code=exc.code, param=exc.param, status=status, error_type=error_type
+        )
+    )
+    if exc.retry_after is not None:
+        response.headers["retry-after"] = str(max(1, math.ceil(exc.retry_after)))
+    return response
+
+
+def _json(obj: Any, status: int = 200) -> Response:
+    return Response(_encoder.encode(obj), status_code=status, media_type="application/json")
+
+
+class ResponsesHTTP:
+    """The HTTP endpoints, sharing models, keys and persistence with the WebSocket side."""
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        turns: Turns,
+        keys: ApiKeys,
+        persistence: Callable[[], Persistence],
+        background: BackgroundResponses | None = None,
+    ) -> None:
+        self.config = config
+        self.turns = turns
+        self.keys = keys
+        self._persistence = persistence
+        self.background = background or BackgroundResponses(turns)
+        #: The process-wide token cache, when switched on (the ``http-cached`` design).
+        self.token_cache = (
+            HTTPTokenCache(config.http_token_cache_bytes) if config.http_token_cache else None
+        )
+        self.requests = 0
+
+    @property
+    def persistence(self) -> Persistence:
+        return self._persistence()
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/v1/responses", self.create, methods=["POST"]),
+            Route("/v1/responses/{response_id}", self.retrieve, methods=["GET"]),
+            Route("/v1/responses/{response_id}", self.delete, methods=["DELETE"]),
+            Route("/v1/responses/{response_id}/input_items", self.input_items, methods=["GET"]),
+            Route("/v1/responses/{response_id}/cancel", self.cancel, methods=["POST"]),
+        ]
+
+    def _owner(self, request: Request) -> str:
+        try:
+            return self.keys.owner(request.headers.get("authorization"))
+        except Unauthorized as exc:
+            raise RemoteProtocolError(str(exc), code="invalid_api_key", status=401) from exc
+
+    async def _body(self, request: Request) -> bytes:
+        limit = self.config.max_message_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise _too_large(int(declared), limit)
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(size, limit)
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    # --- POST /v1/responses ------------------------------------------------------
+
+    async def create(self, request: Request) -> Response:
+        received_at = time.perf_counter()
+        self.requests += 1
+        body: ResponseCreate | None = None
+        try:
+            owner = self._owner(request)
+            raw = await self._body(request)
+            body = decode_create_body(raw)
+            self.turns.inspector.http.client(body, len(raw))
+            if body.stream_id is not msgspec.UNSET:
+                raise RemoteProtocolError(
+                    "Unknown parameter: 'stream_id' (it exists on WebSocket connections only).",
+                    code=ErrorCode.UNKNOWN_PARAMETER,
+                    param="stream_id",
+                )
+            self.turns.check_background(body, transport=TRANSPORT)
+            self.turns.waits_in_place(body, beta=False, transport=TRANSPORT)
+            model = self.turns.resolve(body)
+            self.turns.check_metadata(body)
+            decoded = time.perf_counter()
+            new_items = as_items(body.input)
+            continuation = await self.stored_continuation(body, new_items, owner)
+            if body.background:  # owned by the server from here on
+                created = await self.background.create(
+                    body,
+                    owner=owner,
+                    new_items=new_items,
+                    history=continuation.history,
+                    model=model,
+                    received_at=received_at,
+                    decode=decoded - received_at,
+                )
+                return _while_connected(created, request.scope)
+            run = _Run(self, body, owner, continuation.history, received_at, request.scope)
+            # Stateless: the whole history is validated and classified again.
+            run.started = self.turns.start_turn(
+                body,
+                transport=TRANSPORT,
+                response_id=new_id("resp"),
+                sink=run.sink,
+                new_items=new_items,
+                history=continuation.history,
+                cached=False,
+                model=model,
+                decode=decoded - received_at,
+                owner=owner,
+            )
+            run.seed_from_token_cache()
+        except ProtocolError as error:
+            self.turns.inspector.http.refused(body)
+            return http_error(error)
+        if body.stream:
+            return StreamingResponse(run.sse(), media_type="text/event-stream")
+        return await run.json()
+
+    async def stored_continuation(
+        self, body: ResponseCreate, new_items: list[Item], owner: str
+    ) -> Continuation:
+        """Where an HTTP request continues from: the store (HTTP keeps nothing else).
+
+        Raises :class:`RemoteProtocolError`: too many input items, or the
+        continuation rules (``longresponse.serve.continuation``).
+        """
+        if len(new_items) > self.config.max_items_per_event:
+            raise RemoteProtocolError(
+                f"The request carries {len(new_items)} input items; the limit is "
+                f"{self.config.max_items_per_event}.",
+                code=ErrorCode.TOO_MANY_ITEMS,
+                param="input",
+            )
+        return await continue_from(
+            body.previous_response_id,
+            new_items,
+            lookup=_nothing_cached,
+            evict=_nothing_cached,
+            lane=None,
+            persistence=self.persistence,
+            owner=owner,
+        )
+
+    # --- the other endpoints -----------------------------------------------------
+
+    async def retrieve(self, request: Request) -> Response:
+        response_id = request.path_params["response_id"]
+        query = request.query_params
+        try:
+            owner = self._owner(request)
+            if query.get("stream") in ("true", "1"):  # a background response's events
+                streamed = await self.background.stream(
+                    response_id, query.get("starting_after"), owner, self.persistence
+                )
+                if streamed is None:
+                    raise _not_found(response_id)
+                return _while_connected(streamed, request.scope)
+            running = self.background.get(response_id, owner=owner)
+            if running is not None:
+                return _json(running.snapshot())
+            record = await self.persistence.get(response_id, owner=owner)
+            if record is None:
+                raise _not_found(response_id)
+        except ProtocolError as error:
+            return http_error(error)
+        return _json(record.response)
+
+    async def delete(self, request: Request) -> Response:
+        response_id = request.path_params["response_id"]
+        try:
+            owner = self._owner(request)
+            self.background.check_deletable(response_id, owner=owner)
+            if not await self.persistence.delete(response_id, owner=owner):
+                raise _not_found(response_id)
+            self.background.forget(response_id)
+        except ProtocolError as error:
+            return http_error(error)
+        return JSONResponse({"id": response_id, "object": "response.deleted", "deleted": True})
+
+    async def input_items(self, request: Request) -> Response:
+        response_id = request.path_params["response_id"]
+        query = request.query_params
+        try:
+            owner = self._owner(request)
+            limit = _int_param(query.get("limit"), "limit", default=20, low=1, high=100)
+            order = query.get("order", "desc")
+            if order not in ("asc", "desc"):
+                raise RemoteProtocolError(
+                    "Invalid 'order': expected 'asc' or 'desc'.",
+                    code=ErrorCode.INVALID_VALUE,
+                    param="order",
+                )
+            conversation = await self.persistence.conversation(response_id, owner=owner)
+            if conversation is None:
+                raise _not_found(response_id)
+            last = conversation.last
+            if last.context is None:
+                items = conversation.items[: len(conversation.items) - len(last.response.output)]
+            else:  # the last response's items are in context order: leave out its output
+                produced = {_item_id(item) for item in last.response.output}
+                before = conversation.items[: len(conversation.items) - len(last.context)]
+                items = [*before, *(i for i in last.context if _item_id(i) not in produced)]
+            if order == "desc":
+                items = items[::-1]
+            after = query.get("after")
+            if after is not None:
+                ids = [_item_id(item) for item in items]
+                if after not in ids:
+                    raise RemoteProtocolError(
+                        f"No input item with id '{after}' in response '{response_id}'.",
+                        code=ErrorCode.INVALID_VALUE,
+                        param="after",
+                    )
+                items = items[ids.index(after) + 1 :]
+        except ProtocolError as error:
+            return http_error(error)
+        page = items[:limit]
+        return _json(
+            {
+                "object": "list",
+                "data": page,
+                "first_id": _item_id(page[0]) if page else None,
+                "last_id": _item_id(page[-1]) if page else None,
+                "has_more": len(items) > limit,
+            }
+        )
+
+    async def cancel(self, request: Request) -> Response:
+        response_id = request.path_params["response_id"]
+        try:
+            owner = self._owner(request)
+            response = await self.background.cancel(response_id, owner=owner)
+            if response is None:  # not running: the stored one decides
+                record = await self.persistence.get(response_id, owner=owner)
+                if record is None:
+                    raise _not_found(response_id)
+                response = record.response
+            check_cancellable(response)
+        except ProtocolError as error:
+            return http_error(error)
+        return _json(response)
+
+
+def _item_id(item: Item) -> str | None:
+    item_id = getattr(item, "id", None)
+    return item_id if isinstance(item_id, str) else None
+
+
+def _nothing_cached(response_id: str) -> None:
+    return None  # HTTP keeps no connection cache: every parent comes from the store
+
+
+class _Run:
+    """One HTTP request's rollout, answered as JSON or as SSE."""
+
+    def __init__(
+        self,
+        http: ResponsesHTTP,
+        body: ResponseCreate,
+        owner: str,
+        history: list[Item],
+        received_at: float,
+        scope: Any,
+    ) -> None:
+        self.http = http
+        self.body = body
+        self.owner = owner
+        self.received_at = received_at
+        self.history = history
+        self.started: Started | None = None
+        self.final: ResponseObject | None = None
+        self._sse = (
+            SSESink(
+                SSE_QUEUE_DEPTH,
+                slow_reader_timeout=http.config.slow_reader_timeout,
+                drop=lambda: abort(scope, "slow SSE reader"),
+            )
+            if body.stream
+            else None
+        )
+        self.sink: RecordingSink = self._sse or RecordingSink()
+        self._scope = scope
+
+    def seed_from_token_cache(self) -> None:
+        """With ``--http-token-cache``: when the parent's tokens are in memory, the
+        admitted turn's fresh rollout takes the history in without rendering it."""
+        cache = self.http.token_cache
+        parent = self.body.previous_response_id
+        if cache is None or parent is None or not self.history or self.started is None:
+            return
+        if any(isinstance(item, Compaction) for item in self.history):
+            return  # the rollout's context is the compaction's window, not the stored items
+        tokens = cache.get(self.owner, parent)
+        if tokens is not None:
+            rollout = self.started.rollout
+            rollout.context = list(self.history)
+            rollout.tokens.extend_tokens(tokens)
+            self.history = []
+
+    async def _segment(self) -> bool:
+        assert self.started is not None
+        rollout = self.started.rollout
+        try:
+            boundary = await self.http.turns.run_segment(
+                self.started,
+                owner=self.owner,
+                transport=TRANSPORT,
+                history=self.history,
+                received_at=self.received_at,
+            )
+        finally:
+            await release(rollout.sampler)  # a request's rollout ends with it
+        if boundary is None:
+            return False
+        self.final = boundary.response
+        cache = self.http.token_cache
+        if cache is not None:
+            tokens = rollout.tokens
+            cache.put(self.owner, boundary.segment_id, tokens.tokens[tokens.prefix_length :])
+        return True
+
+    async def json(self) -> Response:
+        assert self.started is not None
+        if not await self._segment() or self.final is None:
+            failure = self.started.reply.error
+            segment = self.started.segment
+            if segment is not None and isinstance(segment.exception, UpstreamError):
+                return upstream_http_error(segment.exception)
+            if self.started.refused == "store_unavailable" and failure is not None:
+                return http_error(
+                    RemoteProtocolError(
+                        failure.message,
+                        code="store_unavailable",
+                        status=503,
+                        error_type="server_error",
+                    )
+                )
+            if failure is not None and failure.code == "context_length_exceeded":
+                return http_error(
+                    RemoteProtocolError(failure.message, code=failure.code, param="input")
+                )
+            return http_error(
+                RemoteProtocolError(
+                    "The server had an error while processing your request.",
+                    code=ErrorCode.SERVER_ERROR,
+                    status=500,
+                    error_type="server_error",
+                )
+            )
+        response = _json(self.final)
+        seen = self.http.turns.inspector.record_of(self.started.rollout)
+        if seen is not None:  # the body's bytes, for the inspector's timeline
+            seen.sent_late(len(response.body))
+        timings = self.started.rollout.timings
+        if timings:
+            # Server-side phase times of this request (RFC Server-Timing).
+            timing = timings[-1]
+            response.headers["server-timing"] = ", ".join(
+                f"{name};dur={value * 1000:.3f}"
+                for name, value in (
+                    ("resume", timing.resume),
+                    *((phase, getattr(timing, phase)) for phase in TurnTiming.PHASES),
+                )
+            )
+        return response
+
+    async def sse(self) -> AsyncIterator[bytes]:
+        sink = self._sse
+        assert sink is not None  # made for a streaming request
+
+        async def produce() -> None:
+            try:
+                await self._segment()
+            except StreamClosed:
+                pass  # a slow reader was cut off: nobody is left to tell
+            finally:
+                sink.end()
+
+        # Owned here: cancelled with this generator when the client goes away.
+        producer = asyncio.get_running_loop().create_task(produce())
+        try:
+            turn = time.monotonic()
+            while (record := await sink.next()) is not None:
+                if peer_gone(self._scope):
+                    return  # the client left: stop writing (the finally stops the rollout)
+                yield record
+                if time.monotonic() - turn >= WRITE_SLICE_SECONDS:  # others' turn
+                    await asyncio.sleep(0)
+                    turn = time.monotonic()
+        finally:
+            producer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await producer
+
+
+def _while_connected(response: Response, scope: Any) -> Response:
+    """A streamed response stops writing once its client is gone: the server
+    drops those writes, but asyncio logs each one (``serve.seam``)."""
+    if isinstance(response, StreamingResponse):
+        response.body_iterator = until_gone(scope, response.body_iterator)
+    return response
+
+
+def _too_large(size: int, limit: int) -> RemoteProtocolError:
+    return RemoteProtocolError(
+        f"The request body is {size} bytes; the limit is {limit}.",
+        code=ErrorCode.MESSAGE_TOO_LARGE,
+        status=413,
+    )
+
+
+def _int_param(value: str | None, name: str, *, default: int, low: int, high: int) -> int:
+    if value is None:
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        number = low - 1
+    if not low <= number <= high:
+        raise RemoteProtocolError(
+            f"Invalid '{name}': expected an integer from {low} to {high}.",
+            code=ErrorCode.INVALID_VALUE,
+            param=name,
+        )
+    return number

@@ -1,0 +1,354 @@
+"""The inspector's observations: connections, rollouts, turns and recent events.
+
+Theory of operation
+-------------------
+The server keeps one :class:`Inspector`. It is fed by a few calls from the
+hot paths, each cheap and none of them waiting:
+
+- a WebSocket session opens a :class:`ConnectionRecord` when it starts and
+  closes it when it ends (``serve.ws``); HTTP requests share one record of
+  their own (shape ``http``), since HTTP connections end without a word;
+- every decoded client message goes to :meth:`ConnectionRecord.client`
+  (``serve.ws``; ``serve.http`` for a request body);
+- every turn starts in :meth:`Inspector.watch` (``serve.turns``), which finds
+  or opens the turn's :class:`RolloutRecord` and wraps the turn's sink in a
+  :class:`~longresponse.serve.inspector.records.WatchedSink` that notes each
+  server event on its way out;
+- every finished turn comes to
+  :meth:`~longresponse.serve.inspector.records.RolloutRecord.turn_ended` with
+  its :class:`~longresponse.engine.timing.TurnTiming` (the rollout's timing hook).
+
+A rollout here is a conversation as the client drives it: one append-mode
+Response, or a chain of shipped-shape or HTTP responses linked by
+``previous_response_id`` (each HTTP request has a fresh engine rollout; the
+chain is one record all the same, so its turns line up with append's).
+
+Per event only cheap fields are kept: its type, its ``sequence_number``, its
+size on the wire, a wall-clock time and, for the few events that change a
+rollout's state, a short summary (status, call ids); consecutive deltas of
+one item share one entry, with their count. Payloads are never copied. A
+rollout keeps its last :data:`RING_EVENTS` entries and :data:`MAX_TURNS`
+turns; at most :data:`MAX_ROLLOUTS` rollouts are kept, the least recently
+active finished ones forgotten first, and a finished one is forgotten
+:data:`FORGET_AFTER` seconds after its last event.
+
+Watchers (the live feed, ``serve.inspect_routes``) each get a bounded queue;
+at most :data:`MAX_WATCHERS` at once. With no watcher nothing is published.
+A watcher whose queue overflows is dropped (its feed says ``lagged`` and
+ends; an ``EventSource`` reconnects and starts from a fresh state). With the
+inspector off (``--no-inspector``) every hook returns at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+import weakref
+from collections.abc import Callable, Iterable
+from typing import Any, Final
+
+from protocol import Mode
+from protocol.events import ClientEvent, ResponseCreate
+
+from ...engine.rollout import Rollout
+from ...engine.stream import EventSink
+from .records import DIGEST_AFTER, FINISHED, MAX_TURNS, RolloutRecord, WatchedSink
+
+__all__ = [
+    "FORGET_AFTER",
+    "MAX_ROLLOUTS",
+    "MAX_WATCHERS",
+    "RING_EVENTS",
+    "WATCHER_QUEUE",
+    "ConnectionRecord",
+    "Inspector",
+    "TooManyWatchers",
+    "Watcher",
+]
+
+#: Recent events kept per rollout (client and server).
+RING_EVENTS: Final = 512
+#: Rollout records kept in all.
+MAX_ROLLOUTS: Final = 128
+#: Seconds a finished rollout's record stays after its last event.
+FORGET_AFTER: Final = 900.0
+#: Live feeds at once.
+MAX_WATCHERS: Final = 4
+#: Messages buffered per watcher before it is dropped as lagging.
+WATCHER_QUEUE: Final = 4096
+#: Client creates seen but not yet started, per connection (lanes queue them).
+_PENDING_CREATES: Final = 64
+
+
+class TooManyWatchers(Exception):
+    """:data:`MAX_WATCHERS` feeds are open already."""
+
+
+class Watcher:
+    """One live feed's bounded queue of messages."""
+
+    def __init__(self, depth: int) -> None:
+        self.queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue(depth)
+        self.lagged = False
+
+    def offer(self, kind: str, data: Any) -> None:
+        if self.lagged:
+            return
+        try:
+            self.queue.put_nowait((kind, data))
+        except asyncio.QueueFull:
+            self.lagged = True
+            self.queue.get_nowait()  # room for the word that ends it
+            self.queue.put_nowait(("lagged", {}))
+
+
+class ConnectionRecord:
+    """One WebSocket connection (or every HTTP request, as one record)."""
+
+    def __init__(self, inspector: Inspector, cid: str, shape: str, session: Any) -> None:
+        self.inspector = inspector
+        self.id = cid
+        self.shape = shape
+        self.session = session
+        self.opened = time.time()
+        self.closed: float | None = None
+        self.bytes_in = self.bytes_out = 0
+        self.latest: RolloutRecord | None = None
+        #: Creates not yet started (a lane's queue), by the event's identity.
+        self.creates: dict[int, tuple[ClientEvent, int]] = {}
+
+    def client(self, event: ClientEvent, nbytes: int) -> None:
+        """A decoded client message: counted, and logged on the rollout it targets."""
+        if not self.inspector.enabled:
+            return
+        self.bytes_in += nbytes
+        if isinstance(event, ResponseCreate):
+            if len(self.creates) >= _PENDING_CREATES:
+                del self.creates[next(iter(self.creates))]
+            self.creates[id(event)] = (event, nbytes)
+            return
+        rid = getattr(event, "response_id", None)
+        record = self.inspector.by_response.get(rid) if rid else self.latest
+        if record is not None:
+            record.bytes_in += nbytes
+            record.note("client", event, nbytes)
+
+
+    def refused(self, event: ResponseCreate | None) -> None:
+        """A create refused before its turn started (or before it was read): its body
+        is not kept."""
+        if event is not None:
+            self.creates.pop(id(event), None)
+    def summary(self) -> dict[str, Any]:
+        session = self.session
+        out: dict[str, Any] = {
+            "id": self.id,
+            "shape": self.shape,
+            "opened": self.opened,
+            "age_s": (self.closed or time.time()) - self.opened,
+            "open": self.closed is None,
+            "bytes_in": self.bytes_in,
+            "bytes_out": self.bytes_out,
+            "lanes": None,
+            "outbox_events": None,
+            "outbox_bytes": None,
+        }
+        if session is not None and self.closed is None:
+            shipped = getattr(session, "shipped", None)
+            if shipped is not None:
+                out["lanes"] = len(shipped.lanes)
+            else:
+                out["lanes"] = sum(1 for r in session.rollouts.values() if not r.terminal)
+            out["outbox_events"] = len(session.outbox)
+            out["outbox_bytes"] = session.outbox.queued_bytes
+        return out
+
+
+class Inspector:
+    """The server's observations (see the module docstring); one per app."""
+
+    def __init__(
+        self,
+        *,
+        enabled: bool = True,
+        ring: int = RING_EVENTS,
+        max_rollouts: int = MAX_ROLLOUTS,
+        max_watchers: int = MAX_WATCHERS,
+        forget_after: float = FORGET_AFTER,
+        watcher_queue: int = WATCHER_QUEUE,
+    ) -> None:
+        self.enabled = enabled
+        self.ring = ring
+        self.max_rollouts = max_rollouts
+        self.max_watchers = max_watchers
+        self.forget_after = forget_after
+        self.watcher_queue = watcher_queue
+        self.started = time.time()
+        self._ids = itertools.count(1)
+        self.connections: dict[str, ConnectionRecord] = {}
+        self.http = ConnectionRecord(self, "http", "http", None)
+        self.rollouts: dict[str, RolloutRecord] = {}
+        self.by_response: dict[str, RolloutRecord] = {}
+        self._by_rollout: weakref.WeakKeyDictionary[Rollout, RolloutRecord] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._by_sink: weakref.WeakKeyDictionary[Any, ConnectionRecord] = (
+            weakref.WeakKeyDictionary()
+        )
+        self.watchers: list[Watcher] = []
+        #: Set when the server stops: open feeds end.
+        self.stopping = False
+
+    # --- connections -----------------------------------------------------------
+
+    def open_connection(self, session: Any, mode: Mode) -> ConnectionRecord | None:
+        if not self.enabled:
+            return None
+        shape = "append" if mode is Mode.APPEND else "shipped"
+        record = ConnectionRecord(self, f"conn-{next(self._ids)}", shape, session)
+        self.connections[record.id] = record
+        self._by_sink[session.outbox] = record
+        if self.watchers:
+            self.publish("connection", record.summary())
+        return record
+
+    def close_connection(self, record: ConnectionRecord | None) -> None:
+        if record is None:
+            return
+        record.closed = time.time()
+        record.session = None
+        self.connections.pop(record.id, None)
+        # What ran on it is cut off, as the server ends it (cancelled); a shipped
+        # chain paused between responses may go on elsewhere, from the store.
+        for rollout in self.rollouts.values():
+            if rollout.connection is not record:
+                continue
+            rollout.digest()
+            if rollout.status == "sampling" or (
+                rollout.status == "paused" and rollout.shape == "append"
+            ):
+                rollout.status, rollout.pending, rollout.running = "cancelled", [], False
+        if self.watchers:
+            self.publish("connection", record.summary())
+
+    # --- turns -----------------------------------------------------------------
+
+    def watch(
+        self, rollout: Rollout, request: ResponseCreate, response_id: str, sink: EventSink
+    ) -> tuple[EventSink, RolloutRecord | None]:
+        """A turn starts: its rollout's record (found or opened) and the sink to use."""
+        if not self.enabled:
+            return sink, None
+        connection = self._by_sink.get(sink) or self.http
+        record = self._by_rollout.get(rollout)
+        previous = request.previous_response_id
+        parent = self.by_response.get(previous) if previous is not None else None
+        if record is None and parent is not None:
+            parent.digest()  # (``running`` follows from its events)
+            if parent.responses[-1] == previous and not parent.running:
+                record = parent  # the chain goes on (HTTP: a fresh engine rollout each time)
+            else:
+                record = self._open(response_id, connection)
+                record.parent = parent.id  # a fork
+        if record is None:
+            record = self._open(response_id, connection)
+        self._by_rollout[rollout] = record
+        record.connection = connection
+        connection.latest = record
+        record.model = rollout.model.name
+        record.running = True
+        record.responses.append(response_id)
+        self.by_response[response_id] = record
+        if len(record.responses) > MAX_TURNS:
+            self.by_response.pop(record.responses.pop(0), None)
+        create = connection.creates.pop(id(request), None)
+        nbytes = create[1] if create is not None else 0
+        record.bytes_in += nbytes
+        record.note("client", request, nbytes)
+        record.status, record.pending = "sampling", []
+        return WatchedSink.around(sink, record), record
+
+    def _open(self, response_id: str, connection: ConnectionRecord) -> RolloutRecord:
+        self._prune()
+        record = RolloutRecord(self, response_id, connection.shape, connection)
+        self.rollouts[record.id] = record
+        if self.watchers:
+            self.publish("rollout", record.summary())
+        return record
+
+    def _prune(self) -> None:
+        """Forget finished rollouts past their age, then the least recently active
+        (finished first) while more than ``max_rollouts`` are kept."""
+        for record in self.rollouts.values():
+            record.digest()  # (the status and last activity follow from its events)
+        now = time.monotonic()
+        old = [
+            r
+            for r in self.rollouts.values()
+            if r.status in FINISHED and now - r.active > self.forget_after
+        ]
+        excess = len(self.rollouts) - len(old) - self.max_rollouts + 1
+        if excess > 0:
+            rest = sorted(
+                (r for r in self.rollouts.values() if r not in old),
+                key=lambda r: (r.status not in FINISHED, r.active),
+            )
+            old.extend(rest[:excess])
+        for record in old:
+            self._forget(record)
+
+    def _forget(self, record: RolloutRecord) -> None:
+        del self.rollouts[record.id]
+        for rid in record.responses:
+            if self.by_response.get(rid) is record:
+                del self.by_response[rid]
+        if self.watchers:
+            self.publish("forgotten", {"id": record.id})
+
+    def record_of(self, rollout: Rollout) -> RolloutRecord | None:
+        return self._by_rollout.get(rollout)
+
+    # --- watchers ----------------------------------------------------------------
+
+    def add_watcher(self) -> Watcher:
+        """A new feed's queue. Raises :class:`TooManyWatchers` (nothing changes then)."""
+        if len(self.watchers) >= self.max_watchers:
+            raise TooManyWatchers(
+                f"{len(self.watchers)} inspector feeds are open; the limit is "
+                f"{self.max_watchers}. Close one and retry."
+            )
+        watcher = Watcher(self.watcher_queue)
+        self.watchers.append(watcher)
+        return watcher
+
+    def remove_watcher(self, watcher: Watcher) -> None:
+        if watcher in self.watchers:
+            self.watchers.remove(watcher)
+
+    def later(self, callback: Callable[[], object]) -> None:
+        """Call ``callback`` :data:`DIGEST_AFTER` seconds from now (at once with no loop)."""
+        try:
+            asyncio.get_running_loop().call_later(DIGEST_AFTER, callback)
+        except RuntimeError:
+            callback()
+
+    def publish(self, kind: str, data: Any) -> None:
+        for watcher in self.watchers:
+            watcher.offer(kind, data)
+
+    # --- reading -------------------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        """Connections and rollouts, as the JSON endpoint gives them."""
+        connections: Iterable[ConnectionRecord] = [self.http, *self.connections.values()]
+        rollouts = [r.summary() for r in self.rollouts.values()]
+        return {
+            "enabled": self.enabled,
+            "connections": [c.summary() for c in connections],
+            "rollouts": rollouts,
+            "live_rollouts": sum(1 for r in rollouts if r["status"] not in FINISHED),
+            "paused_rollouts": sum(1 for r in rollouts if r["status"] == "paused"),
+            "watchers": len(self.watchers),
+            "max_watchers": self.max_watchers,
+        }

@@ -1,0 +1,439 @@
+"""What the inspector keeps of one rollout: its recent events and its turns.
+
+Theory of operation
+-------------------
+A :class:`RolloutRecord` is fed by the hot paths through three calls:
+:meth:`RolloutRecord.note` for each client event, :meth:`RolloutRecord.sent`
+for each server event (through a :class:`WatchedSink` around the turn's
+sink, which reads the encoded size off the sink's queue counter), and
+:meth:`RolloutRecord.turn_ended` for each finished turn. An event is kept as
+a tuple of cheap fields (a number counted per rollout, a wall-clock time,
+the direction, the wire type, its ``sequence_number``, its bytes, a short
+summary for the few events that change the rollout's state, and a count);
+the state (sampling, paused on which call ids, completed, failed, cancelled,
+incomplete) follows from those summaries. Nothing is published unless a
+watcher is connected (``longresponse.serve.inspector.observer``).
+
+A server event is not digested as it leaves: :meth:`RolloutRecord.sent`
+keeps the event, its size and the time in a list and asks the loop to call
+:meth:`RolloutRecord.digest` :data:`DIGEST_AFTER` seconds later, once per
+batch; by then the turn has usually ended and the rollout waits for its
+client, so the digest costs the turn nothing. Whatever reads the record
+digests first (:meth:`RolloutRecord.summary`, :meth:`RolloutRecord.detail`,
+the inspector's pruning and chain-finding), so nothing read is ever behind;
+a client event digests what was sent before it, so the order holds; with a
+watcher connected every event is digested (and published) at once; and
+past :data:`MAX_PENDING` undigested events the list is digested in place, so
+it stays bounded (the events themselves are held until their digest, never
+copied). Sending an event thus costs the unwatched path a clock read and a
+list append besides its size.
+
+Consecutive delta events of one item (``response.output_text.delta``,
+``response.function_call_arguments.delta``), numbered one after the other,
+share one entry: the first one's time and ``sequence_number``, their bytes
+summed, their count. The run is kept in a few counters and written into its
+entry only when the next event ends it (:meth:`RolloutRecord.entries` reads
+it as it stands).
+
+A turn's row holds the :class:`~longresponse.engine.timing.TurnTiming`
+phases, the tokens (new, cached, total), the bytes on the wire both ways
+since the last turn, and the pause before it: from the end of the last turn
+to the arrival of the client message that started this one (``resume``
+counts from there), the time the rollout waited for the client's tools.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+import time
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any, Final, Protocol, cast
+
+from protocol import ResponseTrack, wire_type
+from protocol.events import ErrorEvent, OutputItemAdded, ResponseAppend, ResponseCreate, ServerEvent
+from protocol.items import FunctionCall, FunctionCallOutput
+from protocol.response import RequiredAction
+
+from ...engine.stream import EventSink
+from ...engine.timing import TurnTiming
+
+if TYPE_CHECKING:
+    from .observer import ConnectionRecord, Inspector
+
+__all__ = [
+    "DIGEST_AFTER",
+    "FINISHED",
+    "MAX_PENDING",
+    "MAX_TURNS",
+    "SPARK_TURNS",
+    "RolloutRecord",
+    "UnsizedWatchedSink",
+    "WatchedSink",
+]
+
+#: Turns kept per rollout (a 200-call rollout, the bench's longest, fits).
+MAX_TURNS: Final = 250
+#: Turns a rollout's summary gives per-turn figures of (the page's sparklines).
+SPARK_TURNS: Final = 60
+#: Seconds after a server event is sent that its batch is digested (see above).
+DIGEST_AFTER: Final = 0.01
+#: Server events sent and not yet digested, per rollout, before one is digested
+#: in place.
+MAX_PENDING: Final = 256
+#: Response statuses after which a rollout (not paused) is finished.
+FINISHED: Final = frozenset({"completed", "failed", "cancelled", "incomplete"})
+
+
+def _summary(event: Any) -> dict[str, Any] | None:
+    """What a state-changing event says, in a few fields (None for the rest)."""
+    response = getattr(event, "response", None)
+    if response is not None:
+        out: dict[str, Any] = {"status": response.status}
+        if isinstance(response.required_action, RequiredAction):
+            out["call_ids"] = list(response.required_action.call_ids)
+        return out
+    if isinstance(event, OutputItemAdded) and isinstance(event.item, FunctionCall):
+        return {"call_id": event.item.call_id, "name": event.item.name}
+    if isinstance(event, ErrorEvent):
+        return {"code": event.error.code, "param": event.error.param}
+    if isinstance(event, ResponseCreate):
+        return {
+            "model": event.model if isinstance(event.model, str) else None,
+            "previous_response_id": event.previous_response_id,
+        }
+    if isinstance(event, ResponseAppend) and not isinstance(event.input, str):
+        calls = [i.call_id for i in event.input if isinstance(i, FunctionCallOutput)]
+        return {"outputs_for": calls} if calls else None
+    return None
+
+
+#: Event class → (wire type, whether it is summarised, whether it is a delta):
+#: filled as classes are met.
+_KINDS: dict[type, tuple[str, bool, bool]] = {}
+#: Events whose consecutive runs on one item share a ring entry.
+_DELTAS = frozenset({"response.output_text.delta", "response.function_call_arguments.delta"})
+#: Events summarised besides the lifecycle ones (those that carry a ``response``).
+_SUMMARISED = frozenset(
+    {"response.output_item.added", "error", "response.create", "response.append"}
+)
+
+
+def _kind(cls: type) -> tuple[str, bool, bool]:
+    kind = _KINDS.get(cls)
+    if kind is None:
+        tag = wire_type(cls)
+        lifecycle = "response" in getattr(cls, "__struct_fields__", ())
+        kind = _KINDS[cls] = (tag, lifecycle or tag in _SUMMARISED, tag in _DELTAS)
+    return kind
+
+
+class RolloutRecord:
+    """What the inspector knows of one rollout (see the module docstring)."""
+
+    def __init__(
+        self, inspector: Inspector, rid: str, shape: str, connection: ConnectionRecord
+    ) -> None:
+        self.inspector = inspector
+        self.id = rid
+        self.shape = shape
+        self.connection = connection
+        self.parent: str | None = None
+        self.model: str | None = None
+        self.created = time.time()
+        self.active = time.monotonic()
+        self.responses: list[str] = []
+        self.status = "sampling"
+        self.pending: list[str] = []
+        self.events: collections.deque[tuple[Any, ...]] = collections.deque(maxlen=inspector.ring)
+        self.turns: collections.deque[_Turn] = collections.deque(maxlen=MAX_TURNS)
+        self.turn_count = 0
+        self.seq = 0
+        self.bytes_in = self.bytes_out = 0
+        self._counted_in = self._counted_out = 0
+        self._turn_end: float | None = None
+        self.running = False
+        #: The run of deltas the last entry opened: their class, item, count, bytes,
+        #: and the sequence_number the next one must have to join it.
+        self._run: type | None = None
+        self._run_item = ""
+        self._run_count = self._run_bytes = self._run_next = 0
+        #: Server events sent and not yet digested: (event, bytes, wall-clock time).
+        self._sent: list[tuple[Any, int, float]] = []
+
+    # --- recording (hot) --------------------------------------------------------
+
+    def sent(self, event: ServerEvent, nbytes: int) -> None:
+        """A server event has left, ``nbytes`` as encoded: kept to be digested later."""
+        self.bytes_out += nbytes
+        self.connection.bytes_out += nbytes
+        sent = self._sent
+        sent.append((event, nbytes, time.time()))
+        if self.inspector.watchers or len(sent) >= MAX_PENDING:
+            self.digest()
+        elif len(sent) == 1:
+            self.inspector.later(self.digest)
+
+    def digest(self) -> None:
+        """Note the server events sent since the last digest, in order."""
+        sent = self._sent
+        if sent:
+            self._sent = []
+            for event, nbytes, at in sent:
+                self._keep("server", event, nbytes, at)
+
+    def note(self, direction: str, event: Any, nbytes: int) -> None:
+        """Keep one (client) event: a few fields, no payload."""
+        if self._sent:
+            self.digest()
+        self._keep(direction, event, nbytes, time.time())
+
+    def _keep(self, direction: str, event: Any, nbytes: int, at: float) -> None:
+        cls = type(event)
+        if self._run is not None:
+            if (
+                cls is self._run
+                and event.sequence_number == self._run_next
+                and event.item_id == self._run_item
+            ):
+                self._run_next += 1
+                self._run_count += 1
+                self._run_bytes += nbytes
+                if self.inspector.watchers:
+                    last = _entry_json(self._run_entry())
+                    self.inspector.publish("event", {"rollout": self.id, "event": last})
+                return
+            self._end_run()
+        tag, summarised, delta = _KINDS.get(cls) or _kind(cls)
+        detail = _summary(event) if summarised else None
+        self.seq += 1
+        number = getattr(event, "sequence_number", None)
+        entry = (
+            self.seq,
+            at,
+            direction,
+            tag,
+            number if type(number) is int else None,
+            nbytes,
+            detail,
+            1,
+        )
+        self.events.append(entry)
+        if delta:  # a run of deltas starts: the next ones of its item join it
+            self._run, self._run_item = cls, event.item_id
+            self._run_count, self._run_bytes = 1, nbytes
+            self._run_next = event.sequence_number + 1
+        if detail is not None and "status" in detail:
+            self._status(detail)
+        inspector = self.inspector
+        if inspector.watchers:
+            inspector.publish("event", {"rollout": self.id, "event": _entry_json(entry)})
+
+    def _run_entry(self) -> tuple[Any, ...]:
+        """The last entry with the run of deltas it opened so far."""
+        e = self.events[-1]
+        return (e[0], e[1], e[2], e[3], e[4], self._run_bytes, None, self._run_count)
+
+    def _end_run(self) -> None:
+        if self._run_count > 1:
+            self.events[-1] = self._run_entry()
+        self._run = None
+
+    def entries(self) -> list[tuple[Any, ...]]:
+        """The ring's entries, oldest first, a run of deltas still open included."""
+        self.digest()
+        entries = list(self.events)
+        if self._run is not None and self._run_count > 1:
+            entries[-1] = self._run_entry()
+        return entries
+
+    def _status(self, detail: dict[str, Any]) -> None:
+        status = detail["status"]
+        self.active = time.monotonic()
+        if status == "requires_action":
+            self.status, self.pending = "paused", detail.get("call_ids", [])
+        elif status == "completed" and self.shape != "append" and self._open_calls():
+            self.status = "paused"  # a shipped-shape response that ends in client calls
+        elif status in ("in_progress", "queued", "created"):
+            self.status, self.pending = "sampling", []
+        else:
+            self.status, self.pending = status, []
+        if status in FINISHED or status == "requires_action":
+            self.running = False
+        if self.inspector.watchers:
+            self.inspector.publish("rollout", self.summary())
+
+    def _open_calls(self) -> bool:
+        """This response's client calls, read back from its last events."""
+        calls = []
+        for entry in reversed(self.events):
+            detail = entry[6]
+            if entry[3] == "response.created":
+                break
+            if detail is not None and "call_id" in detail:
+                calls.append(detail["call_id"])
+        self.pending = calls[::-1]
+        return bool(calls)
+
+    def turn_ended(self, timing: TurnTiming, response_id: str) -> None:
+        """A turn is over: its phases, tokens and bytes become a timeline row."""
+        now = time.perf_counter()
+        # The turn began when its client message arrived (``resume`` runs from
+        # there to the sampler); before that, since the last turn ended, the
+        # rollout waited for the client: its tools, its network.
+        began = now - timing.resume - timing.inference - timing.post_inference
+        pause = 0.0 if self._turn_end is None else max(0.0, began - self._turn_end)
+        self._turn_end = now
+        self.turn_count += 1
+        row = _Turn(
+            self.turn_count,
+            response_id,
+            time.time(),
+            pause,
+            self.bytes_in - self._counted_in,
+            self.bytes_out - self._counted_out,
+            timing,  # the rollout's own record of the turn, not a copy
+        )
+        self._counted_in, self._counted_out = self.bytes_in, self.bytes_out
+        self.turns.append(row)
+        self.active = time.monotonic()
+        if self.inspector.watchers:
+            self.inspector.publish("turn", {"rollout": self.id, "turn": row.as_json()})
+
+    def sent_late(self, nbytes: int) -> None:
+        """Bytes of the last turn sent after it was recorded (an HTTP JSON body)."""
+        self.bytes_out += nbytes
+        self.connection.bytes_out += nbytes
+        if self.turns:
+            self.turns[-1].bytes_out += nbytes
+        self._counted_out = self.bytes_out
+
+    # --- reading -------------------------------------------------------------------
+
+    def summary(self) -> dict[str, Any]:
+        self.digest()
+        recent = list(itertools.islice(reversed(self.turns), SPARK_TURNS))[::-1]
+        return {
+            "id": self.id,
+            "shape": self.shape,
+            "connection": self.connection.id,
+            "parent": self.parent,
+            "model": self.model,
+            "created": self.created,
+            "status": self.status,
+            "pending_call_ids": list(self.pending),
+            "responses": len(self.responses),
+            "last_response_id": self.responses[-1] if self.responses else None,
+            "turns": self.turn_count,
+            "bytes_in": self.bytes_in,
+            "bytes_out": self.bytes_out,
+            # The last turns' server time before the model, and bytes on the wire:
+            # the page's sparklines (HTTP's growth next to append's flat line).
+            "per_turn": {
+                "pre_inference_ms": [t.timing.pre_inference * 1000 for t in recent],
+                "bytes": [t.bytes_in + t.bytes_out for t in recent],
+            },
+        }
+
+    def detail(self) -> dict[str, Any]:
+        return {
+            **self.summary(),
+            "response_ids": list(self.responses),
+            "timeline": [t.as_json() for t in self.turns],
+            "events": [_entry_json(e) for e in self.entries()],
+            "events_kept": self.inspector.ring,
+        }
+
+
+@dataclasses.dataclass(slots=True)
+class _Turn:
+    """One row of a rollout's timeline (see :meth:`RolloutRecord.turn_ended`)."""
+
+    turn: int
+    response_id: str
+    at: float
+    pause: float
+    bytes_in: int
+    bytes_out: int
+    timing: TurnTiming
+
+    def as_json(self) -> dict[str, Any]:
+        timing = self.timing
+        return {
+            "turn": self.turn,
+            "response_id": self.response_id,
+            "at": self.at,
+            "pause_ms": self.pause * 1000,
+            "new_tokens": timing.new_tokens,
+            "cached_tokens": timing.cached_tokens,
+            "input_tokens": timing.input_tokens,
+            "bytes_in": self.bytes_in,
+            "bytes_out": self.bytes_out,
+            "server": timing.as_metrics(),
+        }
+
+
+def _entry_json(entry: tuple[Any, ...]) -> dict[str, Any]:
+    seq, at, direction, tag, sequence_number, nbytes, detail, count = entry
+    return {
+        "seq": seq,
+        "at": at,
+        "direction": direction,
+        "type": tag,
+        "sequence_number": sequence_number,
+        "bytes": nbytes,
+        "detail": detail,
+        "count": count,
+    }
+
+
+class _Sized(EventSink, Protocol):
+    """A sink that counts the bytes waiting in its queue (the outbox, an SSE buffer)."""
+
+    @property
+    def queued_bytes(self) -> int: ...
+
+
+class WatchedSink:
+    """A turn's sink, noting each server event (and its encoded size) on the way.
+
+    ``room`` and ``track`` are the sink's own (no layer in between); ``push``
+    reads the sink's queue counter before and after, so an event's size
+    costs two attribute reads. Sinks that keep no count (an HTTP JSON
+    request's) are wrapped by :class:`UnsizedWatchedSink`.
+    """
+
+    room: Callable[[], Coroutine[Any, Any, None]]
+    track: Callable[[str], ResponseTrack]
+
+    def __init__(self, sink: EventSink, record: RolloutRecord) -> None:
+        self.sink = sink
+        self._sized = cast(_Sized, sink)  # (read only where it is one: see ``around``)
+        self.record = record
+        self.room = sink.room
+        self.track = sink.track
+
+    @staticmethod
+    def around(sink: EventSink, record: RolloutRecord) -> WatchedSink:
+        """The wrapper that fits ``sink``."""
+        if hasattr(sink, "queued_bytes"):
+            return WatchedSink(sink, record)
+        return UnsizedWatchedSink(sink, record)
+
+    def push(self, event: ServerEvent) -> None:
+        sink = self._sized
+        before = sink.queued_bytes
+        sink.push(event)
+        self.record.sent(event, sink.queued_bytes - before)
+
+    def __getattr__(self, name: str) -> Any:  # e.g. the outbox's ``error``
+        return getattr(self.sink, name)
+
+
+class UnsizedWatchedSink(WatchedSink):
+    """A :class:`WatchedSink` around a sink that encodes nothing (sizes are 0)."""
+
+    def push(self, event: ServerEvent) -> None:
+        self.sink.push(event)
+        self.record.sent(event, 0)

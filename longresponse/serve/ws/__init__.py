@@ -1,0 +1,9 @@
+"""The WebSocket transport: one endpoint, one session per connection, two shapes.
+
+:mod:`.session` is the pure-ASGI endpoint and its :class:`Session`;
+:mod:`.outbox` the connection's bounded queue of encoded events;
+:mod:`.oversize` the frame past the size limit; :mod:`.append` append mode
+(one rollout as one Response); :mod:`.shipped` the shipped shape (lanes and
+the connection cache); :mod:`.live_input` input committed into a live Response
+(``response.append`` and ``response.inject``).
+"""

@@ -1,0 +1,209 @@
+"""Append mode: a whole rollout as ONE long-running Response on one connection.
+
+Theory of operation
+-------------------
+``response.create`` starts a :class:`Rollout` whose sampling loop runs as a
+task of the session; its ``response.created`` goes out at once, so an append
+or cancel without ``response_id`` that follows targets it. When the model
+asks for client tools the loop pauses (``response.done`` with
+``requires_action``); ``response.append`` brings the outputs (or steering
+input) and the loop resumes in place. ``response.cancel`` ends it.
+``response.inject`` (the multi-agent beta's append, ``longresponse.serve.ws.live_input``)
+does what an append does, and is answered with ``response.inject.created``.
+
+An append or inject is admitted (validated, classified, redacted or refused by the
+secrets policy) by :meth:`AppendShape.admit`, which the protocol core calls
+after its own checks and before it records the append: a refused append
+changes nothing, and its calls stay pending.
+
+A rollout that finishes bills its usage before its terminal event; one cut
+off by a disconnect is billed without waiting.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from protocol import ErrorCode, RemoteProtocolError, ResponseTrack
+from protocol.events import (
+    ClientEvent,
+    ResponseAppend,
+    ResponseCancel,
+    ResponseCreate,
+    ResponseInject,
+)
+from protocol.items import as_items
+from protocol.response import Response
+
+from ...config import ServerConfig
+from ...engine.admission import Admission
+from ...engine.rollout import Rollout
+from ...engine.sampling import release
+from ...engine.stream import EventSink, StreamClosed
+from ...ids import new_id
+from ..continuation import check_continuation
+from ..turns import Turns
+from .live_input import acknowledge, admit_input, take_input
+
+__all__ = ["AppendShape"]
+
+log = logging.getLogger(__name__)
+
+TRANSPORT = "append"
+
+
+class AppendShape:
+    """Serves one append-mode connection's client events."""
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        turns: Turns,
+        sink: EventSink,
+        *,
+        spawn: Callable[[Coroutine[Any, Any, None]], Any],
+        send_timing: bool = False,
+        owner: str = "",
+    ) -> None:
+        self.config = config
+        self.turns = turns
+        self.sink = sink
+        self._spawn = spawn
+        self.send_timing = send_timing
+        self.owner = owner
+        #: Response id → its rollout (finished ones are forgotten at the next create).
+        self.rollouts: dict[str, Rollout] = {}
+        #: Running rollouts whose usage record is written (each leaves as its task ends).
+        self._billed: set[str] = set()
+        self._admitted: Admission | None = None
+        #: The response the event being handled targets, as the protocol core found it.
+        self._target_id: str | None = None
+
+    # --- admission, before the protocol core records the event ----------------
+
+    def admit(self, event: ClientEvent, track: ResponseTrack | None) -> ClientEvent:
+        """Validate and classify an append's or inject's items; return it with the
+        admitted items.
+
+        Raises :class:`ProtocolError` to refuse it (the protocol core then
+        records nothing); an inject also when its rollout is already ending.
+        """
+        self._target_id = track.response_id if track is not None else None
+        if not isinstance(event, ResponseAppend | ResponseInject) or track is None:
+            return event
+        rollout = self._target()
+        finished = isinstance(event, ResponseInject) and rollout.terminal
+        event, self._admitted = admit_input(self.turns, rollout, event, finished=finished)
+        return event
+
+    # --- recorded events --------------------------------------------------------
+
+    def handle(self, event: ClientEvent, received_at: float, decode: float) -> None:
+        try:
+            if isinstance(event, ResponseCreate):
+                self._create(event, decode)
+            elif isinstance(event, ResponseAppend | ResponseInject):
+                self._append(received_at, decode)
+                if isinstance(event, ResponseInject):
+                    acknowledge(self.sink, self.sink.track(event.response_id))
+            elif isinstance(event, ResponseCancel):
+                self._target().request_cancel()
+            # response.processed: tolerated, never answered
+        finally:
+            self._target_id = None
+
+    def _create(self, event: ResponseCreate, decode: float) -> None:
+        self.turns.check_background(event, transport=TRANSPORT)
+        live = sum(1 for r in self.rollouts.values() if not r.terminal)
+        if live >= self.config.max_rollouts_per_connection:
+            raise RemoteProtocolError(
+                f"This connection already runs {live} rollouts; the limit is "
+                f"{self.config.max_rollouts_per_connection}.",
+                code=ErrorCode.TOO_MANY_ROLLOUTS,
+                status=429,
+            )
+        model = self.turns.resolve(event)
+        self.turns.check_metadata(event)
+        new_items = as_items(event.input)
+        # A new rollout has no calls yet: outputs must answer calls of the same input.
+        check_continuation(new_items, {})
+        started = self.turns.start_turn(
+            event,
+            model=model,
+            transport=TRANSPORT,
+            response_id=new_id("resp"),
+            sink=self.sink,
+            new_items=new_items,
+            send_timing=self.send_timing,
+            decode=decode,
+            owner=self.owner,
+        )
+        rollout, reply = started.rollout, started.reply
+        rollout.on_terminal = self._post_inference
+        self._forget_finished()
+        self.rollouts[reply.id] = rollout
+        reply.announce_created()
+        rollout.task = self._spawn(self._run(rollout, reply.id))
+
+    async def _run(self, rollout: Rollout, response_id: str) -> None:
+        try:
+            await rollout.run()
+        except StreamClosed:
+            pass
+        except Exception:  # one rollout's bug must not end the connection
+            log.exception("rollout %s crashed", response_id)
+        finally:
+            if response_id in self._billed:
+                self._billed.discard(response_id)  # nothing asks after this: the set stays small
+            else:
+                # Cut off (the connection went away): the tokens it used are
+                # still billed. Nothing may wait here, so the record is queued
+                # without waiting for room.
+                self.turns.bill_nowait(rollout.snapshot(), owner=self.owner, transport=TRANSPORT)
+            await release(rollout.sampler)  # the rollout is over: an upstream socket closes
+
+    async def _post_inference(self, response: Response) -> None:
+        """A rollout finished: its usage record (and metrics), before its terminal event."""
+        self._billed.add(response.id)
+        await self.turns.bill(response, owner=self.owner, transport=TRANSPORT)
+
+    def _forget_finished(self) -> None:
+        # Only those whose terminal event went out: until then the protocol
+        # core still accepts appends and cancels that name them.
+        for rollout_id in [rid for rid, r in self.rollouts.items() if r.reply_terminal]:
+            del self.rollouts[rollout_id]
+
+    def _target(self) -> Rollout:
+        """The rollout the append or cancel being handled targets."""
+        rollout = self.rollouts.get(self._target_id or "")
+        if rollout is None:  # pragma: no cover - the protocol core found it live
+            raise RemoteProtocolError(
+                f"Response {self._target_id!r} is already finished.",
+                code=ErrorCode.RESPONSE_ALREADY_COMPLETED,
+                param="response_id",
+                status=409,
+                response_id=self._target_id,
+            )
+        return rollout
+
+    def _append(self, received_at: float, decode: float) -> None:
+        admission = self._admitted
+        assert admission is not None  # admit() ran for this append
+        self._admitted = None
+        take_input(self._target(), admission, received_at=received_at, decode=decode)
+
+    # --- graceful shutdown ----------------------------------------------------------
+
+    @property
+    def busy(self) -> bool:
+        """A turn is running: a rollout whose loop is alive and not paused for tool outputs."""
+        return any(
+            rollout.task is not None and not rollout.task.done() and not rollout.awaiting_input
+            for rollout in self.rollouts.values()
+        )
+
+    def stop_intake(self) -> None:
+        """Shutdown: nothing waits to start in append mode (a create starts at once)."""
+

@@ -1,0 +1,398 @@
+"""The WebSocket seam: one pure-ASGI endpoint, a bounded outbox, a session of tasks.
+
+Theory of operation
+-------------------
+``GET /v1/responses`` upgraded to a WebSocket reaches :class:`ResponsesEndpoint`,
+which checks the API key (401 before any state is created), picks the
+connection's mode from the handshake (append mode when asked for by
+subprotocol or beta header, the shipped shape otherwise; the multi-agent beta,
+``response.inject``, by its own beta header) and runs a :class:`Session`.
+
+The :class:`Outbox` is the connection's :class:`EventSink`: it owns the
+server-role protocol ``Connection`` (every event is checked and recorded
+there, then encoded) and a queue of encoded events bounded in events
+(``send_queue_depth``) and in bytes (``send_queue_bytes``). A sampling loop
+that finds it full waits (a slow reader slows the stream); if it stays full
+for ``slow_reader_timeout`` the reader is disconnected (close 1008) and the
+socket abandoned. Error replies may go past the bound: at most one per client
+message, and the reader is what limits client messages (it stops reading
+while the queue is over twice either bound). Events queued together go out
+in one transport write where the server can (``serve.seam.SEND_TEXTS_KEY``).
+
+The :class:`Session` owns tasks only, in one :class:`asyncio.TaskGroup`: the
+reader (messages into the protocol core, then to the shape), the writer (the
+outbox to the socket), the lifetime timer, and whatever the shape spawns
+(one sampling loop per rollout, one task per lane). The shape is
+:class:`~longresponse.serve.ws.append.AppendShape` or
+:class:`~longresponse.serve.ws.shipped.ShippedShape`. Request errors become
+one ``error`` event (or the reply the protocol core attached, such as
+``response.inject.failed``); nothing changes and the connection stays usable,
+unless the core says it must close (a schema-invalid ``response.inject``).
+
+Graceful shutdown (:meth:`ResponsesEndpoint.drain`, called before uvicorn
+shuts its connections: ``longresponse.serve.shutdown``): every session stops
+taking client messages and drops the requests still queued, lets its running
+turns finish (a paused rollout is not running: it waits for its client), then
+closes with 1012 (Service Restart: clients reconnect and resend). A session
+still busy when the drain timeout runs out is closed 1012 at once, its turns
+cut off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Final, Protocol
+
+from protocol import (
+    APPEND_BETA_HEADER,
+    APPEND_SUBPROTOCOL,
+    CLOSE_CODES,
+    TIMING_HEADER,
+    Connection,
+    ErrorCode,
+    Mode,
+    ProtocolError,
+    RemoteProtocolError,
+    ResponseTrack,
+)
+from protocol.events import ClientEvent, ResponseCreate
+
+from ...config import ServerConfig
+from ...engine.stream import StreamClosed
+from ...storage.keys import ApiKeys, Unauthorized
+from ..inspector.observer import ConnectionRecord
+from ..seam import SEND_TEXTS_KEY, abort
+from ..turns import Turns
+from .append import AppendShape
+from .outbox import ASGISend, Outbox
+from .shipped import ShippedShape
+
+__all__ = [
+    "DRAIN_POLL_INTERVAL",
+    "MULTI_AGENT_BETA",
+    "ASGIReceive",
+    "ASGISend",
+    "Outbox",
+    "ResponsesEndpoint",
+    "Session",
+]
+
+log = logging.getLogger(__name__)
+
+#: The ``OpenAI-Beta`` value that opens a connection to the multi-agent beta
+#: (``response.inject`` and ``multi_agent`` creates in the shipped shape).
+MULTI_AGENT_BETA: Final = "responses_multi_agent=v1"
+#: How often a graceful shutdown looks which sessions' turns are done (it
+#: polls, as uvicorn's own shutdown does: a turn ends in many places).
+DRAIN_POLL_INTERVAL: Final = 0.02
+
+ASGIReceive = Callable[[], Awaitable[dict[str, Any]]]
+
+
+class Shape(Protocol):
+    """What a connection speaks, given decoded, checked and admitted client events."""
+
+    def admit(self, event: ClientEvent, track: ResponseTrack | None) -> ClientEvent: ...
+
+    def handle(self, event: ClientEvent, received_at: float, decode: float) -> None: ...
+
+    @property
+    def busy(self) -> bool:
+        """A turn is running (graceful shutdown waits for it)."""
+
+    def stop_intake(self) -> None: ...
+
+
+class _SessionOver(Exception):
+    """Raised inside the session's task group to end every task it holds."""
+
+
+class Session:
+    """One connection's tasks; its protocol state is in the outbox, its rollouts in the shape."""
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        turns: Turns,
+        *,
+        mode: Mode = Mode.APPEND,
+        send_timing: bool = False,
+        owner: str = "",
+        multi_agent: bool = False,
+    ) -> None:
+        self.config = config
+        self.outbox = Outbox(config, mode, multi_agent=multi_agent)
+        self._tasks: asyncio.TaskGroup | None = None
+        #: The shipped shape's lanes and segment cache (shipped mode only).
+        self.shipped: ShippedShape | None = None
+        #: Append mode's rollouts (append mode only).
+        self.append: AppendShape | None = None
+        self.shape: Shape
+        if mode is Mode.SHIPPED:
+            self.shape = self.shipped = ShippedShape(
+                config,
+                turns,
+                self.outbox,
+                spawn=self.spawn,
+                send_timing=send_timing,
+                owner=owner,
+                multi_agent=multi_agent,
+            )
+        else:
+            self.shape = self.append = AppendShape(
+                config, turns, self.outbox, spawn=self.spawn, send_timing=send_timing, owner=owner
+            )
+        self._decoded_at = 0.0
+        #: This connection's record in the inspector (None with the inspector off).
+        self.seen: ConnectionRecord | None = None
+        #: Graceful shutdown has begun: client messages are no longer read.
+        self.draining = False
+
+    # what tests and operators look at
+    @property
+    def connection(self) -> Connection:
+        return self.outbox.connection
+
+    @property
+    def rollouts(self) -> dict[str, Any]:
+        return self.append.rollouts if self.append is not None else {}
+
+    @property
+    def _outbox(self) -> Outbox:
+        return self.outbox
+
+    @property
+    def outbox_high_water(self) -> int:
+        return self.outbox.high_water
+
+    @property
+    def close_reason(self) -> str | None:
+        """Why the server closed this session, if it did."""
+        return self.outbox.closing[1] if self.outbox.closing is not None else None
+
+    def spawn(self, coroutine: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """Start a task owned by this session (it ends when the session does)."""
+        if self._tasks is None:  # pragma: no cover - only called while serving
+            raise RuntimeError("the session is not serving")
+        return self._tasks.create_task(coroutine)
+
+    async def serve(self, receive: ASGIReceive, send: ASGISend) -> None:
+        """Run the session until the peer leaves or we close it."""
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                self._tasks = tasks
+                writer = self.outbox.writer = tasks.create_task(self.outbox.write_to(send))
+                reader = tasks.create_task(self._read_loop(receive))
+                tasks.create_task(self._expire())
+                await asyncio.wait({writer, reader}, return_when=asyncio.FIRST_COMPLETED)
+                raise _SessionOver  # cancels every task the group still holds
+        except* (StreamClosed, _SessionOver):
+            pass
+        finally:
+            if self.shipped is not None:  # its rollouts end with the connection
+                await self.shipped.release_dropped(every=True)
+
+    async def _expire(self) -> None:
+        """The connection lifetime limit: an error event, then a normal close."""
+        await asyncio.sleep(self.config.connection_lifetime)
+        minutes = self.config.connection_lifetime / 60
+        self.outbox.error(
+            RemoteProtocolError(
+                f"The connection reached its {minutes:g}-minute limit; open a new one to go on.",
+                code=ErrorCode.WEBSOCKET_CONNECTION_LIMIT_REACHED,
+            )
+        )
+        self.outbox.close(int(CLOSE_CODES["connection_limit_reached"]), "connection limit reached")
+
+    async def _read_loop(self, receive: ASGIReceive) -> None:
+        while True:
+            message = await receive()
+            kind = message["type"]
+            if kind == "websocket.disconnect":
+                self.connection.receive_closed()
+                return
+            if kind != "websocket.receive":
+                continue
+            # Stop reading while the outbox is over twice its bounds: TCP then
+            # pushes back on a client that writes without reading (only error
+            # replies can take it there; sampling stops at the bounds, so a
+            # paced stream never starves the reader of its turn).
+            await self.outbox.below(
+                2 * self.config.send_queue_depth, 2 * self.config.send_queue_bytes
+            )
+            received_at = time.perf_counter()
+            data = message.get("text")
+            if data is None:
+                data = message.get("bytes") or b""
+            self.handle_message(data, received_at)
+
+    def handle_message(self, data: str | bytes, received_at: float) -> None:
+        """Decode, check, admit and act on one client message; errors become error events.
+
+        Once the session is closing (draining, or closed for a bad inject),
+        messages are dropped unread; on a 1012 the client resends them on its
+        next connection.
+        """
+        if self.draining or self.outbox.closing is not None:
+            return
+        self._decoded_at = received_at
+        event: object = None
+        try:
+            self.connection.receive_message(data, admit=self._admit)
+            event = self.connection.next_event()
+            if self.seen is not None:
+                self.seen.client(event, len(data))  # type: ignore[arg-type]
+            decode = self._decoded_at - received_at
+            self.shape.handle(event, received_at, decode)  # type: ignore[arg-type]
+        except ProtocolError as error:
+            if error.code == ErrorCode.INVALID_STREAM_ID:
+                error.stream_id = None  # the refused name is not a lane
+            elif isinstance(event, ResponseCreate) and isinstance(event.stream_id, str):
+                error.stream_id = event.stream_id
+            if error.reply is not None:
+                self.outbox.push(error.reply)  # e.g. response.inject.failed
+            else:
+                self.outbox.error(error)
+            if error.close_code is not None:
+                self.outbox.close(error.close_code, error.code)
+
+    def _admit(self, event: ClientEvent, track: ResponseTrack | None) -> ClientEvent:
+        self._decoded_at = time.perf_counter()  # decoded and checked: admission starts
+        return self.shape.admit(event, track)
+
+    # --- graceful shutdown ----------------------------------------------------
+
+    def stop_intake(self) -> None:
+        """Drop client messages from now on, and the requests still queued."""
+        self.draining = True
+        self.shape.stop_intake()
+
+    @property
+    def busy(self) -> bool:
+        """A turn is running on this connection."""
+        return self.shape.busy
+
+    def restart(self) -> None:
+        """Close with 1012, Service Restart, once the events already queued are out
+        (a no-op if the session is already closing)."""
+        self.stop_intake()
+        self.outbox.close(int(CLOSE_CODES["server_shutdown"]), "service restart")
+
+
+class ResponsesEndpoint:
+    """The WebSocket endpoint of ``/v1/responses`` (pure ASGI)."""
+
+    def __init__(self, config: ServerConfig, turns: Turns, keys: ApiKeys | None = None) -> None:
+        self.config = config
+        self.turns = turns
+        self.keys = keys or ApiKeys()
+        self.live_sessions = 0  # for tests and metrics
+        self.last_session: Session | None = None
+        #: The sessions being served, for a graceful shutdown.
+        self.sessions: set[Session] = set()
+        self.draining = False
+
+    def wants_append(self, scope: dict[str, Any], headers: dict[str, list[str]]) -> bool:
+        if APPEND_SUBPROTOCOL in scope.get("subprotocols", []):
+            return True
+        return APPEND_BETA_HEADER in _betas(headers)
+
+    async def drain(self, *, abandon: Callable[[], bool] = lambda: False) -> None:
+        """Graceful shutdown: every session stops reading, and closes 1012 as soon as
+        no turn of it is running; returns when every session has ended.
+
+        If ``abandon()`` turns true, or the drain is cancelled (the caller's
+        timeout), every session still open is closed 1012 at once, its turns
+        cut off.
+        """
+        self.draining = True
+        self.turns.inspector.stopping = True  # the inspector's feeds end too
+        try:
+            for session in list(self.sessions):
+                session.stop_intake()
+            while self.sessions and not abandon():
+                for session in list(self.sessions):
+                    if not session.busy:
+                        session.restart()
+                await asyncio.sleep(DRAIN_POLL_INTERVAL)
+        finally:
+            if self.sessions:
+                log.warning("shutdown: closing %d busy sessions now", len(self.sessions))
+            for session in list(self.sessions):
+                session.restart()
+
+    async def _refuse(self, scope: dict[str, Any], send: ASGISend, message: str) -> None:
+        body = json.dumps(
+            {
+                "error": {
+                    "message": message,
+                    "type": "invalid_request_error",
+                    "param": None,
+                    "code": "invalid_api_key",
+                }
+            }
+        ).encode()
+        if "websocket.http.response" in scope.get("extensions", {}):
+            headers = [(b"content-type", b"application/json")]
+            await send({"type": "websocket.http.response.start", "status": 401, "headers": headers})
+            await send({"type": "websocket.http.response.body", "body": body})
+        else:  # pragma: no cover - servers without the denial extension answer 403
+            await send({"type": "websocket.close", "code": 1008})
+
+    async def __call__(self, scope: dict[str, Any], receive: ASGIReceive, send: ASGISend) -> None:
+        message = await receive()
+        if message["type"] != "websocket.connect":  # pragma: no cover - ASGI contract
+            return
+        headers = _headers(scope)
+        try:
+            authorization = headers.get("authorization", [])
+            owner = self.keys.owner(authorization[0] if authorization else None)
+        except Unauthorized as exc:
+            await self._refuse(scope, send, str(exc))
+            return
+        subprotocol = (
+            APPEND_SUBPROTOCOL if APPEND_SUBPROTOCOL in scope.get("subprotocols", []) else None
+        )
+        timing = any(v.strip().lower() == "true" for v in headers.get(TIMING_HEADER, []))
+        mode = Mode.APPEND if self.wants_append(scope, headers) else Mode.SHIPPED
+        session = Session(
+            self.config,
+            self.turns,
+            mode=mode,
+            send_timing=timing,
+            owner=owner,
+            multi_agent=MULTI_AGENT_BETA in _betas(headers),
+        )
+        if self.draining:  # accepted as the server began to stop: it will not serve
+            session.restart()
+        session.outbox.drop = lambda: abort(scope, "slow WebSocket reader")
+        session.outbox.send_texts = scope.get(SEND_TEXTS_KEY)
+        # Counted before the handshake completes, so a client that sees the
+        # 101 also sees its session counted.
+        self.live_sessions += 1
+        self.last_session = session
+        self.sessions.add(session)
+        session.seen = self.turns.inspector.open_connection(session, mode)
+        try:
+            await send({"type": "websocket.accept", "subprotocol": subprotocol})
+            await session.serve(receive, send)
+        finally:
+            self.live_sessions -= 1
+            self.sessions.discard(session)
+            self.turns.inspector.close_connection(session.seen)
+
+
+def _betas(headers: dict[str, list[str]]) -> set[str]:
+    """The ``OpenAI-Beta`` values: each header may be a comma-separated list."""
+    return {b.strip() for value in headers.get("openai-beta", []) for b in value.split(",")}
+
+
+def _headers(scope: dict[str, Any]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for key, value in scope.get("headers", []):
+        out.setdefault(key.decode("latin-1").lower(), []).append(value.decode("latin-1"))
+    return out

@@ -1,0 +1,382 @@
+"""The shipped WebSocket shape: lanes and the connection cache, onto rollouts.
+
+Theory of operation
+-------------------
+A shipped-shape client sends ``response.create`` with the body of
+``POST /v1/responses`` and continues with ``previous_response_id``. Each
+shipped Response is one segment of a :class:`Rollout`
+(``longresponse.engine.segment``). The connection keeps a
+:class:`SegmentCache`: segment id → (Rollout, Boundary), within a byte budget;
+where a continuation's parent is found decides whether it continues in place,
+forks or hydrates from the store (``longresponse.serve.continuation``).
+
+Requests run on **lanes** named by ``stream_id`` (absent = the default lane):
+FIFO within a lane, lanes in parallel, at most ``max_in_flight`` responses
+running at once across lanes (the rest wait, queued), at most ``max_lanes``
+named lanes and ``max_queued`` waiting requests per connection. Every event of
+a named lane carries its ``stream_id``. A create is checked when it arrives
+(lane, queue, ``background``); the rest of its turn (continuation, model,
+admission: ``longresponse.serve.turns``) runs when its lane reaches it.
+
+On a connection opened with the multi-agent beta, a create with
+``multi_agent: {"enabled": true}`` gets a segment that waits in place at
+client tool calls (``Segment.waits``) instead of ending there; its lane stays
+busy until it ends. ``response.inject`` brings the outputs
+(``longresponse.serve.ws.live_input``) into the segment it names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import logging
+import re
+from collections.abc import Callable, Coroutine
+from typing import Any, Final, Protocol
+
+from protocol import ErrorCode, ProtocolError, RemoteProtocolError, ResponseTrack
+from protocol.events import ClientEvent, ResponseCreate, ResponseInject
+from protocol.items import as_items
+
+from ...config import ServerConfig
+from ...engine.admission import Admission
+from ...engine.rollout import Rollout
+from ...engine.sampling import release
+from ...engine.segment import Boundary, Segment
+from ...engine.stream import EventSink, StreamClosed
+from ...ids import new_id
+from ..continuation import continue_from
+from ..turns import Turns
+from .live_input import acknowledge, admit_input, take_input
+
+__all__ = ["STREAM_ID_PATTERN", "Lane", "SegmentCache", "ShippedShape"]
+
+log = logging.getLogger(__name__)
+
+#: What a ``stream_id`` may be: 1-256 characters of ``[A-Za-z0-9_.-]``.
+STREAM_ID_PATTERN: Final = re.compile(r"[A-Za-z0-9_.\-]{1,256}")
+
+TRANSPORT = "ws"
+
+
+class _Sink(EventSink, Protocol):
+    """What the shipped shape needs of the session's outbox: a sink that also
+    takes error replies."""
+
+    def error(self, error: ProtocolError, stream_id: str | None = None) -> None: ...
+
+
+class SegmentCache:
+    """Segment id → (Rollout, Boundary), within a byte budget (LRU by Rollout).
+
+    The size is a running total: each Rollout counts as large as it was when
+    it last added a boundary (it grows only by running a turn, which adds one).
+    """
+
+    def __init__(self, budget_bytes: int) -> None:
+        self.budget_bytes = budget_bytes
+        self._segments: dict[str, tuple[Rollout, Boundary]] = {}
+        self._rollouts: collections.OrderedDict[int, tuple[Rollout, list[str]]] = (
+            collections.OrderedDict()
+        )
+        self._sizes: dict[int, int] = {}  # id(Rollout) → its nbytes at its last add
+        self.nbytes = 0
+        self.evictions = 0
+        #: Rollouts no longer cached, whose samplers are yet to be released.
+        self.dropped: list[Rollout] = []
+
+    def __len__(self) -> int:
+        return len(self._segments)
+
+    def lookup(self, segment_id: str) -> tuple[Rollout, Boundary] | None:
+        found = self._segments.get(segment_id)
+        if found is not None:
+            self._rollouts.move_to_end(id(found[0]))
+        return found
+
+    def add(self, rollout: Rollout, boundary: Boundary) -> None:
+        self._segments[boundary.segment_id] = (rollout, boundary)
+        entry = self._rollouts.get(id(rollout))
+        if entry is None:
+            self._rollouts[id(rollout)] = (rollout, [boundary.segment_id])
+        else:
+            entry[1].append(boundary.segment_id)
+            self._rollouts.move_to_end(id(rollout))
+        size = rollout.nbytes
+        self.nbytes += size - self._sizes.get(id(rollout), 0)
+        self._sizes[id(rollout)] = size
+        self._enforce_budget(keep=rollout)
+
+    def evict(self, segment_id: str) -> None:
+        """Forget one segment id (its Rollout stays while other ids name it)."""
+        found = self._segments.pop(segment_id, None)
+        if found is None:
+            return
+        rollout = found[0]
+        entry = self._rollouts.get(id(rollout))
+        if entry is not None:
+            entry[1].remove(segment_id)
+            if not entry[1]:
+                self.drop_rollout(rollout)
+
+    def drop_rollout(self, rollout: Rollout) -> None:
+        entry = self._rollouts.pop(id(rollout), None)
+        if entry is not None:
+            self.nbytes -= self._sizes.pop(id(rollout), 0)
+            for segment_id in entry[1]:
+                self._segments.pop(segment_id, None)
+            self.dropped.append(rollout)
+
+    def clear(self) -> None:
+        """Forget every segment (the connection is closing)."""
+        for rollout, _ in list(self._rollouts.values()):
+            self.drop_rollout(rollout)
+
+    def _enforce_budget(self, keep: Rollout) -> None:
+        while self.nbytes > self.budget_bytes and len(self._rollouts) > 1:
+            oldest_key = next(iter(self._rollouts))
+            rollout, _ = self._rollouts[oldest_key]
+            if rollout is keep:
+                break
+            self.drop_rollout(rollout)
+            self.evictions += 1
+
+
+@dataclasses.dataclass(slots=True)
+class _Queued:
+    request: ResponseCreate
+    received_at: float
+    decode: float = 0.0
+
+
+class Lane:
+    """One ``stream_id``: its FIFO of requests and the task serving it."""
+
+    __slots__ = ("name", "queue", "task")
+
+    def __init__(self, name: str | None) -> None:
+        self.name = name
+        self.queue: collections.deque[_Queued] = collections.deque()
+        self.task: asyncio.Task[None] | None = None
+
+
+class ShippedShape:
+    """Serves one shipped-shape connection's ``response.create`` events."""
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        turns: Turns,
+        sink: _Sink,
+        *,
+        spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]],
+        send_timing: bool = False,
+        owner: str = "",
+        multi_agent: bool = False,
+    ) -> None:
+        self.config = config
+        self.turns = turns
+        self.sink = sink
+        #: The connection was opened with the multi-agent beta.
+        self.multi_agent = multi_agent
+        #: Requests past their lane's queue and not yet finished, and the
+        #: segments among them, by response id (what an inject targets).
+        self.active = 0
+        self.running: dict[str, Segment] = {}
+        self._admitted: Admission | None = None
+        self.cache = SegmentCache(config.connection_cache_bytes)
+        self.lanes: dict[str | None, Lane] = {}
+        self._spawn = spawn
+        self.send_timing = send_timing
+        self._in_flight = asyncio.Semaphore(config.max_in_flight)
+        self.owner = owner
+        self.queued = 0
+        self.segments_run = 0
+        self.forks = 0
+        self.hydrations = 0
+
+    def admit(self, event: ClientEvent, track: ResponseTrack | None) -> ClientEvent:
+        """An inject's items, admitted for the segment it names. (A create is
+        admitted when its lane runs it, after its continuation.)
+
+        Raises :class:`RemoteProtocolError` for a segment that does not wait
+        for input (created without ``multi_agent``) or whose turns are over.
+        """
+        if not isinstance(event, ResponseInject) or track is None:
+            return event
+        segment = self.running.get(track.response_id)
+        if segment is None or not segment.waits:
+            raise RemoteProtocolError(
+                f"Response {track.response_id!r} was created without multi_agent, so it takes "
+                "no injected input; continue it with response.create and previous_response_id.",
+                code=ErrorCode.INVALID_VALUE,
+                param="response_id",
+            )
+        event, self._admitted = admit_input(
+            self.turns, segment.rollout, event, finished=segment.finishing
+        )
+        return event
+
+    def handle(self, event: ClientEvent, received_at: float, decode: float) -> None:
+        if isinstance(event, ResponseCreate):
+            self.submit(event, received_at, decode)
+        elif isinstance(event, ResponseInject):
+            admission, self._admitted = self._admitted, None
+            assert admission is not None  # admit() ran for this inject
+            segment = self.running[event.response_id]
+            take_input(segment.rollout, admission, received_at=received_at, decode=decode)
+            acknowledge(self.sink, self.sink.track(event.response_id))
+        # response.processed: tolerated, never answered
+
+    # --- admission (synchronous, in the connection's read loop) -------------
+
+    def submit(self, request: ResponseCreate, received_at: float, decode: float = 0.0) -> None:
+        """Queue ``request`` on its lane. Raises :class:`RemoteProtocolError` if refused."""
+        stream_id = request.stream_id if isinstance(request.stream_id, str) else None
+        if stream_id is not None and not STREAM_ID_PATTERN.fullmatch(stream_id):
+            raise RemoteProtocolError(
+                "Invalid 'stream_id': use 1-256 characters from [A-Za-z0-9_.-].",
+                code=ErrorCode.INVALID_STREAM_ID,
+                param="stream_id",
+            )
+        lane = self.lanes.get(stream_id)
+        if lane is None:
+            named = sum(1 for name in self.lanes if name is not None)
+            if stream_id is not None and named >= self.config.max_lanes:
+                raise RemoteProtocolError(
+                    f"This connection already uses {named} named streams; the limit is "
+                    f"{self.config.max_lanes}.",
+                    code=ErrorCode.WEBSOCKET_STREAM_LIMIT_REACHED,
+                    param="stream_id",
+                )
+        self.turns.check_background(request, transport=TRANSPORT)
+        self.turns.waits_in_place(request, beta=self.multi_agent, transport=TRANSPORT)
+        if self.queued >= self.config.max_queued:
+            raise RemoteProtocolError(
+                f"{self.queued} requests are already waiting on this connection; the limit is "
+                f"{self.config.max_queued}.",
+                code=ErrorCode.WEBSOCKET_QUEUE_LIMIT_REACHED,
+                status=429,
+            )
+        if lane is None:
+            lane = self.lanes[stream_id] = Lane(stream_id)
+        lane.queue.append(_Queued(request, received_at, decode))
+        self.queued += 1
+        if lane.task is None or lane.task.done():
+            lane.task = self._spawn(self._serve_lane(lane))
+
+    # --- execution -----------------------------------------------------------
+
+    async def _serve_lane(self, lane: Lane) -> None:
+        while lane.queue:
+            async with self._in_flight:
+                if not lane.queue:  # dropped by a graceful shutdown while waiting
+                    return
+                queued = lane.queue.popleft()
+                self.queued -= 1
+                try:
+                    await self._run(queued.request, lane.name, queued.received_at, queued.decode)
+                except StreamClosed:
+                    return
+                except ProtocolError as error:
+                    self.sink.error(error, lane.name)
+                except Exception:  # a bug in one request must not end the connection
+                    log.exception("request on lane %r failed", lane.name)
+                    self.sink.error(
+                        RemoteProtocolError(
+                            "The server had an error while processing your request.",
+                            code=ErrorCode.SERVER_ERROR,
+                            status=500,
+                            error_type="server_error",
+                        ),
+                        lane.name,
+                    )
+
+    async def _run(
+        self, request: ResponseCreate, lane: str | None, received_at: float, decode: float
+    ) -> None:
+        self.active += 1
+        try:
+            await self._run_segment(request, lane, received_at, decode)
+        finally:
+            self.active -= 1
+
+    async def _run_segment(
+        self, request: ResponseCreate, lane: str | None, received_at: float, decode: float
+    ) -> None:
+        self.turns.check_metadata(request)
+        new_items = as_items(request.input)
+        continuation = await continue_from(
+            request.previous_response_id,
+            new_items,
+            lookup=self.cache.lookup,
+            evict=self.cache.evict,
+            lane=lane,
+            persistence=self.turns.persistence,
+            owner=self.owner,
+        )
+        self.hydrations += continuation.hydrated
+        self.forks += continuation.forked
+        started = self.turns.start_turn(
+            request,
+            transport=TRANSPORT,
+            response_id=new_id("resp"),
+            sink=self.sink,
+            new_items=new_items,
+            history=continuation.checked,
+            cached=continuation.cached,
+            rollout=continuation.rollout,
+            parent=continuation.parent,
+            stream_id=lane,
+            send_timing=self.send_timing,
+            decode=decode,
+            owner=self.owner,
+            waits=self.turns.waits_in_place(request, beta=self.multi_agent, transport=TRANSPORT),
+        )
+        self.segments_run += 1
+        assert started.segment is not None
+        self.running[started.reply.id] = started.segment
+        try:
+            boundary = await self.turns.run_segment(
+                started,
+                owner=self.owner,
+                transport=TRANSPORT,
+                history=continuation.history,
+                received_at=received_at,
+            )
+        finally:
+            del self.running[started.reply.id]
+        # A failed segment leaves its Rollout broken: no continuation in place,
+        # but its earlier boundaries stay valid to fork from.
+        if boundary is not None:
+            self.cache.add(started.rollout, boundary)
+        else:
+            await release(started.rollout.sampler)
+        await self.release_dropped()
+
+    async def release_dropped(self, *, every: bool = False) -> None:
+        """Release the samplers of rollouts the cache let go (``every``: all of them,
+        the connection is closing); one a segment still runs is left to it."""
+        if every:
+            self.cache.clear()
+        dropped, self.cache.dropped = self.cache.dropped, []
+        for rollout in dropped:
+            if every or not rollout.busy:
+                await release(rollout.sampler)
+
+    # --- graceful shutdown ----------------------------------------------------------
+
+    @property
+    def busy(self) -> bool:
+        """A turn is running: some request past its queue is not a segment waiting,
+        paused, for injected tool outputs."""
+        waiting = sum(1 for segment in self.running.values() if segment.rollout.awaiting_input)
+        return self.active > waiting
+
+    def stop_intake(self) -> None:
+        """Shutdown: drop the requests still waiting in their lanes (they have sent
+        nothing; the client resends them on its next connection)."""
+        for lane in self.lanes.values():
+            self.queued -= len(lane.queue)
+            lane.queue.clear()

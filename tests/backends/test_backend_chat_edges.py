@@ -1,0 +1,489 @@
+"""The Chat Completions backend against the ways a third-party engine misbehaves.
+
+The engine is :class:`tests.support.engine_peer.StandIn`, a raw-socket stand-in for
+engines that cannot run on this machine (vLLM, llama.cpp, older Ollama, a
+proxy): it writes the exact records they send, and the gateway in front
+(``make_server`` with a ``chat`` backend) reads them with its real client.
+The clients at the front are the project's trio client (append mode) and the
+official ``openai`` SDK. Pure parts (the stream reader, the body, the
+mapping) are checked on their own where that says more.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import msgspec
+import openai
+import pytest
+
+from longresponse.backends.chat import ChatBackend, window_margin
+from longresponse.backends.chat_stream import ChunkReader, StreamChunk
+from longresponse.backends.settings import SettingsError, load_toml, shown_url
+from longresponse.chat.mapping import messages_from_items
+from longresponse.client import connect
+from longresponse.engine.failures import UpstreamError
+from longresponse.engine.sampling import ToolCallStart
+from longresponse.engine.stream import StreamBuilder
+from protocol.events import ErrorEvent, OutputItemDone, ResponseDone
+from protocol.items import FunctionCall, InputImage, InputText, Message, item_text
+from tests.backends.test_backend_chat import ADD, chat_backend, gateway
+from tests.conftest import openai_client
+from tests.support.engine_peer import StandIn, answer, choice, cut, record
+
+KEY = {"authorization": "Bearer test-key"}
+USAGE = record({"choices": [], "usage": {"prompt_tokens": 30, "completion_tokens": 2}})
+
+
+def text_answer(text: str = "ok") -> bytes:
+    return answer(choice({"content": text}), choice(finish="stop"), USAGE, record("[DONE]"))
+
+
+def call_delta(call_id: str | None, name: str | None, arguments: str, **extra: Any) -> bytes:
+    function: dict[str, str] = {"arguments": arguments}
+    if name is not None:
+        function["name"] = name
+    piece: dict[str, Any] = {"type": "function", "function": function, **extra}
+    if call_id is not None:
+        piece["id"] = call_id
+    return choice({"tool_calls": [piece]})
+
+
+@pytest.fixture
+def engine() -> Iterator[list[StandIn]]:
+    """Stand-ins made by a test, closed after it."""
+    made: list[StandIn] = []
+    yield made
+    for stand_in in made:
+        stand_in.close()
+
+
+def stand_in(made: list[StandIn], script: Any) -> StandIn:
+    peer = StandIn(script)
+    made.append(peer)
+    return peer
+
+
+# --- a call cut short (review item 1) -----------------------------------------------
+
+
+async def test_a_call_cut_short_is_incomplete_and_the_resume_goes_on(
+    make_server: Any, engine: list[StandIn]
+) -> None:
+    def script(number: int, body: dict[str, Any]) -> list[Any]:
+        if number == 1:
+            return cut(call_delta("call_A", "add", '{"a": 1', index=0))
+        return [text_answer("resumed")]
+
+    peer = stand_in(engine, script)
+    front = gateway(make_server, peer.url, max_retries=0)
+    async with connect(front.url) as client:
+        await client.create(model="engine", input="add", tools=[ADD])
+        events = await client.until_done()
+        cut_calls = [e.item for e in events if isinstance(e, OutputItemDone)]
+        assert len(cut_calls) == 1
+        assert isinstance(cut_calls[0], FunctionCall)
+        assert cut_calls[0].status == "incomplete"
+        assert isinstance(events[-1], ErrorEvent)
+        pause = (await client.until_done())[-1]
+        assert isinstance(pause, ResponseDone)
+        assert pause.response.status == "requires_action"
+        # Nothing waits for the cut call: an empty append resumes.
+        assert pause.response.required_action.call_ids == []  # type: ignore[union-attr]
+        await client.append([])
+        done = (await client.until_done(timeout=10))[-1]
+    assert isinstance(done, ResponseDone)
+    assert done.response.status == "completed"
+    assert isinstance(done.response.output[-1], Message)
+    # The engine is never sent the call it did not finish (it would want its result).
+    resumed = peer.requests[1]["messages"]
+    assert [m["role"] for m in resumed] == ["user"]
+    assert all("tool_calls" not in m for m in resumed)
+
+
+def test_a_call_cut_by_the_length_limit_is_incomplete(
+    make_server: Any, engine: list[StandIn]
+) -> None:
+    def script(number: int, body: dict[str, Any]) -> list[Any]:
+        return [
+            answer(
+                call_delta("call_A", "add", '{"a": 1, "b"', index=0),
+                choice(finish="length"),
+                USAGE,
+                record("[DONE]"),
+            )
+        ]
+
+    peer = stand_in(engine, script)
+    front = gateway(make_server, peer.url)
+    response = openai_client(front).responses.create(model="engine", input="add", tools=[ADD])
+    assert response.status == "incomplete"
+    assert response.incomplete_details is not None
+    assert response.incomplete_details.reason == "max_output_tokens"
+    assert [(o.type, o.status) for o in response.output] == [("function_call", "incomplete")]
+
+
+# --- input appended while a turn fails (review item 10) ---------------------------
+
+
+async def test_input_appended_while_the_turn_fails_resumes_at_once(
+    make_server: Any, engine: list[StandIn]
+) -> None:
+    def script(number: int, body: dict[str, Any]) -> list[Any]:
+        if number == 1:
+            return [0.5, answer(b'{"error": {"message": "busy"}}', status=503)]
+        return [text_answer("resumed")]
+
+    peer = stand_in(engine, script)
+    front = gateway(make_server, peer.url, max_retries=0)
+    async with connect(front.url) as client:
+        await client.create(model="engine", input="first")
+        await client.next_event()  # created: the turn is under way
+        await client.append("and then this")
+        events = await client.until_done()
+        assert isinstance(events[-1], ErrorEvent)
+        assert events[-1].status == 502
+        pause = (await client.until_done())[-1]
+        assert isinstance(pause, ResponseDone)
+        assert pause.response.status == "requires_action"
+        # No further append: what came during the failed turn is enough.
+        done = (await client.until_done(timeout=10))[-1]
+    assert isinstance(done, ResponseDone)
+    assert done.response.status == "completed"
+    assert [m["content"] for m in peer.requests[1]["messages"]] == ["first", "and then this"]
+
+
+# --- the output limit by the engine's count (review items 4 and 11) ----------------
+
+
+async def test_the_output_limit_leaves_a_margin_by_the_engines_count(
+    make_server: Any, engine: list[StandIn]
+) -> None:
+    counted = 300  # the engine counts far more than the o200k estimate (~40)
+
+    def script(number: int, body: dict[str, Any]) -> list[Any]:
+        if number == 1:
+            usage = {"prompt_tokens": counted, "completion_tokens": 9}
+            return [
+                answer(
+                    call_delta("call_A", "add", '{"a": 1, "b": 2}', index=0),
+                    choice(finish="tool_calls"),
+                    record({"choices": [], "usage": usage}),
+                    record("[DONE]"),
+                )
+            ]
+        return [text_answer("3")]
+
+    peer = stand_in(engine, script)
+    front = gateway(make_server, peer.url, context_window=400, max_tokens_field="max_tokens")
+    async with connect(front.url) as client:
+        await client.create(model="engine", input="add 1 and 2", tools=[ADD])
+        pause = (await client.until_done())[-1]
+        assert isinstance(pause, ResponseDone)
+        await client.append([{"type": "function_call_output", "call_id": "call_A", "output": "3"}])
+        done = (await client.until_done())[-1]
+    assert isinstance(done, ResponseDone)
+    assert done.response.status == "completed"
+    first, second = peer.requests
+    # No count of the engine's yet, and only the window would bind: no limit.
+    assert "max_tokens" not in first
+    # Then the engine's count (plus what was added) and a margin bound it.
+    assert 1 <= second["max_tokens"] <= 400 - counted - window_margin(counted)
+
+
+async def test_a_spent_budget_asks_the_engine_for_nothing(
+    make_server: Any, engine: list[StandIn]
+) -> None:
+    spent = {"prompt_tokens": 30, "completion_tokens": 16}  # all of the budget
+
+    def script(number: int, body: dict[str, Any]) -> list[Any]:
+        return [
+            answer(
+                call_delta("call_A", "add", '{"a": 1, "b": 2}', index=0),
+                choice(finish="tool_calls"),
+                record({"choices": [], "usage": spent}),
+                record("[DONE]"),
+            )
+        ]
+
+    peer = stand_in(engine, script)
+    front = gateway(make_server, peer.url)
+    async with connect(front.url) as client:
+        await client.create(model="engine", input="add", tools=[ADD], max_output_tokens=16)
+        pause = (await client.until_done())[-1]
+        assert isinstance(pause, ResponseDone)
+        assert pause.response.status == "requires_action"
+        await client.append([{"type": "function_call_output", "call_id": "call_A", "output": "3"}])
+        done = (await client.until_done())[-1]
+    assert isinstance(done, ResponseDone)
+    assert done.response.status == "incomplete"
+    assert done.response.incomplete_details is not None
+    assert done.response.incomplete_details.reason == "max_output_tokens"
+    assert len(peer.requests) == 1  # the spent budget was never sent as "no limit"
+
+
+# --- /v1/chat/completions in front of an engine (review item 7) --------------------
+
+
+def test_chat_completions_keep_the_engines_refusals(
+    make_server: Any, engine: list[StandIn], caplog: pytest.LogCaptureFixture
+) -> None:
+    too_long = b'{"error": {"message": "This model\'s maximum context length is 4096 tokens."}}'
+
+    def script(number: int, body: dict[str, Any]) -> list[Any]:
+        if number == 1:
+            return [
+                answer(
+                    b'{"error": {"message": "slow down"}}', status=429, headers={"retry-after": "3"}
+                )
+            ]
+        return [answer(too_long, status=400)]
+
+    peer = stand_in(engine, script)
+    front = gateway(make_server, peer.url, max_retries=0)
+    url = f"http://127.0.0.1:{front.port}/v1/chat/completions"
+    request = {"model": "engine", "messages": [{"role": "user", "content": "hi"}]}
+    with caplog.at_level(logging.ERROR, logger="longresponse"):
+        limited = httpx.post(url, json=request, headers=KEY)
+        assert limited.status_code == 429
+        assert limited.headers["retry-after"] == "3"
+        error = limited.json()["error"]
+        assert (error["code"], error["type"]) == ("rate_limit_exceeded", "rate_limit_error")
+        # A stream: the engine's error is the last record, then [DONE].
+        with pytest.raises(openai.APIError) as refused:
+            list(
+                openai_client(front).chat.completions.create(
+                    model="engine", messages=[{"role": "user", "content": "hi"}], stream=True
+                )
+            )
+    body = refused.value.body
+    assert isinstance(body, dict)
+    assert (body["code"], body["param"]) == ("context_length_exceeded", "messages")
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]  # not our fault
+
+
+def test_chat_completions_report_the_engines_usage_and_reasoning(
+    make_server: Any, engine: list[StandIn]
+) -> None:
+    usage = {
+        "prompt_tokens": 1234,
+        "completion_tokens": 56,
+        "prompt_tokens_details": {"cached_tokens": 1000},
+        "completion_tokens_details": {"reasoning_tokens": 50},
+    }
+
+    def script(number: int, body: dict[str, Any]) -> list[Any]:
+        return [
+            answer(
+                choice({"reasoning_content": "think "}),
+                choice({"reasoning_content": "hard"}),
+                choice({"content": "42"}),
+                choice(finish="stop"),
+                record({"choices": [], "usage": usage}),
+                record("[DONE]"),
+            )
+        ]
+
+    peer = stand_in(engine, script)
+    front = gateway(make_server, peer.url)
+    url = f"http://127.0.0.1:{front.port}/v1/chat/completions"
+    request = {"model": "engine", "messages": [{"role": "user", "content": "why"}]}
+    completion = httpx.post(url, json=request, headers=KEY).json()
+    message = completion["choices"][0]["message"]
+    assert (message["content"], message["reasoning_content"]) == ("42", "think hard")
+    assert completion["usage"]["prompt_tokens"] == 1234
+    assert completion["usage"]["completion_tokens"] == 56
+    assert completion["usage"]["prompt_tokens_details"]["cached_tokens"] == 1000
+    assert completion["usage"]["completion_tokens_details"]["reasoning_tokens"] == 50
+    chunks = list(
+        openai_client(front).chat.completions.create(
+            model="engine",
+            messages=[{"role": "user", "content": "why"}],
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert (deltas[0].model_extra or {}).get("reasoning_content") == "think hard"
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.prompt_tokens == 1234
+
+
+# --- a cut stream, error records, call pieces (review items 8, 9, 13) ---------------
+
+
+def pieces(*records: dict[str, Any]) -> list[StreamChunk]:
+    return [
+        msgspec.convert({"choices": [{"index": 0, "delta": {"tool_calls": [r]}}]}, StreamChunk)
+        for r in records
+    ]
+
+
+def test_call_pieces_without_index_or_with_a_repeated_name_make_whole_calls() -> None:
+    reader = ChunkReader()
+    out = []
+    for piece in pieces(  # older Ollama: no index at all, the name on every piece
+        {"id": "call_a", "function": {"name": "add", "arguments": '{"a": 1}'}},
+        {"id": "call_b", "function": {"name": "mul", "arguments": '{"x"'}},
+        {"function": {"name": "mul", "arguments": ": 2}"}},
+    ):
+        out.extend(reader.feed(piece))
+    out.extend(reader.end())
+    starts = [c for c in out if isinstance(c, ToolCallStart)]
+    assert starts == [ToolCallStart("call_a", "add"), ToolCallStart("call_b", "mul")]
+    builder = StreamBuilder("resp_x", tag_response_id=False)
+    for sample in out:
+        builder.feed(sample)
+    assert [(c.name, c.arguments) for c in builder.output] == [  # type: ignore[union-attr]
+        ("add", '{"a": 1}'),
+        ("mul", '{"x": 2}'),
+    ]
+    # A proxy that numbers every call 0: the new id makes the new call.
+    reader = ChunkReader()
+    out = []
+    for piece in pieces(
+        {"index": 0, "id": "call_a", "function": {"name": "add", "arguments": "{}"}},
+        {"index": 0, "id": "call_b", "function": {"name": "add", "arguments": "{}"}},
+    ):
+        out.extend(reader.feed(piece))
+    out.extend(reader.end())
+    assert [c.call_id for c in out if isinstance(c, ToolCallStart)] == ["call_a", "call_b"]
+
+
+@pytest.mark.parametrize(
+    "record_",
+    [
+        {"object": "error", "message": "engine crashed, key sk-SECRET", "type": "X", "code": 500},
+        {"message": "engine crashed, key sk-SECRET", "code": 503},
+        {"error": {"message": "engine crashed, key sk-SECRET", "code": 500}},
+    ],
+)
+def test_an_error_record_in_the_stream_ends_the_turn_without_the_key(
+    record_: dict[str, Any],
+) -> None:
+    reader = ChunkReader(secret="sk-SECRET")
+    reader.feed(
+        msgspec.convert({"choices": [{"index": 0, "delta": {"content": "hi"}}]}, StreamChunk)
+    )
+    with pytest.raises(UpstreamError) as failed:
+        reader.feed(msgspec.convert(record_, StreamChunk))
+    assert failed.value.code == "upstream_unavailable"
+    assert failed.value.output_started
+    assert "engine crashed" in failed.value.message
+    assert "sk-SECRET" not in failed.value.message
+
+
+def test_done_before_the_finish_is_a_cut_stream(make_server: Any, engine: list[StandIn]) -> None:
+    def script(number: int, body: dict[str, Any]) -> list[Any]:
+        return [answer(choice({"content": "half an ans"}), record("[DONE]"))]
+
+    peer = stand_in(engine, script)
+    front = gateway(make_server, peer.url)
+    events = list(openai_client(front).responses.create(model="engine", input="talk", stream=True))
+    assert events[-1].type == "response.failed"
+    assert events[-1].response.error.code == "upstream_unavailable"
+    assert "ended the stream" in events[-1].response.error.message
+    assert events[-1].response.output[0].status == "incomplete"
+
+
+def test_a_base_urls_credentials_are_never_shown(tmp_path: Path) -> None:
+    assert shown_url("http://user:pw@engine:8000/v1") == "http://engine:8000/v1"
+    for url in ("ftp://user:pw@engine/v1", "http://user:pw@/v1"):
+        path = tmp_path / "models.toml"
+        path.write_text(f'[models.m]\nkind = "chat"\nbase_url = "{url}"\n')
+        with pytest.raises(SettingsError) as refused:
+            load_toml(str(path))
+        assert "user:pw" not in str(refused.value)
+    ChatBackend(chat_backend("http://user:pw@engine.invalid/v1"))  # quiets httpx
+    assert logging.getLogger("httpx").getEffectiveLevel() >= logging.WARNING
+
+
+# --- connections reused (review item 14) --------------------------------------------
+
+
+async def test_turns_reuse_one_connection_to_the_engine(
+    make_server: Any, engine: list[StandIn]
+) -> None:
+    peer = stand_in(engine, lambda number, body: [text_answer(f"turn {number}")])
+    front = gateway(make_server, peer.url)
+    async with connect(front.url) as client:
+        for turn in range(3):
+            await client.create(model="engine", input=f"turn {turn}")
+            done = (await client.until_done())[-1]
+            assert isinstance(done, ResponseDone)
+            assert done.response.status == "completed"
+    assert len(peer.requests) == 3
+    assert peer.connections == 1
+
+
+# --- what a mapping used to lose (review item 15) -----------------------------------
+
+
+def test_text_after_a_call_becomes_a_message_after_the_calls() -> None:
+    reader = ChunkReader()
+    out = []
+    for piece in pieces(
+        {"index": 0, "id": "call_a", "function": {"name": "add", "arguments": "{}"}}
+    ):
+        out.extend(reader.feed(piece))
+    out.extend(
+        reader.feed(
+            msgspec.convert(
+                {
+                    "choices": [
+                        {
+                            "index": 0,
+                            "delta": {"content": "Adding now."},
+                            "finish_reason": "tool_calls",
+                        }
+                    ]
+                },
+                StreamChunk,
+            )
+        )
+    )
+    out.extend(reader.end())
+    builder = StreamBuilder("resp_x", tag_response_id=False)
+    for sample in out:
+        builder.feed(sample)
+    assert [type(item) for item in builder.output] == [FunctionCall, Message]
+    assert item_text(builder.output[1].content) == "Adding now."  # type: ignore[union-attr]
+
+
+def test_several_text_parts_stay_apart_and_an_image_is_refused() -> None:
+    parts = [InputText(text="first line"), InputText(text="second line")]
+    messages = messages_from_items([Message(role="user", content=parts)])
+    assert msgspec.to_builtins(messages[0])["content"] == [
+        {"type": "text", "text": "first line"},
+        {"type": "text", "text": "second line"},
+    ]
+    image = InputImage(image_url="https://example.invalid/cat.png")
+    with pytest.raises(UpstreamError) as refused:
+        messages_from_items([Message(role="user", content=[parts[0], image])])
+    assert (refused.value.code, refused.value.status, refused.value.param) == (
+        "invalid_value",
+        400,
+        "input",
+    )
+    assert "input_image" in refused.value.message
+
+
+def test_an_image_for_a_chat_engine_is_refused_over_http(
+    make_server: Any, engine: list[StandIn]
+) -> None:
+    peer = stand_in(engine, lambda number, body: [text_answer()])
+    front = gateway(make_server, peer.url)
+    content = [
+        {"type": "input_text", "text": "what is this?"},
+        {"type": "input_image", "image_url": "https://example.invalid/cat.png"},
+    ]
+    with pytest.raises(openai.BadRequestError) as refused:
+        openai_client(front).responses.create(
+            model="engine", input=[{"role": "user", "content": content}]
+        )
+    assert refused.value.code == "invalid_value"
+    assert peer.requests == []  # nothing was sent with the image left out
