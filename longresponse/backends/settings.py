@@ -74,7 +74,7 @@ class SettingsError(ValueError):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``serve`` flags of the backend registry."""
-    group = parser.add_argument_group("real model backends (see README: Real models)")
+    group = parser.add_argument_group("real model backends (see docs/REAL_MODELS.md)")
     group.add_argument("--config", metavar="PATH", help="TOML file of served models")
     group.add_argument("--upstream", metavar="URL", help="an engine's API root, e.g. .../v1")
     group.add_argument("--upstream-model", metavar="NAME", help="the engine's name of the model")

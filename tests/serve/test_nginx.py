@@ -1,6 +1,6 @@
 """The deployment users would run: nginx in front of two processes on one Redis.
 
-Real parts only: Debian's nginx (``tests/support/nginx_server.py``, the README's
+Real parts only: Debian's nginx (``tests/support/nginx_server.py``, docs/RELIABILITY.md's
 proxy settings: WebSocket upgrade headers, long timeouts, no buffering),
 two ``longresponse serve`` child processes with the same ``--api-key`` on
 the session's real ``redis-server``, round robin between them, and the

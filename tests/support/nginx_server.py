@@ -4,7 +4,7 @@ No root paths: :class:`NginxProxy` writes a config into a temporary
 directory (pid file, error log and every temp path inside it), runs Debian's
 ``nginx`` binary with ``-p``/``-c``/``-e`` and ``daemon off;`` on a free loopback
 port, waits (bounded) until a request through it reaches an upstream, and
-stops it with SIGTERM. :data:`SITE` is the proxying part, the one the README
+stops it with SIGTERM. :data:`SITE` is the proxying part, the one docs/RELIABILITY.md
 shows: WebSocket upgrades passed through, timeouts above the 60-minute
 connection limit, no buffering (SSE). :func:`nginx_executable` FAILS the test
 when nginx is missing (``make test`` installs it), never skips.
@@ -35,7 +35,7 @@ STOP_TIMEOUT = 10.0
 #: Fresh ports to try if another process takes the chosen one first.
 START_ATTEMPTS = 3
 
-#: The proxy settings for longresponse (the README's "load-balanced deployment").
+#: The proxy settings for longresponse (docs/RELIABILITY.md, "A load-balanced deployment").
 #: ``$connection_upgrade`` comes from the ``map`` in :data:`CONFIG`.
 SITE = """\
     location / {
