@@ -15,6 +15,8 @@ from __future__ import annotations
 import ast
 import asyncio
 import pathlib
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -248,3 +250,31 @@ def test_a_closing_outbox_raises_server_closed_and_a_failed_send_peer_gone() -> 
 
     asyncio.run(scenario())
 
+
+# --- importing the client loads no server -----------------------------------------
+
+SERVER_ONLY = ("starlette", "uvicorn", "redis", "sqlite3", "cryptography", "jsonschema")
+
+
+def loaded_by(statement: str) -> set[str]:
+    """The top-level modules of :data:`SERVER_ONLY` that ``statement`` loads, in a
+    fresh interpreter."""
+    probe = (
+        f"import sys; {statement}; "
+        f"print(' '.join(m for m in {SERVER_ONLY!r} if m in sys.modules))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    return set(done.stdout.split())
+
+
+def test_importing_the_client_loads_no_server() -> None:
+    assert loaded_by("import longresponse.client") == set()
+    assert loaded_by("from longresponse.client import connect") == set()
+
+
+def test_the_client_import_check_sees_a_server_load() -> None:
+    # A check that cannot fail is a defect: the probe sees what the server loads.
+    loaded = loaded_by("import longresponse.client, longresponse.serve.app")
+    assert {"starlette", "redis", "sqlite3", "cryptography"} <= loaded
