@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 #: public name -> the module (under this package) that defines it.
 _EXPORTS: dict[str, str] = {
     "ApiKeys": "storage.keys",
-    "Boundary": "engine.segment",
+    "Boundary": "engine.rollout",
     "Counters": "engine.admission",
     "Finding": "engine.classifier",
     "HTTPTokenCache": "serve.http.token_cache",
@@ -87,11 +87,11 @@ if TYPE_CHECKING:
     from .engine.classifier import redact as redact
     from .engine.classifier import scan as scan
     from .engine.render import TokenCache as TokenCache
+    from .engine.rollout import Boundary as Boundary
     from .engine.rollout import Rollout as Rollout
     from .engine.sampling import ModelSpec as ModelSpec
     from .engine.sampling import Sampler as Sampler
     from .engine.sampling import SampleRequest as SampleRequest
-    from .engine.segment import Boundary as Boundary
     from .engine.segment import Segment as Segment
     from .engine.timing import TurnTiming as TurnTiming
     from .serve.app import ResponsesEndpoint as ResponsesEndpoint

@@ -22,10 +22,13 @@ secret, or a random key kept in the store) is the serve layer's business.
 
 A :class:`Compactor` is one owner's view of the key: it seals windows and
 opens items (keeping the last few it opened, so admission's check and the
-turn's take-in decrypt once). :func:`intake` is what a rollout does with new
-input: a ``compaction`` item supersedes everything before it (the context and
-earlier input alike), so the context starts again from its window; a final
-``compaction_trigger`` asks for a compaction turn and never enters the context.
+turn that drains the inbox decrypt once). :func:`drain` is what new input
+becomes as a rollout drains its inbox into the context: a ``compaction`` item
+supersedes everything before it (the context and earlier input alike), so the
+context starts again from its window; a final ``compaction_trigger`` asks for a
+compaction turn and never enters the context. The rollout applies both
+(``Rollout._compact``, ``Rollout._start_window``): this module never changes
+a rollout.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ import dataclasses
 import os
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 import msgspec
 from cryptography.exceptions import InvalidTag
@@ -58,26 +61,19 @@ from protocol.items import (
 
 from ..backends.sim.sampler import QUOTE_CHARS
 from ..ids import new_id
-from .render import render_prefix
-
-if TYPE_CHECKING:
-    from .reply import Reply
-    from .rollout import Rollout
 
 __all__ = [
     "KEY_BYTES",
     "MIN_COMPACT_THRESHOLD",
     "CompactionKey",
     "Compactor",
-    "Intake",
+    "Drained",
     "InvalidCompaction",
     "check_context_management",
     "compact",
-    "compact_rollout",
     "compact_threshold",
-    "intake",
+    "drain",
     "refused",
-    "start_window",
     "summarize",
 ]
 
@@ -218,8 +214,8 @@ def compact(context: Sequence[Item], compactor: Compactor) -> tuple[Compaction, 
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class Intake:
-    """New input as it joins a context."""
+class Drained:
+    """New input as it is drained from an inbox into a context."""
 
     #: The items that join the context (a compaction item followed by its summary).
     items: list[Item]
@@ -229,8 +225,9 @@ class Intake:
     trigger: bool = False
 
 
-def intake(items: Sequence[Item], compactor: Compactor | None) -> Intake:
-    """Open the latest compaction item of ``items`` into its window; drop the rest before it.
+def drain(items: Sequence[Item], compactor: Compactor | None) -> Drained:
+    """``items`` drained into a context: the latest compaction item opened into its
+    window, the rest before it dropped.
 
     Raises :class:`InvalidCompaction` if it does not open (admission has
     checked it, so only a bug gets here).
@@ -241,38 +238,12 @@ def intake(items: Sequence[Item], compactor: Compactor | None) -> Intake:
         (i for i in range(len(kept) - 1, -1, -1) if isinstance(kept[i], Compaction)), None
     )
     if latest is None:
-        return Intake(kept, trigger=trigger)
+        return Drained(kept, trigger=trigger)
     item = kept[latest]
     assert isinstance(item, Compaction)
     if compactor is None:
         raise InvalidCompaction("no compaction key here")
-    return Intake([item, *compactor.open(item), *kept[latest + 1 :]], True, trigger)
-
-
-def start_window(rollout: Rollout) -> None:
-    """Forget the rollout's context (a compaction's window replaces it): the model
-    has read none of what follows, and no segment ends inside it any more."""
-    rollout.context = []
-    prefix = render_prefix(rollout.request.instructions, rollout.request.tools)
-    rollout.tokens = rollout.tokens.rerendered(prefix, [])
-    rollout.model_seen = 0
-    rollout.boundaries.clear()
-
-
-async def compact_rollout(rollout: Rollout, reply: Reply, cached: int) -> None:
-    """Server-side compaction in a turn (SPEC §11): the model reads the whole
-    context (``cached`` of it already processed) and writes the compaction
-    item; its window becomes the context. The item's events go to ``reply``."""
-    assert rollout.compactor is not None, "the serve layer gives every rollout a compactor"
-    await reply.sink.room()
-    item, window = compact(rollout.context, rollout.compactor)
-    rollout.counts.input_tokens += len(rollout.tokens)
-    rollout.counts.cached_tokens += cached
-    start_window(rollout)
-    rollout.tokens.extend(window)
-    rollout.context.extend(window)
-    for event in reply.builder.compaction(item):  # no await: all, or none
-        reply.sink.push(event)
+    return Drained([item, *compactor.open(item), *kept[latest + 1 :]], True, trigger)
 
 
 # --- context_management ------------------------------------------------------------

@@ -1,44 +1,41 @@
 """How a turn can fail: the context window, post-inference refusals, and the error sent.
 
-:func:`fit_window` holds a rollout's context to its model's window as the
-shipped ``truncation`` setting says (drop the oldest items, or fail with
-:class:`ContextLengthExceeded`). :class:`TurnRefused` is raised by the serve
-layer's post-inference work when it cannot accept a finished turn (a
-``store=true`` write that failed). :func:`failure` is the ``error`` a
-response that failed while running reports. :class:`UpstreamError` is raised
-by a real model backend (``longresponse.backends``) whose engine failed or
-refused; it carries the shipped code, HTTP status, ``param`` and retry hint
-the server reports, and never the upstream's credentials. A turn it ends is
-:func:`cut_short`: the item being written ends ``incomplete`` and what the
-model wrote stays. In append mode the rollout then reports it with
-:func:`upstream_error_event` and pauses, resumable (SPEC §16).
+:func:`cut_to_window` says how a rollout's context is held to its model's
+window as the shipped ``truncation`` setting says (drop the oldest items, or
+fail with :class:`ContextLengthExceeded`); the rollout applies it.
+:class:`TurnRefused` is raised by the serve layer's post-inference work when
+it cannot accept a finished turn (a ``store=true`` write that failed).
+:func:`failure` is the ``error`` a response that failed while running
+reports. :class:`UpstreamError` is raised by a real model backend
+(``longresponse.backends``) whose engine failed or refused; it carries the
+shipped code, HTTP status, ``param`` and retry hint the server reports, and
+never the upstream's credentials. A turn it ends is cut short
+(``Rollout._cut_short``): the item being written ends ``incomplete`` and what
+the model wrote stays, all of it but a call cut short (:func:`kept`). In
+append mode the rollout then reports it with :func:`upstream_error_event` and
+pauses, resumable (SPEC §16).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
 
 import msgspec
 
-from protocol.events import ErrorBody, ErrorEvent
+from protocol.events import ErrorBody, ErrorEvent, ResponseCreate
 from protocol.items import FunctionCall, Item
 from protocol.response import ResponseError
 
 from .render import items_to_drop, render_item, render_prefix
-from .sampling import ItemEnd
-
-if TYPE_CHECKING:
-    from .reply import Reply
-    from .rollout import Rollout
+from .sampling import ModelSpec
 
 __all__ = [
     "ContextLengthExceeded",
     "TurnRefused",
     "UpstreamError",
-    "cut_short",
+    "cut_to_window",
     "failure",
-    "fit_window",
     "kept",
     "upstream_error_event",
 ]
@@ -102,26 +99,25 @@ class UpstreamError(Exception):
         return "invalid_request_error" if 400 <= self.status < 500 else "server_error"
 
 
-def fit_window(rollout: Rollout) -> bool:
-    """History + new tokens against the model's window (shipped ``truncation`` rules).
+def cut_to_window(
+    model: ModelSpec, request: ResponseCreate, tokens: int, context: Sequence[Item]
+) -> tuple[list[int], int] | None:
+    """A context of ``tokens`` tokens against ``model``'s window (shipped
+    ``truncation`` rules): ``None`` when it fits.
 
-    ``truncation: "auto"`` drops the oldest items until the context fits
-    (the rest is rendered again; the model has to prefill it all) and
-    returns True; otherwise :class:`ContextLengthExceeded` ends the
-    response ``failed``.
+    ``truncation: "auto"`` drops the oldest items until the context fits: the
+    prefix to render the rest again with, and how many of ``context``'s first
+    items to drop. Otherwise :class:`ContextLengthExceeded` ends the response
+    ``failed``.
     """
-    window = rollout.model.context_window
-    if len(rollout.tokens) <= window:
-        return False
-    if rollout.request.truncation != "auto":
-        raise ContextLengthExceeded(rollout.model.too_long(len(rollout.tokens)))
-    prefix = render_prefix(rollout.request.instructions, rollout.request.tools)
-    lengths = [len(render_item(item)) for item in rollout.context]
-    del rollout.context[: items_to_drop(len(prefix), lengths, window)]
-    rollout.tokens = rollout.tokens.rerendered(prefix, rollout.context)
-    rollout.model_seen = 0
-    rollout.truncated = True
-    return True
+    window = model.context_window
+    if tokens <= window:
+        return None
+    if request.truncation != "auto":
+        raise ContextLengthExceeded(model.too_long(tokens))
+    prefix = render_prefix(request.instructions, request.tools)
+    lengths = [len(render_item(item)) for item in context]
+    return prefix, items_to_drop(len(prefix), lengths, window)
 
 
 def failure(exc: Exception, response_id: str) -> ResponseError:
@@ -145,20 +141,6 @@ def kept(produced: list[Item]) -> list[Item]:
         for item in produced
         if not (isinstance(item, FunctionCall) and item.status == "incomplete")
     ]
-
-
-async def cut_short(rollout: Rollout, reply: Reply, unbilled: tuple[int, int] | None) -> None:
-    """A turn the engine broke off: the item being written ends ``incomplete``.
-
-    ``unbilled``: the turn's (input, cached) estimate, taken back when the
-    engine produced nothing (a refused or unreachable request reads no tokens).
-    """
-    if unbilled is not None:
-        rollout.counts.input_tokens -= unbilled[0]
-        rollout.counts.cached_tokens -= unbilled[1]
-    await reply.sink.room()
-    for event in reply.builder.feed(ItemEnd(incomplete=True)):
-        reply.sink.push(event)
 
 
 def upstream_error_event(exc: UpstreamError, response_id: str) -> ErrorEvent:

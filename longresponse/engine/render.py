@@ -257,9 +257,9 @@ class TokenCache:
     Tokenizing can also wait: :meth:`defer` takes items and answers at once
     with an upper bound of the tokens they add (a byte-level BPE token
     covers at least one byte, so a segment is at most its UTF-8 bytes plus
-    its three markers); :meth:`settle` tokenizes them. Everything that
+    its three markers); :meth:`tokenize_deferred` tokenizes them. Everything that
     reads the tokens (``len``, :attr:`tokens`, a fork, :meth:`extend`)
-    settles first, so a deferred item is never lost or reordered.
+    tokenizes what it holds first, so a deferred item is never lost or reordered.
     """
 
     __slots__ = ("_pending", "_tokens", "items_rendered", "prefix_length", "tokens_rendered")
@@ -276,11 +276,11 @@ class TokenCache:
     @property
     def tokens(self) -> array[int]:
         """The live token array: read it, never mutate it (use :meth:`snapshot` for a copy)."""
-        self.settle()
+        self.tokenize_deferred()
         return self._tokens
 
     def __len__(self) -> int:
-        self.settle()
+        self.tokenize_deferred()
         return len(self._tokens)
 
     def __repr__(self) -> str:
@@ -293,7 +293,7 @@ class TokenCache:
 
     def snapshot(self) -> list[int]:
         """A copy of the tokens as a list."""
-        self.settle()
+        self.tokenize_deferred()
         return self._tokens.tolist()
 
     def extend(self, items: Iterable[Item]) -> int:
@@ -302,18 +302,18 @@ class TokenCache:
         All items are rendered before anything is appended: if rendering raises,
         the tokens and the counters are unchanged.
         """
-        self.settle()
+        self.tokenize_deferred()
         self._pending = [_item_segment(item) for item in items]
-        return self.settle()
+        return self.tokenize_deferred()
 
     def defer(self, items: Iterable[Item]) -> int:
-        """Hold the new ``items`` for :meth:`settle`; return at most how many tokens
+        """Hold the new ``items`` for :meth:`tokenize_deferred`; return at most how many tokens
         they will add (raises, holding nothing, for an item that cannot be rendered)."""
         segments = [_item_segment(item) for item in items]
         self._pending.extend(segments)
         return sum(_SEGMENT_MARKERS + _utf8_length(h) + _utf8_length(b) for h, b in segments)
 
-    def settle(self) -> int:
+    def tokenize_deferred(self) -> int:
         """Tokenize what :meth:`defer` holds; return how many tokens that added."""
         if not self._pending:
             return 0
@@ -331,7 +331,7 @@ class TokenCache:
 
         Raises ``ValueError`` if ``length`` is negative or longer than this cache.
         """
-        self.settle()
+        self.tokenize_deferred()
         if not 0 <= length <= len(self._tokens):
             raise ValueError(f"fork length {length} outside 0..{len(self._tokens)}")
         forked = TokenCache()
@@ -345,7 +345,7 @@ class TokenCache:
         For forking at an old boundary whose prefix may differ from this cache's
         current one. Raises ``ValueError`` if there are not that many item tokens.
         """
-        self.settle()
+        self.tokenize_deferred()
         available = len(self._tokens) - self.prefix_length
         if not 0 <= item_tokens <= available:
             raise ValueError(f"fork of {item_tokens} item tokens outside 0..{available}")
@@ -355,7 +355,7 @@ class TokenCache:
 
     def extend_tokens(self, tokens: Iterable[int]) -> None:
         """Append tokens rendered elsewhere (a cache); nothing is rendered or counted."""
-        self.settle()
+        self.tokenize_deferred()
         self._tokens.extend(tokens)
 
     def rerendered(self, prefix: Sequence[int], items: Iterable[Item]) -> TokenCache:
@@ -365,7 +365,7 @@ class TokenCache:
         dropped from the front); this cache's work counters carry over, plus
         the new rendering.
         """
-        self.settle()
+        self.tokenize_deferred()
         fresh = TokenCache(prefix)
         fresh.extend(items)
         fresh.items_rendered += self.items_rendered
@@ -378,7 +378,7 @@ class TokenCache:
         Item renderings do not depend on the prefix, so nothing is re-tokenized:
         changed instructions or tools cost a copy, not a render. Counters carry over.
         """
-        self.settle()
+        self.tokenize_deferred()
         rebased = TokenCache(prefix)
         rebased._tokens.extend(self._tokens[self.prefix_length :])
         rebased.items_rendered = self.items_rendered

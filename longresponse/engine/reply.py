@@ -26,8 +26,8 @@ multi-agent beta) stays ``in_progress`` and sends nothing while it waits.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -56,16 +56,13 @@ from protocol.response import (
 from .classifier import Finding
 from .stream import EventSink, StreamBuilder
 
-if TYPE_CHECKING:
-    from . import sampling as models
-
 __all__ = ["Reply", "TokenCounts"]
 
 
 class TokenCounts:
     """The input tokens a rollout has processed so far, and of those the cached.
 
-    The rollout adds to them; its Replies read them for their usage. (A Reply
+    Only the rollout adds to them; its Replies read them for their usage. (A Reply
     holds this, not the rollout, so a finished rollout is freed as soon as
     nothing names it, without waiting for the cycle collector.)
     """
@@ -208,13 +205,30 @@ class Reply:
             total_tokens=input_tokens + output,
         )
 
-    def bill_upstream(self, counted: models.Usage, estimate: tuple[int, int, int]) -> None:
-        """Replace this turn's estimated counts (input, cached, output) with the
-        engine's own (a real backend's :class:`~longresponse.engine.sampling.Usage`)."""
-        input_tokens, cached, output = estimate
-        self._counts.input_tokens += counted.input_tokens - input_tokens
-        self._counts.cached_tokens += counted.cached_tokens - cached
-        self.builder.output_tokens += counted.output_tokens - output
+    def bill_output(self, correction: int) -> None:
+        """Correct the output tokens written so far by ``correction`` (a real
+        backend's own count in place of the estimate)."""
+        self.builder.output_tokens += correction
+
+    # --- how it ends ------------------------------------------------------------
+
+    def note_verdicts(
+        self,
+        verdicts: Sequence[tuple[Finding, ...]],
+        flagged: Callable[[Sequence[tuple[Finding, ...]]], dict[str, str]],
+    ) -> None:
+        """Keep the classifier's ``verdicts`` on more of this Response's input; its
+        metadata flags become ``flagged`` of all of them."""
+        self.verdicts.extend(verdicts)
+        self.flags = flagged(self.verdicts)
+
+    def note_incomplete(self, reason: str | None) -> None:
+        """Why the Response ends ``incomplete`` (``None``: it does not)."""
+        self.incomplete_reason = reason
+
+    def fail(self, error: ResponseError) -> None:
+        """The ``error`` the Response reports once it ends ``failed``."""
+        self.error = error
 
     # --- sending ----------------------------------------------------------------
 

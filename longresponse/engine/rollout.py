@@ -15,15 +15,25 @@ after the first output: ``longresponse.engine.counting``), sampling, and the
 output streamed out as events. Two drivers run turns:
 
 - :meth:`Rollout.run`, the append-mode loop (an asyncio task owned by the
-  session) around :meth:`Rollout.settle`: turn; if the model ended in client
+  session) around :meth:`Rollout.run_turns`: turn; if the model ended in client
   tool calls still unanswered, pause — send ``response.done`` with ``status:
   requires_action`` and await the inbox (with a pause timeout) — and when
-  every pending call has its output, take the inbox in and turn again; with
+  every pending call has its output, drain the inbox and turn again; with
   nothing new, complete. It always ends with exactly one terminal
   ``response.done`` unless the connection is gone (nobody is left to tell).
 - :class:`~longresponse.engine.segment.Segment`, the shipped shape: one turn
   under a Reply of its own, ending at the first pause (or, multi-agent,
-  ``settle`` under it: the Reply waits in place without a word).
+  ``run_turns`` under it: the Reply waits in place without a word).
+
+One owner per piece of state: everything that changes a rollout's context,
+tokens, counts, inbox, boundaries or sampler is a method of :class:`Rollout`,
+in this module (``tests/test_layers.py`` checks that nothing else assigns
+them). Input is **delivered** into the inbox (:meth:`Rollout.deliver`,
+:meth:`Rollout.deliver_segment_input`) and **drained** from it into the
+context by the turn that reads it. The helpers it calls
+(``longresponse.engine.counting``, ``compaction``, ``failures``) are pure: they
+return values the rollout applies. The sampler is the rollout's: it is made
+here and released here (:meth:`Rollout.close`, :meth:`Rollout.release_replaced`).
 
 Invariant: ``tokens(history + new) == tokens(history) + tokens(render(new))``.
 """
@@ -32,10 +42,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Final
+from array import array
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Final
 
 from protocol import ResponseState
 from protocol.events import (
@@ -48,30 +60,57 @@ from protocol.items import Item, as_items
 from protocol.response import Response, ResponseError
 
 from ..config import MAX_RESPONSE_EVENTS, MAX_RESPONSE_OUTPUT_TOKENS, Switches
-from . import counting
 from . import sampling as models
 from .admission import Pipeline
 from .classifier import Verdict
-from .compaction import Compactor, Intake, compact_rollout, compact_threshold, intake, start_window
-from .failures import UpstreamError, cut_short, failure, fit_window, kept, upstream_error_event
+from .compaction import Compactor, Drained, compact, compact_threshold, drain
+from .counting import may_defer
+from .failures import UpstreamError, cut_to_window, failure, kept, upstream_error_event
 from .render import TokenCache, render_prefix
 from .reply import Reply, TokenCounts
-from .sampling import ItemEnd, ModelSpec, Sampler, SampleRequest, Stop, TextDelta, ToolCallStart
+from .sampling import (
+    ItemEnd,
+    ModelSpec,
+    Sampler,
+    SampleRequest,
+    Stop,
+    TextDelta,
+    ToolCallStart,
+    release,
+)
 from .stream import EventSink, StreamClosed
 from .timing import TurnTiming
 
-if TYPE_CHECKING:
-    from .segment import Boundary
-
-__all__ = ["INCOMPLETE_STOPS", "Rollout"]
+__all__ = ["INCOMPLETE_STOPS", "Boundary", "Rollout"]
 
 log = logging.getLogger(__name__)
 
 #: What one Boundary holds beside its prefix, about (its Response object and
 #: pending calls; measured on the simulated model's short answers).
 _BOUNDARY_BYTES: Final = 4096
-#: How :meth:`Rollout.settle` may stop short: the Response ends ``incomplete``.
+#: How :meth:`Rollout.run_turns` may stop short: the Response ends ``incomplete``.
 INCOMPLETE_STOPS: Final = frozenset({"max_output_tokens", "max_events", "pause_timeout"})
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Boundary:
+    """Where a shipped-shape segment ended: enough to continue or fork from it."""
+
+    segment_id: str
+    #: ``len(context)`` and ``len(tokens)`` at the end of the segment.
+    items: int
+    tokens: int
+    #: Tokens of the items alone (after the prefix), and the prefix in effect
+    #: then: a later segment may have swapped the prefix in place. The prefix
+    #: is one array shared by the boundaries that had the same one.
+    item_tokens: int
+    prefix: array[int]
+    #: Client tool calls of the segment still waiting for their outputs.
+    pending: dict[str, str]
+    #: The finished segment's Response object.
+    response: Response
+    #: The lane (``stream_id``) the segment ran on; ``None`` = the default lane.
+    stream_id: str | None = None
 
 
 class Rollout:
@@ -97,6 +136,8 @@ class Rollout:
         self.request = request
         self.model = model
         self.sampler: Sampler = model.make_sampler()
+        #: Samplers of models this rollout switched away from, not released yet.
+        self._replaced: list[Sampler] = []
         self.pause_timeout = pause_timeout
         self.clock = clock
         #: Per-Response caps (the server's): events sent, output tokens written.
@@ -108,7 +149,7 @@ class Rollout:
         #: (kept so later turns need not read those items again).
         self.verdicts: list[Verdict] = []
         #: Post-inference work of a finished append-mode rollout (usage ledger),
-        #: run before its terminal event is sent; the serve layer sets it.
+        #: run before its terminal event is sent; the serve layer gives it (:meth:`attach`).
         self.on_terminal: Callable[[Response], Awaitable[None]] | None = None
         #: Called with each finished turn's timing (the server's metrics).
         self.on_timing: Callable[[TurnTiming], None] | None = None
@@ -128,7 +169,7 @@ class Rollout:
         self._resume_mark: float | None = clock()
         self._cancel_requested = False
         self._started = False
-        #: The task running :meth:`run`; set by its owner, the session.
+        #: The task running :meth:`run`; its owner, the session, hands it over (:meth:`adopt`).
         self.task: asyncio.Task[None] | None = None
         #: Input tokens processed so far, and of those the cached (shared with
         #: the Replies, which report usage from them).
@@ -150,7 +191,7 @@ class Rollout:
         self.busy = False
         #: A segment failed half-way; the context may hold a partial turn.
         self.broken = False
-        #: Seals and opens compaction items for the rollout's owner (serve layer).
+        #: Seals and opens compaction items for the rollout's owner (given by :meth:`attach`).
         self.compactor: Compactor | None = None
         self._waiting = False  # paused: awaiting the outputs of client calls
         #: This turn's new input: where it starts in the token cache, and whether it
@@ -179,6 +220,26 @@ class Rollout:
         )
         return self.reply
 
+    def attach(
+        self,
+        *,
+        compactor: Compactor | None,
+        on_timing: Callable[[TurnTiming], None] | None = None,
+        on_terminal: Callable[[Response], Awaitable[None]] | None = None,
+    ) -> None:
+        """Take the owner's hooks for the turn about to start: its ``compactor``, the
+        observer of finished turns' timing and (append mode) the post-inference work
+        of the finished rollout. A hook given as ``None`` keeps the one in place."""
+        self.compactor = compactor
+        if on_timing is not None:
+            self.on_timing = on_timing
+        if on_terminal is not None:
+            self.on_terminal = on_terminal
+
+    def adopt(self, task: asyncio.Task[None]) -> None:
+        """``task`` runs :meth:`run` (the session owns it); a cancel reaches it."""
+        self.task = task
+
     def _current(self) -> Reply:
         if self.reply is None:  # pragma: no cover - a serve-layer bug
             raise RuntimeError("the rollout has no Reply to write to")
@@ -186,8 +247,9 @@ class Rollout:
 
     # --- called by the serve layer (already checked by the protocol core) ----
 
-    def accept(self, items: list[Item], received_at: float) -> None:
-        """Queue appended items; resume the loop if no call is pending any more."""
+    def deliver(self, items: list[Item], received_at: float) -> None:
+        """Deliver appended items into the inbox; resume the loop if no call is
+        pending any more."""
         self._inbox.extend(items)
         if not self._current().pending_calls:
             paused = self._waiting or self.state is ResponseState.REQUIRES_ACTION
@@ -204,9 +266,7 @@ class Rollout:
         append-mode rollout, or this segment's alone in the shipped shape.
         """
         self.verdicts.extend(verdicts)
-        reply = self._current()
-        reply.verdicts.extend(verdicts)
-        reply.flags = Pipeline.flagged(reply.verdicts)
+        self._current().note_verdicts(verdicts, Pipeline.flagged)
         d, v, c = self._admission
         self._admission = (d + decode, v + validate, c + classify)
 
@@ -272,7 +332,7 @@ class Rollout:
         if model is not self.model:
             # Another model: nothing it could reuse, but the tokens are the
             # same (one tokenizer for every model here).
-            self.model, self.sampler = model, model.make_sampler()
+            self._switch_model(model)
             self.model_seen = 0
         # Clients resend instructions and tools every turn: compare their
         # encoding first, and render the prefix only when it changed.
@@ -288,10 +348,124 @@ class Rollout:
         self.model_seen = 0
         return True
 
-    def take_in(self, items: list[Item], received_at: float) -> None:
-        """The next Response's new input (a segment's), to be taken in by its turn."""
+    def _switch_model(self, model: ModelSpec) -> None:
+        """Write with ``model`` from now on; the old sampler waits to be released."""
+        self._replaced.append(self.sampler)
+        self.model, self.sampler = model, model.make_sampler()
+
+    def deliver_segment_input(self, items: list[Item], received_at: float) -> None:
+        """Deliver the next Response's new input (a segment's), drained by its turn."""
         self._inbox = list(items)
         self._resume_mark = received_at
+
+    # --- the sampler's lifetime ------------------------------------------------
+
+    async def release_replaced(self) -> None:
+        """Release the samplers of models this rollout switched away from."""
+        await self._release(current=False)
+
+    async def close(self) -> None:
+        """The rollout's owner is done with it: its sampler (and any it replaced)
+        lets go of what it holds (an upstream socket). A sampler used again later
+        reopens it."""
+        await self._release(current=True)
+
+    async def _release(self, *, current: bool) -> None:
+        """The one place a sampler is released (``longresponse.engine.sampling.release``)."""
+        samplers, self._replaced = self._replaced, []
+        if current:
+            samplers.append(self.sampler)
+        for sampler in samplers:
+            await release(sampler)
+
+    # --- the shipped shape: segments, boundaries, forks --------------------------
+
+    def enter_segment(self) -> None:
+        """A segment starts running on this rollout (a second one must fork)."""
+        self.busy = True
+
+    def leave_segment(self, *, failed: bool) -> None:
+        """The running segment is over; ``failed``: it broke off half-way, and the
+        context may hold a partial turn (no continuation in place any more)."""
+        if failed:
+            self.broken = True
+        self.busy = False
+
+    def mark_boundary(
+        self,
+        segment_id: str,
+        *,
+        pending: dict[str, str],
+        response: Response,
+        stream_id: str | None,
+    ) -> Boundary:
+        """Record where the segment ``segment_id`` ends now: its :class:`Boundary`."""
+        tokens = self.tokens
+        prefix = tokens.tokens[: tokens.prefix_length]
+        if self.boundaries and self.boundaries[-1].prefix == prefix:
+            prefix = self.boundaries[-1].prefix  # one copy for a whole chain
+        boundary = Boundary(
+            segment_id=segment_id,
+            items=len(self.context),
+            tokens=len(tokens),
+            item_tokens=len(tokens) - tokens.prefix_length,
+            prefix=prefix,
+            pending=pending,
+            response=response,
+            stream_id=stream_id,
+        )
+        self.boundaries.append(boundary)
+        return boundary
+
+    def fork(self, boundary: Boundary) -> Rollout:
+        """A new Rollout holding this one's context up to ``boundary`` (shared prefix)."""
+        child = Rollout(
+            request=self.request,
+            model=self.model,
+            pause_timeout=self.pause_timeout,
+            pipeline=self.pipeline,
+            resolve=self.resolve_model,
+            input_items=[],
+            clock=self.clock,
+            max_events=self.max_events,
+            max_output_tokens=self.max_output_tokens,
+        )
+        child.context = self.context[: boundary.items]
+        child.tokens = self.tokens.fork_items(boundary.prefix, boundary.item_tokens)
+        child._prefix_key = (None, b"")  # unknown: the next segment compares the tokens
+        index = self.boundaries.index(boundary)
+        child.boundaries = self.boundaries[: index + 1]
+        child.counts = TokenCounts(self.counts.input_tokens, self.counts.cached_tokens)
+        # A model server's prefix cache is shared by every request, so the fork's
+        # prefix counts as processed, unless the prefix changed since.
+        same_prefix = self.tokens.tokens[: self.tokens.prefix_length] == boundary.prefix
+        child.model_seen = min(self.model_seen, boundary.tokens) if same_prefix else 0
+        return child
+
+    def seed(self, history: Sequence[Item], tokens: Sequence[int]) -> None:
+        """A fresh rollout starts from a stored conversation whose tokens are known
+        (HTTP's token cache): ``history`` is its context, ``tokens`` its item tokens,
+        nothing rendered again."""
+        self.context = list(history)
+        self.tokens.extend_tokens(tokens)
+
+    def prefill(self, *, prefix_changed: bool) -> None:
+        """A warm-up: render, tokenize and prefill the inbox without sampling; the
+        next turn reads it all as cached. Raises :class:`ContextLengthExceeded`."""
+        new_items = self._drain_inbox().items
+        self.context.extend(new_items)
+        cached = 0 if prefix_changed else min(self.model_seen, len(self.tokens))
+        self.tokens.extend(new_items)
+        if self._fit_window():
+            cached = 0
+        self.counts.input_tokens += len(self.tokens)
+        self.counts.cached_tokens += cached
+        self.model_seen = len(self.tokens)
+
+    def note_post_inference(self, seconds: float) -> None:
+        """Post-inference work took ``seconds`` after the last turn (its timing says so)."""
+        if self.timings:
+            self.timings[-1].post_inference += seconds
 
     # --- the loop ------------------------------------------------------------
 
@@ -306,8 +480,8 @@ class Rollout:
             if reply.track is None:
                 await reply.announce(ResponseCreated)
             await reply.announce(ResponseInProgress)
-            stop = await self.settle()
-            reply.incomplete_reason = stop if stop in INCOMPLETE_STOPS else None
+            stop = await self.run_turns()
+            reply.note_incomplete(stop if stop in INCOMPLETE_STOPS else None)
             await self.finish(
                 ResponseState.INCOMPLETE if reply.incomplete_reason else ResponseState.COMPLETED
             )
@@ -323,11 +497,11 @@ class Rollout:
             reply.abandon()  # nobody is left to tell
             raise
         except Exception as exc:
-            reply.error = failure(exc, reply.id)
+            reply.fail(failure(exc, reply.id))
             with contextlib.suppress(Exception):
                 await self.finish(ResponseState.FAILED)
 
-    async def settle(self, *, prefix_changed: bool = False) -> str:
+    async def run_turns(self, *, prefix_changed: bool = False) -> str:
         """Turns, pausing in place for client tool outputs, until the model stops
         with nothing pending: the last stop reason, or ``pause_timeout``."""
         reply = self._current()
@@ -364,14 +538,14 @@ class Rollout:
         if not pipeline.switches.resolution_reuse and self.resolve_model is not None:
             model = self.resolve_model(self.model.name)  # the work a stateless server repeats
             if model is not self.model:  # pragma: no cover - the registry is stable
-                self.model, self.sampler = model, model.make_sampler()
+                self._switch_model(model)
         resolved = self.clock()
-        taken = self._take_inbox()
+        taken = self._drain_inbox()
         self.context.extend(taken.items)
         cached = 0 if prefix_changed else min(self.model_seen, len(self.tokens))
         request = self.request
         threshold = compact_threshold(request, self.model.context_window)
-        bound = counting.hold_input(self, taken.items, trigger=taken.trigger, threshold=threshold)
+        bound = self._hold_input(taken.items, trigger=taken.trigger, threshold=threshold)
         if self.uncounted:  # counted after the first output (it cannot reach the window)
             rendered = self.clock()
             uncached = bound - cached
@@ -380,18 +554,18 @@ class Rollout:
             await asyncio.sleep(0)
             waited = self.clock() - waited
             started, resolved = started + waited, resolved + waited
-            added = counting.tokenize_input(self)
+            added = self._tokenize_input()
             rendered = self.clock()
-            counting.note_rendering(self)
+            self._note_rendering()
             if taken.trigger or (threshold is not None and len(self.tokens) > threshold):
-                await compact_rollout(self, reply, cached)
+                await self._compact(reply, cached)
                 cached = 0  # the model reads the new window afresh
                 if taken.trigger:  # a compaction turn: the compaction item is its output
                     self.timings.append(timing)
                     return "stop"
-            if fit_window(self):
+            if self._fit_window():
                 cached = 0
-            uncached = counting.count_input(self, timing, cached, added)
+            uncached = self._count_input(timing, cached, added)
         sample_request = SampleRequest.for_turn(
             request,
             self.context,
@@ -418,9 +592,9 @@ class Rollout:
                         timing.time_to_first_token = self.clock() - sampling_started
                         first = False
                     if isinstance(chunk, models.Usage):  # a real engine's own counts
-                        counting.settle_count(self, timing, cached)
+                        self._count_deferred(timing, cached)
                         spent = builder.output_tokens - output_before
-                        reply.bill_upstream(chunk, (len(self.tokens), cached, spent))
+                        self._bill_upstream(reply, chunk, (len(self.tokens), cached, spent))
                         continue
                     if isinstance(chunk, Stop):
                         stop = chunk.reason
@@ -437,15 +611,15 @@ class Rollout:
                     if first_flush:  # the writer's turn: the first output goes out now
                         first_flush = False
                         await asyncio.sleep(0)
-                        counting.settle_count(self, timing, cached)
+                        self._count_deferred(timing, cached)
                     if stop == "max_events":
                         break
         except UpstreamError as exc:  # what the model wrote stays; the open item is cut
             failed = exc
-            counting.settle_count(self, timing, cached)
-            await cut_short(self, reply, None if not first else (len(self.tokens), cached))
+            self._count_deferred(timing, cached)
+            await self._cut_short(reply, None if not first else (len(self.tokens), cached))
         finally:  # no output at all, or cancelled
-            counting.settle_count(self, timing, cached)
+            self._count_deferred(timing, cached)
         timing.inference = self.clock() - sampling_started
         produced = kept(builder.output[first_output:])
         # The model's own output joins the context and the token cache; it is
@@ -460,12 +634,137 @@ class Rollout:
             raise failed
         return stop
 
-    def _take_inbox(self) -> Intake:
-        """The inbox as it joins the context; a compaction item in it replaces the context."""
-        taken, self._inbox = intake(self._inbox, self.compactor), []
+    def _drain_inbox(self) -> Drained:
+        """Drain the inbox as it joins the context; a compaction item in it replaces
+        the context."""
+        taken, self._inbox = drain(self._inbox, self.compactor), []
         if taken.replaces:
-            start_window(self)
+            self._start_window()
         return taken
+
+    # --- counting a turn's new input (``longresponse.engine.counting``) ----------
+
+    def _hold_input(self, items: list[Item], *, trigger: bool, threshold: int | None) -> int:
+        """Hold the turn's new ``items`` in the token cache and decide whether their count
+        can wait (``uncounted``); the context's tokens at most (0 without the token
+        cache, whose ablation renders everything again: :meth:`_rerender`)."""
+        self.uncounted = False
+        if not self.pipeline.switches.token_cache:
+            return 0
+        self.input_from = len(self.tokens)
+        bound = self.input_from + self.tokens.defer(items)
+        self.uncounted = not trigger and may_defer(
+            self.sampler, bound, self.model.context_window, threshold
+        )
+        return bound
+
+    def _tokenize_input(self) -> int:
+        """Tokenize the input :meth:`_hold_input` held (without the token cache: the
+        whole context, :meth:`_rerender`); the tokens it added, counted from the cache's
+        length (so a reader that tokenized the cache first changes nothing)."""
+        if not self.pipeline.switches.token_cache:
+            return self._rerender()
+        self.tokens.tokenize_deferred()
+        return len(self.tokens) - self.input_from
+
+    def _count_input(self, timing: TurnTiming, cached: int, added: int) -> int:
+        """Count the turn's input (``added`` tokens of it new); its uncached tokens."""
+        total = len(self.tokens)
+        self.counts.input_tokens += total
+        self.counts.cached_tokens += cached
+        timing.new_tokens, timing.cached_tokens, timing.input_tokens = added, cached, total
+        return total - cached
+
+    def _count_deferred(self, timing: TurnTiming, cached: int) -> None:
+        """Tokenize and count the new input a turn left uncounted (once; a no-op
+        otherwise). Then the context's tokens are ``len(self.tokens)``."""
+        if not self.uncounted:
+            return
+        self.uncounted = False
+        started = self.clock()
+        added = self._tokenize_input()
+        self._note_rendering()
+        timing.count = self.clock() - started
+        self._count_input(timing, cached, added)
+
+    def _rerender(self) -> int:
+        """Without the token cache (the ablation): the whole context rendered and
+        tokenized again, as a stateless server must; the tokens added."""
+        before = len(self.tokens)
+        prefix = render_prefix(self.request.instructions, self.request.tools)
+        self.tokens = self.tokens.rerendered(prefix, self.context)
+        return len(self.tokens) - before
+
+    def _note_rendering(self) -> None:
+        """Add the token cache's new rendering work to the pipeline's counters."""
+        counters, tokens = self.pipeline.counters, self.tokens
+        counters.tokens_rendered += tokens.tokens_rendered - self.rendered_seen
+        counters.items_rendered += tokens.items_rendered - self.items_seen
+        self.rendered_seen, self.items_seen = tokens.tokens_rendered, tokens.items_rendered
+
+    def _bill_upstream(
+        self, reply: Reply, counted: models.Usage, estimate: tuple[int, int, int]
+    ) -> None:
+        """Replace this turn's estimated counts (input, cached, output) with the
+        engine's own (a real backend's :class:`~longresponse.engine.models.Usage`)."""
+        input_tokens, cached, output = estimate
+        self.counts.input_tokens += counted.input_tokens - input_tokens
+        self.counts.cached_tokens += counted.cached_tokens - cached
+        reply.bill_output(counted.output_tokens - output)
+
+    # --- the window: truncation and compaction ---------------------------------------
+
+    def _fit_window(self) -> bool:
+        """History + new tokens against the model's window (shipped ``truncation``
+        rules, :func:`~longresponse.engine.failures.cut_to_window`): True if the
+        oldest items were dropped (the rest is rendered again; the model has to
+        prefill it all). Raises :class:`ContextLengthExceeded`, changing nothing."""
+        cut = cut_to_window(self.model, self.request, len(self.tokens), self.context)
+        if cut is None:
+            return False
+        prefix, dropped = cut
+        del self.context[:dropped]
+        self.tokens = self.tokens.rerendered(prefix, self.context)
+        self.model_seen = 0
+        self.truncated = True
+        return True
+
+    def _start_window(self) -> None:
+        """Forget the context (a compaction's window replaces it): the model has read
+        none of what follows, and no segment ends inside it any more."""
+        self.context = []
+        prefix = render_prefix(self.request.instructions, self.request.tools)
+        self.tokens = self.tokens.rerendered(prefix, [])
+        self.model_seen = 0
+        self.boundaries.clear()
+
+    async def _compact(self, reply: Reply, cached: int) -> None:
+        """Server-side compaction in a turn (SPEC §11): the model reads the whole
+        context (``cached`` of it already processed) and writes the compaction
+        item; its window becomes the context. The item's events go to ``reply``."""
+        assert self.compactor is not None, "the serve layer gives every rollout a compactor"
+        await reply.sink.room()
+        item, window = compact(self.context, self.compactor)
+        self.counts.input_tokens += len(self.tokens)
+        self.counts.cached_tokens += cached
+        self._start_window()
+        self.tokens.extend(window)
+        self.context.extend(window)
+        for event in reply.builder.compaction(item):  # no await: all, or none
+            reply.sink.push(event)
+
+    async def _cut_short(self, reply: Reply, unbilled: tuple[int, int] | None) -> None:
+        """A turn the engine broke off: the item being written ends ``incomplete``.
+
+        ``unbilled``: the turn's (input, cached) estimate, taken back when the
+        engine produced nothing (a refused or unreachable request reads no tokens).
+        """
+        if unbilled is not None:
+            self.counts.input_tokens -= unbilled[0]
+            self.counts.cached_tokens -= unbilled[1]
+        await reply.sink.room()
+        for event in reply.builder.feed(ItemEnd(incomplete=True)):
+            reply.sink.push(event)
 
     async def _pause(self, failed: UpstreamError | None = None) -> bool:
         """Block until every pending call has its output (after an upstream failure with
@@ -503,8 +802,7 @@ class Rollout:
         if self.on_terminal is not None:
             started = self.clock()
             await self.on_terminal(response)
-            if self.timings:
-                self.timings[-1].post_inference += self.clock() - started
+            self.note_post_inference(self.clock() - started)
             await reply.sink.room()
         reply.push(reply.builder.lifecycle(ResponseDone, response))
         await self.report_timing()

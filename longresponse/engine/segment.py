@@ -11,13 +11,16 @@ continuation costs the new input only.
 
 :meth:`Segment.run` emits ``response.created``, ``response.in_progress``,
 the output, and one terminal event (``response.completed``, or
-``response.incomplete`` at the token limit), and leaves a :class:`Boundary`:
-where the segment ended, enough to continue in place or to :func:`fork` a new
-Rollout from it later. A segment that fails sends ``response.failed`` and
-leaves its Rollout ``broken`` (its earlier boundaries stay valid to fork from).
+``response.incomplete`` at the token limit), and leaves a
+:class:`~longresponse.engine.rollout.Boundary` (:meth:`Rollout.mark_boundary`):
+where the segment ended, enough to continue in place or to fork a new Rollout
+from it later (:meth:`Rollout.fork`). A segment that fails sends
+``response.failed`` and leaves its Rollout ``broken`` (its earlier boundaries
+stay valid to fork from). Only this module assigns a Segment's fields; the
+rollout's are changed through its methods.
 
 A segment that ``waits`` (the multi-agent beta) runs the rollout's
-:meth:`~Rollout.settle` instead of one turn: at client tool calls its
+:meth:`~Rollout.run_turns` instead of one turn: at client tool calls its
 Response stays ``in_progress`` and waits in place, without a word, until
 ``response.inject`` brings the outputs; it ends at the rollout's real end
 (or ``incomplete``, ``pause_timeout``, if the outputs never come).
@@ -27,8 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-from array import array
 from collections.abc import Awaitable, Callable
 
 from protocol import ResponseState
@@ -44,34 +45,13 @@ from protocol.events import (
 from protocol.items import Item
 from protocol.response import Response
 
-from .failures import failure, fit_window
-from .reply import Reply, TokenCounts
-from .rollout import INCOMPLETE_STOPS, Rollout
-from .sampling import ModelSpec, release
+from .failures import failure
+from .reply import Reply
+from .rollout import INCOMPLETE_STOPS, Boundary, Rollout
+from .sampling import ModelSpec
 from .stream import EventSink, StreamClosed
 
-__all__ = ["Boundary", "Segment", "fork"]
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Boundary:
-    """Where a shipped-shape segment ended: enough to continue or fork from it."""
-
-    segment_id: str
-    #: ``len(context)`` and ``len(tokens)`` at the end of the segment.
-    items: int
-    tokens: int
-    #: Tokens of the items alone (after the prefix), and the prefix in effect
-    #: then: a later segment may have swapped the prefix in place. The prefix
-    #: is one array shared by the boundaries that had the same one.
-    item_tokens: int
-    prefix: array[int]
-    #: Client tool calls of the segment still waiting for their outputs.
-    pending: dict[str, str]
-    #: The finished segment's Response object.
-    response: Response
-    #: The lane (``stream_id``) the segment ran on; ``None`` = the default lane.
-    stream_id: str | None = None
+__all__ = ["Segment"]
 
 
 class Segment:
@@ -101,10 +81,9 @@ class Segment:
         #: Why the segment failed, once it has (the HTTP status and hints of an
         #: upstream engine's failure come from it).
         self.exception: Exception | None = None
-        sampler = rollout.sampler
+        #: The token prefix changed: nothing the model processed counts as cached.
+        #: (A sampler another model replaced is released when the segment runs.)
         self._prefix_changed = rollout.configure(request, model)
-        #: Another model's sampler replaced this one: released when the segment runs.
-        self._replaced = sampler if rollout.sampler is not sampler else None
         self.reply: Reply = rollout.open_reply(
             segment_id, sink, append=False, stream_id=stream_id, send_timing=send_timing
         )
@@ -127,107 +106,53 @@ class Segment:
         ``response.in_progress`` starts it.
         """
         rollout, reply = self.rollout, self.reply
-        rollout.busy = True
+        rollout.enter_segment()
+        failed = False
         try:
-            if self._replaced is not None:
-                await release(self._replaced)
-            rollout.take_in(new_items, received_at)
+            await rollout.release_replaced()
+            rollout.deliver_segment_input(new_items, received_at)
             await reply.announce(ResponseCreated, ResponseState.QUEUED if queued else None)
             await reply.announce(ResponseInProgress, ResponseState.IN_PROGRESS)
             stop = "stop"
             if self.request.warm_up:
-                take_in_without_sampling(rollout, self._prefix_changed)
+                rollout.prefill(prefix_changed=self._prefix_changed)
             elif self.waits:
-                stop = await rollout.settle(prefix_changed=self._prefix_changed)
+                stop = await rollout.run_turns(prefix_changed=self._prefix_changed)
             else:
                 stop = await rollout.turn(prefix_changed=self._prefix_changed)
             self.finishing = True
             terminal: Callable[..., ServerEvent] = ResponseCompleted
             state = ResponseState.COMPLETED
             if stop in INCOMPLETE_STOPS:
-                reply.incomplete_reason = stop
+                reply.note_incomplete(stop)
                 terminal, state = ResponseIncomplete, ResponseState.INCOMPLETE
             await reply.sink.room()
             response = reply.snapshot(state)
             if on_finish is not None:
                 finishing = rollout.clock()
                 await on_finish(response)
-                if rollout.timings:
-                    rollout.timings[-1].post_inference += rollout.clock() - finishing
+                rollout.note_post_inference(rollout.clock() - finishing)
                 await reply.sink.room()
-            tokens = rollout.tokens
-            boundary = Boundary(
-                segment_id=self.id,
-                items=len(rollout.context),
-                tokens=len(tokens),
-                item_tokens=len(tokens) - tokens.prefix_length,
-                prefix=_shared_prefix(rollout, tokens.tokens[: tokens.prefix_length]),
+            boundary = rollout.mark_boundary(
+                self.id,
                 pending=dict(reply.pending_calls),
                 response=response,
                 stream_id=self.stream_id,
             )
-            rollout.boundaries.append(boundary)
             reply.push(reply.builder.lifecycle(terminal, response))
             await rollout.report_timing()
             return boundary
         except (asyncio.CancelledError, StreamClosed):
-            rollout.broken = True
+            failed = True
             reply.abandon()
             raise
         except Exception as exc:
-            rollout.broken = True
+            failed = True
             self.exception = exc
-            reply.error = failure(exc, self.id)
+            reply.fail(failure(exc, self.id))
             with contextlib.suppress(Exception):
                 await reply.announce(ResponseFailed, ResponseState.FAILED)
             return None
         finally:
             self.finishing = True
-            rollout.busy = False
-
-
-def take_in_without_sampling(rollout: Rollout, prefix_changed: bool) -> None:
-    """A warm-up: render, tokenize and prefill the inbox without sampling; the
-    next turn reads it all as cached. Raises :class:`ContextLengthExceeded`."""
-    new_items = rollout._take_inbox().items
-    rollout.context.extend(new_items)
-    cached = 0 if prefix_changed else min(rollout.model_seen, len(rollout.tokens))
-    rollout.tokens.extend(new_items)
-    if fit_window(rollout):
-        cached = 0
-    rollout.counts.input_tokens += len(rollout.tokens)
-    rollout.counts.cached_tokens += cached
-    rollout.model_seen = len(rollout.tokens)
-
-
-def fork(parent: Rollout, boundary: Boundary) -> Rollout:
-    """A new Rollout holding ``parent``'s context up to ``boundary`` (shared prefix)."""
-    child = Rollout(
-        request=parent.request,
-        model=parent.model,
-        pause_timeout=parent.pause_timeout,
-        pipeline=parent.pipeline,
-        resolve=parent.resolve_model,
-        input_items=[],
-        clock=parent.clock,
-        max_events=parent.max_events,
-        max_output_tokens=parent.max_output_tokens,
-    )
-    child.context = parent.context[: boundary.items]
-    child.tokens = parent.tokens.fork_items(boundary.prefix, boundary.item_tokens)
-    child._prefix_key = (None, b"")  # unknown: the next segment compares the tokens
-    index = parent.boundaries.index(boundary)
-    child.boundaries = parent.boundaries[: index + 1]
-    child.counts = TokenCounts(parent.counts.input_tokens, parent.counts.cached_tokens)
-    # A model server's prefix cache is shared by every request, so the fork's
-    # prefix counts as processed, unless the prefix changed since.
-    same_prefix = parent.tokens.tokens[: parent.tokens.prefix_length] == boundary.prefix
-    child.model_seen = min(parent.model_seen, boundary.tokens) if same_prefix else 0
-    return child
-
-
-def _shared_prefix(rollout: Rollout, prefix: array[int]) -> array[int]:
-    """``prefix``, or the previous boundary's equal one (one copy for a whole chain)."""
-    if rollout.boundaries and rollout.boundaries[-1].prefix == prefix:
-        return rollout.boundaries[-1].prefix
-    return prefix
+            rollout.leave_segment(failed=failed)

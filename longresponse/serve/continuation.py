@@ -28,8 +28,7 @@ from collections.abc import Callable
 from protocol import ErrorCode, ProtocolError, RemoteProtocolError
 from protocol.items import FunctionCall, FunctionCallOutput, Item
 
-from ..engine.rollout import Rollout
-from ..engine.segment import Boundary, fork
+from ..engine.rollout import Boundary, Rollout
 from ..storage.persistence import Persistence
 
 __all__ = ["Continuation", "check_continuation", "continue_from", "stored_history"]
@@ -144,5 +143,5 @@ async def continue_from(
     latest = bool(parent.boundaries) and parent.boundaries[-1] is boundary
     if latest and not parent.busy and not parent.broken:
         return Continuation(rollout=parent, parent=parent, checked=parent.context)
-    child = fork(parent, boundary)
+    child = parent.fork(boundary)
     return Continuation(rollout=child, parent=parent, checked=child.context, forked=True)

@@ -41,9 +41,9 @@ from ..engine.admission import Pipeline
 from ..engine.compaction import CompactionKey, Compactor, check_context_management
 from ..engine.failures import TurnRefused
 from ..engine.reply import Reply
-from ..engine.rollout import Rollout
+from ..engine.rollout import Boundary, Rollout
 from ..engine.sampling import ModelSpec
-from ..engine.segment import Boundary, Segment
+from ..engine.segment import Segment
 from ..engine.stream import EventSink
 from ..engine.timing import TurnTiming
 from ..storage.persistence import Persistence, StoreWriteFailed

@@ -3,7 +3,7 @@
 The token cache's bound must never be below the real count (else a context
 over the window could start sampling), deferring must give the same tokens
 and the same usage as counting first, near the window the count must come
-first, and a turn cut off before its first output must still settle.
+first, and a turn cut off before its first output must still count it.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def test_the_bound_is_never_below_the_count_and_the_tokens_are_the_same(
     deferred.extend(history)
     before = len(deferred)
     bound = deferred.defer(new)
-    added = deferred.settle()
+    added = deferred.tokenize_deferred()
     assert added <= bound
     assert len(deferred) == before + added
     counted = TokenCache(render_prefix("be brief", []))
@@ -61,10 +61,10 @@ def test_the_bound_is_never_below_the_count_and_the_tokens_are_the_same(
     )
 
 
-def test_reading_the_cache_settles_what_it_holds() -> None:
+def test_reading_the_cache_tokenizes_what_it_holds() -> None:
     cache = TokenCache(render_prefix(None, []))
     cache.defer([Message(role="user", content="first")])
-    forked = cache.fork(len(cache))  # len() settles
+    forked = cache.fork(len(cache))  # len() tokenizes what is held
     cache.defer([Message(role="user", content="second")])
     assert cache.tokens.tolist()[: len(forked)] == forked.snapshot()
     assert cache.snapshot() == tokenize_text(
@@ -167,7 +167,7 @@ def test_a_turn_cut_off_before_its_first_output_still_counts_its_input() -> None
     assert rollout.snapshot().status == "cancelled"
 
 
-def test_new_tokens_are_counted_when_a_reader_settled_the_cache_first() -> None:
+def test_new_tokens_are_counted_when_a_reader_tokenized_the_cache_first() -> None:
     async def scenario() -> Rollout:
         outbox = Outbox(ServerConfig(), Mode.APPEND)
         model = ModelRegistry().resolve("sim")
@@ -180,7 +180,7 @@ def test_new_tokens_are_counted_when_a_reader_settled_the_cache_first() -> None:
             if rollout.uncounted:
                 break
         assert rollout.uncounted
-        assert len(rollout.tokens) > 500  # a reader (a fork, the inspector) settles it
+        assert len(rollout.tokens) > 500  # a reader (a fork, the inspector) tokenizes it
         await task
         return rollout
 

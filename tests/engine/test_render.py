@@ -219,7 +219,7 @@ def test_token_cache_extend_is_atomic_when_rendering_fails(
         getattr(cache, method)(
             [Message(role="user", content="fine"), Message(role="user", content="poison")]
         )
-    assert cache.settle() == 0  # nothing of the failed call is held either
+    assert cache.tokenize_deferred() == 0  # nothing of the failed call is held either
     assert cache.snapshot() == before
     assert (cache.items_rendered, cache.tokens_rendered) == (0, 0)
 
@@ -357,7 +357,7 @@ def test_long_text_is_encoded_in_pieces_with_the_same_tokens() -> None:
     assert len(encode("x" * (3 * ENCODE_CHUNK_CHARS))) > 0  # no space at all: still encodes
 
 
-def test_a_settle_that_fails_keeps_what_was_held(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_deferred_tokenizing_that_fails_keeps_what_was_held(monkeypatch: pytest.MonkeyPatch) -> None:
     import longresponse.engine.render as render
 
     real = render._encode_segment
@@ -373,7 +373,7 @@ def test_a_settle_that_fails_keeps_what_was_held(monkeypatch: pytest.MonkeyPatch
     cache.defer(items)
     monkeypatch.setattr(render, "_encode_segment", fail_on_poison)
     with pytest.raises(ValueError, match="cannot encode"):
-        cache.settle()
+        cache.tokenize_deferred()
     monkeypatch.undo()
     assert cache.snapshot()[: len(before)] == before  # nothing half-appended
     assert cache.snapshot() == tokenize_text(render_text(None, [], items))

@@ -62,7 +62,7 @@ from protocol.items import Item
 from protocol.response import Response, ResponseError
 
 from ...config import BACKGROUND_ENDINGS_BYTES, BACKGROUND_LOG_BYTES, MAX_BACKGROUND
-from ...engine.sampling import ModelSpec, release
+from ...engine.sampling import ModelSpec
 from ...ids import new_id
 from ...storage.persistence import Persistence, StoreWriteFailed
 from ..inspector.records import WatchedSink
@@ -407,7 +407,7 @@ class BackgroundResponses:
         assert entry.task is not None
         if reply.track is not None:
             if error is not None:
-                reply.error = error
+                reply.fail(error)
             final = reply.snapshot(status)
             if status is ResponseState.CANCELLED:
                 final = msgspec.structs.replace(final, output=[])
@@ -449,7 +449,7 @@ class BackgroundResponses:
                 task.uncancel()
             await self._bill(entry, entry.final)  # stopped: its terminal event is in the log
         finally:
-            await release(started.rollout.sampler)  # the rollout ends: an upstream socket closes
+            await started.rollout.close()  # the rollout ends: an upstream socket closes
 
     async def _bill(self, entry: BackgroundResponse, response: Response) -> None:
         """A background response that did not complete: billed, and stored when the

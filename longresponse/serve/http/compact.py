@@ -43,7 +43,7 @@ from protocol.events import ResponseCreate
 from protocol.items import InputText, Item, Message, as_items
 from protocol.response import InputTokensDetails, OutputTokensDetails, ResponseCompaction, Usage
 
-from ...engine.compaction import compact, intake
+from ...engine.compaction import compact, drain
 from ...engine.render import render_item, render_prefix
 from ...ids import new_id
 from .responses import ResponsesHTTP, http_error
@@ -82,7 +82,7 @@ class CompactHTTP:
             admission = self.turns.pipeline.admit(
                 as_items(body.input), history=history, cached=False, compactor=compactor
             )
-            context = intake([*history, *admission.items], compactor).items
+            context = drain([*history, *admission.items], compactor).items
             item, window = compact(context, compactor)
         except ProtocolError as error:
             return http_error(error)

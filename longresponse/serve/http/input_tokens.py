@@ -34,7 +34,7 @@ from starlette.routing import Route
 from protocol import ErrorCode, ProtocolError, RemoteProtocolError, decode_create_body
 from protocol.items import as_items
 
-from ...engine.compaction import intake
+from ...engine.compaction import drain
 from ...engine.render import items_to_drop, render_item, render_prefix
 from .responses import ResponsesHTTP, http_error
 
@@ -90,7 +90,7 @@ class InputTokens:
             )
             # As a turn takes them in: a compaction item's window replaces what
             # came before it, and a trailing compaction_trigger is no item.
-            taken = intake([*continuation.history, *admission.items], compactor).items
+            taken = drain([*continuation.history, *admission.items], compactor).items
             prefix = len(render_prefix(body.instructions, body.tools))
             lengths = [len(render_item(item)) for item in taken]
             total = prefix + sum(lengths)

@@ -31,7 +31,6 @@ from protocol.response import Response as ResponseObject
 
 from ...config import WRITE_SLICE_SECONDS, ServerConfig
 from ...engine.failures import UpstreamError
-from ...engine.sampling import release
 from ...engine.stream import StreamClosed
 from ...engine.timing import TurnTiming
 from ...ids import new_id
@@ -378,9 +377,7 @@ class _Run:
             return  # the rollout's context is the compaction's window, not the stored items
         tokens = cache.get(self.owner, parent)
         if tokens is not None:
-            rollout = self.started.rollout
-            rollout.context = list(self.history)
-            rollout.tokens.extend_tokens(tokens)
+            self.started.rollout.seed(self.history, tokens)
             self.history = []
 
     async def _segment(self) -> bool:
@@ -395,7 +392,7 @@ class _Run:
                 received_at=self.received_at,
             )
         finally:
-            await release(rollout.sampler)  # a request's rollout ends with it
+            await rollout.close()  # a request's rollout ends with it
         if boundary is None:
             return False
         self.final = boundary.response

@@ -40,12 +40,11 @@ from protocol.response import Response
 from ...config import ServerConfig
 from ...engine.admission import Admission
 from ...engine.rollout import Rollout
-from ...engine.sampling import release
 from ...engine.stream import EventSink, StreamClosed
 from ...ids import new_id
 from ..continuation import check_continuation
 from ..turns import Turns
-from .live_input import acknowledge, admit_input, take_input
+from .live_input import admit_input, deliver_input, send_receipt
 
 __all__ = ["AppendShape"]
 
@@ -107,7 +106,7 @@ class AppendShape:
             elif isinstance(event, ResponseAppend | ResponseInject):
                 self._append(received_at, decode)
                 if isinstance(event, ResponseInject):
-                    acknowledge(self.sink, self.sink.track(event.response_id))
+                    send_receipt(self.sink, self.sink.track(event.response_id))
             elif isinstance(event, ResponseCancel):
                 self._target().request_cancel()
             # response.processed: tolerated, never answered
@@ -145,7 +144,7 @@ class AppendShape:
         self._forget_finished()
         self.rollouts[reply.id] = rollout
         reply.announce_created()
-        rollout.task = self._spawn(self._run(rollout, reply.id))
+        rollout.adopt(self._spawn(self._run(rollout, reply.id)))
 
     async def _run(self, rollout: Rollout, response_id: str) -> None:
         try:
@@ -162,7 +161,7 @@ class AppendShape:
                 # still billed. Nothing may wait here, so the record is queued
                 # without waiting for room.
                 self.turns.bill_nowait(rollout.snapshot(), owner=self.owner, transport=TRANSPORT)
-            await release(rollout.sampler)  # the rollout is over: an upstream socket closes
+            await rollout.close()  # the rollout is over: an upstream socket closes
 
     async def _post_inference(self, response: Response) -> None:
         """A rollout finished: its usage record (and metrics), before its terminal event."""
@@ -192,7 +191,7 @@ class AppendShape:
         admission = self._admitted
         assert admission is not None  # admit() ran for this append
         self._admitted = None
-        take_input(self._target(), admission, received_at=received_at, decode=decode)
+        deliver_input(self._target(), admission, received_at=received_at, decode=decode)
 
     # --- graceful shutdown ----------------------------------------------------------
 

@@ -13,9 +13,9 @@ or finished). What is left is the server's, the same in both shapes:
   the secrets classifier) before the core records anything; input for a
   response whose turns are over is refused ``response_already_completed``
   (the core then answers ``response.inject.failed``, the input handed back);
-- :func:`take_input`: the admitted items go into the rollout's inbox; a
-  paused rollout resumes once every pending call has its output;
-- :func:`acknowledge`: ``response.inject.created``, numbered as the
+- :func:`deliver_input`: the admitted items are delivered into the rollout's
+  inbox; a paused rollout resumes once every pending call has its output;
+- :func:`send_receipt`: ``response.inject.created``, numbered as the
   response's next event. The three run in one step of the read loop, so the
   receipt goes out before anything the resumed turn sends.
 """
@@ -33,7 +33,7 @@ from ...engine.rollout import Rollout
 from ...engine.stream import EventSink
 from ..turns import Turns
 
-__all__ = ["acknowledge", "admit_input", "take_input"]
+__all__ = ["admit_input", "deliver_input", "send_receipt"]
 
 Input = ResponseAppend | ResponseInject
 
@@ -63,20 +63,20 @@ def admit_input(
     return msgspec.structs.replace(event, input=admission.items), admission
 
 
-def take_input(
+def deliver_input(
     rollout: Rollout, admission: Admission, *, received_at: float, decode: float
 ) -> None:
-    """Put admitted items into the rollout's inbox (recorded by the core already)."""
+    """Deliver admitted items into the rollout's inbox (recorded by the core already)."""
     rollout.note_admission(
         admission.verdicts,
         decode=decode,
         validate=admission.validate_seconds,
         classify=admission.classify_seconds,
     )
-    rollout.accept(admission.items, received_at)
+    rollout.deliver(admission.items, received_at)
 
 
-def acknowledge(sink: EventSink, track: ResponseTrack) -> None:
+def send_receipt(sink: EventSink, track: ResponseTrack) -> None:
     """Send ``response.inject.created``: the input is committed to ``track``'s response."""
     sink.push(
         ResponseInjectCreated(

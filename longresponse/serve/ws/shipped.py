@@ -41,14 +41,13 @@ from protocol.items import as_items
 
 from ...config import ServerConfig
 from ...engine.admission import Admission
-from ...engine.rollout import Rollout
-from ...engine.sampling import release
-from ...engine.segment import Boundary, Segment
+from ...engine.rollout import Boundary, Rollout
+from ...engine.segment import Segment
 from ...engine.stream import EventSink, StreamClosed
 from ...ids import new_id
 from ..continuation import continue_from
 from ..turns import Turns
-from .live_input import acknowledge, admit_input, take_input
+from .live_input import admit_input, deliver_input, send_receipt
 
 __all__ = ["STREAM_ID_PATTERN", "Lane", "SegmentCache", "ShippedShape"]
 
@@ -225,8 +224,8 @@ class ShippedShape:
             admission, self._admitted = self._admitted, None
             assert admission is not None  # admit() ran for this inject
             segment = self.running[event.response_id]
-            take_input(segment.rollout, admission, received_at=received_at, decode=decode)
-            acknowledge(self.sink, self.sink.track(event.response_id))
+            deliver_input(segment.rollout, admission, received_at=received_at, decode=decode)
+            send_receipt(self.sink, self.sink.track(event.response_id))
         # response.processed: tolerated, never answered
 
     # --- admission (synchronous, in the connection's read loop) -------------
@@ -352,7 +351,7 @@ class ShippedShape:
         if boundary is not None:
             self.cache.add(started.rollout, boundary)
         else:
-            await release(started.rollout.sampler)
+            await started.rollout.close()
         await self.release_dropped()
 
     async def release_dropped(self, *, every: bool = False) -> None:
@@ -363,7 +362,7 @@ class ShippedShape:
         dropped, self.cache.dropped = self.cache.dropped, []
         for rollout in dropped:
             if every or not rollout.busy:
-                await release(rollout.sampler)
+                await rollout.close()
 
     # --- graceful shutdown ----------------------------------------------------------
 
