@@ -3,20 +3,14 @@
 Theory of operation
 -------------------
 Whatever the transport, a request that starts model work goes through the
-same steps, in :meth:`Turns.start_turn`:
-
-1. the request's own checks (``background``, the simulated model's
-   ``sim_*`` metadata), which each shape makes where its order of errors puts
-   them;
-2. model resolution, reused from the parent rollout when the name is the
-   same and the resolution-reuse switch is on;
-3. admission: validation and classification of the new input (and of the
-   history, when nothing was kept from earlier turns), before anything is
-   accepted, so a refusal changes nothing;
-4. the rollout: the one given (a continuation in place or a fork), or a new
-   one; its Reply (append mode) or its :class:`Segment` (the shipped shape),
-   the admission's verdicts and stage times, and the timing observer that
-   feeds ``/metrics`` under the transport's label.
+same steps. The request's own checks (``background``, the simulated model's
+``sim_*`` metadata) are each shape's, made where its order of errors puts
+them. The rest is the engine's, one call (``longresponse.engine.turn``:
+the model, admission, the rollout and its Reply or Segment):
+:meth:`Turns.start_turn` gives it the server's pipeline, limits and models,
+the owner's compactor, and a ``watch`` that, once the turn is admitted, wraps
+the transport's sink for the inspector and gives the timing observer that
+feeds ``/metrics`` under the transport's label.
 
 After the turn, :meth:`Turns.bill` does the post-inference work of a finished
 response (the usage ledger, the stored response, the metrics); a segment
@@ -25,53 +19,37 @@ that failed is billed and counted too, and never stored.
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Final
 
 from protocol import ErrorCode, RemoteProtocolError, ResponseState
 from protocol.events import ResponseCreate
-from protocol.items import CompactionTrigger, Item
+from protocol.items import Item
 from protocol.response import Response, ResponseError
 
 from ..backends.registry import ModelRegistry
 from ..backends.sim.sampler import check_sim_metadata
 from ..config import ServerConfig
 from ..engine.admission import Pipeline
-from ..engine.compaction import CompactionKey, Compactor, check_context_management
+from ..engine.compaction import CompactionKey, Compactor
 from ..engine.failures import TurnRefused
-from ..engine.reply import Reply
 from ..engine.rollout import Boundary, Rollout
 from ..engine.sampling import ModelSpec
-from ..engine.segment import Segment
 from ..engine.stream import EventSink
 from ..engine.timing import TurnTiming
+from ..engine.turn import Started, resolve_model, start_turn
 from ..storage.persistence import Persistence, StoreWriteFailed
 from .inspector.observer import Inspector
 from .inspector.records import RolloutRecord
 from .metrics import ServerMetrics
 
-__all__ = ["TRANSPORTS", "Started", "Turns"]
+__all__ = ["TRANSPORTS", "Turns"]
 
 #: The transports, as labelled on ``/metrics`` and in the usage ledger.
 TRANSPORTS: Final = ("append", "ws", "http")
 #: The code of a parameter the server knows but cannot honour with the rest
 #: of the request (``background: true`` with ``store: false``).
 UNSUPPORTED_PARAMETER: Final = "unsupported_parameter"
-
-
-@dataclasses.dataclass(slots=True)
-class Started:
-    """A turn ready to run: its rollout and either its Reply or its Segment."""
-
-    rollout: Rollout
-    model: ModelSpec
-    #: The admitted new input (redacted when the policy says so).
-    items: list[Item]
-    reply: Reply
-    segment: Segment | None = None
-    #: Why post-inference refused the finished turn (``"store_unavailable"``), if it did.
-    refused: str | None = None
 
 
 class Turns:
@@ -156,14 +134,9 @@ class Turns:
 
     def resolve(self, request: ResponseCreate, parent: Rollout | None = None) -> ModelSpec:
         """The request's model, reused from ``parent`` when the name is unchanged."""
-        name = request.model if isinstance(request.model, str) else None
-        if (
-            parent is not None
-            and self.pipeline.switches.resolution_reuse
-            and parent.model.name == (name or "sim")
-        ):
-            return parent.model
-        return self.models.resolve(name)
+        return resolve_model(
+            request, pipeline=self.pipeline, resolve=self.models.resolve, parent=parent
+        )
 
     def start_turn(
         self,
@@ -183,69 +156,42 @@ class Turns:
         decode: float = 0.0,
         owner: str = "",
         waits: bool = False,
+        on_terminal: Callable[[Response], Awaitable[None]] | None = None,
     ) -> Started:
-        """Model, admission and the rollout of one turn (nothing runs yet).
-
-        The request's own checks (:meth:`check_background`,
-        :meth:`check_metadata`) are the caller's, each shape at the point of
-        its order of errors.
-
-        Append mode (``transport="append"``) gets a new rollout writing one
-        Reply for all its turns; the shipped shapes get a :class:`Segment` of
-        ``rollout`` (a continuation or a fork), or of a new rollout, that
-        ``waits`` in place at client tool calls if asked (multi-agent). ``model``
-        is the model when the caller resolved it already; compaction items
-        are sealed and opened for ``owner``. Raises
-        :class:`RemoteProtocolError`; nothing is accepted then.
+        """The engine's :func:`~longresponse.engine.turn.start_turn` with this server's
+        pipeline, limits, models and ``owner``'s compactor; once admitted, the turn
+        writes to ``sink`` as the inspector wraps it, and its timing goes to
+        ``/metrics`` under ``transport``. Raises :class:`RemoteProtocolError`;
+        nothing is accepted then.
         """
-        check_context_management(request)
-        if model is None:
-            model = self.resolve(request, parent)
-        compactor = self.compactor(owner)
-        if request.warm_up and new_items and isinstance(new_items[-1], CompactionTrigger):
-            raise RemoteProtocolError(
-                "A warm-up takes its input in without a turn; a compaction_trigger asks for "
-                "one. Send it without generate: false (or prompt_cache_options.prewarm).",
-                code=ErrorCode.INVALID_VALUE,
-                param=f"input[{len(new_items) - 1}].type",
-            )
-        admission = self.pipeline.admit(
-            new_items,
+
+        def watch(opened: Rollout) -> tuple[EventSink, Callable[[TurnTiming], None] | None]:
+            watched, seen = self.inspector.watch(opened, request, response_id, sink)
+            if self.metrics is None and seen is None:
+                return watched, None
+            return watched, self._timing_hook(transport, response_id, seen)
+
+        return start_turn(
+            request,
+            pipeline=self.pipeline,
+            config=self.config,
+            resolve=self.models.resolve,
+            compactor=lambda: self.compactor(owner),
+            watch=watch,
+            response_id=response_id,
+            new_items=new_items,
+            append=transport == "append",
             history=history,
-            tools=request.tools,
-            text_format=request.text.format if request.text is not None else None,
             cached=cached,
-            compactor=compactor,
-        )
-        append = transport == "append"
-        if rollout is None:
-            rollout = self.new_rollout(request, model, admission.items if append else [])
-        sink, seen = self.inspector.watch(rollout, request, response_id, sink)
-        segment: Segment | None = None
-        if append:
-            reply = rollout.open_reply(response_id, sink, append=True, send_timing=send_timing)
-        else:
-            segment = Segment(
-                rollout,
-                segment_id=response_id,
-                request=request,
-                model=model,
-                sink=sink,
-                stream_id=stream_id,
-                send_timing=send_timing,
-                waits=waits,
-            )
-            reply = segment.reply
-        rollout.compactor = compactor
-        rollout.note_admission(
-            admission.verdicts,
+            rollout=rollout,
+            parent=parent,
+            model=model,
+            stream_id=stream_id,
+            send_timing=send_timing,
             decode=decode,
-            validate=admission.validate_seconds,
-            classify=admission.classify_seconds,
+            waits=waits,
+            on_terminal=on_terminal,
         )
-        if self.metrics is not None or seen is not None:
-            rollout.on_timing = self._timing_hook(transport, response_id, seen)
-        return Started(rollout, model, admission.items, reply, segment)
 
     def _timing_hook(
         self, transport: str, response_id: str, seen: RolloutRecord | None
@@ -260,21 +206,6 @@ class Turns:
                 seen.turn_ended(timing, response_id)
 
         return on_timing
-
-    def new_rollout(
-        self, request: ResponseCreate, model: ModelSpec, input_items: list[Item] | None = None
-    ) -> Rollout:
-        """A fresh rollout for ``request`` (``input_items``: what its first turn takes in)."""
-        return Rollout(
-            request=request,
-            model=model,
-            pause_timeout=self.config.pause_timeout,
-            max_events=self.config.max_response_events,
-            max_output_tokens=self.config.max_response_output_tokens,
-            pipeline=self.pipeline,
-            resolve=self.models.resolve,
-            input_items=input_items if input_items is not None else [],
-        )
 
     async def run_segment(
         self,

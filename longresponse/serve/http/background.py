@@ -63,10 +63,11 @@ from protocol.response import Response, ResponseError
 
 from ...config import BACKGROUND_ENDINGS_BYTES, BACKGROUND_LOG_BYTES, MAX_BACKGROUND
 from ...engine.sampling import ModelSpec
+from ...engine.turn import Started
 from ...ids import new_id
 from ...storage.persistence import Persistence, StoreWriteFailed
 from ..inspector.records import WatchedSink
-from ..turns import Started, Turns
+from ..turns import Turns
 
 __all__ = [
     "TOO_MANY_BACKGROUND_RESPONSES",

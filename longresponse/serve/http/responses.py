@@ -33,12 +33,13 @@ from ...config import WRITE_SLICE_SECONDS, ServerConfig
 from ...engine.failures import UpstreamError
 from ...engine.stream import StreamClosed
 from ...engine.timing import TurnTiming
+from ...engine.turn import Started
 from ...ids import new_id
 from ...storage.keys import ApiKeys, Unauthorized
 from ...storage.persistence import Persistence
 from ..continuation import Continuation, continue_from
 from ..seam import abort, peer_gone, until_gone
-from ..turns import Started, Turns
+from ..turns import Turns
 from .background import BackgroundResponses, check_cancellable
 from .sinks import SSE_QUEUE_DEPTH, RecordingSink, SSESink
 from .token_cache import HTTPTokenCache

@@ -138,9 +138,9 @@ class AppendShape:
             send_timing=self.send_timing,
             decode=decode,
             owner=self.owner,
+            on_terminal=self._post_inference,
         )
         rollout, reply = started.rollout, started.reply
-        rollout.on_terminal = self._post_inference
         self._forget_finished()
         self.rollouts[reply.id] = rollout
         reply.announce_created()
