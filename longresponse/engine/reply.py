@@ -104,7 +104,7 @@ class Reply:
         self.error: ResponseError | None = None
         self.incomplete_reason: str | None = None
         #: What the classifier flagged in this Response's input (its metadata),
-        #: from the verdicts on every input it has taken in.
+        #: from the verdicts on every input delivered to it.
         self.flags: dict[str, str] = {}
         self.verdicts: list[tuple[Finding, ...]] = []
         self._counts = counts

@@ -145,7 +145,7 @@ class Rollout:
         self.max_output_tokens = max_output_tokens
         #: The Response being written now (set by :meth:`open_reply`).
         self.reply: Reply | None = None
-        #: Classifier findings of every input item taken in, in arrival order
+        #: Classifier findings of every input item delivered, in arrival order
         #: (kept so later turns need not read those items again).
         self.verdicts: list[Verdict] = []
         #: Post-inference work of a finished append-mode rollout (usage ledger),
@@ -271,7 +271,7 @@ class Rollout:
         self._admission = (d + decode, v + validate, c + classify)
 
     def history(self) -> list[Item]:
-        """Everything taken in so far: the context and what waits in the inbox."""
+        """Everything delivered so far: the context and what waits in the inbox."""
         return [*self.context, *self._inbox]
 
     def request_cancel(self) -> None:

@@ -76,7 +76,7 @@ class Segment:
         self.stream_id = stream_id
         #: Waits in place at client tool calls (multi-agent) instead of ending there.
         self.waits = waits
-        #: Its turns are over: input that comes now can no longer be taken in.
+        #: Its turns are over: input that comes now can no longer be delivered.
         self.finishing = False
         #: Why the segment failed, once it has (the HTTP status and hints of an
         #: upstream engine's failure come from it).

@@ -220,7 +220,7 @@ class Turns:
         assert started.segment is not None
 
         # Where this response's own items begin in the rollout's context (after
-        # any history a hydrated rollout takes in first).
+        # any history a hydrated rollout drains first).
         start = len(started.rollout.context) + len(history)
 
         async def finished(response: Response) -> None:

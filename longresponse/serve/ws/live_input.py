@@ -44,7 +44,7 @@ def admit_input(
     """Admit the items of an append or inject for ``rollout``: the event with the
     admitted (possibly redacted) items, and the admission.
 
-    ``finished``: the response's turns are over, so nothing can be taken in.
+    ``finished``: the response's turns are over, so nothing can be delivered.
     Raises :class:`RemoteProtocolError` to refuse (nothing is recorded).
     """
     if finished:
