@@ -357,7 +357,7 @@ def test_long_text_is_encoded_in_pieces_with_the_same_tokens() -> None:
     assert len(encode("x" * (3 * ENCODE_CHUNK_CHARS))) > 0  # no space at all: still encodes
 
 
-def test_a_deferred_tokenizing_that_fails_keeps_what_was_held(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tokenizing_deferred_items_that_fails_keeps_them(monkeypatch: pytest.MonkeyPatch) -> None:
     import longresponse.engine.render as render
 
     real = render._encode_segment
