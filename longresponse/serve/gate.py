@@ -32,12 +32,12 @@ from typing import Final
 
 from starlette.datastructures import Headers, QueryParams
 from starlette.routing import BaseRoute, Match, Route, Router
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from protocol import RemoteProtocolError
 
 from ..storage.keys import ApiKeys, Unauthorized
 from .http.responses import http_error
+from .types import ASGIApp, Receive, Scope, Send
 
 __all__ = [
     "INSPECT_PREFIX",

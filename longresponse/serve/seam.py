@@ -30,8 +30,10 @@ stream whose queued records go out without a pause would write them all.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterable, AsyncIterator
 from typing import Any, Final
+
+from .types import Receive, Scope, Send
 
 __all__ = ["ABORT_KEY", "GONE_KEY", "SEND_TEXTS_KEY", "Seam", "abort", "peer_gone", "until_gone"]
 
@@ -43,11 +45,6 @@ ABORT_KEY: Final = "longresponse.abort"
 GONE_KEY: Final = "longresponse.gone"
 #: Where a WebSocket scope carries ``send_texts(texts)``, if the server has it.
 SEND_TEXTS_KEY: Final = "longresponse.send_texts"
-
-Scope = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 def _transport_of(send: Send) -> Any:

@@ -66,7 +66,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Iterator
-from typing import Any, Final
+from typing import Final
 
 import msgspec
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -101,6 +101,7 @@ from ...engine.render import encode, render_item
 from ...engine.sampling import ModelSpec, SampleRequest
 from ...ids import new_id
 from ..seam import abort, peer_gone
+from ..types import Scope
 from .responses import ResponsesHTTP, error_body, http_error, upstream_http_error
 from .sinks import SSE_QUEUE_DEPTH
 
@@ -306,7 +307,7 @@ class ChatCompletions:
             return http_error(failed)
         return Response(_encoder.encode(turn.completion()), media_type="application/json")
 
-    async def _sse(self, turn: ChatTurn, prompt: ChatPrompt, scope: Any) -> AsyncIterator[bytes]:
+    async def _sse(self, turn: ChatTurn, prompt: ChatPrompt, scope: Scope) -> AsyncIterator[bytes]:
         queue: asyncio.Queue[bytes | None] = asyncio.Queue(SSE_QUEUE_DEPTH)
         timeout = self.config.slow_reader_timeout
         dropped = False

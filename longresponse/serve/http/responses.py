@@ -40,6 +40,7 @@ from ...storage.persistence import Persistence
 from ..continuation import Continuation, continue_from
 from ..seam import abort, peer_gone, until_gone
 from ..turns import Turns
+from ..types import Scope
 from .background import BackgroundResponses, check_cancellable
 from .sinks import SSE_QUEUE_DEPTH, RecordingSink, SSESink
 from .token_cache import HTTPTokenCache
@@ -346,7 +347,7 @@ class _Run:
         owner: str,
         history: list[Item],
         received_at: float,
-        scope: Any,
+        scope: Scope,
     ) -> None:
         self.http = http
         self.body = body
@@ -477,7 +478,7 @@ class _Run:
                 await producer
 
 
-def _while_connected(response: Response, scope: Any) -> Response:
+def _while_connected(response: Response, scope: Scope) -> Response:
     """A streamed response stops writing once its client is gone: the server
     drops those writes, but asyncio logs each one (``serve.seam``)."""
     if isinstance(response, StreamingResponse):

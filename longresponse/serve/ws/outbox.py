@@ -22,17 +22,15 @@ import collections
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from protocol import CLOSE_CODES, Connection, Mode, ProtocolError, ResponseTrack, Role, error_event
 from protocol.events import ServerEvent
 
 from ...config import WRITE_BATCH_BYTES, WRITE_SLICE_SECONDS, ServerConfig
 from ...engine.stream import PeerGone, ServerClosed
+from ..types import Send
 
 __all__ = ["Outbox"]
-
-ASGISend = Callable[[dict[str, Any]], Awaitable[None]]
 
 
 class Outbox:
@@ -126,7 +124,7 @@ class Outbox:
             self._ready.set()
             self._space.set()
 
-    async def write_to(self, send: ASGISend) -> None:
+    async def write_to(self, send: Send) -> None:
         """Drain the queue to the socket until the session closes it or the peer is gone."""
         while True:
             await self._ready.wait()

@@ -44,7 +44,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, Final, Protocol
 
 from protocol import (
@@ -67,15 +67,14 @@ from ...storage.keys import ApiKeys, Unauthorized
 from ..inspector.observer import ConnectionRecord
 from ..seam import SEND_TEXTS_KEY, abort
 from ..turns import Turns
+from ..types import Receive, Scope, Send
 from .append import AppendShape
-from .outbox import ASGISend, Outbox
+from .outbox import Outbox
 from .shipped import ShippedShape
 
 __all__ = [
     "DRAIN_POLL_INTERVAL",
     "MULTI_AGENT_BETA",
-    "ASGIReceive",
-    "ASGISend",
     "Outbox",
     "ResponsesEndpoint",
     "Session",
@@ -89,8 +88,6 @@ MULTI_AGENT_BETA: Final = "responses_multi_agent=v1"
 #: How often a graceful shutdown looks which sessions' turns are done (it
 #: polls, as uvicorn's own shutdown does: a turn ends in many places).
 DRAIN_POLL_INTERVAL: Final = 0.02
-
-ASGIReceive = Callable[[], Awaitable[dict[str, Any]]]
 
 
 class Shape(Protocol):
@@ -180,7 +177,7 @@ class Session:
             raise RuntimeError("the session is not serving")
         return self._tasks.create_task(coroutine)
 
-    async def serve(self, receive: ASGIReceive, send: ASGISend) -> None:
+    async def serve(self, receive: Receive, send: Send) -> None:
         """Run the session until the peer leaves or we close it."""
         try:
             async with asyncio.TaskGroup() as tasks:
@@ -208,7 +205,7 @@ class Session:
         )
         self.outbox.close(int(CLOSE_CODES["connection_limit_reached"]), "connection limit reached")
 
-    async def _read_loop(self, receive: ASGIReceive) -> None:
+    async def _read_loop(self, receive: Receive) -> None:
         while True:
             message = await receive()
             kind = message["type"]
@@ -296,7 +293,7 @@ class ResponsesEndpoint:
         self.sessions: set[Session] = set()
         self.draining = False
 
-    def wants_append(self, scope: dict[str, Any], headers: dict[str, list[str]]) -> bool:
+    def wants_append(self, scope: Scope, headers: dict[str, list[str]]) -> bool:
         if APPEND_SUBPROTOCOL in scope.get("subprotocols", []):
             return True
         return APPEND_BETA_HEADER in _betas(headers)
@@ -325,7 +322,7 @@ class ResponsesEndpoint:
             for session in list(self.sessions):
                 session.restart()
 
-    async def _refuse(self, scope: dict[str, Any], send: ASGISend, message: str) -> None:
+    async def _refuse(self, scope: Scope, send: Send, message: str) -> None:
         body = json.dumps(
             {
                 "error": {
@@ -343,7 +340,7 @@ class ResponsesEndpoint:
         else:  # pragma: no cover - servers without the denial extension answer 403
             await send({"type": "websocket.close", "code": 1008})
 
-    async def __call__(self, scope: dict[str, Any], receive: ASGIReceive, send: ASGISend) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         message = await receive()
         if message["type"] != "websocket.connect":  # pragma: no cover - ASGI contract
             return
@@ -391,7 +388,7 @@ def _betas(headers: dict[str, list[str]]) -> set[str]:
     return {b.strip() for value in headers.get("openai-beta", []) for b in value.split(",")}
 
 
-def _headers(scope: dict[str, Any]) -> dict[str, list[str]]:
+def _headers(scope: Scope) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for key, value in scope.get("headers", []):
         out.setdefault(key.decode("latin-1").lower(), []).append(value.decode("latin-1"))
