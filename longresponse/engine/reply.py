@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from protocol import TERMINAL_STATES, ResponseState, ResponseTrack, Transition
+from protocol import TERMINAL_STATES, Mode, ResponseState, ResponseTrack, Transition
 from protocol.events import (
     ResponseCreate,
     ResponseCreated,
@@ -85,7 +85,7 @@ class Reply:
         model: str,
         sink: EventSink,
         counts: TokenCounts,
-        append: bool,
+        mode: Mode,
         stream_id: str | None = None,
         send_timing: bool = False,
     ) -> None:
@@ -95,12 +95,12 @@ class Reply:
         self.sink = sink
         #: Append mode: ``required_action`` on a pause, ``response_id`` on every
         #: event, usage of the whole rollout. Otherwise the shipped shape.
-        self.append = append
+        self.append = mode is Mode.APPEND
         self.stream_id = stream_id
         #: The client asked for ``responsesapi.websocket_timing`` events.
         self.wants_timing = send_timing
         self.created_at = int(time.time())
-        self.builder = StreamBuilder(response_id, tag_response_id=append, stream_id=stream_id)
+        self.builder = StreamBuilder(response_id, tag_response_id=self.append, stream_id=stream_id)
         self.error: ResponseError | None = None
         self.incomplete_reason: str | None = None
         #: What the classifier flagged in this Response's input (its metadata),

@@ -49,7 +49,7 @@ from array import array
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Final
 
-from protocol import ResponseState
+from protocol import Mode, ResponseState
 from protocol.events import (
     ResponseCreate,
     ResponseCreated,
@@ -203,7 +203,7 @@ class Rollout:
         response_id: str,
         sink: EventSink,
         *,
-        append: bool,
+        mode: Mode,
         stream_id: str | None = None,
         send_timing: bool = False,
     ) -> Reply:
@@ -214,7 +214,7 @@ class Rollout:
             model=self.model.name,
             sink=sink,
             counts=self.counts,
-            append=append,
+            mode=mode,
             stream_id=stream_id,
             send_timing=send_timing,
         )

@@ -32,7 +32,7 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
 
-from protocol import ResponseState
+from protocol import Mode, ResponseState
 from protocol.events import (
     ResponseCompleted,
     ResponseCreate,
@@ -85,7 +85,7 @@ class Segment:
         #: (A sampler another model replaced is released when the segment runs.)
         self._prefix_changed = rollout.configure(request, model)
         self.reply: Reply = rollout.open_reply(
-            segment_id, sink, append=False, stream_id=stream_id, send_timing=send_timing
+            segment_id, sink, mode=Mode.SHIPPED, stream_id=stream_id, send_timing=send_timing
         )
 
     async def run(

@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Awaitable, Callable, Sequence
 
-from protocol import ErrorCode, RemoteProtocolError
+from protocol import ErrorCode, Mode, RemoteProtocolError
 from protocol.events import ResponseCreate
 from protocol.items import CompactionTrigger, Item
 from protocol.response import Response
@@ -153,7 +153,7 @@ def start_turn(
     sink, on_timing = watch(rollout)
     segment: Segment | None = None
     if append:
-        reply = rollout.open_reply(response_id, sink, append=True, send_timing=send_timing)
+        reply = rollout.open_reply(response_id, sink, mode=Mode.APPEND, send_timing=send_timing)
     else:
         segment = Segment(
             rollout,

@@ -34,6 +34,7 @@ from prometheus_client.registry import Collector
 
 from ..engine.admission import Counters
 from ..engine.timing import TurnTiming
+from ..engine.transport import Transport
 
 __all__ = [
     "CONTENT_TYPE",
@@ -111,7 +112,7 @@ class ServerMetrics:
             ["transport", "status"],
             registry=self.registry,
         )
-        self._phase_children: dict[str, tuple[tuple[str, Histogram], ...]] = {}
+        self._phase_children: dict[Transport, tuple[tuple[str, Histogram], ...]] = {}
         self.registry.register(_PipelineWork(counters))
         # process_cpu_seconds_total and friends, for the bench's CPU figures.
         ProcessCollector(registry=self.registry)
@@ -128,7 +129,7 @@ class ServerMetrics:
             registry=self.registry,
         )
 
-    def observe_turn(self, transport: str, timing: TurnTiming) -> None:
+    def observe_turn(self, transport: Transport, timing: TurnTiming) -> None:
         children = self._phase_children.get(transport)
         if children is None:  # the labelled children, looked up once per transport
             children = tuple(
@@ -138,7 +139,7 @@ class ServerMetrics:
         for phase, child in children:
             child.observe(getattr(timing, phase))
 
-    def response_finished(self, transport: str, status: str) -> None:
+    def response_finished(self, transport: Transport, status: str) -> None:
         self.responses.labels(transport, status).inc()
 
     def render(self) -> bytes:

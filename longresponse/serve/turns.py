@@ -37,16 +37,15 @@ from ..engine.rollout import Boundary, Rollout
 from ..engine.sampling import ModelSpec
 from ..engine.stream import EventSink
 from ..engine.timing import TurnTiming
+from ..engine.transport import Transport
 from ..engine.turn import Started, resolve_model, start_turn
 from ..storage.persistence import Persistence, StoreWriteFailed
 from .inspector.observer import Inspector
 from .inspector.records import RolloutRecord
 from .metrics import ServerMetrics
 
-__all__ = ["TRANSPORTS", "Turns"]
+__all__ = ["Turns"]
 
-#: The transports, as labelled on ``/metrics`` and in the usage ledger.
-TRANSPORTS: Final = ("append", "ws", "http")
 #: The code of a parameter the server knows but cannot honour with the rest
 #: of the request (``background: true`` with ``store: false``).
 UNSUPPORTED_PARAMETER: Final = "unsupported_parameter"
@@ -87,13 +86,13 @@ class Turns:
 
     # --- the steps -------------------------------------------------------------
 
-    def check_background(self, request: ResponseCreate, *, transport: str) -> None:
+    def check_background(self, request: ResponseCreate, *, transport: Transport) -> None:
         """``background: true``: refused over WebSocket, as shipped; over HTTP it
         needs ``store=true`` (``unsupported_parameter``, param ``background``).
         Raises :class:`RemoteProtocolError`."""
         if not request.background:
             return
-        if transport != "http":
+        if transport is not Transport.HTTP:
             raise RemoteProtocolError(
                 "background responses are not supported over WebSocket.",
                 code=ErrorCode.INVALID_VALUE,
@@ -106,7 +105,7 @@ class Turns:
                 param="background",
             )
 
-    def waits_in_place(self, request: ResponseCreate, *, beta: bool, transport: str) -> bool:
+    def waits_in_place(self, request: ResponseCreate, *, beta: bool, transport: Transport) -> bool:
         """Whether ``request`` asks for a multi-agent Response (``multi_agent.enabled``),
         which waits in place for ``response.inject`` at client tool calls.
 
@@ -115,10 +114,10 @@ class Turns:
         """
         if request.multi_agent is None or not request.multi_agent.enabled:
             return False
-        if transport == "http" or not beta:
+        if transport is Transport.HTTP or not beta:
             where = (
                 "over HTTP by this server (it waits for response.inject on a WebSocket)"
-                if transport == "http"
+                if transport is Transport.HTTP
                 else "without the header 'OpenAI-Beta: responses_multi_agent=v1' on the upgrade"
             )
             raise RemoteProtocolError(
@@ -142,7 +141,7 @@ class Turns:
         self,
         request: ResponseCreate,
         *,
-        transport: str,
+        transport: Transport,
         response_id: str,
         sink: EventSink,
         new_items: list[Item],
@@ -180,7 +179,7 @@ class Turns:
             watch=watch,
             response_id=response_id,
             new_items=new_items,
-            append=transport == "append",
+            append=transport is Transport.APPEND,
             history=history,
             cached=cached,
             rollout=rollout,
@@ -194,7 +193,7 @@ class Turns:
         )
 
     def _timing_hook(
-        self, transport: str, response_id: str, seen: RolloutRecord | None
+        self, transport: Transport, response_id: str, seen: RolloutRecord | None
     ) -> Callable[[TurnTiming], None]:
         """Each finished turn: to ``/metrics`` and to the inspector's timeline."""
         metrics = self.metrics
@@ -212,7 +211,7 @@ class Turns:
         started: Started,
         *,
         owner: str,
-        transport: str,
+        transport: Transport,
         history: Sequence[Item] = (),
         received_at: float,
     ) -> Boundary | None:
@@ -244,7 +243,7 @@ class Turns:
         response: Response,
         *,
         owner: str,
-        transport: str,
+        transport: Transport,
         context_from: int | None = None,
     ) -> None:
         """Bill a finished shipped-shape response and, with ``store=true``, make it
@@ -290,7 +289,7 @@ class Turns:
         response: Response,
         *,
         owner: str,
-        transport: str,
+        transport: Transport,
         store_input: Sequence[Item] | None = None,
         previous_response_id: str | None = None,
         store_context: Sequence[Item] | None = None,
@@ -309,7 +308,7 @@ class Turns:
                 store_context=store_context,
             )
 
-    def bill_nowait(self, response: Response, *, owner: str, transport: str) -> None:
+    def bill_nowait(self, response: Response, *, owner: str, transport: Transport) -> None:
         """The usage record of a rollout cut off by a disconnect (nothing may wait)."""
         persistence = self.persistence
         if persistence is not None:

@@ -85,7 +85,7 @@ def _run(sim: SimConfig, text: str) -> tuple[Rollout, list[ResponseDone]]:
         rollout = Rollout(
             request=ResponseCreate(model="sim", input=text), model=model, pause_timeout=60
         )
-        reply = rollout.open_reply("resp_count", outbox, append=True)
+        reply = rollout.open_reply("resp_count", outbox, mode=Mode.APPEND)
         reply.announce_created()
         await rollout.run()
         return rollout, done_events(outbox)
@@ -146,7 +146,7 @@ def test_a_turn_cut_off_before_its_first_output_still_counts_its_input() -> None
             model="sim", input=_big(500), metadata={"sim_ttft_ms": "60000"}
         )  # the first token is a minute away
         rollout = Rollout(request=request, model=model, pause_timeout=60)
-        rollout.open_reply("resp_cut", outbox, append=True).announce_created()
+        rollout.open_reply("resp_cut", outbox, mode=Mode.APPEND).announce_created()
         rollout.task = asyncio.get_running_loop().create_task(rollout.run())
         for _ in range(100):
             await asyncio.sleep(0)
@@ -173,7 +173,7 @@ def test_new_tokens_are_counted_when_a_reader_tokenized_the_cache_first() -> Non
         model = ModelRegistry().resolve("sim")
         request = ResponseCreate(model="sim", input=_big(500), metadata={"sim_ttft_ms": "100"})
         rollout = Rollout(request=request, model=model, pause_timeout=60)
-        rollout.open_reply("resp_read", outbox, append=True).announce_created()
+        rollout.open_reply("resp_read", outbox, mode=Mode.APPEND).announce_created()
         task = asyncio.get_running_loop().create_task(rollout.run())
         for _ in range(100):
             await asyncio.sleep(0)

@@ -34,7 +34,7 @@ def test_a_cancel_during_post_inference_comes_too_late() -> None:
         rollout = Rollout(
             request=ResponseCreate(model="sim", input="hello"), model=model, pause_timeout=60
         )
-        reply = rollout.open_reply("resp_engine", outbox, append=True)
+        reply = rollout.open_reply("resp_engine", outbox, mode=Mode.APPEND)
         billing_started = asyncio.Event()
         release = asyncio.Event()
         billed: list[Response] = []
@@ -67,7 +67,7 @@ def test_a_rollout_cut_off_ends_cancelled_for_its_bill() -> None:
             model="sim", input="hello", metadata={"sim_output_tokens": "100000"}
         )
         rollout = Rollout(request=request, model=model, pause_timeout=60)
-        reply = rollout.open_reply("resp_cut", outbox, append=True)
+        reply = rollout.open_reply("resp_cut", outbox, mode=Mode.APPEND)
         reply.announce_created()
         rollout.task = asyncio.get_running_loop().create_task(rollout.run())
         for _ in range(1000):  # let it stream some events (it yields per chunk)

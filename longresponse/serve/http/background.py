@@ -63,10 +63,11 @@ from protocol.response import Response, ResponseError
 
 from ...config import BACKGROUND_ENDINGS_BYTES, BACKGROUND_LOG_BYTES, MAX_BACKGROUND
 from ...engine.sampling import ModelSpec
+from ...engine.transport import Transport
 from ...engine.turn import Started
 from ...ids import new_id
 from ...storage.persistence import Persistence, StoreWriteFailed
-from ..inspector.records import WatchedSink
+from ..inspector.watched import WatchedSink
 from ..turns import Turns
 
 __all__ = [
@@ -79,7 +80,6 @@ __all__ = [
 
 #: The error code of a create beyond the limit of running background responses.
 TOO_MANY_BACKGROUND_RESPONSES: Final = "too_many_background_responses"
-TRANSPORT: Final = "http"
 SSE_MEDIA_TYPE: Final = "text/event-stream"
 _encoder = msgspec.json.Encoder()
 
@@ -304,7 +304,7 @@ class BackgroundResponses:
         # Stateless, as any HTTP request: the whole history is checked again.
         started = self.turns.start_turn(
             request,
-            transport=TRANSPORT,
+            transport=Transport.HTTP,
             response_id=new_id("resp"),
             sink=EventLog(self.log_bytes),
             new_items=new_items,
@@ -429,7 +429,7 @@ class BackgroundResponses:
             entry.finishing = True
             entry.final = response
             await self.turns.acknowledge(
-                started, response, owner=entry.owner, transport=TRANSPORT, context_from=start
+                started, response, owner=entry.owner, transport=Transport.HTTP, context_from=start
             )
 
         try:
@@ -460,12 +460,12 @@ class BackgroundResponses:
             await self.turns.bill(
                 response,
                 owner=entry.owner,
-                transport=TRANSPORT,
+                transport=Transport.HTTP,
                 store_input=entry.started.items,
                 previous_response_id=request.previous_response_id,
             )
         except StoreWriteFailed:
-            await self.turns.bill(response, owner=entry.owner, transport=TRANSPORT)
+            await self.turns.bill(response, owner=entry.owner, transport=Transport.HTTP)
 
     def _ended(self, entry: BackgroundResponse) -> None:
         self._running.pop(entry.id, None)

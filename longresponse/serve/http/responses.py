@@ -33,6 +33,7 @@ from ...config import WRITE_SLICE_SECONDS, ServerConfig
 from ...engine.failures import UpstreamError
 from ...engine.stream import StreamClosed
 from ...engine.timing import TurnTiming
+from ...engine.transport import Transport
 from ...engine.turn import Started
 from ...ids import new_id
 from ...storage.keys import ApiKeys, Unauthorized
@@ -47,7 +48,6 @@ from .token_cache import HTTPTokenCache
 
 __all__ = ["HTTPTokenCache", "ResponsesHTTP", "http_error"]
 
-TRANSPORT = "http"
 
 _encoder = msgspec.json.Encoder()
 
@@ -163,8 +163,8 @@ class ResponsesHTTP:
                     code=ErrorCode.UNKNOWN_PARAMETER,
                     param="stream_id",
                 )
-            self.turns.check_background(body, transport=TRANSPORT)
-            self.turns.waits_in_place(body, beta=False, transport=TRANSPORT)
+            self.turns.check_background(body, transport=Transport.HTTP)
+            self.turns.waits_in_place(body, beta=False, transport=Transport.HTTP)
             model = self.turns.resolve(body)
             self.turns.check_metadata(body)
             decoded = time.perf_counter()
@@ -185,7 +185,7 @@ class ResponsesHTTP:
             # Stateless: the whole history is validated and classified again.
             run.started = self.turns.start_turn(
                 body,
-                transport=TRANSPORT,
+                transport=Transport.HTTP,
                 response_id=new_id("resp"),
                 sink=run.sink,
                 new_items=new_items,
@@ -389,7 +389,7 @@ class _Run:
             boundary = await self.http.turns.run_segment(
                 self.started,
                 owner=self.owner,
-                transport=TRANSPORT,
+                transport=Transport.HTTP,
                 history=self.history,
                 received_at=self.received_at,
             )

@@ -12,7 +12,7 @@ hot paths, each cheap and none of them waiting:
   (``serve.ws``; ``serve.http`` for a request body);
 - every turn starts in :meth:`Inspector.watch` (``serve.turns``), which finds
   or opens the turn's :class:`RolloutRecord` and wraps the turn's sink in a
-  :class:`~longresponse.serve.inspector.records.WatchedSink` that notes each
+  :class:`~longresponse.serve.inspector.watched.WatchedSink` that notes each
   server event on its way out;
 - every finished turn comes to
   :meth:`~longresponse.serve.inspector.records.RolloutRecord.turn_ended` with
@@ -48,12 +48,19 @@ import weakref
 from collections.abc import Callable, Iterable
 from typing import Any, Final
 
-from protocol import Mode
-from protocol.events import ClientEvent, ResponseCreate
+from protocol.events import ResponseCreate
 
 from ...engine.rollout import Rollout
 from ...engine.stream import EventSink
-from .records import DIGEST_AFTER, FINISHED, MAX_TURNS, RolloutRecord, WatchedSink
+from ...engine.transport import Transport
+from .records import (
+    DIGEST_AFTER,
+    FINISHED,
+    MAX_TURNS,
+    ConnectionRecord,
+    RolloutRecord,
+)
+from .watched import WatchedSink
 
 __all__ = [
     "FORGET_AFTER",
@@ -61,7 +68,6 @@ __all__ = [
     "MAX_WATCHERS",
     "RING_EVENTS",
     "WATCHER_QUEUE",
-    "ConnectionRecord",
     "Inspector",
     "TooManyWatchers",
     "Watcher",
@@ -77,8 +83,6 @@ FORGET_AFTER: Final = 900.0
 MAX_WATCHERS: Final = 4
 #: Messages buffered per watcher before it is dropped as lagging.
 WATCHER_QUEUE: Final = 4096
-#: Client creates seen but not yet started, per connection (lanes queue them).
-_PENDING_CREATES: Final = 64
 
 
 class TooManyWatchers(Exception):
@@ -103,68 +107,6 @@ class Watcher:
             self.queue.put_nowait(("lagged", {}))
 
 
-class ConnectionRecord:
-    """One WebSocket connection (or every HTTP request, as one record)."""
-
-    def __init__(self, inspector: Inspector, cid: str, shape: str, session: Any) -> None:
-        self.inspector = inspector
-        self.id = cid
-        self.shape = shape
-        self.session = session
-        self.opened = time.time()
-        self.closed: float | None = None
-        self.bytes_in = self.bytes_out = 0
-        self.latest: RolloutRecord | None = None
-        #: Creates not yet started (a lane's queue), by the event's identity.
-        self.creates: dict[int, tuple[ClientEvent, int]] = {}
-
-    def client(self, event: ClientEvent, nbytes: int) -> None:
-        """A decoded client message: counted, and logged on the rollout it targets."""
-        if not self.inspector.enabled:
-            return
-        self.bytes_in += nbytes
-        if isinstance(event, ResponseCreate):
-            if len(self.creates) >= _PENDING_CREATES:
-                del self.creates[next(iter(self.creates))]
-            self.creates[id(event)] = (event, nbytes)
-            return
-        rid = getattr(event, "response_id", None)
-        record = self.inspector.by_response.get(rid) if rid else self.latest
-        if record is not None:
-            record.bytes_in += nbytes
-            record.note("client", event, nbytes)
-
-
-    def refused(self, event: ResponseCreate | None) -> None:
-        """A create refused before its turn started (or before it was read): its body
-        is not kept."""
-        if event is not None:
-            self.creates.pop(id(event), None)
-    def summary(self) -> dict[str, Any]:
-        session = self.session
-        out: dict[str, Any] = {
-            "id": self.id,
-            "shape": self.shape,
-            "opened": self.opened,
-            "age_s": (self.closed or time.time()) - self.opened,
-            "open": self.closed is None,
-            "bytes_in": self.bytes_in,
-            "bytes_out": self.bytes_out,
-            "lanes": None,
-            "outbox_events": None,
-            "outbox_bytes": None,
-        }
-        if session is not None and self.closed is None:
-            shipped = getattr(session, "shipped", None)
-            if shipped is not None:
-                out["lanes"] = len(shipped.lanes)
-            else:
-                out["lanes"] = sum(1 for r in session.rollouts.values() if not r.terminal)
-            out["outbox_events"] = len(session.outbox)
-            out["outbox_bytes"] = session.outbox.queued_bytes
-        return out
-
-
 class Inspector:
     """The server's observations (see the module docstring); one per app."""
 
@@ -187,7 +129,7 @@ class Inspector:
         self.started = time.time()
         self._ids = itertools.count(1)
         self.connections: dict[str, ConnectionRecord] = {}
-        self.http = ConnectionRecord(self, "http", "http", None)
+        self.http = ConnectionRecord(self, "http", Transport.HTTP, None)
         self.rollouts: dict[str, RolloutRecord] = {}
         self.by_response: dict[str, RolloutRecord] = {}
         self._by_rollout: weakref.WeakKeyDictionary[Rollout, RolloutRecord] = (
@@ -202,11 +144,10 @@ class Inspector:
 
     # --- connections -----------------------------------------------------------
 
-    def open_connection(self, session: Any, mode: Mode) -> ConnectionRecord | None:
+    def open_connection(self, session: Any, transport: Transport) -> ConnectionRecord | None:
         if not self.enabled:
             return None
-        shape = "append" if mode is Mode.APPEND else "shipped"
-        record = ConnectionRecord(self, f"conn-{next(self._ids)}", shape, session)
+        record = ConnectionRecord(self, f"conn-{next(self._ids)}", transport, session)
         self.connections[record.id] = record
         self._by_sink[session.outbox] = record
         if self.watchers:
@@ -226,7 +167,7 @@ class Inspector:
                 continue
             rollout.digest()
             if rollout.status == "sampling" or (
-                rollout.status == "paused" and rollout.shape == "append"
+                rollout.status == "paused" and rollout.transport is Transport.APPEND
             ):
                 rollout.status, rollout.pending, rollout.running = "cancelled", [], False
         if self.watchers:
@@ -271,7 +212,7 @@ class Inspector:
 
     def _open(self, response_id: str, connection: ConnectionRecord) -> RolloutRecord:
         self._prune()
-        record = RolloutRecord(self, response_id, connection.shape, connection)
+        record = RolloutRecord(self, response_id, connection.transport, connection)
         self.rollouts[record.id] = record
         if self.watchers:
             self.publish("rollout", record.summary())

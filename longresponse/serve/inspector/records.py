@@ -4,7 +4,8 @@ Theory of operation
 -------------------
 A :class:`RolloutRecord` is fed by the hot paths through three calls:
 :meth:`RolloutRecord.note` for each client event, :meth:`RolloutRecord.sent`
-for each server event (through a :class:`WatchedSink` around the turn's
+for each server event (through a
+:class:`~longresponse.serve.inspector.watched.WatchedSink` around the turn's
 sink, which reads the encoded size off the sink's queue counter), and
 :meth:`RolloutRecord.turn_ended` for each finished turn. An event is kept as
 a tuple of cheap fields (a number counted per rollout, a wall-clock time,
@@ -48,29 +49,34 @@ import collections
 import dataclasses
 import itertools
 import time
-from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Any, Final, Protocol, cast
+from collections.abc import Callable, Mapping, Sized
+from typing import Any, Final, Protocol
 
-from protocol import ResponseTrack, wire_type
-from protocol.events import ErrorEvent, OutputItemAdded, ResponseAppend, ResponseCreate, ServerEvent
+from protocol import wire_type
+from protocol.events import (
+    ClientEvent,
+    ErrorEvent,
+    OutputItemAdded,
+    ResponseAppend,
+    ResponseCreate,
+    ServerEvent,
+)
 from protocol.items import FunctionCall, FunctionCallOutput
 from protocol.response import RequiredAction
 
-from ...engine.stream import EventSink
 from ...engine.timing import TurnTiming
-
-if TYPE_CHECKING:
-    from .observer import ConnectionRecord, Inspector
+from ...engine.transport import Transport
 
 __all__ = [
     "DIGEST_AFTER",
     "FINISHED",
     "MAX_PENDING",
     "MAX_TURNS",
+    "SHAPES",
     "SPARK_TURNS",
+    "ConnectionRecord",
+    "Observer",
     "RolloutRecord",
-    "UnsizedWatchedSink",
-    "WatchedSink",
 ]
 
 #: Turns kept per rollout (a 200-call rollout, the bench's longest, fits).
@@ -84,6 +90,35 @@ DIGEST_AFTER: Final = 0.01
 MAX_PENDING: Final = 256
 #: Response statuses after which a rollout (not paused) is finished.
 FINISHED: Final = frozenset({"completed", "failed", "cancelled", "incomplete"})
+#: Client creates seen but not yet started, per connection (lanes queue them).
+_PENDING_CREATES: Final = 64
+#: The ``shape`` each transport is shown as (the shipped WebSocket shape: ``shipped``).
+SHAPES: Final = {Transport.APPEND: "append", Transport.WS: "shipped", Transport.HTTP: "http"}
+
+
+class Observer(Protocol):
+    """What a record calls back: the inspector
+    (:class:`~longresponse.serve.inspector.observer.Inspector`), which this module
+    does not import."""
+
+    @property
+    def enabled(self) -> bool: ...
+
+    @property
+    def ring(self) -> int:
+        """Events kept per rollout."""
+
+    @property
+    def watchers(self) -> Sized:
+        """The live feeds: nothing is published while there is none."""
+
+    @property
+    def by_response(self) -> Mapping[str, RolloutRecord]: ...
+
+    def later(self, callback: Callable[[], object]) -> None:
+        """Call ``callback`` a little later (:data:`DIGEST_AFTER`)."""
+
+    def publish(self, kind: str, data: Any) -> None: ...
 
 
 def _summary(event: Any) -> dict[str, Any] | None:
@@ -129,15 +164,79 @@ def _kind(cls: type) -> tuple[str, bool, bool]:
     return kind
 
 
+class ConnectionRecord:
+    """One WebSocket connection (or every HTTP request, as one record)."""
+
+    def __init__(
+        self, inspector: Observer, cid: str, transport: Transport, session: Any
+    ) -> None:
+        self.inspector = inspector
+        self.id = cid
+        self.transport = transport
+        self.session = session
+        self.opened = time.time()
+        self.closed: float | None = None
+        self.bytes_in = self.bytes_out = 0
+        self.latest: RolloutRecord | None = None
+        #: Creates not yet started (a lane's queue), by the event's identity.
+        self.creates: dict[int, tuple[ClientEvent, int]] = {}
+
+    def client(self, event: ClientEvent, nbytes: int) -> None:
+        """A decoded client message: counted, and logged on the rollout it targets."""
+        if not self.inspector.enabled:
+            return
+        self.bytes_in += nbytes
+        if isinstance(event, ResponseCreate):
+            if len(self.creates) >= _PENDING_CREATES:
+                del self.creates[next(iter(self.creates))]
+            self.creates[id(event)] = (event, nbytes)
+            return
+        rid = getattr(event, "response_id", None)
+        record = self.inspector.by_response.get(rid) if rid else self.latest
+        if record is not None:
+            record.bytes_in += nbytes
+            record.note("client", event, nbytes)
+
+    def refused(self, event: ResponseCreate | None) -> None:
+        """A create refused before its turn started (or before it was read): its body
+        is not kept."""
+        if event is not None:
+            self.creates.pop(id(event), None)
+
+    def summary(self) -> dict[str, Any]:
+        session = self.session
+        out: dict[str, Any] = {
+            "id": self.id,
+            "shape": SHAPES[self.transport],
+            "opened": self.opened,
+            "age_s": (self.closed or time.time()) - self.opened,
+            "open": self.closed is None,
+            "bytes_in": self.bytes_in,
+            "bytes_out": self.bytes_out,
+            "lanes": None,
+            "outbox_events": None,
+            "outbox_bytes": None,
+        }
+        if session is not None and self.closed is None:
+            shipped = getattr(session, "shipped", None)
+            if shipped is not None:
+                out["lanes"] = len(shipped.lanes)
+            else:
+                out["lanes"] = sum(1 for r in session.rollouts.values() if not r.terminal)
+            out["outbox_events"] = len(session.outbox)
+            out["outbox_bytes"] = session.outbox.queued_bytes
+        return out
+
+
 class RolloutRecord:
     """What the inspector knows of one rollout (see the module docstring)."""
 
     def __init__(
-        self, inspector: Inspector, rid: str, shape: str, connection: ConnectionRecord
+        self, inspector: Observer, rid: str, transport: Transport, connection: ConnectionRecord
     ) -> None:
         self.inspector = inspector
         self.id = rid
-        self.shape = shape
+        self.transport = transport
         self.connection = connection
         self.parent: str | None = None
         self.model: str | None = None
@@ -253,7 +352,11 @@ class RolloutRecord:
         self.active = time.monotonic()
         if status == "requires_action":
             self.status, self.pending = "paused", detail.get("call_ids", [])
-        elif status == "completed" and self.shape != "append" and self._open_calls():
+        elif (
+            status == "completed"
+            and self.transport is not Transport.APPEND
+            and self._open_calls()
+        ):
             self.status = "paused"  # a shipped-shape response that ends in client calls
         elif status in ("in_progress", "queued", "created"):
             self.status, self.pending = "sampling", []
@@ -316,7 +419,7 @@ class RolloutRecord:
         recent = list(itertools.islice(reversed(self.turns), SPARK_TURNS))[::-1]
         return {
             "id": self.id,
-            "shape": self.shape,
+            "shape": SHAPES[self.transport],
             "connection": self.connection.id,
             "parent": self.parent,
             "model": self.model,
@@ -386,54 +489,3 @@ def _entry_json(entry: tuple[Any, ...]) -> dict[str, Any]:
         "detail": detail,
         "count": count,
     }
-
-
-class _Sized(EventSink, Protocol):
-    """A sink that counts the bytes waiting in its queue (the outbox, an SSE buffer)."""
-
-    @property
-    def queued_bytes(self) -> int: ...
-
-
-class WatchedSink:
-    """A turn's sink, noting each server event (and its encoded size) on the way.
-
-    ``room`` and ``track`` are the sink's own (no layer in between); ``push``
-    reads the sink's queue counter before and after, so an event's size
-    costs two attribute reads. Sinks that keep no count (an HTTP JSON
-    request's) are wrapped by :class:`UnsizedWatchedSink`.
-    """
-
-    room: Callable[[], Coroutine[Any, Any, None]]
-    track: Callable[[str], ResponseTrack]
-
-    def __init__(self, sink: EventSink, record: RolloutRecord) -> None:
-        self.sink = sink
-        self._sized = cast(_Sized, sink)  # (read only where it is one: see ``around``)
-        self.record = record
-        self.room = sink.room
-        self.track = sink.track
-
-    @staticmethod
-    def around(sink: EventSink, record: RolloutRecord) -> WatchedSink:
-        """The wrapper that fits ``sink``."""
-        if hasattr(sink, "queued_bytes"):
-            return WatchedSink(sink, record)
-        return UnsizedWatchedSink(sink, record)
-
-    def push(self, event: ServerEvent) -> None:
-        sink = self._sized
-        before = sink.queued_bytes
-        sink.push(event)
-        self.record.sent(event, sink.queued_bytes - before)
-
-    def __getattr__(self, name: str) -> Any:  # e.g. the outbox's ``error``
-        return getattr(self.sink, name)
-
-
-class UnsizedWatchedSink(WatchedSink):
-    """A :class:`WatchedSink` around a sink that encodes nothing (sizes are 0)."""
-
-    def push(self, event: ServerEvent) -> None:
-        self.sink.push(event)
-        self.record.sent(event, 0)

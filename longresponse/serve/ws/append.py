@@ -41,6 +41,7 @@ from ...config import ServerConfig
 from ...engine.admission import Admission
 from ...engine.rollout import Rollout
 from ...engine.stream import EventSink, StreamClosed
+from ...engine.transport import Transport
 from ...ids import new_id
 from ..continuation import check_continuation
 from ..turns import Turns
@@ -49,8 +50,6 @@ from .live_input import admit_input, deliver_input, send_receipt
 __all__ = ["AppendShape"]
 
 log = logging.getLogger(__name__)
-
-TRANSPORT = "append"
 
 
 class AppendShape:
@@ -114,7 +113,7 @@ class AppendShape:
             self._target_id = None
 
     def _create(self, event: ResponseCreate, decode: float) -> None:
-        self.turns.check_background(event, transport=TRANSPORT)
+        self.turns.check_background(event, transport=Transport.APPEND)
         live = sum(1 for r in self.rollouts.values() if not r.terminal)
         if live >= self.config.max_rollouts_per_connection:
             raise RemoteProtocolError(
@@ -131,7 +130,7 @@ class AppendShape:
         started = self.turns.start_turn(
             event,
             model=model,
-            transport=TRANSPORT,
+            transport=Transport.APPEND,
             response_id=new_id("resp"),
             sink=self.sink,
             new_items=new_items,
@@ -160,13 +159,15 @@ class AppendShape:
                 # Cut off (the connection went away): the tokens it used are
                 # still billed. Nothing may wait here, so the record is queued
                 # without waiting for room.
-                self.turns.bill_nowait(rollout.snapshot(), owner=self.owner, transport=TRANSPORT)
+                self.turns.bill_nowait(
+                    rollout.snapshot(), owner=self.owner, transport=Transport.APPEND
+                )
             await rollout.close()  # the rollout is over: an upstream socket closes
 
     async def _post_inference(self, response: Response) -> None:
         """A rollout finished: its usage record (and metrics), before its terminal event."""
         self._billed.add(response.id)
-        await self.turns.bill(response, owner=self.owner, transport=TRANSPORT)
+        await self.turns.bill(response, owner=self.owner, transport=Transport.APPEND)
 
     def _forget_finished(self) -> None:
         # Only those whose terminal event went out: until then the protocol

@@ -4,8 +4,8 @@ Theory of operation
 -------------------
 ``GET /v1/responses`` upgraded to a WebSocket reaches :class:`ResponsesEndpoint`,
 which checks the API key (401 before any state is created), picks the
-connection's mode from the handshake (append mode when asked for by
-subprotocol or beta header, the shipped shape otherwise; the multi-agent beta,
+connection's transport from the handshake (append mode when asked for by
+subprotocol or beta header, the shipped shape, ``ws``, otherwise; the multi-agent beta,
 ``response.inject``, by its own beta header) and runs a :class:`Session`.
 
 The :class:`Outbox` is the connection's :class:`EventSink`: it owns the
@@ -54,7 +54,6 @@ from protocol import (
     TIMING_HEADER,
     Connection,
     ErrorCode,
-    Mode,
     ProtocolError,
     RemoteProtocolError,
     ResponseTrack,
@@ -63,8 +62,9 @@ from protocol.events import ClientEvent, ResponseCreate
 
 from ...config import ServerConfig
 from ...engine.stream import StreamClosed
+from ...engine.transport import Transport
 from ...storage.keys import ApiKeys, Unauthorized
-from ..inspector.observer import ConnectionRecord
+from ..inspector.records import ConnectionRecord
 from ..seam import SEND_TEXTS_KEY, abort
 from ..turns import Turns
 from ..types import Receive, Scope, Send
@@ -116,20 +116,20 @@ class Session:
         config: ServerConfig,
         turns: Turns,
         *,
-        mode: Mode = Mode.APPEND,
+        transport: Transport = Transport.APPEND,
         send_timing: bool = False,
         owner: str = "",
         multi_agent: bool = False,
     ) -> None:
         self.config = config
-        self.outbox = Outbox(config, mode, multi_agent=multi_agent)
+        self.outbox = Outbox(config, transport.mode, multi_agent=multi_agent)
         self._tasks: asyncio.TaskGroup | None = None
         #: The shipped shape's lanes and segment cache (shipped mode only).
         self.shipped: ShippedShape | None = None
         #: Append mode's rollouts (append mode only).
         self.append: AppendShape | None = None
         self.shape: Shape
-        if mode is Mode.SHIPPED:
+        if transport is Transport.WS:
             self.shape = self.shipped = ShippedShape(
                 config,
                 turns,
@@ -355,11 +355,11 @@ class ResponsesEndpoint:
             APPEND_SUBPROTOCOL if APPEND_SUBPROTOCOL in scope.get("subprotocols", []) else None
         )
         timing = any(v.strip().lower() == "true" for v in headers.get(TIMING_HEADER, []))
-        mode = Mode.APPEND if self.wants_append(scope, headers) else Mode.SHIPPED
+        transport = Transport.APPEND if self.wants_append(scope, headers) else Transport.WS
         session = Session(
             self.config,
             self.turns,
-            mode=mode,
+            transport=transport,
             send_timing=timing,
             owner=owner,
             multi_agent=MULTI_AGENT_BETA in _betas(headers),
@@ -373,7 +373,7 @@ class ResponsesEndpoint:
         self.live_sessions += 1
         self.last_session = session
         self.sessions.add(session)
-        session.seen = self.turns.inspector.open_connection(session, mode)
+        session.seen = self.turns.inspector.open_connection(session, transport)
         try:
             await send({"type": "websocket.accept", "subprotocol": subprotocol})
             await session.serve(receive, send)

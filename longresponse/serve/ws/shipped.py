@@ -44,6 +44,7 @@ from ...engine.admission import Admission
 from ...engine.rollout import Boundary, Rollout
 from ...engine.segment import Segment
 from ...engine.stream import EventSink, StreamClosed
+from ...engine.transport import Transport
 from ...ids import new_id
 from ..continuation import continue_from
 from ..turns import Turns
@@ -55,8 +56,6 @@ log = logging.getLogger(__name__)
 
 #: What a ``stream_id`` may be: 1-256 characters of ``[A-Za-z0-9_.-]``.
 STREAM_ID_PATTERN: Final = re.compile(r"[A-Za-z0-9_.\-]{1,256}")
-
-TRANSPORT = "ws"
 
 
 class _Sink(EventSink, Protocol):
@@ -249,8 +248,8 @@ class ShippedShape:
                     code=ErrorCode.WEBSOCKET_STREAM_LIMIT_REACHED,
                     param="stream_id",
                 )
-        self.turns.check_background(request, transport=TRANSPORT)
-        self.turns.waits_in_place(request, beta=self.multi_agent, transport=TRANSPORT)
+        self.turns.check_background(request, transport=Transport.WS)
+        self.turns.waits_in_place(request, beta=self.multi_agent, transport=Transport.WS)
         if self.queued >= self.config.max_queued:
             raise RemoteProtocolError(
                 f"{self.queued} requests are already waiting on this connection; the limit is "
@@ -319,7 +318,7 @@ class ShippedShape:
         self.forks += continuation.forked
         started = self.turns.start_turn(
             request,
-            transport=TRANSPORT,
+            transport=Transport.WS,
             response_id=new_id("resp"),
             sink=self.sink,
             new_items=new_items,
@@ -331,7 +330,7 @@ class ShippedShape:
             send_timing=self.send_timing,
             decode=decode,
             owner=self.owner,
-            waits=self.turns.waits_in_place(request, beta=self.multi_agent, transport=TRANSPORT),
+            waits=self.turns.waits_in_place(request, beta=self.multi_agent, transport=Transport.WS),
         )
         self.segments_run += 1
         assert started.segment is not None
@@ -340,7 +339,7 @@ class ShippedShape:
             boundary = await self.turns.run_segment(
                 started,
                 owner=self.owner,
-                transport=TRANSPORT,
+                transport=Transport.WS,
                 history=continuation.history,
                 received_at=received_at,
             )
