@@ -36,7 +36,7 @@ from starlette.routing import BaseRoute, Match, Route, Router
 from protocol import RemoteProtocolError
 
 from ..storage.keys import ApiKeys, Unauthorized
-from .http.responses import http_error
+from .errors import http_error
 from .types import ASGIApp, Receive, Scope, Send
 
 __all__ = [

@@ -100,9 +100,10 @@ from ...engine.failures import UpstreamError
 from ...engine.render import encode, render_item
 from ...engine.sampling import ModelSpec, SampleRequest
 from ...ids import new_id
+from ..errors import error_body, http_error, upstream_http_error
 from ..seam import abort, peer_gone
 from ..types import Scope
-from .responses import ResponsesHTTP, error_body, http_error, upstream_http_error
+from .responses import ResponsesHTTP
 from .sinks import SSE_QUEUE_DEPTH
 
 __all__ = ["DONE_RECORD", "ChatCompletions"]

@@ -46,7 +46,8 @@ from protocol.response import InputTokensDetails, OutputTokensDetails, ResponseC
 from ...engine.compaction import compact, drain
 from ...engine.render import render_item, render_prefix
 from ...ids import new_id
-from .responses import ResponsesHTTP, http_error
+from ..errors import http_error
+from .responses import ResponsesHTTP
 
 __all__ = ["COMPACT_PARAMETERS", "CompactHTTP"]
 

@@ -36,7 +36,8 @@ from protocol.items import as_items
 
 from ...engine.compaction import drain
 from ...engine.render import items_to_drop, render_item, render_prefix
-from .responses import ResponsesHTTP, http_error
+from ..errors import http_error
+from .responses import ResponsesHTTP
 
 __all__ = ["COUNT_PARAMETERS", "InputTokens"]
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -39,6 +38,7 @@ from ...ids import new_id
 from ...storage.keys import ApiKeys, Unauthorized
 from ...storage.persistence import Persistence
 from ..continuation import Continuation, continue_from
+from ..errors import http_error, upstream_http_error
 from ..seam import abort, peer_gone, until_gone
 from ..turns import Turns
 from ..types import Scope
@@ -46,21 +46,10 @@ from .background import BackgroundResponses, check_cancellable
 from .sinks import SSE_QUEUE_DEPTH, RecordingSink, SSESink
 from .token_cache import HTTPTokenCache
 
-__all__ = ["HTTPTokenCache", "ResponsesHTTP", "http_error"]
+__all__ = ["HTTPTokenCache", "ResponsesHTTP"]
 
 
 _encoder = msgspec.json.Encoder()
-
-
-def error_body(error: ProtocolError) -> dict[str, Any]:
-    """The shipped error envelope (an HTTP error's body, a chat stream's error record)."""
-    fields = {"message": error.message, "type": error.error_type, "param": error.param}
-    return {"error": fields | {"code": error.code}}
-
-
-def http_error(error: ProtocolError) -> JSONResponse:
-    """The shipped HTTP error envelope."""
-    return JSONResponse(error_body(error), status_code=error.status)
 
 
 def _not_found(response_id: str) -> RemoteProtocolError:
@@ -70,21 +59,6 @@ def _not_found(response_id: str) -> RemoteProtocolError:
         param="response_id",
         status=404,
     )
-
-
-def upstream_http_error(exc: UpstreamError, error: ProtocolError | None = None) -> JSONResponse:
-    """An engine's failure as the shipped HTTP error (``Retry-After`` when it gave one),
-    or as ``error`` when the caller words it (the chat API names params its own way)."""
-    status, error_type = exc.status, exc.error_type
-    response = http_error(
-        error
-        or RemoteProtocolError(
-            exc.message, code=exc.code, param=exc.param, status=status, error_type=error_type
-        )
-    )
-    if exc.retry_after is not None:
-        response.headers["retry-after"] = str(max(1, math.ceil(exc.retry_after)))
-    return response
 
 
 def _json(obj: Any, status: int = 200) -> Response:

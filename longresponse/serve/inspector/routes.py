@@ -47,7 +47,7 @@ from protocol import RemoteProtocolError
 
 from ...storage.backends import StoreError
 from ...storage.persistence import Persistence
-from ..http.responses import http_error
+from ..errors import http_error
 from ..metrics import LoopLagMonitor
 from ..seam import peer_gone
 from .observer import Inspector, TooManyWatchers

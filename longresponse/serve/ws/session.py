@@ -64,6 +64,7 @@ from ...config import ServerConfig
 from ...engine.stream import StreamClosed
 from ...engine.transport import Transport
 from ...storage.keys import ApiKeys, Unauthorized
+from ..errors import error_body
 from ..inspector.records import ConnectionRecord
 from ..seam import SEND_TEXTS_KEY, abort
 from ..turns import Turns
@@ -323,19 +324,17 @@ class ResponsesEndpoint:
                 session.restart()
 
     async def _refuse(self, scope: Scope, send: Send, message: str) -> None:
-        body = json.dumps(
-            {
-                "error": {
-                    "message": message,
-                    "type": "invalid_request_error",
-                    "param": None,
-                    "code": "invalid_api_key",
-                }
-            }
-        ).encode()
+        refusal = RemoteProtocolError(message, code="invalid_api_key", status=401)
+        body = json.dumps(error_body(refusal)).encode()
         if "websocket.http.response" in scope.get("extensions", {}):
             headers = [(b"content-type", b"application/json")]
-            await send({"type": "websocket.http.response.start", "status": 401, "headers": headers})
+            await send(
+                {
+                    "type": "websocket.http.response.start",
+                    "status": refusal.status,
+                    "headers": headers,
+                }
+            )
             await send({"type": "websocket.http.response.body", "body": body})
         else:  # pragma: no cover - servers without the denial extension answer 403
             await send({"type": "websocket.close", "code": 1008})
