@@ -154,8 +154,7 @@ def decode_client_event(data: bytes | str) -> ClientEvent:
     try:
         return _decode_client(data)
     except RemoteProtocolError as error:
-        error.stream_id = lane_hint(data)
-        raise
+        raise error.with_(stream_id=lane_hint(data)) from error.__cause__
 
 
 def _decode_client(data: bytes | str) -> ClientEvent:

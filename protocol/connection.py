@@ -247,10 +247,8 @@ class Connection:
             try:
                 event = admit(event, track)
             except ProtocolError as error:
-                if error.stream_id is None:
-                    error.stream_id = lane
-                self._answer(event, error)
-                raise
+                lane = error.stream_id if error.stream_id is not None else lane
+                raise self._answer(event, error.with_(stream_id=lane)) from error.__cause__
         commit()
         self._events.append(event)
 
@@ -297,22 +295,25 @@ class Connection:
                 raise
             if not self._speaks("response.inject"):
                 raise _as_remote(_not_spoken("response.inject"), None) from error
-            error.close_code = CLOSE_CODES["invalid_event"]  # as the beta does
-            raise
+            # A schema-invalid inject closes the connection, as the beta does.
+            raise error.with_(close_code=CLOSE_CODES["invalid_event"]) from error.__cause__
 
     def _answer(self, event: ClientEvent, error: ProtocolError) -> ProtocolError:
-        """Attach the ``response.inject.failed`` that answers a refused inject, if it is one."""
-        if isinstance(event, ResponseInject) and error.code in _INJECT_FAILURES:
-            track = self._responses.get(event.response_id)
-            lane = track.stream_id if track is not None else None
-            error.reply = ResponseInjectFailed(
+        """``error``, or a copy of it with the ``response.inject.failed`` that answers
+        a refused inject, if it is one."""
+        if not (isinstance(event, ResponseInject) and error.code in _INJECT_FAILURES):
+            return error
+        track = self._responses.get(event.response_id)
+        lane = track.stream_id if track is not None else None
+        return error.with_(
+            reply=ResponseInjectFailed(
                 sequence_number=track.next_sequence if track is not None else 0,
                 response_id=event.response_id,
                 input=event.input,
                 error=ResponseError(code=error.code, message=error.message),
                 stream_id=lane if lane is not None else msgspec.UNSET,
             )
-        return error
+        )
 
     def _check_client(self, event: ClientEvent) -> tuple[_Commit, ResponseTrack | None]:
         if isinstance(event, ResponseCreate):

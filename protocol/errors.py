@@ -17,7 +17,7 @@ schema-invalid one closes the socket after its ``error``
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, Self
 
 if TYPE_CHECKING:
     from .events import ServerEvent
@@ -94,6 +94,15 @@ CLOSE_CODES: Final[dict[str, CloseCode]] = {
 }
 
 
+class _Keep(enum.Enum):
+    """The default of :meth:`ProtocolError.with_`: the field stays as it is."""
+
+    KEEP = enum.auto()
+
+
+_KEEP: Final = _Keep.KEEP
+
+
 class ProtocolError(Exception):
     """A rule of the protocol was broken; carries the wire error it becomes.
 
@@ -103,10 +112,13 @@ class ProtocolError(Exception):
     or ``None``. ``response_id`` names the response the error concerns, when
     there is one; ``stream_id`` the lane of the request that caused it.
 
-    Two more attributes, ``None`` unless set by the one who raises: ``reply``,
-    the server event that answers the failure instead of an ``error`` event
-    (a ``response.inject.failed``), and ``close_code``, the code the
-    connection closes with once the answer is sent.
+    Two more, ``None`` unless the one who raises gives them: ``reply``, the
+    server event that answers the failure instead of an ``error`` event (a
+    ``response.inject.failed``), and ``close_code``, the code the connection
+    closes with once the answer is sent.
+
+    An error is complete when raised and never changed after: a caller that
+    knows more (the lane, the reply) raises a copy made by :meth:`with_`.
     """
 
     def __init__(
@@ -119,6 +131,8 @@ class ProtocolError(Exception):
         error_type: str = "invalid_request_error",
         response_id: str | None = None,
         stream_id: str | None = None,
+        reply: ServerEvent | None = None,
+        close_code: int | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -128,8 +142,31 @@ class ProtocolError(Exception):
         self.error_type = error_type
         self.response_id = response_id
         self.stream_id = stream_id
-        self.reply: ServerEvent | None = None
-        self.close_code: int | None = None
+        self.reply = reply
+        self.close_code = close_code
+
+    def with_(
+        self,
+        *,
+        stream_id: str | _Keep | None = _KEEP,
+        reply: ServerEvent | _Keep | None = _KEEP,
+        close_code: int | _Keep | None = _KEEP,
+    ) -> Self:
+        """A copy of this error (same class) with the fields given replaced.
+
+        Raise it ``from`` this error's ``__cause__``: the copy stands in for
+        this error, so the chain stays what it was."""
+        return type(self)(
+            self.message,
+            code=self.code,
+            param=self.param,
+            status=self.status,
+            error_type=self.error_type,
+            response_id=self.response_id,
+            stream_id=self.stream_id if isinstance(stream_id, _Keep) else stream_id,
+            reply=self.reply if isinstance(reply, _Keep) else reply,
+            close_code=self.close_code if isinstance(close_code, _Keep) else close_code,
+        )
 
     def __repr__(self) -> str:
         return (

@@ -247,14 +247,15 @@ class Session:
             decode = self._decoded_at - received_at
             self.shape.handle(event, received_at, decode)  # type: ignore[arg-type]
         except ProtocolError as error:
+            lane = error.stream_id
             if error.code == ErrorCode.INVALID_STREAM_ID:
-                error.stream_id = None  # the refused name is not a lane
+                lane = None  # the refused name is not a lane
             elif isinstance(event, ResponseCreate) and isinstance(event.stream_id, str):
-                error.stream_id = event.stream_id
+                lane = event.stream_id
             if error.reply is not None:
                 self.outbox.push(error.reply)  # e.g. response.inject.failed
             else:
-                self.outbox.error(error)
+                self.outbox.error(error.with_(stream_id=lane))
             if error.close_code is not None:
                 self.outbox.close(error.close_code, error.code)
 
