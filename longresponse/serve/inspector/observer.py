@@ -5,13 +5,15 @@ Theory of operation
 The server keeps one :class:`Inspector`. It is fed by a few calls from the
 hot paths, each cheap and none of them waiting:
 
-- a WebSocket session opens a :class:`ConnectionRecord` when it starts and
+- a WebSocket session opens a
+  :class:`~longresponse.serve.inspector.records.ConnectionRecord` when it starts and
   closes it when it ends (``serve.ws``); HTTP requests share one record of
   their own (shape ``http``), since HTTP connections end without a word;
-- every decoded client message goes to :meth:`ConnectionRecord.client`
+- every decoded client message goes to its ``ConnectionRecord.client``
   (``serve.ws``; ``serve.http`` for a request body);
 - every turn starts in :meth:`Inspector.watch` (``serve.turns``), which finds
-  or opens the turn's :class:`RolloutRecord` and wraps the turn's sink in a
+  or opens the turn's
+  :class:`~longresponse.serve.inspector.records.RolloutRecord` and wraps the turn's sink in a
   :class:`~longresponse.serve.inspector.watched.WatchedSink` that notes each
   server event on its way out;
 - every finished turn comes to
