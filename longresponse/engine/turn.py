@@ -3,26 +3,34 @@
 Theory of operation
 -------------------
 Whatever the transport, a request that starts model work goes through the
-same engine steps, in :func:`start_turn`, in this order (the order its errors
-are raised in):
+same engine steps, in this order (the order its errors are raised in), in
+two calls the serve layer makes one after the other:
+
+:func:`admit_turn`, before anything is accepted:
 
 1. ``context_management`` is checked and the model resolved, reused from the
    parent rollout when the name is the same and the resolution-reuse switch is
    on (:func:`resolve_model`);
-2. the owner's compactor is fetched (it seals and opens compaction items), and
-   a warm-up that asks for a compaction turn is refused;
+2. a warm-up that asks for a compaction turn is refused;
 3. admission: validation and classification of the new input (and of the
-   history, when nothing was kept from earlier turns), before anything is
-   accepted, so a refusal changes nothing;
+   history, when nothing was kept from earlier turns) with the owner's
+   compactor, so a refusal changes nothing;
 4. the rollout: the one given (a continuation in place or a fork), or a new
-   one; the serve layer's ``watch`` sees it and gives the sink to write to and
-   the observer of finished turns' timing; then its Reply (append mode) or its
-   :class:`~longresponse.engine.segment.Segment` (the shipped shapes), the
-   admission's verdicts and stage times, and the owner's hooks.
+   one, made but not yet started.
 
-Nothing runs yet: the caller runs the rollout (append mode) or the segment.
-The request's own checks (``background``, ``sim_*`` metadata) stay with the
-serve layer, each shape making them where its order of errors puts them.
+:func:`open_turn`, once the serve layer has seen the admitted rollout (its
+inspector wraps the transport's sink): the rollout's Reply (append mode) or
+its :class:`~longresponse.engine.segment.Segment` (the shipped shapes) on that
+sink, the owner's hooks, and the admission's verdicts and stage times.
+
+The engine calls nothing of the serve layer while a turn starts; while it
+runs, it calls back twice: the turn's end (billing and storage:
+``on_terminal`` in append mode, ``Segment.run``'s ``on_finish`` in the shipped
+shapes) and each finished model turn's timing (``on_timing``). Nothing runs
+yet when :func:`open_turn` returns: the caller runs the rollout (append mode)
+or the segment. The request's own checks (``background``, the model's own
+metadata) stay with the serve layer, each shape making them where its order of
+errors puts them.
 """
 
 from __future__ import annotations
@@ -36,7 +44,7 @@ from protocol.items import CompactionTrigger, Item
 from protocol.response import Response
 
 from ..config import ServerConfig
-from .admission import Pipeline
+from .admission import Admission, Pipeline
 from .compaction import Compactor, check_context_management
 from .reply import Reply
 from .rollout import Rollout
@@ -45,12 +53,7 @@ from .segment import Segment
 from .stream import EventSink
 from .timing import TurnTiming
 
-__all__ = ["Started", "Watch", "resolve_model", "start_turn"]
-
-#: The serve layer's look at a turn as it opens on ``rollout``: the sink the turn
-#: writes to (the inspector wraps the transport's), and the observer of each
-#: finished turn's timing (``None``: nobody observes it).
-Watch = Callable[[Rollout], tuple[EventSink, Callable[[TurnTiming], None] | None]]
+__all__ = ["Admitted", "Started", "admit_turn", "open_turn", "resolve_model"]
 
 
 @dataclasses.dataclass(slots=True)
@@ -87,43 +90,42 @@ def resolve_model(
     return resolve(name)
 
 
-def start_turn(
+@dataclasses.dataclass(slots=True)
+class Admitted:
+    """A turn's input admitted and its rollout chosen or made; nothing started yet."""
+
+    rollout: Rollout
+    model: ModelSpec
+    #: The admitted new input (redacted when the policy says so).
+    items: list[Item]
+    admission: Admission
+    compactor: Compactor | None
+
+
+def admit_turn(
     request: ResponseCreate,
     *,
     pipeline: Pipeline,
     config: ServerConfig,
     resolve: Callable[[str | None], ModelSpec],
-    compactor: Callable[[], Compactor | None],
-    watch: Watch,
-    response_id: str,
+    compactor: Compactor | None,
     new_items: list[Item],
-    append: bool = False,
+    mode: Mode = Mode.SHIPPED,
     history: Sequence[Item] = (),
     cached: bool = True,
     rollout: Rollout | None = None,
     parent: Rollout | None = None,
     model: ModelSpec | None = None,
-    stream_id: str | None = None,
-    send_timing: bool = False,
-    decode: float = 0.0,
-    waits: bool = False,
-    on_terminal: Callable[[Response], Awaitable[None]] | None = None,
-) -> Started:
-    """Model, admission and the rollout of one turn (nothing runs yet; see the module
-    docstring for the steps and their order).
-
-    Append mode (``append``) gets a new rollout writing one Reply for all its
-    turns, ``on_terminal`` its post-inference work; the shipped shapes get a
-    Segment of ``rollout`` (a continuation or a fork), or of a new rollout,
-    that ``waits`` in place at client tool calls if asked (multi-agent).
-    ``model`` is the model when the caller resolved it already; ``compactor``
-    gives the owner's compactor. Raises :class:`RemoteProtocolError` before
-    step 4; nothing is accepted or changed then.
+) -> Admitted:
+    """Steps 1 to 4 of the module docstring: the model, admission of the new input,
+    and the rollout (``rollout``, or a new one: in append mode it takes the input
+    in with its first turn). ``model`` is the model when the caller resolved it
+    already; compaction items open with ``compactor``. Raises
+    :class:`RemoteProtocolError`; nothing is accepted or changed then.
     """
     check_context_management(request)
     if model is None:
         model = resolve_model(request, pipeline=pipeline, resolve=resolve, parent=parent)
-    owners = compactor()
     if request.warm_up and new_items and isinstance(new_items[-1], CompactionTrigger):
         raise RemoteProtocolError(
             "A warm-up takes its input in without a turn; a compaction_trigger asks for "
@@ -137,7 +139,7 @@ def start_turn(
         tools=request.tools,
         text_format=request.text.format if request.text is not None else None,
         cached=cached,
-        compactor=owners,
+        compactor=compactor,
     )
     if rollout is None:
         rollout = Rollout(
@@ -148,11 +150,33 @@ def start_turn(
             max_output_tokens=config.max_response_output_tokens,
             pipeline=pipeline,
             resolve=resolve,
-            input_items=admission.items if append else [],
+            input_items=admission.items if mode is Mode.APPEND else [],
         )
-    sink, on_timing = watch(rollout)
+    return Admitted(rollout, model, admission.items, admission, compactor)
+
+
+def open_turn(
+    admitted: Admitted,
+    request: ResponseCreate,
+    *,
+    sink: EventSink,
+    response_id: str,
+    mode: Mode = Mode.SHIPPED,
+    on_timing: Callable[[TurnTiming], None] | None = None,
+    on_terminal: Callable[[Response], Awaitable[None]] | None = None,
+    stream_id: str | None = None,
+    send_timing: bool = False,
+    decode: float = 0.0,
+    waits: bool = False,
+) -> Started:
+    """The admitted turn opened on ``sink``: in append mode (``mode``) the rollout's
+    Reply for all its turns, with ``on_terminal`` its post-inference work; in the
+    shipped shapes a Segment of the rollout that ``waits`` in place at client tool
+    calls if asked (multi-agent). Each finished model turn's timing goes to
+    ``on_timing``. Raises nothing a client caused."""
+    rollout, model = admitted.rollout, admitted.model
     segment: Segment | None = None
-    if append:
+    if mode is Mode.APPEND:
         reply = rollout.open_reply(response_id, sink, mode=Mode.APPEND, send_timing=send_timing)
     else:
         segment = Segment(
@@ -166,11 +190,12 @@ def start_turn(
             waits=waits,
         )
         reply = segment.reply
-    rollout.attach(compactor=owners, on_timing=on_timing, on_terminal=on_terminal)
+    rollout.attach(compactor=admitted.compactor, on_timing=on_timing, on_terminal=on_terminal)
+    admission = admitted.admission
     rollout.note_admission(
         admission.verdicts,
         decode=decode,
         validate=admission.validate_seconds,
         classify=admission.classify_seconds,
     )
-    return Started(rollout, model, admission.items, reply, segment)
+    return Started(rollout, model, admitted.items, reply, segment)

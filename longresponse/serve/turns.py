@@ -5,12 +5,14 @@ Theory of operation
 Whatever the transport, a request that starts model work goes through the
 same steps. The request's own checks (``background``, the simulated model's
 ``sim_*`` metadata) are each shape's, made where its order of errors puts
-them. The rest is the engine's, one call (``longresponse.engine.turn``:
-the model, admission, the rollout and its Reply or Segment):
-:meth:`Turns.start_turn` gives it the server's pipeline, limits and models,
-the owner's compactor, and a ``watch`` that, once the turn is admitted, wraps
-the transport's sink for the inspector and gives the timing observer that
-feeds ``/metrics`` under the transport's label.
+them. The rest is the engine's (``longresponse.engine.turn``), in two calls
+that :meth:`Turns.start_turn` makes one after the other, calling down only:
+:func:`~longresponse.engine.turn.admit_turn` (the model, admission, the
+rollout) with the server's pipeline, limits and models and the owner's
+compactor; then, once the inspector has wrapped the transport's sink for the
+admitted rollout, :func:`~longresponse.engine.turn.open_turn` (its Reply or
+Segment) with that sink and the timing observer that feeds ``/metrics``
+under the transport's label.
 
 After the turn, :meth:`Turns.bill` does the post-inference work of a finished
 response (the usage ledger, the stored response, the metrics); a segment
@@ -38,7 +40,7 @@ from ..engine.sampling import ModelSpec
 from ..engine.stream import EventSink
 from ..engine.timing import TurnTiming
 from ..engine.transport import Transport
-from ..engine.turn import Started, resolve_model, start_turn
+from ..engine.turn import Started, admit_turn, open_turn, resolve_model
 from ..storage.persistence import Persistence, StoreWriteFailed
 from .inspector.observer import Inspector
 from .inspector.records import RolloutRecord
@@ -157,39 +159,42 @@ class Turns:
         waits: bool = False,
         on_terminal: Callable[[Response], Awaitable[None]] | None = None,
     ) -> Started:
-        """The engine's :func:`~longresponse.engine.turn.start_turn` with this server's
-        pipeline, limits, models and ``owner``'s compactor; once admitted, the turn
-        writes to ``sink`` as the inspector wraps it, and its timing goes to
-        ``/metrics`` under ``transport``. Raises :class:`RemoteProtocolError`;
-        nothing is accepted then.
+        """The engine's two steps with this server's pipeline, limits, models and
+        ``owner``'s compactor; once admitted, the turn writes to ``sink`` as the
+        inspector wraps it, and its timing goes to ``/metrics`` under ``transport``.
+        Raises :class:`RemoteProtocolError`; nothing is accepted then.
         """
-
-        def watch(opened: Rollout) -> tuple[EventSink, Callable[[TurnTiming], None] | None]:
-            watched, seen = self.inspector.watch(opened, request, response_id, sink)
-            if self.metrics is None and seen is None:
-                return watched, None
-            return watched, self._timing_hook(transport, response_id, seen)
-
-        return start_turn(
+        mode = transport.mode
+        admitted = admit_turn(
             request,
             pipeline=self.pipeline,
             config=self.config,
             resolve=self.models.resolve,
-            compactor=lambda: self.compactor(owner),
-            watch=watch,
-            response_id=response_id,
+            compactor=self.compactor(owner),
             new_items=new_items,
-            append=transport is Transport.APPEND,
+            mode=mode,
             history=history,
             cached=cached,
             rollout=rollout,
             parent=parent,
             model=model,
+        )
+        watched, seen = self.inspector.watch(admitted.rollout, request, response_id, sink)
+        on_timing = None
+        if self.metrics is not None or seen is not None:
+            on_timing = self._timing_hook(transport, response_id, seen)
+        return open_turn(
+            admitted,
+            request,
+            sink=watched,
+            response_id=response_id,
+            mode=mode,
+            on_timing=on_timing,
+            on_terminal=on_terminal,
             stream_id=stream_id,
             send_timing=send_timing,
             decode=decode,
             waits=waits,
-            on_terminal=on_terminal,
         )
 
     def _timing_hook(
