@@ -43,7 +43,8 @@ from __future__ import annotations
 
 import enum
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Final
 
 import msgspec
@@ -199,6 +200,24 @@ class Connection:
 
     def latest_response_id(self, stream_id: str | None = None) -> str | None:
         return self._lane_latest.get(stream_id)
+
+    @property
+    def responses(self) -> Mapping[str, ResponseTrack]:
+        """Every response this connection tracks, by id, in the order first seen (a read-only view).
+
+        Finished responses stay until ``max_tracked_responses`` newer ones push
+        them out; live ones are never forgotten.
+        """
+        return MappingProxyType(self._responses)
+
+    @property
+    def lanes(self) -> Mapping[str | None, str]:
+        """Each lane's latest response id, by ``stream_id`` (a read-only view).
+
+        ``None`` is the connection's unnamed lane. A lane goes when its latest
+        response is forgotten (see :attr:`responses`).
+        """
+        return MappingProxyType(self._lane_latest)
 
     @property
     def closed(self) -> bool:

@@ -15,6 +15,7 @@ import pathlib
 import subprocess
 import sys
 from collections.abc import Iterator
+from copy import deepcopy
 from typing import Any
 
 import msgspec
@@ -84,13 +85,22 @@ def user(text: str = "and then?") -> Message:
     return Message(role="user", content=text)
 
 
+def queued_events(conn: Connection) -> list[Any]:
+    """The events ``conn.next_event()`` would hand out now, leaving ``conn`` as it is."""
+    copy = deepcopy(conn)
+    events = []
+    while (event := copy.next_event()) is not NEED_DATA and event is not CLOSED:
+        events.append(event)
+    return events
+
+
 def snapshot(conn: Connection) -> Any:
     """Everything a Connection tracks, as plain comparable values."""
     tracks = {
         rid: (t.state, t.next_sequence, dict(t.pending_calls), set(t.answered_calls), t.stream_id)
-        for rid, t in conn._responses.items()
+        for rid, t in conn.responses.items()
     }
-    return tracks, dict(conn._lane_latest), list(conn._events), conn.closed
+    return tracks, dict(conn.lanes), queued_events(conn), conn.closed
 
 
 def drain(conn: Connection) -> list[Any]:

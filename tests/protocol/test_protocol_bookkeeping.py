@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from protocol import MAX_ITEMS_PER_EVENT, ErrorCode, Role
-from protocol._tracking import MAX_ANSWERED_CALLS, MAX_PENDING_CALLS
+from protocol import MAX_ITEMS_PER_EVENT, Connection, ErrorCode, Role
 from protocol.events import OutputItemDone, ResponseAppend, ResponseCreated
 from tests.protocol.test_protocol import RID, ConnectionPair, function_call, output, response
 
@@ -100,9 +99,10 @@ def test_a_live_response_has_at_most_max_pending_calls() -> None:
     assert track.pending_calls == {"c2": "add", "c3": "add"}
 
 
-def test_the_default_bounds_are_named_and_equal_to_one_append() -> None:
-    assert MAX_PENDING_CALLS == MAX_ITEMS_PER_EVENT  # all of them answerable in one append
-    assert MAX_ANSWERED_CALLS >= MAX_PENDING_CALLS
+def test_the_default_bounds_equal_one_append() -> None:
+    defaults = Connection(Role.CLIENT)  # the named constants, as a connection applies them
+    assert defaults.max_pending_calls == MAX_ITEMS_PER_EVENT  # all answerable in one append
+    assert defaults.max_answered_calls >= defaults.max_pending_calls
 
 
 def test_a_forgotten_response_takes_its_lane_name_along() -> None:

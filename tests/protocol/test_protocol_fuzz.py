@@ -47,6 +47,7 @@ from protocol import (
     wire_type,
 )
 from protocol.events import CLIENT_EVENT_TYPES, SERVER_EVENT_TYPES
+from tests.protocol.test_protocol import queued_events
 
 FUZZ = settings(
     derandomize=True,
@@ -444,9 +445,9 @@ def test_untyped_input_messages_decode_as_messages(event: Any) -> None:
 def snapshot(conn: Connection) -> Any:
     tracks = {
         rid: (t.state, t.next_sequence, dict(t.pending_calls), set(t.answered_calls))
-        for rid, t in conn._responses.items()
+        for rid, t in conn.responses.items()
     }
-    return tracks, dict(conn._lane_latest), list(conn._events)
+    return tracks, dict(conn.lanes), queued_events(conn)
 
 
 def busy_connection(role: Role) -> Connection:
@@ -833,7 +834,7 @@ class Conversation(RuleBasedStateMachine):
 
     @invariant()
     def calls_are_pending_or_answered_never_both(self) -> None:
-        for track in self.server._responses.values():
+        for track in self.server.responses.values():
             assert not set(track.pending_calls) & track.answered_calls
 
 
