@@ -7,23 +7,33 @@ arrives while the rollout's post-inference is under way.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from typing import Any
 
 from longresponse.backends.registry import ModelRegistry
 from longresponse.config import ServerConfig
 from longresponse.engine.rollout import Rollout
+from longresponse.engine.stream import ServerClosed
 from longresponse.serve.ws.session import Outbox
 from protocol import Mode, ResponseState, decode_server_event
 from protocol.events import ResponseCreate, ResponseDone
 from protocol.response import Response
 
 
-def done_events(outbox: Outbox) -> list[ResponseDone]:
-    """The ``response.done`` events queued in ``outbox`` (draining it)."""
+async def done_events(outbox: Outbox) -> list[ResponseDone]:
+    """The ``response.done`` events queued in ``outbox``: its writer drains it, then closes."""
     sent = []
-    while len(outbox):
-        event = decode_server_event(outbox._queue.popleft())
-        if isinstance(event, ResponseDone):
-            sent.append(event)
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "websocket.send":
+            event = decode_server_event(message["text"])
+            if isinstance(event, ResponseDone):
+                sent.append(event)
+
+    outbox.close(1000, "the test is over")
+    with contextlib.suppress(ServerClosed):
+        await outbox.write_to(send)
+    assert not len(outbox)
     return sent
 
 
@@ -52,7 +62,7 @@ def test_a_cancel_during_post_inference_comes_too_late() -> None:
         rollout.request_cancel()  # too late: the answer is complete
         release.set()
         await rollout.task
-        return billed, done_events(outbox)
+        return billed, await done_events(outbox)
 
     billed, done = asyncio.run(scenario())
     assert [r.status for r in billed] == ["completed"]

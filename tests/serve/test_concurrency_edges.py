@@ -174,7 +174,7 @@ async def test_cancel_while_blocked_on_a_full_outbox(make_server: Any) -> None:
         await wait_until(lambda: running.app.state.endpoint.last_session is not None)
         session = running.app.state.endpoint.last_session
         # Wait until the rollout is parked in emit on a full outbox.
-        await wait_until(lambda: len(session._outbox) >= 4 and session.rollouts, seconds=20)
+        await wait_until(lambda: len(session.outbox) >= 4 and session.rollouts, seconds=20)
         await trio.sleep(0.2)
         (rollout_id,) = list(session.rollouts)
         cancel = {"type": "response.cancel", "response_id": rollout_id}
@@ -210,16 +210,16 @@ async def test_error_replies_grow_the_outbox_without_bound(make_server: Any) -> 
         sock.sendall(conn.send(ws.TextMessage(json.dumps(flood))))
         await wait_until(lambda: running.app.state.endpoint.last_session is not None)
         session = running.app.state.endpoint.last_session
-        await wait_until(lambda: len(session._outbox) >= 4, seconds=20)
+        await wait_until(lambda: len(session.outbox) >= 4, seconds=20)
         junk = conn.send(ws.TextMessage("x")) * 5000
         sock.sendall(junk)
         # Give the server time to read them all (it keeps reading: nothing
         # stops its read loop while the writer is stuck).
         size = 0
         with trio.move_on_after(5):
-            while len(session._outbox) < 1000:  # noqa: ASYNC110
+            while len(session.outbox) < 1000:  # noqa: ASYNC110
                 await trio.sleep(0.05)
-        size = len(session._outbox)
+        size = len(session.outbox)
         alive = running.live_sessions
     assert alive == 0 or size <= 4 * 2, f"outbox holds {size} events (depth 4)"
 

@@ -85,7 +85,7 @@ async def test_a_long_rollouts_bookkeeping_does_not_grow_with_its_calls(server: 
             assert isinstance(ended, ResponseDone)
             assert ended.response.status == "completed"
         session = server.app.state.endpoint.last_session
-        tracks = list(session.connection._responses.values())
+        tracks = list(session.connection.responses.values())
         assert len(tracks) == 21
         *finished, live = tracks
         for track in finished:
@@ -93,7 +93,7 @@ async def test_a_long_rollouts_bookkeeping_does_not_grow_with_its_calls(server: 
             assert (track.pending_calls, len(track.answered_calls)) == ({}, 0)
         assert live.pending_calls == {call.call_id: "read_file"}
         # nor does the set of rollouts already billed keep the finished ones
-        await wait_until(lambda: not session.append._billed)
+        await wait_until(lambda: not session.append.billed)
 
 
 def _stream_and_reset(port: int, body: bytes) -> None:

@@ -79,6 +79,11 @@ class AppendShape:
         #: The response the event being handled targets, as the protocol core found it.
         self._target_id: str | None = None
 
+    @property
+    def billed(self) -> frozenset[str]:
+        """Running rollouts whose usage record is written (each leaves as its task ends)."""
+        return frozenset(self._billed)
+
     # --- admission, before the protocol core records the event ----------------
 
     def admit(self, event: ClientEvent, track: ResponseTrack | None) -> ClientEvent:

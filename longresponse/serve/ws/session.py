@@ -160,10 +160,6 @@ class Session:
         return self.append.rollouts if self.append is not None else {}
 
     @property
-    def _outbox(self) -> Outbox:
-        return self.outbox
-
-    @property
     def outbox_high_water(self) -> int:
         return self.outbox.high_water
 

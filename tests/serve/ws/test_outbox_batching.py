@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 import uvicorn
+from uvicorn.protocols.websockets.wsproto_impl import WSProtocol
 
 from longresponse.client import connect
 from longresponse.config import ServerConfig
 from longresponse.serve.app import create_app
 from longresponse.serve.ws.oversize import LingeringWSProtocol
-from longresponse.serve.ws.session import Outbox
 from protocol.events import OutputTextDelta, ResponseDone
 
 LONG_ANSWER = {"sim_output_tokens": "3000"}  # unthrottled: events pile up in the outbox
@@ -84,18 +84,17 @@ def plain_server() -> Iterator[str]:
 async def test_without_send_texts_events_go_one_by_one(
     plain_server: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    taken: list[int] = []
-    take_batch = Outbox._take_batch
+    sends: list[str] = []  # the ASGI messages the server sent, by type
+    send = WSProtocol.send
 
-    def counted(self: Outbox) -> list[str]:
-        texts = take_batch(self)
-        taken.append(len(texts))
-        return texts
+    async def counted(self: WSProtocol, message: Any) -> None:
+        sends.append(message["type"])
+        await send(self, message)
 
-    monkeypatch.setattr(Outbox, "_take_batch", counted)
+    monkeypatch.setattr(WSProtocol, "send", counted)
     events = await stream(plain_server)
     check_events(events)
-    assert taken == [1] * len(events)
+    assert sends.count("websocket.send") == len(events)  # one event per write
 
 
 def _open_pair(extensions: list[Any] | None = None) -> Any:
