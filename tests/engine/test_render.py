@@ -20,6 +20,7 @@ from longresponse.engine.render import (
     tokenize_text,
 )
 from protocol.items import (
+    CompactionTrigger,
     FunctionCall,
     FunctionCallOutput,
     FunctionTool,
@@ -200,25 +201,12 @@ def test_token_cache_counts_only_new_work() -> None:
 
 
 @pytest.mark.parametrize("method", ["extend", "defer"])
-def test_token_cache_extend_is_atomic_when_rendering_fails(
-    monkeypatch: pytest.MonkeyPatch, method: str
-) -> None:
-    import longresponse.engine.render as render
-
-    real = render._item_segment
-
-    def fail_on_poison(item: Any) -> tuple[str, str]:
-        if isinstance(item, Message) and item.content == "poison":
-            raise ValueError("cannot render this item")
-        return real(item)
-
-    monkeypatch.setattr(render, "_item_segment", fail_on_poison)
+def test_token_cache_extend_is_atomic_when_rendering_fails(method: str) -> None:
     cache = TokenCache(render_prefix(None, []))
     before = cache.snapshot()
-    with pytest.raises(ValueError, match="cannot render"):
-        getattr(cache, method)(
-            [Message(role="user", content="fine"), Message(role="user", content="poison")]
-        )
+    # A compaction trigger is input-only: it has no segment, so rendering it raises.
+    with pytest.raises(TypeError, match="cannot render"):
+        getattr(cache, method)([Message(role="user", content="fine"), CompactionTrigger()])
     assert cache.tokenize_deferred() == 0  # nothing of the failed call is held either
     assert cache.snapshot() == before
     assert (cache.items_rendered, cache.tokens_rendered) == (0, 0)
@@ -360,18 +348,18 @@ def test_long_text_is_encoded_in_pieces_with_the_same_tokens() -> None:
 def test_tokenizing_deferred_items_that_fails_keeps_them(monkeypatch: pytest.MonkeyPatch) -> None:
     import longresponse.engine.render as render
 
-    real = render._encode_segment
+    real = render.encode
 
-    def fail_on_poison(header: str, body: str) -> list[int]:
-        if body == "poison":
+    def fail_on_poison(text: str) -> list[int]:
+        if text == "poison":
             raise ValueError("cannot encode this segment")
-        return real(header, body)
+        return real(text)
 
     cache = TokenCache(render_prefix(None, []))
     items = [Message(role="user", content="fine"), Message(role="user", content="poison")]
     before = cache.snapshot()
     cache.defer(items)
-    monkeypatch.setattr(render, "_encode_segment", fail_on_poison)
+    monkeypatch.setattr(render, "encode", fail_on_poison)
     with pytest.raises(ValueError, match="cannot encode"):
         cache.tokenize_deferred()
     monkeypatch.undo()

@@ -87,6 +87,11 @@ class SegmentCache:
     def __len__(self) -> int:
         return len(self._segments)
 
+    @property
+    def rollouts(self) -> list[Rollout]:
+        """The Rollouts cached, least recently used first (a new list)."""
+        return [rollout for rollout, _ in self._rollouts.values()]
+
     def lookup(self, segment_id: str) -> tuple[Rollout, Boundary] | None:
         found = self._segments.get(segment_id)
         if found is not None:

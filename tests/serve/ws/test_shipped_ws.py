@@ -589,7 +589,7 @@ def test_connection_cache_keeps_a_running_total_of_its_size(make_server: Any) ->
         cache = tiny.app.state.endpoint.last_session.shipped.cache
         assert cache.evictions > 0
         # Every rollout is idle: the running total is the sum of their sizes.
-        assert cache.nbytes == sum(r.nbytes for r, _ in cache._rollouts.values())
+        assert cache.nbytes == sum(r.nbytes for r in cache.rollouts)
         assert 0 < cache.nbytes <= 60_000
 
 
