@@ -11,6 +11,8 @@ checked on their own first, as pure functions.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 from collections.abc import Iterator
 from typing import Any
@@ -41,6 +43,7 @@ from protocol.events import OutputItemDone, ResponseDone
 from protocol.items import FunctionCall, FunctionCallOutput, FunctionTool, Message
 from protocol.response import FormatJSONObject
 from tests.conftest import openai_client
+from tests.support.engine_peer import StandIn, answer, choice, record
 
 ADD = {
     "type": "function",
@@ -265,14 +268,34 @@ def test_a_turn_maps_to_one_chat_body() -> None:
     assert chat_body(pinned, request, "0000000a" + "0" * 24)["id_slot"] == 10 % 4
 
 
-async def test_each_rollout_has_its_own_affinity_key() -> None:
-    backend = ChatBackend(chat_backend("http://engine.invalid/v1", affinity_header="x-pin"))
-    try:
-        one, two = backend.make_sampler(), backend.make_sampler()
-        assert one.affinity != two.affinity
-        assert one._headers["x-pin"] == one.affinity
-    finally:
-        await backend.aclose()
+def test_each_rollout_has_its_own_affinity_key() -> None:
+    def script(number: int, body: dict[str, Any]) -> list[Any]:
+        return [answer(choice({"content": "ok"}), choice(finish="stop"), record("[DONE]"))]
+
+    request = SampleRequest(
+        context=[Message(role="user", content="hello")],
+        tools=[],
+        tool_choice="auto",
+        parallel_tool_calls=True,
+        metadata={},
+        cached_tokens=0,
+        uncached_tokens=1,
+        max_output_tokens=16,
+    )
+
+    async def check(engine: StandIn) -> None:
+        backend = ChatBackend(chat_backend(engine.url, affinity_header="x-pin"))
+        try:
+            one, two = backend.make_sampler(), backend.make_sampler()
+            assert one.affinity != two.affinity
+            async with contextlib.aclosing(one.sample(request)) as chunks:
+                assert [chunk async for chunk in chunks]
+            assert engine.headers[-1]["x-pin"] == one.affinity  # as the engine got it
+        finally:
+            await backend.aclose()
+
+    with StandIn(script) as engine:
+        asyncio.run(check(engine))
 
 
 # --- end to end: a gateway in front of a second process ---------------------------

@@ -25,7 +25,7 @@ import openai
 import pytest
 import trio
 
-from longresponse.backends.chat import ChatBackend, chat_body
+from longresponse.backends.chat import ChatBackend
 from longresponse.client import connect
 from longresponse.engine.failures import UpstreamError
 from longresponse.engine.sampling import SampleRequest, Usage
@@ -254,15 +254,20 @@ def test_the_window_is_checked_by_the_engines_count(upstream: ServerProcess) -> 
     """With ``tokenize`` the engine's /tokenize counts; after a turn, the
     ``prompt_tokens`` it reported plus the estimate of what is new."""
 
+    async def turn(sampler: Any, request: SampleRequest, estimated: int) -> list[Any]:
+        """A turn of ``request`` whose context we estimate at ``estimated`` tokens."""
+        request = dataclasses.replace(request, cached_tokens=0, uncached_tokens=estimated)
+        async with contextlib.aclosing(sampler.sample(request)) as chunks:
+            return [c async for c in chunks]
+
     async def check() -> None:
         config = chat_backend(upstream, tokenize=True, context_window=5)
         backend = ChatBackend(config)
         try:
             sampler = backend.make_sampler()
             request = sample_request("count these words for me")
-            body = chat_body(config, request)
             with pytest.raises(UpstreamError) as refused:
-                await sampler._check_window(body, 0)  # our own estimate says nothing
+                await turn(sampler, request, 0)  # our own estimate says nothing
             assert refused.value.code == "context_length_exceeded"
             assert "about 1" in refused.value.message  # the engine counted 1x tokens
             backend.config = config = dataclasses.replace(
@@ -272,9 +277,10 @@ def test_the_window_is_checked_by_the_engines_count(upstream: ServerProcess) -> 
                 usage = [c async for c in chunks if isinstance(c, Usage)]
             prompt = usage[0].input_tokens
             backend.config = dataclasses.replace(config, context_window=prompt + 2)
-            await sampler._check_window(body, 10)  # as counted then: fits
-            with pytest.raises(UpstreamError):
-                await sampler._check_window(body, 13)  # three tokens more: too long
+            assert await turn(sampler, request, 10)  # as counted then: fits
+            with pytest.raises(UpstreamError) as refused:
+                await turn(sampler, request, 13)  # three tokens more: too long
+            assert refused.value.code == "context_length_exceeded"
         finally:
             await backend.aclose()
 

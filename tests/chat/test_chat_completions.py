@@ -9,8 +9,8 @@ then walks away from.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
+import dataclasses
 import json
 import time
 import uuid
@@ -321,22 +321,40 @@ def test_a_follow_up_finds_the_shared_prefix_cached(make_server: Any) -> None:
     assert cache.tokens_found >= expected + cached
 
 
-def test_prefill_is_charged_for_the_uncached_tokens_only(server: Any) -> None:
+class TellingSampler:
+    """Wraps a sampler: every request it is asked to sample is kept in ``told``."""
+
+    def __init__(self, inner: Any, told: list[Any]) -> None:
+        self.inner = inner
+        self.told = told
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def sample(self, request: Any) -> Any:
+        self.told.append(request)
+        return self.inner.sample(request)
+
+
+def test_prefill_is_charged_for_the_uncached_tokens_only(make_server: Any) -> None:
     """The sampler (whose prefill delay is uncached tokens / prefill rate) is
     told exactly the tokens the cache did not have."""
-    chat = server.app.state.chat
+    server = make_server()
+    models = server.app.state.models
+    sim = models.resolve("sim")
+    told: list[Any] = []
+    models.add(  # in place of the sim
+        dataclasses.replace(sim, make_sampler=lambda: TellingSampler(sim.make_sampler(), told))
+    )
     messages = [user(f"{uuid.uuid4()} " + "cache me " * 60)]
-    body = json.dumps({"model": "sim", "messages": messages}).encode()
 
     def start() -> Any:
-        started = chat._start(decode_chat_request(body), "")
-        turn, _ = asyncio.run_coroutine_threadsafe(started, server.app.state.loop).result(10)
-        return turn.sample_request
+        openai_client(server).chat.completions.create(model="sim", messages=messages)
+        return told[-1]
 
     cold = start()
     assert cold.cached_tokens == 0
     assert cold.uncached_tokens == tokenize(server, messages=messages)["count"]
-    openai_client(server).chat.completions.create(model="sim", messages=messages)
     warm = start()
     assert warm.cached_tokens == (cold.uncached_tokens - 1) // BLOCK_TOKENS * BLOCK_TOKENS > 0
     assert warm.uncached_tokens == cold.uncached_tokens - warm.cached_tokens

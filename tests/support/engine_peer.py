@@ -62,6 +62,8 @@ class StandIn:
     def __init__(self, script: Script) -> None:
         self.script = script
         self.requests: list[dict[str, Any]] = []
+        #: Each request's headers (names in lower case), in step with ``requests``.
+        self.headers: list[dict[str, str]] = []
         self.connections = 0
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}/v1"
@@ -97,11 +99,11 @@ class StandIn:
                         return
                     buffered += data
                 head, buffered = buffered.split(b"\r\n\r\n", 1)
-                length = 0
+                headers = {}
                 for line in head.decode("latin-1").split("\r\n")[1:]:
                     name, _, value = line.partition(":")
-                    if name.strip().lower() == "content-length":
-                        length = int(value)
+                    headers[name.strip().lower()] = value.strip()
+                length = int(headers.get("content-length", 0))
                 while len(buffered) < length:
                     data = conn.recv(65536)
                     if not data:
@@ -110,6 +112,7 @@ class StandIn:
                 body, buffered = buffered[:length], buffered[length:]
                 with self._lock:
                     self.requests.append(json.loads(body) if body else {})
+                    self.headers.append(headers)
                     number = len(self.requests)
                 try:
                     for step in self.script(number, self.requests[-1]):
