@@ -11,7 +11,7 @@ Every transport at every decode speed runs against its own server process,
 started with the matching flags and reused for all of its rollouts, so the
 server CPU (``process_cpu_seconds_total`` on ``/metrics``, read before and
 after each batch of concurrent rollouts) belongs to that transport alone. The
-processes of one speed (a block, :func:`_plan`) run side by side and the
+processes of one speed (a block, :func:`plan`) run side by side and the
 transports take turns, one batch each per round, so drift in the machine hits
 them all alike. Each process first serves one short unrecorded rollout
 (imports, tokenizer). With ``--url`` every transport that needs no server
@@ -82,11 +82,14 @@ __all__ = [
     "SERVER_OVERHEAD_FORMULA",
     "URL_TRANSPORTS",
     "BenchOptions",
+    "Block",
     "Endpoint",
     "Transport",
     "Workload",
     "add_arguments",
+    "gateway_flags",
     "main",
+    "plan",
     "run_bench",
     "run_rollout",
     "websocket_frame_bytes",
@@ -97,7 +100,7 @@ __all__ = [
 
 
 @dataclasses.dataclass(slots=True)
-class _Block:
+class Block:
     """The transports run side by side against one set of servers (one per transport).
 
     ``scenarios``: (name, workload, transports) run in this order; the
@@ -110,7 +113,7 @@ class _Block:
     scenarios: list[tuple[str, Workload, list[Transport]]]
 
 
-def _plan(options: BenchOptions) -> tuple[list[_Block], list[str]]:
+def plan(options: BenchOptions) -> tuple[list[Block], list[str]]:
     """The blocks to run, and notes on what was left out and why."""
     notes: list[str] = []
     chosen = [Transport.parse(name) for name in options.chosen_transports]
@@ -148,7 +151,7 @@ def _plan(options: BenchOptions) -> tuple[list[_Block], list[str]]:
         if speed == growth_speed:
             scenarios.append(("growth", options.workload(speed, growth=True), growth))
             growth_speed = None  # once, even if the speed is listed twice
-        blocks.append(_Block(speed, transports, scenarios))
+        blocks.append(Block(speed, transports, scenarios))
     return blocks, notes
 
 
@@ -179,7 +182,7 @@ def _server_flags(options: BenchOptions, speed: float, store_dir: str) -> tuple[
     )  # fmt: skip
 
 
-def _gateway_flags(kind: str, engine: ServerProcess) -> tuple[str, ...]:
+def gateway_flags(kind: str, engine: ServerProcess) -> tuple[str, ...]:
     """A gateway's flags: serve ``sim`` through the ``kind`` backend in front of ``engine``
     (the engine runs the simulated model at the block's speed; the gateway's own sim
     is replaced, and the client's ``sim_*`` metadata reaches the engine)."""
@@ -193,7 +196,7 @@ def _gateway_flags(kind: str, engine: ServerProcess) -> tuple[str, ...]:
 
 @contextlib.contextmanager
 def _endpoints(
-    options: BenchOptions, block: _Block, store_dir: str
+    options: BenchOptions, block: Block, store_dir: str
 ) -> Iterator[dict[str, Endpoint]]:
     """One server process per transport of ``block`` (or ``--url`` for all)."""
     if options.url:
@@ -207,7 +210,7 @@ def _endpoints(
         if transport.gateway is not None:
             engine = ServerProcess(*_server_flags(options, block.speed, store_dir))
             engines.append(engine)
-            flags += _gateway_flags(transport.gateway, engine)
+            flags += gateway_flags(transport.gateway, engine)
         servers[transport.name] = ServerProcess(*flags)
     processes = [*engines, *servers.values()]
     # A worker per CPU: more processes importing at once only thrash.
@@ -226,7 +229,7 @@ def _endpoints(
 
 async def _run_block(
     options: BenchOptions,
-    block: _Block,
+    block: Block,
     endpoints: dict[str, Endpoint],
     bar: Any,
 ) -> list[dict[str, Any]]:
@@ -291,7 +294,7 @@ def run_bench(options: BenchOptions) -> dict[str, Any]:
 
     from . import report
 
-    blocks, notes = _plan(options)
+    blocks, notes = plan(options)
     total = (
         options.concurrency
         * options.rollouts

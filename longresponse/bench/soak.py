@@ -64,7 +64,15 @@ from .scrape import PROCESS_RESIDENT_BYTES, read_samples
 from .soak_report import markdown, plot, verdict
 from .throughput import http_url_of, machine, write_results
 
-__all__ = ["MAX_MINUTES", "SHAPES", "add_arguments", "main", "run"]
+__all__ = [
+    "MAX_MINUTES",
+    "SHAPES",
+    "Sequences",
+    "add_arguments",
+    "main",
+    "quotes_output",
+    "run",
+]
 
 SHAPES: Final = ("append", "shipped", "http")
 MAX_MINUTES: Final = 120.0
@@ -126,7 +134,7 @@ class Workload:
         }
 
 
-class _Sequences:
+class Sequences:
     """Counts holes and repeats in each response's ``sequence_number``s."""
 
     def __init__(self, tally: Tally) -> None:
@@ -160,7 +168,7 @@ def _call_of(response: dict[str, Any]) -> str:
     return str(calls[0]["call_id"])
 
 
-def _quotes(response: dict[str, Any], call_id: str, output: str) -> bool:
+def quotes_output(response: dict[str, Any], call_id: str, output: str) -> bool:
     """The answer quotes the tool output under its call id (else it was lost)."""
     texts = [
         part.get("text", "")
@@ -171,7 +179,7 @@ def _quotes(response: dict[str, Any], call_id: str, output: str) -> bool:
     return f"[{call_id}] «{output}»" in " ".join(texts)
 
 
-async def _terminal(conn: RawConnection, sequences: _Sequences) -> dict[str, Any]:
+async def _terminal(conn: RawConnection, sequences: Sequences) -> dict[str, Any]:
     """Events up to the next terminal one (returned); raises :class:`TurnFailed` on an error."""
     while True:
         event: dict[str, Any] = json.loads(await conn.receive_text(EVENT_TIMEOUT))
@@ -206,7 +214,7 @@ class _Client:
         return result
 
     def _tool_round(self, response: dict[str, Any], call_id: str, output: str) -> None:
-        if not _quotes(response, call_id, output):
+        if not quotes_output(response, call_id, output):
             self.tally.lost += 1
 
     async def loop(self, deadline: float) -> None:
@@ -250,7 +258,7 @@ class _Client:
 
     async def _append_round(self, conn: RawConnection) -> None:
         """One rollout: create, pause on the call, append its output, done."""
-        sequences = _Sequences(self.tally)
+        sequences = Sequences(self.tally)
         create = {"type": "response.create", "model": "sim", "input": "Read the file.",
                   "tools": TOOLS, "store": False, "metadata": self.work.metadata()}  # fmt: skip
         await conn.send_text(json.dumps(create))
@@ -270,12 +278,12 @@ class _Client:
         if previous is not None:
             body["previous_response_id"] = previous
         await conn.send_text(json.dumps(body))
-        called = _check(await self._timed(_terminal(conn, _Sequences(self.tally))), "completed")
+        called = _check(await self._timed(_terminal(conn, Sequences(self.tally))), "completed")
         call_id, output = _call_of(called), self._output()
         body["previous_response_id"] = called["id"]
         body["input"] = [{"type": "function_call_output", "call_id": call_id, "output": output}]
         await conn.send_text(json.dumps(body))
-        done = _check(await self._timed(_terminal(conn, _Sequences(self.tally))), "completed")
+        done = _check(await self._timed(_terminal(conn, Sequences(self.tally))), "completed")
         self._tool_round(done, call_id, output)
         return str(done["id"])
 
@@ -304,7 +312,7 @@ class _Client:
                     await trio.sleep(self.work.think)
 
     async def _sse(self, http: httpx.AsyncClient, body: dict[str, Any]) -> dict[str, Any]:
-        sequences = _Sequences(self.tally)
+        sequences = Sequences(self.tally)
         final: dict[str, Any] | None = None
         async with http.stream("POST", "/v1/responses", json=body) as reply:
             if reply.status_code != 200:

@@ -331,13 +331,19 @@ def test_compression_names_and_settings() -> None:
     assert compare.Transport.parse("append").deflated().name == "append+deflate"
     with pytest.raises(ValueError, match="WebSocket transports only"):
         compare.Transport.parse("http+deflate")
-    chosen = [compare.Transport.parse(name) for name in ("http", "append")]
     for setting, expected in (
         ("off", ["http", "append"]),
         ("on", ["http", "append+deflate"]),
         ("both", ["http", "append", "append+deflate"]),
     ):
-        assert [t.name for t in compare._with_compression(chosen, setting)] == expected
+        options = compare.BenchOptions(
+            transports=("http", "append"),
+            speeds=(1000.0,),
+            ws_compression=setting,
+            ablations=False,
+        )
+        (block,), _ = compare.plan(options)
+        assert [t.name for t in block.transports] == expected
 
 
 def test_transport_names() -> None:
@@ -366,9 +372,9 @@ def test_gateway_names_and_plan() -> None:
         ws_compression="off",
         ablations=False,
     )
-    (block,), _ = compare._plan(options)
+    (block,), _ = compare.plan(options)
     assert [t.name for t in block.transports] == ["append", *compare.GATEWAY_TRANSPORTS]
-    assert compare._gateway_flags("chat", ServerProcess(port=1234)) == (
+    assert compare.gateway_flags("chat", ServerProcess(port=1234)) == (
         "--upstream", "http://127.0.0.1:1234/v1",
         "--upstream-model", "sim",
         "--upstream-kind", "chat",
@@ -398,7 +404,7 @@ def test_websocket_frame_bytes_follow_rfc6455_length_forms() -> None:
 
 def test_url_mode_keeps_the_transports_that_need_no_flags() -> None:
     options = compare.BenchOptions(url="ws://127.0.0.1:1/v1/responses", speeds=(1000.0,))
-    blocks, notes = compare._plan(options)
+    blocks, notes = compare.plan(options)
     names = {t.name for block in blocks for t in block.transports}
     assert names == set(compare.URL_TRANSPORTS)
     assert any("http-cached" in note for note in notes)

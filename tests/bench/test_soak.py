@@ -37,7 +37,7 @@ def test_soak_tiny_writes_its_report(server: Any, tmp_path: Path) -> None:
 
 def test_a_gap_a_repeat_and_a_lost_output_are_counted() -> None:
     tally = soak.Tally()
-    sequences = soak._Sequences(tally)
+    sequences = soak.Sequences(tally)
     for event in (
         {"type": "response.created", "sequence_number": 0},
         {"type": "response.in_progress", "sequence_number": 1},
@@ -49,9 +49,9 @@ def test_a_gap_a_repeat_and_a_lost_output_are_counted() -> None:
         sequences.see(event)
     assert tally.gaps == 2
     answer = {"output": [{"type": "message", "content": [{"text": "I read: [c1] «out-1»."}]}]}
-    assert soak._quotes(answer, "c1", "out-1")
-    assert not soak._quotes(answer, "c2", "out-1")  # under another call: lost
-    assert not soak._quotes(answer, "c1", "out-2")
+    assert soak.quotes_output(answer, "c1", "out-1")
+    assert not soak.quotes_output(answer, "c2", "out-1")  # under another call: lost
+    assert not soak.quotes_output(answer, "c1", "out-2")
 
 
 def test_verdict_applies_both_criteria() -> None:
