@@ -465,3 +465,84 @@ def test_the_client_import_check_sees_a_server_load() -> None:
     # A check that cannot fail is a defect: the probe sees what the server loads.
     loaded = loaded_by("import longresponse.client, longresponse.serve.app")
     assert {"starlette", "redis", "sqlite3", "cryptography"} <= loaded
+
+
+# --- no test reads a private name of the product (issue 19, point 7) ---------
+#
+# A test reaches the product through its public names or the wire. Private
+# names are collected by ast from the product (``def _x``, ``class _X``,
+# ``self._x = ...``, module-level ``_x = ...``); those the tests' own helpers
+# define too (a helper's ``self._process``) are left to the tests. A read is
+# ``obj._x``, ``setattr(obj, "_x", ...)`` (``monkeypatch.setattr`` too) and
+# an import of a private name or from a private module.
+
+
+def _private_names_defined_in(folder: pathlib.Path) -> set[str]:
+    def private(name: str) -> bool:
+        return name.startswith("_") and not name.endswith("__")
+
+    names: set[str] = set()
+    for path in folder.rglob("*.py"):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                defined = [node.name]
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                defined = [node.attr] if isinstance(node.value, ast.Name) else []
+            else:
+                defined = []
+            names.update(name for name in defined if private(name))
+        for statement in tree.body:  # module-level names
+            if isinstance(statement, ast.Assign | ast.AnnAssign):
+                targets = (
+                    statement.targets if isinstance(statement, ast.Assign) else [statement.target]
+                )
+                names.update(t.id for t in targets if isinstance(t, ast.Name) and private(t.id))
+    return names
+
+
+def _private_reads_in_tests(product_private: set[str], tests: pathlib.Path) -> list[str]:
+    def product_module(module: str) -> bool:
+        return module.split(".")[0] in ("longresponse", "protocol")
+
+    def private_part(module: str) -> bool:
+        return any(part.startswith("_") and not part.endswith("__") for part in module.split("."))
+
+    found: list[str] = []
+    for path in sorted(tests.rglob("*.py")):
+        where = path.relative_to(tests.parent)
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            line = getattr(node, "lineno", 0)
+            if isinstance(node, ast.Attribute) and node.attr in product_private:
+                found.append(f"{where}:{line}: reads .{node.attr}")
+            elif isinstance(node, ast.Call) and len(node.args) >= 2:
+                name = node.func.attr if isinstance(node.func, ast.Attribute) else None
+                name = node.func.id if isinstance(node.func, ast.Name) else name
+                target = node.args[1] if name in ("setattr", "getattr", "delattr") else None
+                if (
+                    isinstance(target, ast.Constant)
+                    and isinstance(target.value, str)
+                    and target.value in product_private
+                ):
+                    found.append(f"{where}:{line}: {name}(..., {target.value!r})")
+            elif isinstance(node, ast.ImportFrom) and product_module(node.module or ""):
+                module = node.module or ""
+                names = [a.name for a in node.names if a.name.startswith("_")]
+                if private_part(module) or names:
+                    shown = ", ".join(names) or "..."
+                    found.append(f"{where}:{line}: from {module} import {shown}")
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if product_module(alias.name) and private_part(alias.name):
+                        found.append(f"{where}:{line}: import {alias.name}")
+    return found
+
+
+def test_no_test_reads_a_private_name_of_the_product() -> None:
+    product = _private_names_defined_in(ROOT / "longresponse") | _private_names_defined_in(
+        ROOT / "protocol"
+    )
+    product -= _private_names_defined_in(ROOT / "tests")
+    assert {"_responses", "_queue", "_check_window"} <= product  # the walk sees the product
+    reads = _private_reads_in_tests(product, ROOT / "tests")
+    assert not reads, "tests read private names of the product:\n" + "\n".join(reads)
