@@ -88,7 +88,7 @@ def _run(sim: SimConfig, text: str) -> tuple[Rollout, list[ResponseDone]]:
         reply = rollout.open_reply("resp_count", outbox, mode=Mode.APPEND)
         reply.announce_created()
         await rollout.run()
-        return rollout, done_events(outbox)
+        return rollout, await done_events(outbox)
 
     return asyncio.run(scenario())
 
