@@ -43,7 +43,8 @@ from __future__ import annotations
 
 import enum
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Final
 
 import msgspec
@@ -187,18 +188,36 @@ class Connection:
         self.max_tracked_responses = max_tracked_responses
         self.max_pending_calls = max_pending_calls
         self.max_answered_calls = max_answered_calls
-        self.responses: OrderedDict[str, ResponseTrack] = OrderedDict()  # by id; read only
-        self.lanes: dict[str | None, str] = {}  # stream_id → its latest response id; read only
+        self._responses: OrderedDict[str, ResponseTrack] = OrderedDict()
+        self._lane_latest: dict[str | None, str] = {}
         self._events: list[ClientEvent | ServerEvent] = []
         self._closed = False
 
     # --- queries -----------------------------------------------------------
 
     def response(self, response_id: str) -> ResponseTrack | None:
-        return self.responses.get(response_id)
+        return self._responses.get(response_id)
 
     def latest_response_id(self, stream_id: str | None = None) -> str | None:
-        return self.lanes.get(stream_id)
+        return self._lane_latest.get(stream_id)
+
+    @property
+    def responses(self) -> Mapping[str, ResponseTrack]:
+        """Every response this connection tracks, by id, in the order first seen (a read-only view).
+
+        Finished responses stay until ``max_tracked_responses`` newer ones push
+        them out; live ones are never forgotten.
+        """
+        return MappingProxyType(self._responses)
+
+    @property
+    def lanes(self) -> Mapping[str | None, str]:
+        """Each lane's latest response id, by ``stream_id`` (a read-only view).
+
+        ``None`` is the connection's unnamed lane. A lane goes when its latest
+        response is forgotten (see :attr:`responses`).
+        """
+        return MappingProxyType(self._lane_latest)
 
     @property
     def closed(self) -> bool:
@@ -303,7 +322,7 @@ class Connection:
         a refused inject, if it is one."""
         if not (isinstance(event, ResponseInject) and error.code in _INJECT_FAILURES):
             return error
-        track = self.responses.get(event.response_id)
+        track = self._responses.get(event.response_id)
         lane = track.stream_id if track is not None else None
         return error.with_(
             reply=ResponseInjectFailed(
@@ -348,7 +367,7 @@ class Connection:
 
     def _target(self, response_id: str | None) -> ResponseTrack:
         if response_id is None:
-            response_id = self.lanes.get(None)
+            response_id = self._lane_latest.get(None)
             if response_id is None:
                 raise LocalProtocolError(
                     "There is no response on this connection to target; send response.create "
@@ -357,7 +376,7 @@ class Connection:
                     param="response_id",
                     status=404,
                 )
-        track = self.responses.get(response_id)
+        track = self._responses.get(response_id)
         if track is None:
             raise LocalProtocolError(
                 f"Response {response_id!r} not found on this connection.",
@@ -374,7 +393,7 @@ class Connection:
             return  # about the connection or a request, not a response's state
         stream_id = event.stream_id if isinstance(event.stream_id, str) else None
         opening = isinstance(event, ResponseCreated | ResponseQueued)
-        if opening and event.response.id not in self.responses:  # type: ignore[union-attr]
+        if opening and event.response.id not in self._responses:  # type: ignore[union-attr]
             self._open(event, stream_id)  # type: ignore[arg-type]
             return
         track = self._track_of(event, stream_id)
@@ -431,8 +450,8 @@ class Connection:
             response_id = response.id
         else:
             rid = getattr(event, "response_id", None)
-            response_id = rid if isinstance(rid, str) else self.lanes.get(stream_id)
-        track = self.responses.get(response_id) if response_id is not None else None
+            response_id = rid if isinstance(rid, str) else self._lane_latest.get(stream_id)
+        track = self._responses.get(response_id) if response_id is not None else None
         if track is None:
             raise LocalProtocolError(
                 f"Event {wire_type(event)!r} names no response this connection has seen.",
@@ -442,14 +461,14 @@ class Connection:
         return track
 
     def _remember(self, track: ResponseTrack) -> None:
-        self.responses[track.response_id] = track
-        self.lanes[track.stream_id] = track.response_id
-        while len(self.responses) > self.max_tracked_responses:
-            for old_id, old in self.responses.items():
+        self._responses[track.response_id] = track
+        self._lane_latest[track.stream_id] = track.response_id
+        while len(self._responses) > self.max_tracked_responses:
+            for old_id, old in self._responses.items():
                 if old.terminal:
-                    del self.responses[old_id]
-                    if self.lanes.get(old.stream_id) == old_id:
-                        del self.lanes[old.stream_id]  # the lane's name goes too
+                    del self._responses[old_id]
+                    if self._lane_latest.get(old.stream_id) == old_id:
+                        del self._lane_latest[old.stream_id]  # the lane's name goes too
                     break
             else:
                 break
