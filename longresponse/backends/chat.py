@@ -76,8 +76,7 @@ from protocol.response import FormatText
 
 from ..chat.mapping import format_to_chat, messages_from_items, tool_choice_to_chat
 from ..config import BackendConfig
-from ..engine.failures import UpstreamError
-from ..engine.sampling import SampleChunk, SampleRequest, Stop, Usage
+from ..engine.sampling import SampleChunk, SampleRequest, Stop, UpstreamError, Usage
 from .chat_stream import ChunkReader, decode_chunk, refusal
 
 __all__ = [

@@ -31,7 +31,7 @@ output item open at a time, each closed by an ``ItemEnd``.
   ``prompt_tokens_details.cached_tokens`` included: one :class:`Usage`.
 
 :func:`refusal` maps an engine's HTTP error (status, body, ``Retry-After``)
-to :class:`~longresponse.engine.failures.UpstreamError` with the shipped code:
+to :class:`~longresponse.engine.sampling.UpstreamError` with the shipped code:
 401/403 the engine refused our credentials (``upstream_unavailable``, the
 key never quoted); 404 ``upstream_unavailable`` too (the server's backend
 is misconfigured); 429 ``rate_limit_exceeded`` with the retry hint; a
@@ -49,7 +49,6 @@ from typing import Final
 
 import msgspec
 
-from ..engine.failures import UpstreamError
 from ..engine.sampling import (
     ArgumentsDelta,
     ItemEnd,
@@ -58,6 +57,7 @@ from ..engine.sampling import (
     Stop,
     TextDelta,
     ToolCallStart,
+    UpstreamError,
     Usage,
 )
 from .responses_wire import redact

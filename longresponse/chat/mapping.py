@@ -57,7 +57,7 @@ from protocol.items import (
 )
 from protocol.response import FormatJSONObject, FormatJSONSchema, FormatText, TextFormat
 
-from ..engine.failures import UpstreamError
+from ..engine.sampling import UpstreamError
 from .wire import (
     AssistantMessage,
     AudioPart,
