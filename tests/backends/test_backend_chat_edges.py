@@ -22,9 +22,10 @@ import openai
 import pytest
 
 from longresponse.backends.chat import ChatBackend, window_margin
-from longresponse.backends.chat_stream import ChunkReader, StreamChunk
+from longresponse.backends.chat_stream import ChunkReader
 from longresponse.backends.settings import SettingsError, load_toml, shown_url
 from longresponse.chat.mapping import messages_from_items
+from longresponse.chat.upstream import ChunkRecord as StreamChunk
 from longresponse.client import connect
 from longresponse.engine.failures import UpstreamError
 from longresponse.engine.sampling import ToolCallStart
