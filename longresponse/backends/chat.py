@@ -71,13 +71,11 @@ from urllib.parse import urlsplit
 import httpx
 import msgspec
 
-from protocol.items import FunctionTool
 from protocol.response import FormatText
 
-from ..chat.mapping import format_to_chat, messages_from_items, tool_choice_to_chat
+from ..chat.mapping import format_to_chat, messages_from_items, tool_choice_to_chat, tools_to_chat
 from ..config import BackendConfig
-from ..engine.failures import UpstreamError
-from ..engine.sampling import SampleChunk, SampleRequest, Stop, Usage
+from ..engine.sampling import SampleChunk, SampleRequest, Stop, UpstreamError, Usage
 from .chat_stream import ChunkReader, decode_chunk, refusal
 
 __all__ = [
@@ -118,7 +116,7 @@ def chat_body(
         "stream_options": {"include_usage": True},
     }
     if request.tools:
-        body["tools"] = [_tool(tool) for tool in request.tools]
+        body["tools"] = msgspec.to_builtins(tools_to_chat(request.tools))
         body["tool_choice"] = msgspec.to_builtins(tool_choice_to_chat(request.tool_choice))
         body["parallel_tool_calls"] = request.parallel_tool_calls
     set_output_limit(body, config, request, prompt_tokens)
@@ -162,17 +160,6 @@ def set_output_limit(
     if room < limit and prompt_tokens is None:
         return
     body[config.max_tokens_field] = max(1, min(limit, room))
-
-
-def _tool(tool: FunctionTool) -> dict[str, Any]:
-    function: dict[str, Any] = {"name": tool.name}
-    if tool.description is not None:
-        function["description"] = tool.description
-    if tool.parameters is not None:
-        function["parameters"] = tool.parameters
-    if tool.strict is not None:
-        function["strict"] = tool.strict
-    return {"type": "function", "function": function}
 
 
 class ChatBackend:

@@ -5,9 +5,11 @@ Theory of operation
 An engine's ``POST /chat/completions`` with ``stream: true`` answers with
 Server-Sent Events, one ``chat.completion.chunk`` per ``data:`` record and
 ``data: [DONE]`` at the end. :class:`ChunkReader` turns the decoded chunks
-into the sampler's vocabulary (``longresponse.engine.sampling``) in an order
-the engine's :class:`~longresponse.engine.stream.StreamBuilder` accepts: one
-output item open at a time, each closed by an ``ItemEnd``.
+(``longresponse.chat.upstream.ChunkRecord``, whose choices, deltas and usage
+are the server's own ``longresponse.chat.wire`` types) into the sampler's
+vocabulary (``longresponse.engine.sampling``) in an order the engine's
+:class:`~longresponse.engine.stream.StreamBuilder` accepts: one output item
+open at a time, each closed by an ``ItemEnd``.
 
 - ``delta.content`` is text: :class:`TextDelta`; text that comes after a
   call began (rare) is kept and sent as a message after the calls.
@@ -31,7 +33,7 @@ output item open at a time, each closed by an ``ItemEnd``.
   ``prompt_tokens_details.cached_tokens`` included: one :class:`Usage`.
 
 :func:`refusal` maps an engine's HTTP error (status, body, ``Retry-After``)
-to :class:`~longresponse.engine.failures.UpstreamError` with the shipped code:
+to :class:`~longresponse.engine.sampling.UpstreamError` with the shipped code:
 401/403 the engine refused our credentials (``upstream_unavailable``, the
 key never quoted); 404 ``upstream_unavailable`` too (the server's backend
 is misconfigured); 429 ``rate_limit_exceeded`` with the retry hint; a
@@ -49,7 +51,8 @@ from typing import Final
 
 import msgspec
 
-from ..engine.failures import UpstreamError
+from ..chat.upstream import ChatError, ChunkRecord, decode_chat_error, decode_chunk_record
+from ..chat.wire import ChatUsage, ToolCallDelta
 from ..engine.sampling import (
     ArgumentsDelta,
     ItemEnd,
@@ -58,13 +61,13 @@ from ..engine.sampling import (
     Stop,
     TextDelta,
     ToolCallStart,
+    UpstreamError,
     Usage,
 )
 from .responses_wire import redact
 
 __all__ = [
     "ChunkReader",
-    "StreamChunk",
     "decode_chunk",
     "refusal",
     "responses_param",
@@ -72,86 +75,10 @@ __all__ = [
 ]
 
 
-class _FunctionDelta(msgspec.Struct, frozen=True):
-    name: str | None = None
-    arguments: str | None = None
-
-
-class _ToolCallDelta(msgspec.Struct, frozen=True):
-    index: int | None = None
-    id: str | None = None
-    function: _FunctionDelta | None = None
-
-
-class _Delta(msgspec.Struct, frozen=True):
-    content: str | None = None
-    reasoning_content: str | None = None
-    reasoning: str | None = None
-    tool_calls: list[_ToolCallDelta] | None = None
-
-
-class _Choice(msgspec.Struct, frozen=True):
-    index: int = 0
-    delta: _Delta | None = None
-    finish_reason: str | None = None
-
-
-class _PromptDetails(msgspec.Struct, frozen=True):
-    cached_tokens: int | None = None
-
-
-class _CompletionDetails(msgspec.Struct, frozen=True):
-    reasoning_tokens: int | None = None
-
-
-class _Usage(msgspec.Struct, frozen=True):
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    prompt_tokens_details: _PromptDetails | None = None
-    completion_tokens_details: _CompletionDetails | None = None
-
-
-class _ErrorBody(msgspec.Struct, frozen=True):
-    message: str = ""
-    type: str | None = None
-    param: str | None = None
-    code: str | int | None = None
-
-
-class StreamChunk(msgspec.Struct, frozen=True):
-    """One ``chat.completion.chunk`` as read (unknown fields are ignored), or
-    an error record some engines send mid-stream: OpenAI's ``{"error": {...}}``,
-    or vLLM's bare ``{"object": "error", "message", "type", "param", "code"}``."""
-
-    choices: list[_Choice] = msgspec.field(default_factory=list)
-    usage: _Usage | None = None
-    error: _ErrorBody | None = None
-    object: str | None = None
-    message: str | None = None
-    type: str | None = None
-    param: str | None = None
-    code: str | int | None = None
-
-    def error_record(self) -> _ErrorBody | None:
-        """The error this record carries, if it is one."""
-        if self.error is not None:
-            return self.error
-        bare = self.object == "error" or (self.message is not None and not self.choices)
-        if not bare or self.usage is not None:
-            return None
-        return _ErrorBody(
-            message=self.message or "", type=self.type, param=self.param, code=self.code
-        )
-
-
-_chunk_decoder: Final = msgspec.json.Decoder(StreamChunk)
-_error_decoder: Final = msgspec.json.Decoder(_ErrorBody)
-
-
-def decode_chunk(data: bytes | str) -> StreamChunk:
+def decode_chunk(data: bytes | str) -> ChunkRecord:
     """A ``data:`` record's chunk; raises :class:`UpstreamError` if it is not one."""
     try:
-        return _chunk_decoder.decode(data)
+        return decode_chunk_record(data)
     except (msgspec.DecodeError, RecursionError, UnicodeError):
         raise UpstreamError(
             "The upstream engine sent a stream record that is not a chat completion chunk.",
@@ -179,7 +106,7 @@ class ChunkReader:
         self._last = 0  # the call the latest piece went to
         self._late: list[str] = []
         self._finish: str | None = None
-        self._usage: _Usage | None = None
+        self._usage: ChatUsage | None = None
         self._reasoning: list[str] = []
         #: Whether anything the client sees has been produced.
         self.output_started = False
@@ -191,7 +118,7 @@ class ChunkReader:
         """The engine gave its ``finish_reason``."""
         return self._finish is not None
 
-    def feed(self, chunk: StreamChunk) -> list[SampleChunk]:
+    def feed(self, chunk: ChunkRecord) -> list[SampleChunk]:
         """The sampler chunks of one stream chunk (possibly none)."""
         out: list[SampleChunk] = []
         if (error := chunk.error_record()) is not None:
@@ -219,7 +146,7 @@ class ChunkReader:
         self.output_started = self.output_started or bool(out)
         return out
 
-    def _call_piece(self, piece: _ToolCallDelta, out: list[SampleChunk]) -> None:
+    def _call_piece(self, piece: ToolCallDelta, out: list[SampleChunk]) -> None:
         index = self._last if piece.index is None else piece.index
         call = self._calls.get(index)
         if call is not None and piece.id and call.call_id and piece.id != call.call_id:
@@ -231,7 +158,7 @@ class ChunkReader:
         self._last = index
         if piece.id:
             call.call_id = piece.id
-        function = piece.function
+        function = piece.function or None  # (UNSET or null: no function piece)
         if function is not None and function.name and not call.name:
             call.name = function.name  # (engines that repeat it on each piece: once)
         if function is not None and function.arguments:
@@ -328,22 +255,22 @@ def responses_param(param: str | None) -> str | None:
     return _TOOLS.sub(lambda m: f"tools[{m[1]}]{m[2]}", param)
 
 
-def _error_body(body: bytes) -> _ErrorBody:
+def _error_body(body: bytes) -> ChatError:
     """The ``error`` object of an engine's error answer (OpenAI's shape, or vLLM's bare one)."""
     try:
         wrapped = msgspec.json.decode(body)
     except (msgspec.DecodeError, RecursionError, UnicodeError):
-        return _ErrorBody(message=body[:500].decode("utf-8", "replace").strip())
+        return ChatError(message=body[:500].decode("utf-8", "replace").strip())
     inner = wrapped.get("error", wrapped) if isinstance(wrapped, dict) else None
     if isinstance(inner, str):
-        return _ErrorBody(message=inner)
+        return ChatError(message=inner)
     if not isinstance(inner, dict):
-        return _ErrorBody()
+        return ChatError()
     try:
-        return _error_decoder.decode(msgspec.json.encode(inner))
+        return decode_chat_error(msgspec.json.encode(inner))
     except msgspec.ValidationError:
         message = inner.get("message")
-        return _ErrorBody(message=message if isinstance(message, str) else "")
+        return ChatError(message=message if isinstance(message, str) else "")
 
 
 def retry_after(value: str | None) -> float | None:
@@ -401,7 +328,7 @@ def refusal(
     return UpstreamError(f"The upstream engine failed (HTTP {status}): {said}")
 
 
-def _mid_stream(error: _ErrorBody, started: bool, secret: str | None) -> UpstreamError:
+def _mid_stream(error: ChatError, started: bool, secret: str | None) -> UpstreamError:
     """An ``error`` record in the stream: the engine broke off the turn."""
     status = error.code if isinstance(error.code, int) and 400 <= error.code < 600 else 502
     body = msgspec.json.encode({"error": msgspec.to_builtins(error)})

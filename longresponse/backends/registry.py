@@ -5,8 +5,11 @@ Each :class:`~longresponse.config.BackendConfig` becomes one :class:`Backend`
 an unused backend's dependencies are never loaded), which owns the network
 clients shared by every rollout of its model and hands each rollout a sampler
 of its own. :func:`serve_backends` adds one
-:class:`~longresponse.engine.sampling.ModelSpec` per backend to the registry;
-the app closes the backends when it stops (:func:`close_backends`).
+:class:`~longresponse.engine.sampling.ModelSpec` per backend to the registry
+(no ``check_request``: the ``sim_*`` metadata is the simulated model's own;
+its compaction is the simulated models' :func:`~.sim.sampler.summarize`, as
+the server has no model-written summary); the app closes the backends when it
+stops (:func:`close_backends`).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from protocol import ErrorCode, RemoteProtocolError
 from ..config import BackendConfig, SimConfig
 from ..engine.sampling import ModelSpec, Sampler
 from .settings import SettingsError
-from .sim.sampler import SimSampler
+from .sim.sampler import sim_spec, summarize
 
 __all__ = [
     "Backend",
@@ -48,13 +51,7 @@ class ModelRegistry:
         # Two simulated models with the same behaviour and separate sampler
         # state, so that switching models mid-conversation can be exercised.
         self._models: dict[str, ModelSpec] = {
-            name: ModelSpec(
-                name=name,
-                context_window=sim.context_window,
-                max_output_tokens=128_000,
-                make_sampler=lambda: SimSampler(sim),
-            )
-            for name in ("sim", "sim-alt")
+            name: sim_spec(name, sim) for name in ("sim", "sim-alt")
         }
         self.resolutions = 0  # how many times resolve() ran (for measurement)
         #: Optional shared counters (the pipeline's) that also count resolutions.
@@ -69,6 +66,11 @@ class ModelRegistry:
     def add(self, spec: ModelSpec) -> None:
         """Serve ``spec`` under its name (a real backend; replaces a sim of that name)."""
         self._models[spec.name] = spec
+
+    def get(self, name: str | None) -> ModelSpec | None:
+        """The model named ``name`` (``None``: ``sim``), if served; not counted as
+        a resolution, and never an error (:meth:`resolve` refuses an unknown name)."""
+        return self._models.get(name or "sim")
 
     def resolve(self, name: str | None) -> ModelSpec:
         """The model named ``name`` (``None`` means the default, ``sim``).
@@ -141,6 +143,8 @@ def serve_backends(registry: ModelRegistry, backends: Iterable[Backend]) -> None
                 max_output_tokens=config.max_output_tokens,
                 make_sampler=backend.make_sampler,
                 owned_by=config.kind,
+                # No sim_* checks; compaction keeps the simulated models' summary.
+                summarize=summarize,
             )
         )
 

@@ -47,8 +47,7 @@ import httpx
 import msgspec
 
 from ..config import BackendConfig
-from ..engine.failures import UpstreamError
-from ..engine.sampling import SampleChunk, SampleRequest, Stop, Usage
+from ..engine.sampling import SampleChunk, SampleRequest, Stop, UpstreamError, Usage
 from .registry import missing_keys
 from .responses_wire import (
     CHAIN_LOST,

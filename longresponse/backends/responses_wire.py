@@ -42,7 +42,7 @@ counts) and Stop. Reasoning items are not streamed: their summary and
 content are skipped (the StreamBuilder writes messages and calls only), and
 only their token count reaches the usage. ``response.failed`` and ``error``
 events, and the HTTP statuses of a refused request (:func:`refused`), become
-:class:`~longresponse.engine.failures.UpstreamError` with the shipped code.
+:class:`~longresponse.engine.sampling.UpstreamError` with the shipped code.
 No message of this module ever holds the API key: the errors quote the
 upstream's own message with the key cut out (:func:`redact`), and a refusal
 of the credentials is worded here.
@@ -69,7 +69,6 @@ from msgspec import UNSET
 from protocol.items import FunctionCall, FunctionCallOutput, Item, Message
 
 from ..config import BackendConfig
-from ..engine.failures import UpstreamError
 from ..engine.sampling import (
     ArgumentsDelta,
     ItemEnd,
@@ -78,6 +77,7 @@ from ..engine.sampling import (
     Stop,
     TextDelta,
     ToolCallStart,
+    UpstreamError,
     Usage,
 )
 

@@ -54,8 +54,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 from websockets.protocol import State
 
 from ..config import BackendConfig
-from ..engine.failures import UpstreamError
-from ..engine.sampling import SampleChunk, SampleRequest, Stop, Usage
+from ..engine.sampling import SampleChunk, SampleRequest, Stop, UpstreamError, Usage
 from .responses_http import api_key, auth_headers, retry_wait
 from .responses_wire import (
     CHAIN_LOST,

@@ -57,7 +57,7 @@ from protocol.items import (
 )
 from protocol.response import FormatJSONObject, FormatJSONSchema, FormatText, TextFormat
 
-from ..engine.failures import UpstreamError
+from ..engine.sampling import UpstreamError
 from .wire import (
     AssistantMessage,
     AudioPart,
@@ -67,6 +67,7 @@ from .wire import (
     Content,
     DeveloperMessage,
     FilePart,
+    FunctionDefinition,
     FunctionName,
     ImagePart,
     JSONSchemaSpec,
@@ -94,6 +95,7 @@ __all__ = [
     "tool_choice_from_chat",
     "tool_choice_to_chat",
     "tools_from_chat",
+    "tools_to_chat",
 ]
 
 
@@ -333,6 +335,21 @@ def tools_from_chat(tools: Sequence[ChatTool] | None) -> list[FunctionTool]:
             description=tool.function.description,
         )
         for tool in tools or ()
+    ]
+
+
+def tools_to_chat(tools: Sequence[FunctionTool]) -> list[ChatTool]:
+    """The engine's function tools as chat ``tools`` (the reverse of :func:`tools_from_chat`)."""
+    return [
+        ChatTool(
+            function=FunctionDefinition(
+                name=tool.name,
+                description=tool.description,
+                parameters=tool.parameters,
+                strict=tool.strict,
+            )
+        )
+        for tool in tools
     ]
 
 

@@ -26,7 +26,9 @@ a backend that calls such an engine can encode one:
 - :class:`ChatCompletion` (``object: "chat.completion"``) and
   :class:`ChatCompletionChunk` (``object: "chat.completion.chunk"``), the
   shapes the official SDK parses; a chunk's tool calls are index-based
-  deltas (:class:`ToolCallDelta`).
+  deltas (:class:`ToolCallDelta`);
+- what only an engine sends (its stream records read leniently, its error
+  objects) is in :mod:`.upstream`, built from these same deltas and usage.
 
 A msgspec validation error becomes a :class:`RemoteProtocolError` carrying
 the shipped ``code`` and a ``param`` in the shipped spelling
@@ -191,16 +193,18 @@ class ToolMessage(_Message, frozen=True, tag="tool"):
 ChatMessage = SystemMessage | DeveloperMessage | UserMessage | AssistantMessage | ToolMessage
 
 
-class FunctionDefinition(_Strict, frozen=True):
+class FunctionDefinition(_Strict, frozen=True, omit_defaults=True):
+    """A function tool (sent by a backend with the unset fields left out)."""
+
     name: str
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
 
 
-class ChatTool(_Strict, frozen=True):
-    function: FunctionDefinition
+class ChatTool(_Strict, frozen=True, kw_only=True):
     type: Literal["function"] = "function"
+    function: FunctionDefinition
 
 
 class FunctionName(_Strict, frozen=True):
@@ -345,9 +349,12 @@ class CompletionTokensDetails(Struct, frozen=True, kw_only=True):
 
 
 class ChatUsage(Struct, frozen=True, kw_only=True):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
+    """Token counts (an engine may leave out any of them: 0, as llama.cpp's
+    stream omits ``total_tokens``)."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
     prompt_tokens_details: PromptTokensDetails | None = None
     completion_tokens_details: CompletionTokensDetails | None = None
 
@@ -400,9 +407,10 @@ class FunctionCallDelta(_Out, frozen=True):
 
 class ToolCallDelta(_Out, frozen=True):
     """One call's piece in a chunk: the first carries ``id``, ``type`` and the
-    name (arguments ``""``); later ones the same ``index`` and argument text."""
+    name (arguments ``""``); later ones the same ``index`` and argument text.
+    (This server always sends ``index``; older Ollama leaves it out.)"""
 
-    index: int
+    index: int | None = None
     id: str | UnsetType | None = UNSET
     type: str | UnsetType | None = UNSET
     function: FunctionCallDelta | UnsetType | None = UNSET
@@ -411,13 +419,19 @@ class ToolCallDelta(_Out, frozen=True):
 class ChunkDelta(_Out, frozen=True):
     role: str | UnsetType | None = UNSET
     content: str | UnsetType | None = UNSET
+    #: The reasoning, as vLLM and DeepSeek name it (newer vLLM: ``reasoning``,
+    #: read, never sent by this server).
     reasoning_content: str | UnsetType | None = UNSET
+    reasoning: str | UnsetType | None = UNSET
     tool_calls: list[ToolCallDelta] | UnsetType | None = UNSET
 
 
 class ChunkChoice(Struct, frozen=True, kw_only=True):
-    index: int
-    delta: ChunkDelta
+    """A chunk's choice (this server sends all of it; an engine may leave out
+    ``index``, meaning 0, or the ``delta``)."""
+
+    index: int = 0
+    delta: ChunkDelta | None = None
     finish_reason: str | None = None
     logprobs: Any = None
 
@@ -435,6 +449,7 @@ class ChatCompletionChunk(
     usage: ChatUsage | UnsetType | None = UNSET
     #: ``null`` from this server, on every chunk (as on the completion).
     system_fingerprint: str | UnsetType | None = UNSET
+
 
 
 # --- decoding ----------------------------------------------------------------

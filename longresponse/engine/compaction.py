@@ -3,13 +3,14 @@
 Theory of operation
 -------------------
 A **compaction** replaces a rollout's context with a smaller **window**: the
-``compaction`` item, then the summary it stands for. The simulated models'
-summary (:func:`summarize`) is deterministic and keeps what their final
-answer quotes: every user, system and developer message, every function
-call, and the head (:data:`~longresponse.backends.sim.sampler.QUOTE_CHARS`
-characters) of every tool output; assistant messages, reasoning and earlier
-compaction items are dropped. So a conversation compacted any number of times
-still answers with the request and the tool outputs' heads.
+``compaction`` item, then the summary it stands for. The summary is the
+model's: its :class:`~longresponse.engine.sampling.ModelSpec` says how it
+summarizes (``summarize``). Every model served here uses the simulated
+models' summary (``longresponse.backends.sim.sampler.summarize``), which is
+deterministic and keeps what their final answer quotes (the messages that
+are not the assistant's, the calls, the head of every tool output), so a
+conversation compacted any number of times still answers with the request
+and the tool outputs' heads.
 
 The summary travels inside the item. :class:`CompactionKey` seals it with
 AES-256-GCM (``cryptography``): the plaintext is the msgpack of the summary
@@ -49,18 +50,10 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from protocol import ErrorCode, RemoteProtocolError
 from protocol.events import ResponseCreate
-from protocol.items import (
-    Compaction,
-    CompactionTrigger,
-    FunctionCall,
-    FunctionCallOutput,
-    Item,
-    Message,
-    item_text,
-)
+from protocol.items import Compaction, CompactionTrigger, Item
 
-from ..backends.sim.sampler import QUOTE_CHARS
 from ..ids import new_id
+from .sampling import Summarize
 
 __all__ = [
     "KEY_BYTES",
@@ -74,7 +67,6 @@ __all__ = [
     "compact_threshold",
     "drain",
     "refused",
-    "summarize",
 ]
 
 #: Bytes of the AES-256-GCM key.
@@ -192,22 +184,11 @@ def refused(param: str) -> RemoteProtocolError:
 # --- the window ----------------------------------------------------------------
 
 
-def summarize(context: Sequence[Item]) -> list[Item]:
-    """The simulated models' summary of ``context`` (see the module docstring)."""
-    kept: list[Item] = []
-    for item in context:
-        if isinstance(item, FunctionCall) or (
-            isinstance(item, Message) and item.role != "assistant"
-        ):
-            kept.append(item)
-        elif isinstance(item, FunctionCallOutput):
-            head = item_text(item.output)[:QUOTE_CHARS]
-            kept.append(msgspec.structs.replace(item, output=head))
-    return kept
-
-
-def compact(context: Sequence[Item], compactor: Compactor) -> tuple[Compaction, list[Item]]:
-    """Compact ``context``: its compaction item, and the window that replaces it."""
+def compact(
+    context: Sequence[Item], compactor: Compactor, summarize: Summarize
+) -> tuple[Compaction, list[Item]]:
+    """Compact ``context`` with the model's ``summarize``: its compaction item, and
+    the window that replaces it."""
     summary = summarize(context)
     item = compactor.seal(summary)
     return item, [item, *summary]

@@ -6,10 +6,9 @@ fail with :class:`ContextLengthExceeded`); the rollout applies it.
 :class:`TurnRefused` is raised by the serve layer's post-inference work when
 it cannot accept a finished turn (a ``store=true`` write that failed).
 :func:`failure` is the ``error`` a response that failed while running
-reports. :class:`UpstreamError` is raised by a real model backend
-(``longresponse.backends``) whose engine failed or refused; it carries the
-shipped code, HTTP status, ``param`` and retry hint the server reports, and
-never the upstream's credentials. A turn it ends is cut short
+reports. An :class:`~longresponse.engine.sampling.UpstreamError` (part of
+the sampler interface, re-exported here) is raised by a real model backend
+whose engine failed or refused. A turn it ends is cut short
 (``Rollout._cut_short``): the item being written ends ``incomplete`` and what
 the model wrote stays, all of it but a call cut short (:func:`kept`). In
 append mode the rollout then reports it with :func:`upstream_error_event` and
@@ -28,7 +27,7 @@ from protocol.items import FunctionCall, Item
 from protocol.response import ResponseError
 
 from .render import items_to_drop, render_item, render_prefix
-from .sampling import ModelSpec
+from .sampling import ModelSpec, UpstreamError
 
 __all__ = [
     "ContextLengthExceeded",
@@ -54,49 +53,6 @@ class TurnRefused(Exception):
     def __init__(self, error: ResponseError) -> None:
         super().__init__(error.message)
         self.error = error
-
-
-class UpstreamError(Exception):
-    """The engine behind a model failed or refused a turn.
-
-    ``code`` is the shipped error code (``upstream_unavailable`` with status
-    502 when it cannot be reached or broke off; ``rate_limit_exceeded`` 429
-    with ``retry_after`` seconds; ``context_length_exceeded`` or
-    ``invalid_request_error`` codes 400 with ``param`` when it refused the
-    request). ``output_started`` says whether any of the turn's output had
-    already been produced when it failed.
-    """
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        code: str = "upstream_unavailable",
-        status: int = 502,
-        param: str | None = None,
-        retry_after: float | None = None,
-        output_started: bool = False,
-    ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.code = code
-        self.status = status
-        self.param = param
-        self.retry_after = retry_after
-        self.output_started = output_started
-
-    @property
-    def transient(self) -> bool:
-        """The engine could not serve the turn now (unreachable, failed, rate
-        limited), rather than refusing the request: trying again may work."""
-        return self.status == 429 or self.status >= 500
-
-    @property
-    def error_type(self) -> str:
-        """The envelope's ``type``: who is at fault."""
-        if self.status == 429:
-            return "rate_limit_error"
-        return "invalid_request_error" if 400 <= self.status < 500 else "server_error"
 
 
 def cut_to_window(

@@ -744,7 +744,7 @@ class Rollout:
         item; its window becomes the context. The item's events go to ``reply``."""
         assert self.compactor is not None, "the serve layer gives every rollout a compactor"
         await reply.sink.room()
-        item, window = compact(self.context, self.compactor)
+        item, window = compact(self.context, self.compactor, self.model.summarize)
         self.counts.input_tokens += len(self.tokens)
         self.counts.cached_tokens += cached
         self._start_window()

@@ -6,8 +6,15 @@ much of it is cached, the tools and the budget) into an async stream of
 :data:`SampleChunk`: text deltas, tool-call starts, argument deltas, item
 ends, whole reasoning items (a real engine's), at most one :class:`Usage` (a
 real engine's own counts) and one :class:`Stop`. A :class:`ModelSpec` is a
-model as the registry holds it: its limits and how to make a sampler for one
-rollout.
+model as the registry holds it: its limits, how to make a sampler for one
+rollout, how it checks a request's ``metadata`` (``check_request``) and how
+it summarizes a context when it compacts (``summarize``).
+
+This module is the whole interface a backend (``longresponse.backends``,
+the simulated model included) may import from the engine: besides the
+types, the tokenizer every budget and count is in (:func:`encode`, the
+engine's o200k) and :class:`UpstreamError`, what a sampler raises when the
+engine behind it fails or refuses.
 """
 
 from __future__ import annotations
@@ -20,6 +27,8 @@ from protocol.events import ResponseCreate
 from protocol.items import FunctionTool, Item, ToolChoice
 from protocol.response import TextFormat
 
+from .render import encode
+
 __all__ = [
     "ArgumentsDelta",
     "ItemEnd",
@@ -29,9 +38,12 @@ __all__ = [
     "SampleRequest",
     "Sampler",
     "Stop",
+    "Summarize",
     "TextDelta",
     "ToolCallStart",
+    "UpstreamError",
     "Usage",
+    "encode",
     "release",
 ]
 
@@ -161,9 +173,19 @@ async def release(sampler: Sampler) -> None:
         await close()
 
 
+#: A model's summary of a context, for a compaction: the items its window keeps.
+Summarize = Callable[[Sequence[Item]], list[Item]]
+
+
+def _whole(context: Sequence[Item]) -> list[Item]:
+    """No summary: the window keeps the context as it is."""
+    return list(context)
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class ModelSpec:
-    """A resolved model: its limits, and how to make a sampler for one rollout."""
+    """A resolved model: its limits, how to make a sampler for one rollout, and
+    its own checks and summary."""
 
     name: str
     context_window: int
@@ -171,8 +193,60 @@ class ModelSpec:
     make_sampler: Callable[[], Sampler]
     #: Who answers: ``longresponse`` (the simulated models) or the backend kind.
     owned_by: str = "longresponse"
+    #: The model's own check of a request's ``metadata``, run where the request's
+    #: other checks run (the simulated model's ``sim_*`` keys). Raises
+    #: :class:`~protocol.RemoteProtocolError`; nothing is accepted then.
+    check_request: Callable[[Mapping[str, str]], None] | None = None
+    #: How the model summarizes a context it compacts (the registry gives every
+    #: model served here the simulated models' summary); without one, the
+    #: window keeps the context whole.
+    summarize: Summarize = _whole
 
     def too_long(self, tokens: int) -> str:
         """The message of ``context_length_exceeded`` for a context of ``tokens``."""
         window = self.context_window
         return f"Your input is {tokens} tokens; the context window of {self.name} is {window}."
+
+
+class UpstreamError(Exception):
+    """The engine behind a model failed or refused a turn.
+
+    ``code`` is the shipped error code (``upstream_unavailable`` with status
+    502 when it cannot be reached or broke off; ``rate_limit_exceeded`` 429
+    with ``retry_after`` seconds; ``context_length_exceeded`` or
+    ``invalid_request_error`` codes 400 with ``param`` when it refused the
+    request). ``output_started`` says whether any of the turn's output had
+    already been produced when it failed. It never carries the upstream's
+    credentials.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str = "upstream_unavailable",
+        status: int = 502,
+        param: str | None = None,
+        retry_after: float | None = None,
+        output_started: bool = False,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        self.status = status
+        self.param = param
+        self.retry_after = retry_after
+        self.output_started = output_started
+
+    @property
+    def transient(self) -> bool:
+        """The engine could not serve the turn now (unreachable, failed, rate
+        limited), rather than refusing the request: trying again may work."""
+        return self.status == 429 or self.status >= 500
+
+    @property
+    def error_type(self) -> str:
+        """The envelope's ``type``: who is at fault."""
+        if self.status == 429:
+            return "rate_limit_error"
+        return "invalid_request_error" if 400 <= self.status < 500 else "server_error"

@@ -42,6 +42,8 @@ import jsonschema
 from protocol import ErrorCode, RemoteProtocolError
 from protocol.response import FormatJSONSchema, TextFormat
 
+from ..json_schema import resolve_ref, schema_types
+
 __all__ = [
     "FORMAT_NAME_PATTERN",
     "MAX_NESTING",
@@ -49,9 +51,7 @@ __all__ = [
     "MAX_SCHEMA_DEPTH",
     "STRICT_KEYWORDS",
     "check_format",
-    "resolve_ref",
     "schema_limits",
-    "schema_types",
 ]
 
 #: What ``text.format.name`` may be.
@@ -83,7 +83,6 @@ STRICT_KEYWORDS: Final = frozenset(
     }
 )  # fmt: skip
 
-_TYPES: Final = frozenset({"object", "array", "string", "number", "integer", "boolean", "null"})
 _SCHEMA_PARAM: Final = "text.format.schema"
 
 
@@ -190,28 +189,3 @@ def _check_strict(schema: Any, root: Mapping[str, Any], where: str, nesting: int
             _check_strict(sub, root, f"{where}/properties/{key}", nesting + 1)
     if "array" in types and "items" in schema:
         _check_strict(schema["items"], root, f"{where}/items", nesting + 1)
-
-
-def schema_types(schema: Mapping[str, Any]) -> list[str]:
-    kind = schema.get("type")
-    if isinstance(kind, str):
-        return [kind] if kind in _TYPES else []
-    if isinstance(kind, list):
-        return [k for k in kind if k in _TYPES]
-    return []
-
-
-def resolve_ref(ref: Any, root: Mapping[str, Any]) -> Any:
-    """The subschema a local ``$ref`` (``#`` or a JSON pointer into the root) names."""
-    if not isinstance(ref, str) or not ref.startswith("#"):
-        return None
-    node: Any = root
-    for raw in ref[1:].split("/")[1:]:
-        part = raw.replace("~1", "/").replace("~0", "~")
-        if isinstance(node, Mapping) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        else:
-            return None
-    return node

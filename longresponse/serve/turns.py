@@ -3,10 +3,11 @@
 Theory of operation
 -------------------
 Whatever the transport, a request that starts model work goes through the
-same steps. The request's own checks (``background``, the simulated model's
-``sim_*`` metadata) are each shape's, made where its order of errors puts
-them. The rest is the engine's (``longresponse.engine.turn``), in two calls
-that :meth:`Turns.start_turn` makes one after the other, calling down only:
+same steps. The request's own checks (``background``, the metadata its
+model checks: the simulated model's ``sim_*`` keys) are each shape's, made
+where its order of errors puts them. The rest is the engine's
+(``longresponse.engine.turn``), in two calls that :meth:`Turns.start_turn`
+makes one after the other, calling down only:
 :func:`~longresponse.engine.turn.admit_turn` (the model, admission, the
 rollout) with the server's pipeline, limits and models and the owner's
 compactor; then, once the inspector has wrapped the transport's sink for the
@@ -30,7 +31,6 @@ from protocol.items import Item
 from protocol.response import Response, ResponseError
 
 from ..backends.registry import ModelRegistry
-from ..backends.sim.sampler import check_sim_metadata
 from ..config import ServerConfig
 from ..engine.admission import Pipeline
 from ..engine.compaction import CompactionKey, Compactor
@@ -129,9 +129,15 @@ class Turns:
             )
         return True
 
-    def check_metadata(self, request: ResponseCreate) -> None:
-        """The simulated model's ``sim_*`` metadata. Raises :class:`RemoteProtocolError`."""
-        check_sim_metadata(request.metadata)
+    def check_metadata(self, request: ResponseCreate, model: ModelSpec | None = None) -> None:
+        """The request's ``metadata`` as its model checks it (the simulated model's
+        ``sim_*`` keys; a real backend's model checks none). ``model`` is the
+        model when the caller resolved it already; an unknown model is left to
+        resolution to refuse. Raises :class:`RemoteProtocolError`."""
+        if model is None:
+            model = self.models.get(request.model if isinstance(request.model, str) else None)
+        if model is not None and model.check_request is not None:
+            model.check_request(request.metadata)
 
     def resolve(self, request: ResponseCreate, parent: Rollout | None = None) -> ModelSpec:
         """The request's model, reused from ``parent`` when the name is unchanged."""

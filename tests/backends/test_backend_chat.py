@@ -24,7 +24,8 @@ import pytest
 from openai.types.responses import ResponseStreamEvent
 
 from longresponse.backends.chat import ChatBackend, chat_body, window_margin
-from longresponse.backends.chat_stream import ChunkReader, StreamChunk, refusal, responses_param
+from longresponse.backends.chat_stream import ChunkReader, refusal, responses_param
+from longresponse.chat.upstream import ChunkRecord as StreamChunk
 from longresponse.client import connect
 from longresponse.config import BackendConfig
 from longresponse.engine.sampling import (

@@ -22,9 +22,10 @@ import openai
 import pytest
 
 from longresponse.backends.chat import ChatBackend, window_margin
-from longresponse.backends.chat_stream import ChunkReader, StreamChunk
+from longresponse.backends.chat_stream import ChunkReader
 from longresponse.backends.settings import SettingsError, load_toml, shown_url
 from longresponse.chat.mapping import messages_from_items
+from longresponse.chat.upstream import ChunkRecord as StreamChunk
 from longresponse.client import connect
 from longresponse.engine.failures import UpstreamError
 from longresponse.engine.sampling import ToolCallStart
@@ -487,3 +488,38 @@ def test_an_image_for_a_chat_engine_is_refused_over_http(
         )
     assert refused.value.code == "invalid_value"
     assert peer.requests == []  # nothing was sent with the image left out
+
+
+# --- the sim_* metadata is the simulated model's own ---------------------------------
+
+
+async def test_sim_metadata_is_not_checked_for_a_real_backends_model(
+    make_server: Any, engine: list[StandIn]
+) -> None:
+    """``sim_*`` keys are checked by the simulated model only: a real backend's
+    model takes them as any metadata (sent on to its engine), on every shape."""
+    peer = stand_in(engine, lambda number, body: [text_answer()])
+    front = gateway(make_server, peer.url, max_retries=0)
+    odd = {"sim_tool_calls": "x", "sim_ttft_ms": "forever"}
+    async with connect(front.url) as client:  # append mode
+        await client.create(model="engine", input="hi", metadata=odd)
+        done = (await client.until_done())[-1]
+    assert isinstance(done, ResponseDone)
+    assert done.response.status == "completed"
+    with openai_client(front).responses.connect() as conn:  # the shipped WebSocket shape
+        conn.response.create(model="engine", input="hi", metadata=odd, store=False)
+        for event in conn:
+            if event.type in ("response.completed", "response.failed", "error"):
+                break
+    assert event.type == "response.completed"
+    http = openai_client(front)
+    assert http.responses.create(model="engine", input="hi", metadata=odd).status == "completed"
+    chat = http.chat.completions.create(
+        model="engine", messages=[{"role": "user", "content": "hi"}], metadata=odd
+    )
+    assert chat.choices[0].message.content == "ok"
+    assert [request["metadata"] for request in peer.requests] == [odd] * 4
+    # The simulated model still refuses them.
+    with pytest.raises(openai.BadRequestError) as refused:
+        http.responses.create(model="sim", input="hi", metadata=odd)
+    assert refused.value.code == "invalid_value"

@@ -28,8 +28,11 @@ tokens) comes from the server flags, overridable per request by ``metadata``:
 ``sim_ttft_ms``           time to first token for this request (0 to 600,000)
 
 A value outside its range (or not finite) is refused up front with
-``invalid_value`` (:func:`check_sim_metadata`), so no request can make the
-model sleep forever or plan a million calls.
+``invalid_value`` (:func:`check_sim_metadata`, the ``check_request`` of the
+sim's :class:`~longresponse.engine.sampling.ModelSpec`, run only for a
+request the sim serves), so no request can make the model sleep forever or
+plan a million calls. A compaction keeps what the answer quotes
+(:func:`summarize`).
 
 The answer is generated lazily: the quoted summary is built (it is as long as
 the context's user messages and outputs, at most 40 characters each), then
@@ -48,7 +51,7 @@ import functools
 import hashlib
 import math
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any, Final
 
 import msgspec
@@ -58,6 +61,7 @@ from protocol.items import (
     FunctionCall,
     FunctionCallOutput,
     FunctionTool,
+    Item,
     Message,
     ToolChoiceFunction,
     item_text,
@@ -65,15 +69,16 @@ from protocol.items import (
 from protocol.response import FormatText
 
 from ...config import RANGES, SimConfig
-from ...engine.render import encode
 from ...engine.sampling import (
     ArgumentsDelta,
     ItemEnd,
+    ModelSpec,
     SampleChunk,
     SampleRequest,
     Stop,
     TextDelta,
     ToolCallStart,
+    encode,
 )
 from .structured import answer_in_format
 
@@ -88,6 +93,8 @@ __all__ = [
     "SimSampler",
     "check_sim_metadata",
     "example_for_schema",
+    "sim_spec",
+    "summarize",
 ]
 
 #: How much of each user message and tool output the sim's answer quotes.
@@ -166,6 +173,39 @@ def check_sim_metadata(metadata: Mapping[str, str]) -> None:
         _int_meta(metadata, key, 0)
     for key in _FLOAT_RANGES:
         _float_meta(metadata, key, 0.0)
+
+
+def summarize(context: Sequence[Item]) -> list[Item]:
+    """The simulated models' summary of ``context`` for a compaction: what their
+    final answer quotes. Every user, system and developer message, every
+    function call, and the head (:data:`QUOTE_CHARS` characters) of every tool
+    output; assistant messages, reasoning and earlier compaction items are
+    dropped. So a conversation compacted any number of times still answers
+    with the request and the tool outputs' heads."""
+    kept: list[Item] = []
+    for item in context:
+        if isinstance(item, FunctionCall) or (
+            isinstance(item, Message) and item.role != "assistant"
+        ):
+            kept.append(item)
+        elif isinstance(item, FunctionCallOutput):
+            head = item_text(item.output)[:QUOTE_CHARS]
+            kept.append(msgspec.structs.replace(item, output=head))
+    return kept
+
+
+def sim_spec(name: str, config: SimConfig) -> ModelSpec:
+    """The simulated model served as ``name``: its window, its ``sim_*`` checks
+    (:func:`check_sim_metadata`), its summary (:func:`summarize`), and a
+    :class:`SimSampler` for each rollout."""
+    return ModelSpec(
+        name=name,
+        context_window=config.context_window,
+        max_output_tokens=128_000,
+        make_sampler=lambda: SimSampler(config),
+        check_request=check_sim_metadata,
+        summarize=summarize,
+    )
 
 
 def example_for_schema(schema: Any, seed: int, name: str = "value") -> Any:

@@ -30,7 +30,7 @@ import msgspec
 
 from protocol.response import FormatJSONObject, FormatJSONSchema, TextFormat
 
-from ...engine.structured import resolve_ref, schema_types
+from ...json_schema import resolve_ref, schema_types
 from .patterns import pattern_example, pattern_matches
 
 __all__ = ["DEFAULT_ANSWER_TOKENS", "answer_in_format", "value_for_schema"]

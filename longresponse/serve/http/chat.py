@@ -12,7 +12,8 @@ envelope. A request is checked before anything runs:
    (types, ranges, unknown fields refused with their ``param``), and no
    field the server cannot honour is set (``unsupported_parameter``);
 2. ``model`` names a model (else 404 ``model_not_found``); ``n`` is 1;
-   ``stream_options`` only with ``stream``; the ``sim_*`` metadata is in range;
+   ``stream_options`` only with ``stream``; the metadata passes the model's
+   own check (the simulated model's ``sim_*`` keys are in range);
 3. tools (names, schemas), ``tool_choice``, ``response_format`` as the
    Responses path checks them, with chat's params (``tools[0].function.name``);
 4. the messages become items and the tool calls are paired with their
@@ -44,7 +45,7 @@ A model that raises is a ``server_error``: the shipped envelope with
 status 500 for ``stream: false``; for a stream, a last ``data:`` record
 holding that envelope (the official SDK raises on it), then ``[DONE]``.
 An engine behind a real backend that fails or refuses
-(:class:`~longresponse.engine.failures.UpstreamError`) keeps its own code,
+(:class:`~longresponse.engine.sampling.UpstreamError`) keeps its own code,
 status, ``param`` and type (429 ``rate_limit_exceeded`` with
 ``Retry-After``, 400 ``context_length_exceeded``, 502
 ``upstream_unavailable``), in the envelope or the stream's last record, and
@@ -79,7 +80,6 @@ from protocol import ErrorCode, LocalProtocolError, ProtocolError, RemoteProtoco
 from protocol.items import Item
 
 from ...backends.registry import ModelRegistry
-from ...backends.sim.sampler import check_sim_metadata
 from ...chat.engine import ChatPrompt, ChatTurn, render_prompt, render_tokens
 from ...chat.mapping import (
     format_from_chat,
@@ -215,7 +215,8 @@ class ChatCompletions:
                 param="stream_options",
             )
         metadata = body.metadata or {}
-        check_sim_metadata(metadata)
+        if model.check_request is not None:  # the simulated model's sim_* keys
+            model.check_request(metadata)
         tools = tools_from_chat(body.tools)
         text_format = format_from_chat(body.response_format)
         try:

@@ -15,9 +15,9 @@ owner; its pending calls may stay unanswered), then the input. It is
 admitted as a create's input is (validated, compaction items opened, read by
 the secrets classifier under the server's policy), taken in as a rollout
 takes input in (the latest compaction item supersedes what precedes it), and
-compacted with the simulated models' summary
-(``longresponse.engine.compaction``). No model turn runs and nothing is
-stored.
+compacted with the model's summary (its ``ModelSpec.summarize``: the
+simulated models' for every model served here; ``longresponse.engine.compaction``).
+No model turn runs and nothing is stored.
 
 The answer (``protocol.response.ResponseCompaction``) lists the
 conversation's user messages, then the compaction item; passed unchanged as
@@ -76,7 +76,7 @@ class CompactHTTP:
         try:
             owner = self.http._owner(request)
             body = _decode(await self.http._body(request))
-            self.turns.resolve(body)  # refuses an unknown model; the simulated ones compact alike
+            model = self.turns.resolve(body)  # refuses an unknown model
             compactor = self.turns.compactor(owner)
             assert compactor is not None  # the lifespan loaded the key
             history = await self._history(body.previous_response_id, owner)
@@ -84,7 +84,7 @@ class CompactHTTP:
                 as_items(body.input), history=history, cached=False, compactor=compactor
             )
             context = drain([*history, *admission.items], compactor).items
-            item, window = compact(context, compactor)
+            item, window = compact(context, compactor, model.summarize)
         except ProtocolError as error:
             return http_error(error)
         self.compactions += 1

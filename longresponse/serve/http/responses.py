@@ -140,7 +140,7 @@ class ResponsesHTTP:
             self.turns.check_background(body, transport=Transport.HTTP)
             self.turns.waits_in_place(body, beta=False, transport=Transport.HTTP)
             model = self.turns.resolve(body)
-            self.turns.check_metadata(body)
+            self.turns.check_metadata(body, model)
             decoded = time.perf_counter()
             new_items = as_items(body.input)
             continuation = await self.stored_continuation(body, new_items, owner)

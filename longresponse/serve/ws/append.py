@@ -128,7 +128,7 @@ class AppendShape:
                 status=429,
             )
         model = self.turns.resolve(event)
-        self.turns.check_metadata(event)
+        self.turns.check_metadata(event, model)
         new_items = as_items(event.input)
         # A new rollout has no calls yet: outputs must answer calls of the same input.
         check_continuation(new_items, {})
