@@ -1,16 +1,22 @@
 """The layers of the house, checked against the code (the idea of trio's ``test_exports``).
 
 - ``protocol/`` imports nothing of ``longresponse`` (and no I/O: ``test_protocol``);
-- ``longresponse.engine`` imports nothing of ``serve`` or ``storage``;
+- ``longresponse.engine`` imports nothing of ``backends``, ``chat``, ``serve``,
+  ``storage``, the client or the bench;
 - ``longresponse.storage`` imports nothing of ``engine`` (nor ``serve``);
-- ``longresponse.backends`` (real engines) imports nothing of ``serve`` or ``storage``;
-- the client imports nothing of the project but ``protocol``;
+- ``longresponse.backends`` (the sim and the real engines) imports nothing of
+  ``serve`` or ``storage``, and of the engine only the sampler interface
+  (``engine/sampling.py``);
+- the client imports nothing of the project but ``protocol``, and importing it
+  in a fresh interpreter loads no server library (the package ``__init__`` is lazy);
 - one state machine per response, in the protocol core: outside ``protocol/``
   only the engine's Reply drives one, and nothing assigns a response's state;
 - one owner per piece of state: only ``engine/rollout.py`` changes a Rollout's
   fields, only ``engine/reply.py`` a Reply's, only ``engine/segment.py`` a
   Segment's (everything else calls their methods);
-- no import circle inside the engine, not even a type-only one;
+- no import circle anywhere in ``protocol/`` and ``longresponse/``, not even a
+  type-only one (a lower module declares a ``Protocol`` for what it needs);
+- no test reads a private name of the product;
 - every module says what it does (a docstring). Modules are split by concern,
   never by line count: there is no size limit.
 """
@@ -98,10 +104,6 @@ def test_the_layers_are_where_the_layout_says() -> None:
 
 def test_protocol_imports_nothing_of_longresponse() -> None:
     assert offenders("protocol", ("longresponse",)) == {}
-
-
-def test_engine_imports_nothing_of_serve_or_storage() -> None:
-    assert offenders("longresponse.engine", ("longresponse.serve", "longresponse.storage")) == {}
 
 
 def test_storage_imports_nothing_of_engine_or_serve() -> None:
@@ -344,26 +346,120 @@ def test_the_field_checker_sees_a_write(tmp_path: pathlib.Path) -> None:
     ]
 
 
-def test_no_import_circle_in_the_engine() -> None:
-    # Type-only imports count too: where a lower module needs a higher one's
-    # type, it declares a small Protocol instead.
-    engine = dict(modules("longresponse.engine"))
-    graph = {
-        name: {m for m in imported(name, path) if m in engine and m != name}
-        for name, path in engine.items()
+# --- no import circle, type-only imports included ------------------------------
+
+
+def import_graph(packages: tuple[str, ...]) -> dict[str, set[str]]:
+    """Module -> the modules of ``packages`` it imports (any import, ``TYPE_CHECKING``
+    ones included), each edge to the most specific module that exists."""
+    paths = {name: path for package in packages for name, path in modules(package)}
+    graph: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        edges: set[str] = set()
+        for target in imported(name, path):
+            while target and target not in paths:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                edges.add(target)
+        graph[name] = edges
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected parts of ``graph`` with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            part = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                part.append(top)
+                if top == node:
+                    break
+            if len(part) > 1:
+                found.append(sorted(part))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_circle_anywhere() -> None:
+    graph = import_graph(("protocol", "longresponse"))
+    assert circles(graph) == []
+
+
+def test_the_circle_check_finds_a_planted_circle() -> None:
+    graph = import_graph(("protocol", "longresponse"))
+    # engine.rollout already imports engine.render; plant the way back.
+    assert "longresponse.engine.render" in graph["longresponse.engine.rollout"]
+    graph["longresponse.engine.render"] = {*graph["longresponse.engine.render"]}
+    graph["longresponse.engine.render"].add("longresponse.engine.rollout")
+    assert any(
+        {"longresponse.engine.render", "longresponse.engine.rollout"} <= set(part)
+        for part in circles(graph)
+    )
+
+
+# --- who may import what ---------------------------------------------------------
+
+ENGINE_MAY_NOT = (
+    "longresponse.backends",
+    "longresponse.chat",
+    "longresponse.serve",
+    "longresponse.storage",
+    "longresponse.client",
+    "longresponse.bench",
+)
+#: The one engine module a backend may import: the sampler interface.
+SAMPLER_INTERFACE = "longresponse.engine.sampling"
+
+
+def test_the_engine_imports_no_backend_chat_serve_or_storage() -> None:
+    assert offenders("longresponse.engine", ENGINE_MAY_NOT) == {}
+
+
+def backend_reaches(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Backend module -> the engine modules it imports other than the interface."""
+    return {
+        name: bad
+        for name, edges in graph.items()
+        if name.startswith("longresponse.backends")
+        and (
+            bad := {
+                e
+                for e in edges
+                if e.startswith("longresponse.engine") and e != SAMPLER_INTERFACE
+            }
+        )
     }
-    circles = []
-    for start in graph:
-        stack, seen = [start], set()
-        while stack:
-            module = stack.pop()
-            for other in graph[module]:
-                if other == start:
-                    circles.append(f"{start} imports itself back via {module}")
-                elif other not in seen:
-                    seen.add(other)
-                    stack.append(other)
-    assert circles == []
+
+
+def test_a_backend_reaches_the_engine_through_the_sampler_interface_only() -> None:
+    assert backend_reaches(import_graph(("longresponse",))) == {}
+
+
+def test_the_backend_check_sees_a_planted_reach() -> None:
+    graph = import_graph(("longresponse",))
+    graph["longresponse.backends.chat"].add("longresponse.engine.rollout")
+    assert backend_reaches(graph) == {"longresponse.backends.chat": {"longresponse.engine.rollout"}}
+
 
 
 # --- every transport's events go through the protocol core -------------------
