@@ -165,9 +165,9 @@ class ChatCompletions:
     async def complete(self, request: Request) -> Response:
         self.requests += 1
         try:
-            owner = self.http._owner(request)
+            owner = self.http.owner(request)
             self._check_room()
-            body = decode_chat_request(await self.http._body(request))
+            body = decode_chat_request(await self.http.read_body(request))
             turn, prompt = await self._start(body, owner)
         except ProtocolError as error:
             response = http_error(error)
@@ -392,8 +392,8 @@ class ChatCompletions:
 
     async def tokenize(self, request: Request) -> Response:
         try:
-            self.http._owner(request)
-            body = decode_tokenize_request(await self.http._body(request))
+            self.http.owner(request)
+            body = decode_tokenize_request(await self.http.read_body(request))
             model = self.models.resolve(body.model)
             if (body.prompt is None) == (body.messages is None):
                 raise RemoteProtocolError(

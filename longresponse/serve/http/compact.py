@@ -74,8 +74,8 @@ class CompactHTTP:
 
     async def compact(self, request: Request) -> Response:
         try:
-            owner = self.http._owner(request)
-            body = _decode(await self.http._body(request))
+            owner = self.http.owner(request)
+            body = _decode(await self.http.read_body(request))
             model = self.turns.resolve(body)  # refuses an unknown model
             compactor = self.turns.compactor(owner)
             assert compactor is not None  # the lifespan loaded the key

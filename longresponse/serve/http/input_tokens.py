@@ -67,8 +67,8 @@ class InputTokens:
     async def count(self, request: Request) -> Response:
         http = self.http
         try:
-            owner = http._owner(request)
-            raw = await http._body(request)
+            owner = http.owner(request)
+            raw = await http.read_body(request)
             body = decode_create_body(raw)  # JSON, types, unknown create parameters
             for key in _keys_decoder.decode(raw):
                 if key not in COUNT_PARAMETERS:

@@ -100,13 +100,18 @@ class ResponsesHTTP:
             Route("/v1/responses/{response_id}/cancel", self.cancel, methods=["POST"]),
         ]
 
-    def _owner(self, request: Request) -> str:
+    def owner(self, request: Request) -> str:
+        """The API key's owner (``""`` when keys are off); raises
+        :class:`RemoteProtocolError` ``invalid_api_key`` (401). Every HTTP route
+        that takes a body asks this first."""
         try:
             return self.keys.owner(request.headers.get("authorization"))
         except Unauthorized as exc:
             raise RemoteProtocolError(str(exc), code="invalid_api_key", status=401) from exc
 
-    async def _body(self, request: Request) -> bytes:
+    async def read_body(self, request: Request) -> bytes:
+        """The request's body, read up to ``--max-message-bytes``; past it (declared
+        or streamed) raises the shipped 413 refusal, having kept nothing."""
         limit = self.config.max_message_bytes
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
@@ -127,8 +132,8 @@ class ResponsesHTTP:
         self.requests += 1
         body: ResponseCreate | None = None
         try:
-            owner = self._owner(request)
-            raw = await self._body(request)
+            owner = self.owner(request)
+            raw = await self.read_body(request)
             body = decode_create_body(raw)
             self.turns.inspector.http.client(body, len(raw))
             if body.stream_id is not msgspec.UNSET:
@@ -208,7 +213,7 @@ class ResponsesHTTP:
         response_id = request.path_params["response_id"]
         query = request.query_params
         try:
-            owner = self._owner(request)
+            owner = self.owner(request)
             if query.get("stream") in ("true", "1"):  # a background response's events
                 streamed = await self.background.stream(
                     response_id, query.get("starting_after"), owner, self.persistence
@@ -229,7 +234,7 @@ class ResponsesHTTP:
     async def delete(self, request: Request) -> Response:
         response_id = request.path_params["response_id"]
         try:
-            owner = self._owner(request)
+            owner = self.owner(request)
             self.background.check_deletable(response_id, owner=owner)
             if not await self.persistence.delete(response_id, owner=owner):
                 raise _not_found(response_id)
@@ -242,7 +247,7 @@ class ResponsesHTTP:
         response_id = request.path_params["response_id"]
         query = request.query_params
         try:
-            owner = self._owner(request)
+            owner = self.owner(request)
             limit = _int_param(query.get("limit"), "limit", default=20, low=1, high=100)
             order = query.get("order", "desc")
             if order not in ("asc", "desc"):
@@ -289,7 +294,7 @@ class ResponsesHTTP:
     async def cancel(self, request: Request) -> Response:
         response_id = request.path_params["response_id"]
         try:
-            owner = self._owner(request)
+            owner = self.owner(request)
             response = await self.background.cancel(response_id, owner=owner)
             if response is None:  # not running: the stored one decides
                 record = await self.persistence.get(response_id, owner=owner)
