@@ -41,7 +41,7 @@ from protocol.events import (
 from protocol.items import Message
 from tests.backends.test_backend_chat import ADD, _until_end, chat_backend, gateway
 from tests.conftest import openai_client
-from tests.protocol.test_protocol import ConnectionPair, Role, user
+from tests.support.connection_pair import ConnectionPair, Role, user
 
 SLOW = {"sim_output_tokens": "5000", "sim_tokens_per_second": "20"}
 

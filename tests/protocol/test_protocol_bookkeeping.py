@@ -13,7 +13,7 @@ import pytest
 
 from protocol import MAX_ITEMS_PER_EVENT, Connection, ErrorCode, Role
 from protocol.events import OutputItemDone, ResponseAppend, ResponseCreated
-from tests.protocol.test_protocol import RID, ConnectionPair, function_call, output, response
+from tests.support.connection_pair import RID, ConnectionPair, function_call, output, response
 
 
 @pytest.mark.parametrize("status", ["completed", "incomplete", "failed", "cancelled"])

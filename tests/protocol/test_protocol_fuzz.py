@@ -47,7 +47,7 @@ from protocol import (
     wire_type,
 )
 from protocol.events import CLIENT_EVENT_TYPES, SERVER_EVENT_TYPES
-from tests.protocol.test_protocol import queued_events
+from tests.support.connection_pair import queued_events
 
 FUZZ = settings(
     derandomize=True,

@@ -1,7 +1,7 @@
 """``response.inject`` in the sans-IO core, a client and a server Connection in memory.
 
-The pair of ``tests/protocol/test_protocol.py``: each rule is checked from both ends
-(the sender raises :class:`LocalProtocolError`, the receiver
+The protocol tests' pair (``tests/support/connection_pair.py``): each rule is
+checked from both ends (the sender raises :class:`LocalProtocolError`, the receiver
 :class:`RemoteProtocolError` with the same wire code, neither changes). An
 inject is checked like an append; its two refusals that the beta answers
 itself carry their ``response.inject.failed`` reply, and a schema-invalid one
@@ -33,7 +33,7 @@ from protocol.events import (
     ResponseInjectCreated,
     ResponseInjectFailed,
 )
-from tests.protocol.test_protocol import RID, ConnectionPair, output, response, snapshot, user
+from tests.support.connection_pair import RID, ConnectionPair, output, response, snapshot, user
 
 
 def inject(*items: Any, response_id: str = RID) -> ResponseInject:
