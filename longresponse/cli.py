@@ -132,6 +132,13 @@ def build_parser() -> argparse.ArgumentParser:
         "(websocket_queue_limit_reached)",
     )
     serve.add_argument(
+        "--max-pending-steers",
+        type=_ranged("max_pending_steers", int),
+        default=limits.MAX_PENDING_STEERS,
+        help="shipped shape: response.steer submissions queued per response; beyond it "
+        "response.steer.failed (too_many_pending_steers)",
+    )
+    serve.add_argument(
         "--connection-cache-bytes",
         type=_ranged("connection_cache_bytes", int),
         default=limits.CONNECTION_CACHE_BYTES,
@@ -360,6 +367,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         max_in_flight=args.max_in_flight,
         max_lanes=args.max_lanes,
         max_queued=args.max_queued,
+        max_pending_steers=args.max_pending_steers,
         connection_cache_bytes=args.connection_cache_bytes,
         connection_lifetime=args.connection_lifetime,
         shutdown_drain_timeout=args.shutdown_drain_timeout,

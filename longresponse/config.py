@@ -30,6 +30,7 @@ __all__ = [
     "MAX_BACKGROUND",
     "MAX_IN_FLIGHT",
     "MAX_LANES",
+    "MAX_PENDING_STEERS",
     "MAX_QUEUED",
     "MAX_RESPONSE_EVENTS",
     "MAX_RESPONSE_OUTPUT_TOKENS",
@@ -72,6 +73,9 @@ MAX_IN_FLIGHT: Final = 16
 MAX_LANES: Final = 32
 #: Creates waiting (not yet running) per connection; beyond it, an error.
 MAX_QUEUED: Final = 64
+#: Steering submissions queued for one response (``response.steer``); beyond it,
+#: ``response.steer.failed`` ``too_many_pending_steers``.
+MAX_PENDING_STEERS: Final = 8
 #: Bytes of cached rollout state one connection may keep for continuations.
 CONNECTION_CACHE_BYTES: Final = 256 * 1024 * 1024
 #: Connection lifetime in seconds, as shipped (60 minutes).
@@ -160,6 +164,7 @@ RANGES: Final[Mapping[str, Range]] = {
     "max_in_flight": Range(1, 100_000),
     "max_lanes": Range(1, 100_000),
     "max_queued": Range(1, 1_000_000),
+    "max_pending_steers": Range(1, 4096),
     "connection_cache_bytes": Range(1, 1024 * _GIB),
     "connection_lifetime": Range(0.001, 7 * _DAY),
     "shutdown_drain_timeout": Range(0.001, _DAY),
@@ -298,6 +303,7 @@ class ServerConfig:
     max_in_flight: int = MAX_IN_FLIGHT
     max_lanes: int = MAX_LANES
     max_queued: int = MAX_QUEUED
+    max_pending_steers: int = MAX_PENDING_STEERS
     connection_cache_bytes: int = CONNECTION_CACHE_BYTES
     connection_lifetime: float = CONNECTION_LIFETIME
     shutdown_drain_timeout: float = SHUTDOWN_DRAIN_TIMEOUT

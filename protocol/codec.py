@@ -199,6 +199,24 @@ def type_hint(data: bytes | str) -> str:
         return ""
 
 
+class _SteerHint(msgspec.Struct):
+    previous_response_id: str
+    input: str | list[Any]
+
+
+_steer_hint_decoder: Final = msgspec.json.Decoder(_SteerHint)
+
+
+def steer_hint(data: bytes | str) -> tuple[str, str | list[Any]] | None:
+    """The target and raw input of a ``response.steer`` that did not decode, if
+    both can be read (its ``response.steer.failed`` hands the input back)."""
+    try:
+        hint = _steer_hint_decoder.decode(data)
+    except (*_NOT_JSON, msgspec.ValidationError):
+        return None
+    return hint.previous_response_id, hint.input
+
+
 def _decode_tolerant(data: bytes | str) -> ClientEvent:
     # The typed pass stopped at the untyped item, so the rest of the frame is
     # unchecked: the generic pass can still find malformed JSON.

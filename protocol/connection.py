@@ -37,6 +37,13 @@ like an append. Two of its refusals are not request errors but answers: a
 response that is unknown or finished gets ``response.inject.failed``, handed
 back on the error as :attr:`ProtocolError.reply`; and a schema-invalid inject
 closes the connection after its ``error`` (:attr:`ProtocolError.close_code`).
+
+``response.steer`` (the shipped shape's steering) names a live response by
+``previous_response_id`` and carries user messages only. Every refusal of a
+steer is answered by ``response.steer.failed`` (the input handed back, the
+code one of the SDK's ``ResponseSteerErrorCode``), never by ``error``: a steer that does
+not decode gets one too (``invalid_input``) whenever its
+``previous_response_id`` can be read.
 """
 
 from __future__ import annotations
@@ -45,7 +52,7 @@ import enum
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import Final
+from typing import Any, Final
 
 import msgspec
 
@@ -63,6 +70,7 @@ from .codec import (
     encode_event,
     encode_sse,
     lane_hint,
+    steer_hint,
     type_hint,
 )
 from .errors import CLOSE_CODES, ErrorCode, LocalProtocolError, ProtocolError, RemoteProtocolError
@@ -77,10 +85,15 @@ from .events import (
     ResponseInject,
     ResponseInjectFailed,
     ResponseQueued,
+    ResponseSteer,
+    ResponseSteerFailed,
+    ResponseSteerPending,
     ServerEvent,
+    SteerError,
+    SteerFailure,
     TimingEvent,
 )
-from .items import FunctionCall
+from .items import FunctionCall, InputFile, InputImage, InputText, Item, Message
 from .response import ResponseError
 from .state import ResponseState, Role
 
@@ -105,6 +118,27 @@ _MAX_TRACKED_RESPONSES: Final = 1024
 _INJECT_FAILURES: Final = frozenset(
     {ErrorCode.RESPONSE_NOT_FOUND, ErrorCode.RESPONSE_ALREADY_COMPLETED}
 )
+#: The codes of ``response.steer.failed`` (the SDK's ``ResponseSteerErrorCode``);
+#: any other refusal of a steer is reported as ``invalid_input``.
+_STEER_ERROR_CODES: Final = frozenset(
+    {
+        ErrorCode.RESPONSE_NOT_FOUND,
+        ErrorCode.INVALID_INPUT,
+        ErrorCode.STEERING_NOT_SUPPORTED,
+        ErrorCode.TOO_MANY_PENDING_STEERS,
+        ErrorCode.RESPONSE_ALREADY_COMPLETED,
+        ErrorCode.RESPONSE_NOT_ACTIVE,
+        ErrorCode.SUCCESSOR_CREATION_FAILED,
+    }
+)
+#: Server events about the connection or a request, not a response's state.
+_CONNECTION_LEVEL: Final = (
+    ErrorEvent,
+    TimingEvent,
+    ResponseInjectFailed,
+    ResponseSteerFailed,
+    ResponseSteerPending,
+)
 #: Why each append-mode event is refused on a connection that does not speak it.
 _NOT_SPOKEN: Final = {
     "response.append": "response.append is part of append mode; this connection speaks the "
@@ -113,6 +147,8 @@ _NOT_SPOKEN: Final = {
     "has no cancel event.",
     "response.inject": "response.inject is part of the multi-agent beta; open the connection "
     "with the header 'OpenAI-Beta: responses_multi_agent=v1'.",
+    "response.steer": "response.steer is part of the shipped WebSocket shape; in append mode "
+    "send response.append while the model samples (it is taken in at the next boundary).",
 }
 
 
@@ -304,22 +340,68 @@ class Connection:
 
     def _speaks(self, kind: str) -> bool:
         """Whether this connection speaks the append-mode event type ``kind``."""
+        if kind == "response.steer":
+            return self.mode is Mode.SHIPPED
         return self.mode is Mode.APPEND or (kind == "response.inject" and self.multi_agent)
 
     def _decode_client(self, data: bytes | str) -> ClientEvent:
         try:
             return decode_client_event(data)
         except RemoteProtocolError as error:
-            if type_hint(data) != "response.inject":
+            kind = type_hint(data)
+            if kind == "response.steer":
+                raise self._steer_undecoded(data, error) from error.__cause__
+            if kind != "response.inject":
                 raise
             if not self._speaks("response.inject"):
                 raise _as_remote(_not_spoken("response.inject"), None) from error
             # A schema-invalid inject closes the connection, as the beta does.
             raise error.with_(close_code=CLOSE_CODES["invalid_event"]) from error.__cause__
 
+    def _steer_undecoded(self, data: bytes | str, error: RemoteProtocolError) -> ProtocolError:
+        """The answer to a steer that did not decode: ``response.steer.failed``
+        (``invalid_input``) when its target and input can be read, else ``error``."""
+        if not self._speaks("response.steer"):
+            return _as_remote(_not_spoken("response.steer"), None)
+        hint = steer_hint(data)
+        if hint is None:
+            return error
+        target, raw_input = hint
+        return error.with_(reply=self.steer_failed(target, raw_input, error, code="invalid_input"))
+
+    def steer_failed(
+        self,
+        target: str,
+        steer_input: str | list[Any],
+        error: ProtocolError,
+        *,
+        code: str | None = None,
+        steer_id: str | None = None,
+    ) -> ResponseSteerFailed:
+        """``response.steer.failed`` handing ``steer_input`` back, for ``error``: its
+        code when it is a steering code (or ``code``), else ``invalid_input``.
+        Numbered like ``response.inject.failed``, on the target's lane."""
+        if code is None:
+            code = error.code if error.code in _STEER_ERROR_CODES else ErrorCode.INVALID_INPUT
+        track = self._responses.get(target)
+        lane = track.stream_id if track is not None else None
+        return ResponseSteerFailed(
+            sequence_number=track.next_sequence if track is not None else 0,
+            steer=SteerFailure(
+                previous_response_id=target,
+                input=steer_input,
+                id=steer_id if steer_id is not None else msgspec.UNSET,
+            ),
+            error=SteerError(code=code, message=error.message),
+            stream_id=lane if lane is not None else msgspec.UNSET,
+        )
+
     def _answer(self, event: ClientEvent, error: ProtocolError) -> ProtocolError:
-        """``error``, or a copy of it with the ``response.inject.failed`` that answers
-        a refused inject, if it is one."""
+        """``error``, or a copy of it with the reply that answers a refused inject
+        (``response.inject.failed``) or steer (``response.steer.failed``)."""
+        if isinstance(event, ResponseSteer):
+            failed = self.steer_failed(event.previous_response_id, event.input, error)
+            return error.with_(reply=failed)
         if not (isinstance(event, ResponseInject) and error.code in _INJECT_FAILURES):
             return error
         track = self._responses.get(event.response_id)
@@ -339,6 +421,8 @@ class Connection:
             if isinstance(event.input, list) and len(event.input) > self.max_items_per_event:
                 raise _too_many_items(len(event.input), self.max_items_per_event)
             return _nothing, None
+        if isinstance(event, ResponseSteer):
+            return _nothing, self._check_steer(event)
         if not isinstance(event, ResponseAppend | ResponseCancel | ResponseInject):
             return _nothing, None  # response.processed: tolerated, never answered
         kind = wire_type(event)
@@ -365,6 +449,43 @@ class Connection:
 
         return commit, track
 
+    def _check_steer(self, event: ResponseSteer) -> ResponseTrack:
+        """The live response a steer names; its input is user messages only. Raises
+        :class:`LocalProtocolError` (nothing changes)."""
+        if not self._speaks("response.steer"):
+            raise _not_spoken("response.steer")
+        track = self._responses.get(event.previous_response_id)
+        if track is None:
+            raise LocalProtocolError(
+                f"Response {event.previous_response_id!r} not found on this connection.",
+                code=ErrorCode.RESPONSE_NOT_FOUND,
+                param="previous_response_id",
+                status=404,
+            )
+        try:
+            track.machine.move(Role.CLIENT, "response.steer")
+        except LocalProtocolError:
+            raise LocalProtocolError(
+                f"Response {track.response_id!r} is already {track.state.value}; it takes no "
+                "steering input (continue it with response.create and previous_response_id).",
+                code=ErrorCode.RESPONSE_ALREADY_COMPLETED,
+                param="previous_response_id",
+                status=409,
+            ) from None
+        if isinstance(event.input, list):
+            if not event.input:
+                raise LocalProtocolError(
+                    "Invalid 'input': empty array. Steering input is a string or at least "
+                    "one user message.",
+                    code=ErrorCode.INVALID_INPUT,
+                    param="input",
+                )
+            if len(event.input) > self.max_items_per_event:
+                raise _too_many_items(len(event.input), self.max_items_per_event)
+            for index, item in enumerate(event.input):
+                _check_steer_item(item, index)
+        return track
+
     def _target(self, response_id: str | None) -> ResponseTrack:
         if response_id is None:
             response_id = self._lane_latest.get(None)
@@ -389,7 +510,7 @@ class Connection:
 
     def _apply_server(self, event: ServerEvent) -> None:
         """Check a server event and record it; raises (nothing recorded) if illegal."""
-        if isinstance(event, ErrorEvent | TimingEvent | ResponseInjectFailed):
+        if isinstance(event, _CONNECTION_LEVEL):
             return  # about the connection or a request, not a response's state
         stream_id = event.stream_id if isinstance(event.stream_id, str) else None
         opening = isinstance(event, ResponseCreated | ResponseQueued)
@@ -495,6 +616,33 @@ def _as_remote(exc: ProtocolError, stream_id: str | None) -> RemoteProtocolError
 
 def _not_spoken(kind: str) -> LocalProtocolError:
     return LocalProtocolError(_NOT_SPOKEN[kind], code=ErrorCode.UNKNOWN_EVENT_TYPE, param="type")
+
+
+def _check_steer_item(item: Item, index: int) -> None:
+    """A steering item is a ``user`` message of text, image and file parts."""
+    if not isinstance(item, Message):
+        raise LocalProtocolError(
+            f"Invalid 'input[{index}].type': steering takes user messages only, not "
+            f"{wire_type(item)!r} items.",
+            code=ErrorCode.INVALID_INPUT,
+            param=f"input[{index}].type",
+        )
+    if item.role != "user":
+        raise LocalProtocolError(
+            f"Invalid 'input[{index}].role': steering takes user messages only, not "
+            f"{item.role!r}.",
+            code=ErrorCode.INVALID_INPUT,
+            param=f"input[{index}].role",
+        )
+    if isinstance(item.content, list):
+        for part_index, part in enumerate(item.content):
+            if not isinstance(part, InputText | InputImage | InputFile):
+                raise LocalProtocolError(
+                    f"Invalid 'input[{index}].content[{part_index}].type': a steering message "
+                    "holds input_text, input_image and input_file parts only.",
+                    code=ErrorCode.INVALID_INPUT,
+                    param=f"input[{index}].content[{part_index}].type",
+                )
 
 
 def _too_many_items(count: int, limit: int) -> LocalProtocolError:

@@ -64,6 +64,13 @@ class ErrorCode(enum.StrEnum):
     WEBSOCKET_STREAM_LIMIT_REACHED = "websocket_stream_limit_reached"
     WEBSOCKET_QUEUE_LIMIT_REACHED = "websocket_queue_limit_reached"
     WEBSOCKET_CONNECTION_LIMIT_REACHED = "websocket_connection_limit_reached"
+    # response.steer.failed (the shipped shape's steering; with the two above,
+    # response_not_found and response_already_completed).
+    INVALID_INPUT = "invalid_input"
+    STEERING_NOT_SUPPORTED = "steering_not_supported"
+    TOO_MANY_PENDING_STEERS = "too_many_pending_steers"
+    RESPONSE_NOT_ACTIVE = "response_not_active"
+    SUCCESSOR_CREATION_FAILED = "successor_creation_failed"
 
 
 class CloseCode(enum.IntEnum):

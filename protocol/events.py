@@ -10,8 +10,12 @@ named lane, ``stream_id``.
 
 ``response.inject`` is the multi-agent beta's form of ``response.append``
 (input committed into a live response); its two replies,
-``response.inject.created`` and ``response.inject.failed``, are the only
-server events that answer a client event one to one.
+``response.inject.created`` and ``response.inject.failed``, answer it one to
+one. ``response.steer`` (the shipped shape's steering) queues user input for
+a live response's successor; ``response.steer.accepted`` and
+``response.steer.failed`` answer it one to one, and
+``response.steer.pending`` follows the terminal event of a response that
+stopped for client tool output with steering input still queued.
 """
 
 from __future__ import annotations
@@ -57,7 +61,15 @@ __all__ = [
     "ResponseInjectFailed",
     "ResponseProcessed",
     "ResponseQueued",
+    "ResponseSteer",
+    "ResponseSteerAccepted",
+    "ResponseSteerFailed",
+    "ResponseSteerPending",
     "ServerEvent",
+    "SteerError",
+    "SteerFailure",
+    "SteerReceipt",
+    "SteerRequiredInput",
     "TimingEvent",
 ]
 
@@ -190,7 +202,26 @@ class ResponseInject(_Event, frozen=True, kw_only=True, tag="response.inject"):
     input: list[Item]
 
 
-ClientEvent = ResponseCreate | ResponseAppend | ResponseCancel | ResponseProcessed | ResponseInject
+class ResponseSteer(
+    _Event, frozen=True, kw_only=True, tag="response.steer", forbid_unknown_fields=True
+):
+    """Queues user input to steer the live response ``previous_response_id`` (the
+    shipped shape). Only ``type``, ``previous_response_id`` and ``input`` are
+    allowed (no ``stream_id``: the target's lane is used). ``input`` is a string
+    or a non-empty list of ``user`` messages; the core checks the items."""
+
+    previous_response_id: str
+    input: str | list[Item]
+
+
+ClientEvent = (
+    ResponseCreate
+    | ResponseAppend
+    | ResponseCancel
+    | ResponseProcessed
+    | ResponseInject
+    | ResponseSteer
+)
 
 # --- server events ---------------------------------------------------------
 
@@ -343,6 +374,72 @@ class ResponseInjectFailed(_ServerEvent, frozen=True, kw_only=True, tag="respons
     error: ResponseError
 
 
+class SteerReceipt(Struct, frozen=True, kw_only=True):
+    """``steer`` of ``response.steer.accepted`` and ``.pending``: the id the
+    server gave the submission and the response it steers."""
+
+    id: str
+    previous_response_id: str
+
+
+class SteerFailure(Struct, frozen=True, kw_only=True):
+    """``steer`` of ``response.steer.failed``: the input handed back (as sent
+    when it did not decode), and the id when one was given (after acceptance)."""
+
+    previous_response_id: str
+    input: str | list[Any]
+    id: str | UnsetType = UNSET
+
+
+class SteerError(Struct, frozen=True, kw_only=True):
+    """``error`` of ``response.steer.failed``; ``code`` one of the SDK's
+    ``ResponseSteerErrorCode``."""
+
+    code: str
+    message: str
+    type: str = "invalid_request_error"
+
+
+class SteerRequiredInput(Struct, frozen=True, kw_only=True):
+    """A stub of ``response.steer.pending``: a client tool output still owed
+    (``type`` ``function_call_output``, its ``call_id`` and ``name``)."""
+
+    type: str
+    call_id: str
+    name: str
+
+
+class ResponseSteerAccepted(
+    _ServerEvent, frozen=True, kw_only=True, tag="response.steer.accepted"
+):
+    """The steering input is queued (not yet applied: the successor's
+    ``response.created`` commits it). An event of the steered response: its
+    ``sequence_number`` is that response's next one."""
+
+    steer: SteerReceipt
+
+
+class ResponseSteerPending(_ServerEvent, frozen=True, kw_only=True, tag="response.steer.pending"):
+    """Accepted input is still queued after the response completed waiting for
+    client tool output (``reason`` ``waiting_for_required_input``): the client's
+    next ``response.create`` on that parent and lane gets it prepended. Follows
+    the terminal event; numbered like ``response.inject.failed`` (the number
+    the response would have had next), in no response's stream."""
+
+    steer: SteerReceipt
+    reason: str
+    required_input: list[SteerRequiredInput]
+
+
+class ResponseSteerFailed(_ServerEvent, frozen=True, kw_only=True, tag="response.steer.failed"):
+    """The steering input was refused, or accepted and then not committed; the
+    input is handed back. In no response's stream (numbered like
+    ``response.inject.failed``)."""
+
+    steer: SteerFailure
+    error: SteerError
+
+
 class TimingEvent(_Event, frozen=True, kw_only=True, tag="responsesapi.websocket_timing"):
     """Per-turn phase timings, sent only to clients that asked by header."""
 
@@ -372,6 +469,9 @@ ServerEvent = (
     | TimingEvent
     | ResponseInjectCreated
     | ResponseInjectFailed
+    | ResponseSteerAccepted
+    | ResponseSteerPending
+    | ResponseSteerFailed
 )
 
 CLIENT_EVENT_TYPES: frozenset[str] = frozenset(wire_type(cls) for cls in ClientEvent.__args__)

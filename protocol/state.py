@@ -31,8 +31,13 @@ it to :class:`RemoteProtocolError` at their boundary.
 
 Events that open a response (``response.created``, ``response.queued``) are
 not transitions: they create its machine in ``in_progress`` or ``queued``.
-Connection-level events (``error``, timing, ``response.inject.failed``)
-concern no response's state.
+Connection-level events (``error``, timing, ``response.inject.failed``,
+``response.steer.failed`` and ``.pending``) concern no response's state.
+
+``response.steer`` (the shipped shape's steering) is legal while a response
+is live and changes nothing: its input waits for the response's successor,
+which the server starts when the response ends. Its receipt,
+``response.steer.accepted``, is numbered in the steered response's stream.
 """
 
 from __future__ import annotations
@@ -80,6 +85,7 @@ class Transition(enum.StrEnum):
     PAUSE = "pause"  # the turn ended in client tool calls
     RESUME = "resume"  # every pending call has its output; sampling resumes
     APPEND = "append"  # input accepted into the response's inbox
+    STEER = "steer"  # input queued for the response's successor (no change)
     ASK_CANCEL = "ask_cancel"  # the client asks; the server's terminal event follows
     COMPLETE = "complete"
     EXPIRE = "expire"  # ends incomplete (pause timeout, token limit)
@@ -120,17 +126,20 @@ _ENDINGS: Final[dict[str, tuple[Transition, ResponseState]]] = {
 
 
 #: Server replies that are events of the response they name (numbered in its
-#: stream) without changing its state: the multi-agent beta's inject receipt.
-ACKNOWLEDGEMENTS: Final = ("response.inject.created",)
+#: stream) without changing its state: the multi-agent beta's inject receipt
+#: and the receipt of a steer.
+ACKNOWLEDGEMENTS: Final = ("response.inject.created", "response.steer.accepted")
 
 
 def _client_moves(state: ResponseState) -> dict[str, tuple[Transition, ResponseState]]:
     # Input is legal in every live state (outputs and steering may arrive
     # while sampling); cancelling is only asked for: the server ends it.
     # response.inject is the multi-agent beta's append: the same move.
+    # response.steer queues input for the successor: no change either.
     return {
         "response.append": (_T.APPEND, state),
         "response.inject": (_T.APPEND, state),
+        "response.steer": (_T.STEER, state),
         "response.cancel": (_T.ASK_CANCEL, state),
     }
 

@@ -71,6 +71,7 @@ from .reply import Reply, TokenCounts
 from .sampling import (
     ItemEnd,
     ModelSpec,
+    ReasoningDone,
     Sampler,
     SampleRequest,
     Stop,
@@ -89,7 +90,8 @@ log = logging.getLogger(__name__)
 #: pending calls; measured on the simulated model's short answers).
 _BOUNDARY_BYTES: Final = 4096
 #: How :meth:`Rollout.run_turns` may stop short: the Response ends ``incomplete``.
-INCOMPLETE_STOPS: Final = frozenset({"max_output_tokens", "max_events", "pause_timeout"})
+#: ``steered``: a shipped-shape segment stopped at a safe point for steering input.
+INCOMPLETE_STOPS: Final = frozenset({"max_output_tokens", "max_events", "pause_timeout", "steered"})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -191,6 +193,9 @@ class Rollout:
         self.busy = False
         #: A segment failed half-way; the context may hold a partial turn.
         self.broken = False
+        #: Steering input waits for the running segment's successor: its turn
+        #: stops at the next safe point (:meth:`steer`).
+        self._steered = False
         #: Seals and opens compaction items for the rollout's owner (given by :meth:`attach`).
         self.compactor: Compactor | None = None
         self._waiting = False  # paused: awaiting the outputs of client calls
@@ -383,6 +388,23 @@ class Rollout:
     def enter_segment(self) -> None:
         """A segment starts running on this rollout (a second one must fork)."""
         self.busy = True
+        self._steered = False
+
+    def steer(self) -> None:
+        """Steering input waits for the running segment's successor (the shipped
+        ``response.steer``): the turn stops at its next safe point, before an
+        output item opens or right after one ends, while no client call of the
+        segment is pending; it returns the stop ``steered``. Append mode's
+        steering needs no stop: its input is delivered (:meth:`deliver`) and
+        taken in at the next boundary."""
+        self._steered = True
+
+    def _steer_now(self, reply: Reply, chunk: models.SampleChunk | None) -> bool:
+        """At a safe point with steering input waiting: before ``chunk`` opens an
+        item (``None``: right after one ended), with no call pending."""
+        if not self._steered or reply.builder.item_open or reply.pending_calls:
+            return False
+        return chunk is None or isinstance(chunk, TextDelta | ToolCallStart | ReasoningDone)
 
     def leave_segment(self, *, failed: bool) -> None:
         """The running segment is over; ``failed``: it broke off half-way, and the
@@ -596,6 +618,9 @@ class Rollout:
                         spent = builder.output_tokens - output_before
                         self._bill_upstream(reply, chunk, (len(self.tokens), cached, spent))
                         continue
+                    if self._steer_now(reply, chunk):
+                        stop = "steered"
+                        break
                     if isinstance(chunk, Stop):
                         stop = chunk.reason
                     elif (
@@ -613,6 +638,9 @@ class Rollout:
                         await asyncio.sleep(0)
                         self._count_deferred(timing, cached)
                     if stop == "max_events":
+                        break
+                    if isinstance(chunk, ItemEnd) and self._steer_now(reply, None):
+                        stop = "steered"
                         break
         except UpstreamError as exc:  # what the model wrote stays; the open item is cut
             failed = exc

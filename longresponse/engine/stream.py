@@ -177,6 +177,11 @@ class StreamBuilder:
         self._call: ToolCallStart | None = None
         self._text = ItemText()
 
+    @property
+    def item_open(self) -> bool:
+        """An output item is being written (its ``done`` events are still to come)."""
+        return self._kind is not None
+
     def _next(self) -> int:
         sequence = (self.track.next_sequence if self.track is not None else 0) + self._batch
         self._batch += 1

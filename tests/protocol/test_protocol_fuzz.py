@@ -279,6 +279,11 @@ CLIENT_EVENTS: dict[type[msgspec.Struct], st.SearchStrategy[Any]] = {
     ),
     p.events.ResponseCancel: st.builds(p.events.ResponseCancel, response_id=none_or(ids)),
     p.events.ResponseProcessed: st.builds(p.events.ResponseProcessed, response_id=none_or(ids)),
+    p.events.ResponseSteer: st.builds(
+        p.events.ResponseSteer,
+        previous_response_id=ids,
+        input=st.one_of(texts, st.lists(items, max_size=3)),
+    ),
     p.events.ResponseInject: st.builds(
         p.events.ResponseInject, response_id=ids, input=st.lists(items, max_size=3)
     ),
@@ -385,6 +390,34 @@ SERVER_EVENTS: dict[type[msgspec.Struct], st.SearchStrategy[Any]] = {
         response_id=ids,
         input=st.lists(items, max_size=3),
         error=st.builds(p.response.ResponseError, code=ids, message=texts),
+    ),
+    p.events.ResponseSteerAccepted: st.builds(
+        p.events.ResponseSteerAccepted,
+        sequence_number=sequence_numbers,
+        stream_id=stream_ids,
+        steer=st.builds(p.events.SteerReceipt, id=ids, previous_response_id=ids),
+    ),
+    p.events.ResponseSteerPending: st.builds(
+        p.events.ResponseSteerPending,
+        sequence_number=sequence_numbers,
+        stream_id=stream_ids,
+        steer=st.builds(p.events.SteerReceipt, id=ids, previous_response_id=ids),
+        reason=ids,
+        required_input=st.lists(
+            st.builds(p.events.SteerRequiredInput, type=ids, call_id=ids, name=ids), max_size=2
+        ),
+    ),
+    p.events.ResponseSteerFailed: st.builds(
+        p.events.ResponseSteerFailed,
+        sequence_number=sequence_numbers,
+        stream_id=stream_ids,
+        steer=st.builds(
+            p.events.SteerFailure,
+            previous_response_id=ids,
+            input=texts,
+            id=unset_or(ids),
+        ),
+        error=st.builds(p.events.SteerError, code=ids, message=texts),
     ),
 }
 client_events = st.one_of(*CLIENT_EVENTS.values())

@@ -23,6 +23,23 @@ On a connection opened with the multi-agent beta, a create with
 client tool calls (``Segment.waits``) instead of ending there; its lane stays
 busy until it ends. ``response.inject`` brings the outputs
 (``longresponse.serve.ws.live_input``) into the segment it names.
+
+``response.steer`` queues user input for a running segment's **successor**
+(at most ``max_pending_steers`` per segment; the protocol core has checked
+the shape and that the segment is live, and answers every refusal with
+``response.steer.failed``). The segment's rollout stops at its next safe
+point (:meth:`Rollout.steer`); when the segment ends:
+
+- with no client call pending: its lane runs the successor at once, before
+  anything queued on it, as a continuation in place whose new input is the
+  steering input, with the steered request's settings (``response.created``
+  of the successor commits the input);
+- with calls pending (``completed``, the calls in its output): each steer
+  gets ``response.steer.pending`` and is held for the lane; the client's next
+  ``response.create`` on that lane naming that segment gets the steering
+  input prepended to its own;
+- ``failed``, or a successor that could not start: ``response.steer.failed``
+  hands each input back (``response_not_active``, ``successor_creation_failed``).
 """
 
 from __future__ import annotations
@@ -32,12 +49,27 @@ import collections
 import dataclasses
 import logging
 import re
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any, Final, Protocol
 
+import msgspec
+
 from protocol import ErrorCode, ProtocolError, RemoteProtocolError, ResponseTrack
-from protocol.events import ClientEvent, ResponseCreate, ResponseInject
-from protocol.items import as_items
+from protocol.events import (
+    ClientEvent,
+    ResponseCreate,
+    ResponseInject,
+    ResponseSteer,
+    ResponseSteerAccepted,
+    ResponseSteerFailed,
+    ResponseSteerPending,
+    SteerError,
+    SteerFailure,
+    SteerReceipt,
+    SteerRequiredInput,
+)
+from protocol.items import Item, as_items
 
 from ...config import ServerConfig
 from ...engine.admission import Admission
@@ -146,6 +178,17 @@ class SegmentCache:
             self.evictions += 1
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Steer:
+    """One accepted ``response.steer``: its id, the segment it steers, its admitted
+    items, and the input as sent (handed back if it is never committed)."""
+
+    id: str
+    target: str
+    items: list[Item]
+    sent: str | list[Any]
+
+
 @dataclasses.dataclass(slots=True)
 class _Queued:
     request: ResponseCreate
@@ -188,6 +231,12 @@ class ShippedShape:
         self.active = 0
         self.running: dict[str, Segment] = {}
         self._admitted: Admission | None = None
+        #: Accepted steers by the running segment they steer, in arrival order;
+        #: steers held for a lane's next create on their parent (after
+        #: ``response.steer.pending``); the admitted items of the steer in hand.
+        self.steers: dict[str, list[_Steer]] = {}
+        self.held: dict[str | None, list[_Steer]] = {}
+        self._steer_items: list[Item] | None = None
         self.cache = SegmentCache(config.connection_cache_bytes)
         self.lanes: dict[str | None, Lane] = {}
         self._spawn = spawn
@@ -206,6 +255,8 @@ class ShippedShape:
         Raises :class:`RemoteProtocolError` for a segment that does not wait
         for input (created without ``multi_agent``) or whose turns are over.
         """
+        if isinstance(event, ResponseSteer) and track is not None:
+            return self._admit_steer(event, track)
         if not isinstance(event, ResponseInject) or track is None:
             return event
         segment = self.running.get(track.response_id)
@@ -224,6 +275,8 @@ class ShippedShape:
     def handle(self, event: ClientEvent, received_at: float, decode: float) -> None:
         if isinstance(event, ResponseCreate):
             self.submit(event, received_at, decode)
+        elif isinstance(event, ResponseSteer):
+            self._accept_steer(event)
         elif isinstance(event, ResponseInject):
             admission, self._admitted = self._admitted, None
             assert admission is not None  # admit() ran for this inject
@@ -231,6 +284,100 @@ class ShippedShape:
             deliver_input(segment.rollout, admission, received_at=received_at, decode=decode)
             send_receipt(self.sink, self.sink.track(event.response_id))
         # response.processed: tolerated, never answered
+
+    # --- steering (synchronous, in the connection's read loop) ---------------
+
+    def _admit_steer(self, event: ResponseSteer, track: ResponseTrack) -> ResponseSteer:
+        """A steer's items, admitted for the segment it names. Raises
+        :class:`RemoteProtocolError` (the core answers ``response.steer.failed``)."""
+        segment = self.running.get(track.response_id)
+        if segment is None:  # pragma: no cover - a live response is a running segment
+            raise RemoteProtocolError(
+                f"Response {track.response_id!r} is no longer accepting steering input.",
+                code=ErrorCode.RESPONSE_NOT_ACTIVE,
+                param="previous_response_id",
+            )
+        if segment.waits:
+            raise RemoteProtocolError(
+                f"Response {track.response_id!r} waits in place for injected input "
+                "(multi_agent); steering is for single-agent responses.",
+                code=ErrorCode.STEERING_NOT_SUPPORTED,
+                param="previous_response_id",
+            )
+        queued = self.steers.get(track.response_id, [])
+        if len(queued) >= self.config.max_pending_steers:
+            raise RemoteProtocolError(
+                f"Response {track.response_id!r} already has {len(queued)} steering "
+                f"submissions queued; the limit is {self.config.max_pending_steers}.",
+                code=ErrorCode.TOO_MANY_PENDING_STEERS,
+                param="previous_response_id",
+                status=429,
+            )
+        admission = self.turns.pipeline.admit(
+            as_items(event.input),
+            history=segment.rollout.history(),
+            tools=segment.rollout.request.tools,
+            compactor=segment.rollout.compactor,
+        )
+        self._steer_items = admission.items
+        return event
+
+    def _accept_steer(self, event: ResponseSteer) -> None:
+        """Queue an admitted steer for its segment's successor; ``response.steer.accepted``."""
+        items, self._steer_items = self._steer_items, None
+        assert items is not None  # admit() ran for this steer
+        target = event.previous_response_id
+        steer = _Steer(new_id("steer"), target, items, event.input)
+        self.steers.setdefault(target, []).append(steer)
+        track = self.sink.track(target)
+        self.sink.push(
+            ResponseSteerAccepted(
+                sequence_number=track.next_sequence,
+                steer=SteerReceipt(id=steer.id, previous_response_id=target),
+                stream_id=_lane(track.stream_id),
+            )
+        )
+        self.running[target].rollout.steer()
+
+    def _steer_failed(self, steers: list[_Steer], error: ProtocolError, lane: str | None) -> None:
+        """Hand back accepted steering input that will not be committed."""
+        for steer in steers:
+            track = self.sink.track(steer.target)
+            self.sink.push(
+                ResponseSteerFailed(
+                    sequence_number=track.next_sequence,
+                    steer=SteerFailure(
+                        previous_response_id=steer.target, input=steer.sent, id=steer.id
+                    ),
+                    error=SteerError(code=error.code, message=error.message),
+                    stream_id=_lane(lane),
+                )
+            )
+
+    def _steers_pending(
+        self, steers: list[_Steer], pending: dict[str, str], lane: str | None
+    ) -> None:
+        """The steered segment stopped for client tool output: ``response.steer.pending``
+        for each steer, held for the lane's next create on that segment (steers held
+        there before for another segment are handed back)."""
+        for steer in steers:
+            track = self.sink.track(steer.target)
+            self.sink.push(
+                ResponseSteerPending(
+                    sequence_number=track.next_sequence,
+                    steer=SteerReceipt(id=steer.id, previous_response_id=steer.target),
+                    reason="waiting_for_required_input",
+                    required_input=[
+                        SteerRequiredInput(type="function_call_output", call_id=call_id, name=name)
+                        for call_id, name in pending.items()
+                    ],
+                    stream_id=_lane(lane),
+                )
+            )
+        replaced = self.held.pop(lane, [])
+        if replaced:
+            self._steer_failed(replaced, _superseded(replaced[0].target, steers[0].target), lane)
+        self.held[lane] = steers
 
     # --- admission (synchronous, in the connection's read loop) -------------
 
@@ -301,15 +448,57 @@ class ShippedShape:
     ) -> None:
         self.active += 1
         try:
-            await self._run_segment(request, lane, received_at, decode)
+            held = self.held.get(lane, [])
+            if held and held[0].target == request.previous_response_id:
+                del self.held[lane]  # committed by this create's response.created
+            else:
+                held = []
+            successor = await self._committing(request, lane, received_at, decode, held)
+            while successor is not None:  # automatic successors, for steering input
+                request, steers = successor
+                try:
+                    successor = await self._committing(
+                        request, lane, time.perf_counter(), 0.0, steers
+                    )
+                except ProtocolError:
+                    return  # the steers got response.steer.failed; no request to answer
         finally:
             self.active -= 1
 
+    async def _committing(
+        self,
+        request: ResponseCreate,
+        lane: str | None,
+        received_at: float,
+        decode: float,
+        steers: list[_Steer],
+    ) -> tuple[ResponseCreate, list[_Steer]] | None:
+        """Run one segment whose new input starts with the steers' items; the
+        steers are handed back if it cannot start."""
+        try:
+            return await self._run_segment(request, lane, received_at, decode, steers)
+        except ProtocolError as error:
+            if steers:
+                failed = RemoteProtocolError(
+                    f"The successor of response {steers[0].target!r} could not be created: "
+                    f"{error.message}",
+                    code=ErrorCode.SUCCESSOR_CREATION_FAILED,
+                )
+                self._steer_failed(steers, failed, lane)
+            raise
+
     async def _run_segment(
-        self, request: ResponseCreate, lane: str | None, received_at: float, decode: float
-    ) -> None:
+        self,
+        request: ResponseCreate,
+        lane: str | None,
+        received_at: float,
+        decode: float,
+        steers: list[_Steer],
+    ) -> tuple[ResponseCreate, list[_Steer]] | None:
+        """Run one segment; the automatic successor due for the steers it got, if any."""
         self.turns.check_metadata(request)
-        new_items = as_items(request.input)
+        new_items = [item for steer in steers for item in steer.items]
+        new_items.extend(as_items(request.input))
         continuation = await continue_from(
             request.previous_response_id,
             new_items,
@@ -339,7 +528,8 @@ class ShippedShape:
         )
         self.segments_run += 1
         assert started.segment is not None
-        self.running[started.reply.id] = started.segment
+        segment_id = started.reply.id
+        self.running[segment_id] = started.segment
         try:
             boundary = await self.turns.run_segment(
                 started,
@@ -349,7 +539,8 @@ class ShippedShape:
                 received_at=received_at,
             )
         finally:
-            del self.running[started.reply.id]
+            del self.running[segment_id]
+            steered = self.steers.pop(segment_id, [])
         # A failed segment leaves its Rollout broken: no continuation in place,
         # but its earlier boundaries stay valid to fork from.
         if boundary is not None:
@@ -357,6 +548,27 @@ class ShippedShape:
         else:
             await started.rollout.close()
         await self.release_dropped()
+        if not steered:
+            return None
+        if boundary is None:
+            ended = RemoteProtocolError(
+                f"Response {segment_id!r} failed; its steering input was not committed.",
+                code=ErrorCode.RESPONSE_NOT_ACTIVE,
+            )
+            self._steer_failed(steered, ended, lane)
+            return None
+        if boundary.pending:
+            self._steers_pending(steered, boundary.pending, lane)
+            return None
+        # The successor inherits the steered request's settings (SPEC §10.15).
+        successor = msgspec.structs.replace(
+            request,
+            input=[],
+            previous_response_id=segment_id,
+            generate=None,
+            prompt_cache_options=None,
+        )
+        return successor, steered
 
     async def release_dropped(self, *, every: bool = False) -> None:
         """Release the samplers of rollouts the cache let go (``every``: all of them,
@@ -383,3 +595,15 @@ class ShippedShape:
         for lane in self.lanes.values():
             self.queued -= len(lane.queue)
             lane.queue.clear()
+
+
+def _lane(stream_id: str | None) -> str | msgspec.UnsetType:
+    return stream_id if stream_id is not None else msgspec.UNSET
+
+
+def _superseded(old: str, new: str) -> RemoteProtocolError:
+    return RemoteProtocolError(
+        f"Steering input held for response {old!r} was superseded: response {new!r} on the "
+        "same lane now waits for required input.",
+        code=ErrorCode.RESPONSE_NOT_ACTIVE,
+    )
