@@ -174,6 +174,7 @@ RANGES: Final[Mapping[str, Range]] = {
     "sim_tokens_per_second": Range(1, 1_000_000, zero=True),
     "sim_prefill_tokens_per_second": Range(1, 1_000_000_000, zero=True),
     "sim_context_window": Range(1, 1_000_000_000),
+    "sim_tool_calls": Range(0, 1024),
     "upstream_context_window": Range(1, 100_000_000),
     "chat_prefix_cache_tokens": Range(16, 1_000_000_000, zero=True),
     "chat_max_in_flight": Range(1, 1_000_000),
@@ -227,6 +228,14 @@ class SimConfig:
     prefill_tokens_per_second: float = 0.0
     #: The simulated models' context window, in tokens.
     context_window: int = 1_000_000
+    #: Tool calls before the final answer when a request's metadata does not
+    #: say (``sim_tool_calls``): a client that cannot set metadata (Codex) gets this.
+    tool_calls: int = 1
+    #: A script of calls, ``(tool name, arguments as JSON)``: the k-th call since
+    #: the last user message is entry k (cycling) among those whose tool is
+    #: offered, with those arguments instead of ones made from the schema. Empty:
+    #: no script (every offered tool in turn, arguments from its schema).
+    calls: tuple[tuple[str, str], ...] = ()
 
 
 #: The kinds of real model backend (``longresponse.backends``): an engine's
