@@ -320,6 +320,20 @@ def build_parser() -> argparse.ArgumentParser:
         "or dropped oldest items with truncation=auto)",
     )
     serve.add_argument(
+        "--keepalive-interval",
+        type=_ranged("keepalive_interval", float),
+        default=limits.KEEPALIVE_INTERVAL,
+        help="seconds a running response may stay silent (a slow model) before a keepalive "
+        "event (clients' stream watchdogs, proxies); 0 = never",
+    )
+    serve.add_argument(
+        "--ws-ping-interval",
+        type=_ranged("ws_ping_interval", float),
+        default=limits.WS_PING_INTERVAL,
+        help="seconds between the server's WebSocket pings (the client has as long again "
+        "to answer); 0 = no pings",
+    )
+    serve.add_argument(
         "--sim-tool-calls",
         type=_ranged("sim_tool_calls", int),
         default=1,
@@ -388,6 +402,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         send_queue_bytes=args.send_queue_bytes,
         slow_reader_timeout=args.slow_reader_timeout,
         pause_timeout=args.pause_timeout,
+        keepalive_interval=args.keepalive_interval,
+        ws_ping_interval=args.ws_ping_interval,
         max_in_flight=args.max_in_flight,
         max_lanes=args.max_lanes,
         max_queued=args.max_queued,
@@ -447,6 +463,8 @@ def uvicorn_config(config: ServerConfig, *, log_level: str = "info") -> object:
         # buffering more.
         ws_max_size=2 * config.max_message_bytes,
         ws_per_message_deflate=config.ws_compression,
+        ws_ping_interval=config.ws_ping_interval or None,
+        ws_ping_timeout=config.ws_ping_interval or None,
         # Open HTTP connections (SSE readers) get the drain timeout too.
         timeout_graceful_shutdown=max(1, math.ceil(config.shutdown_drain_timeout)),
         lifespan="on",
