@@ -3,7 +3,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: serve test lint install install-test test-services clean
+.PHONY: serve test lint install install-test test-services node-clients clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,11 +27,20 @@ lint: $(VENV)/.installed-test
 	$(BIN)/ruff check protocol longresponse tests examples
 	$(BIN)/mypy protocol longresponse
 
+# The real clients the tests run (tests/clients/): the Codex CLI and the openai SDK for
+# Node with ws, pinned by tests/clients/package-lock.json and installed by `npm ci` into
+# tests/clients/node_modules (git-ignored); the stamp keeps a second run from reinstalling.
+NODE_CLIENTS := tests/clients/node_modules/.installed
+$(NODE_CLIENTS): tests/clients/package.json tests/clients/package-lock.json
+	cd tests/clients && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+node-clients: $(NODE_CLIENTS)
+
 # The tests start a real redis-server (tests/support/redis_server.py) and a real nginx
 # (tests/support/nginx_server.py), and open /inspect in Debian's headless chromium
 # (tests/serve/inspector/test_inspect.py); install what is missing (CI runs as root).
 NGINX := $(shell command -v nginx || ls /usr/sbin/nginx 2>/dev/null)
-test-services:
+test-services: node-clients
 	@command -v redis-server >/dev/null || (apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null)
 	@test -n "$(NGINX)" || (apt-get update -qq && \
@@ -48,4 +57,4 @@ test: lint test-services
 	$(BIN)/python -m coverage report --include='protocol/*' --fail-under=90 >/dev/null
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache tests/clients/node_modules

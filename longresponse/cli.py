@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import importlib
 import importlib.util
+import json
 import logging
 import math
 import sys
@@ -46,6 +47,18 @@ def missing_bench_dependency() -> str | None:
 
 
 _ranged = limits.ranged
+
+
+def _scripted_call(text: str) -> tuple[str, str]:
+    """An argparse type: ``NAME=JSON``, the JSON an object (``--sim-call``)."""
+    name, sep, arguments = text.partition("=")
+    try:
+        value = json.loads(arguments) if sep and name else None
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"not NAME=<a JSON object>: {text!r}")
+    return name, json.dumps(value, separators=(",", ":"))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -313,6 +326,38 @@ def build_parser() -> argparse.ArgumentParser:
         help="simulated models: context window in tokens (longer input: context_length_exceeded, "
         "or dropped oldest items with truncation=auto)",
     )
+    serve.add_argument(
+        "--keepalive-interval",
+        type=_ranged("keepalive_interval", float),
+        default=limits.KEEPALIVE_INTERVAL,
+        help="seconds a running response may stay silent (a slow model) before a keepalive "
+        "event (clients' stream watchdogs, proxies); 0 = never",
+    )
+    serve.add_argument(
+        "--ws-ping-interval",
+        type=_ranged("ws_ping_interval", float),
+        default=limits.WS_PING_INTERVAL,
+        help="seconds between the server's WebSocket pings (the client has as long again "
+        "to answer); 0 = no pings",
+    )
+    serve.add_argument(
+        "--sim-tool-calls",
+        type=_ranged("sim_tool_calls", int),
+        default=1,
+        help="simulated model: tool calls before its final answer when a request's metadata "
+        "does not say (sim_tool_calls)",
+    )
+    serve.add_argument(
+        "--sim-call",
+        dest="sim_calls",
+        metavar="NAME=JSON",
+        type=_scripted_call,
+        action="append",
+        default=[],
+        help="simulated model: script its calls (repeatable, in order, cycling): call tool "
+        "NAME with these JSON arguments when it is offered, instead of arguments made from "
+        "its schema",
+    )
     backend_settings.add_arguments(serve)
     serve.add_argument(
         "--chat-prefix-cache-tokens",
@@ -364,6 +409,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         send_queue_bytes=args.send_queue_bytes,
         slow_reader_timeout=args.slow_reader_timeout,
         pause_timeout=args.pause_timeout,
+        keepalive_interval=args.keepalive_interval,
+        ws_ping_interval=args.ws_ping_interval,
         max_in_flight=args.max_in_flight,
         max_lanes=args.max_lanes,
         max_queued=args.max_queued,
@@ -399,6 +446,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             tokens_per_second=args.sim_tokens_per_second,
             prefill_tokens_per_second=args.sim_prefill_tokens_per_second,
             context_window=args.sim_context_window,
+            tool_calls=args.sim_tool_calls,
+            calls=tuple(args.sim_calls),
         ),
         chat_prefix_cache_tokens=args.chat_prefix_cache_tokens,
         chat_max_in_flight=args.chat_max_in_flight,
@@ -422,6 +471,8 @@ def uvicorn_config(config: ServerConfig, *, log_level: str = "info") -> object:
         # buffering more.
         ws_max_size=2 * config.max_message_bytes,
         ws_per_message_deflate=config.ws_compression,
+        ws_ping_interval=config.ws_ping_interval or None,
+        ws_ping_timeout=config.ws_ping_interval or None,
         # Open HTTP connections (SSE readers) get the drain timeout too.
         timeout_graceful_shutdown=max(1, math.ceil(config.shutdown_drain_timeout)),
         lifespan="on",

@@ -27,6 +27,7 @@ __all__ = [
     "DEFAULT_STORE",
     "GC_YOUNG_THRESHOLD",
     "INSPECTOR_WATCHERS",
+    "KEEPALIVE_INTERVAL",
     "MAX_BACKGROUND",
     "MAX_IN_FLIGHT",
     "MAX_LANES",
@@ -44,6 +45,7 @@ __all__ = [
     "WRITE_BATCH_BYTES",
     "WRITE_SLICE_SECONDS",
     "WS_COMPRESSION",
+    "WS_PING_INTERVAL",
     "Range",
     "ServerConfig",
     "SimConfig",
@@ -78,6 +80,15 @@ MAX_QUEUED: Final = 64
 MAX_PENDING_STEERS: Final = 8
 #: Bytes of cached rollout state one connection may keep for continuations.
 CONNECTION_CACHE_BYTES: Final = 256 * 1024 * 1024
+#: Seconds a running response may stay silent (a long prefill, a slow engine)
+#: before the server sends a ``keepalive`` event, on every transport; below the
+#: idle timeouts of common proxies (nginx 60 s, Cloudflare about 100 s) and of
+#: clients' stream watchdogs, which pings do not reset (Codex's). 0 = never.
+KEEPALIVE_INTERVAL: Final = 15.0
+#: Seconds between WebSocket pings from the server (uvicorn's, answered by
+#: every client library, which keep proxies from cutting a quiet socket); the
+#: peer has as long again to answer with a pong. 0 = no pings.
+WS_PING_INTERVAL: Final = 20.0
 #: Connection lifetime in seconds, as shipped (60 minutes).
 CONNECTION_LIFETIME: Final = 3600.0
 #: Where stored responses go: ``sqlite:///path``, ``redis://host:port/db``
@@ -168,6 +179,8 @@ RANGES: Final[Mapping[str, Range]] = {
     "connection_cache_bytes": Range(1, 1024 * _GIB),
     "connection_lifetime": Range(0.001, 7 * _DAY),
     "shutdown_drain_timeout": Range(0.001, _DAY),
+    "keepalive_interval": Range(0.01, _DAY, zero=True),
+    "ws_ping_interval": Range(0.01, _DAY, zero=True),
     "store_ttl": Range(0.001, 100 * 365 * _DAY),
     "max_background": Range(1, 1_000_000),
     "background_log_bytes": Range(1, 1024 * _GIB),
@@ -179,6 +192,7 @@ RANGES: Final[Mapping[str, Range]] = {
     "sim_tokens_per_second": Range(1, 1_000_000, zero=True),
     "sim_prefill_tokens_per_second": Range(1, 1_000_000_000, zero=True),
     "sim_context_window": Range(1, 1_000_000_000),
+    "sim_tool_calls": Range(0, 1024),
     "upstream_context_window": Range(1, 100_000_000),
     "chat_prefix_cache_tokens": Range(16, 1_000_000_000, zero=True),
     "chat_max_in_flight": Range(1, 1_000_000),
@@ -232,6 +246,14 @@ class SimConfig:
     prefill_tokens_per_second: float = 0.0
     #: The simulated models' context window, in tokens.
     context_window: int = 1_000_000
+    #: Tool calls before the final answer when a request's metadata does not
+    #: say (``sim_tool_calls``): a client that cannot set metadata (Codex) gets this.
+    tool_calls: int = 1
+    #: A script of calls, ``(tool name, arguments as JSON)``: the k-th call since
+    #: the last user message is entry k (cycling) among those whose tool is
+    #: offered, with those arguments instead of ones made from the schema. Empty:
+    #: no script (every offered tool in turn, arguments from its schema).
+    calls: tuple[tuple[str, str], ...] = ()
 
 
 #: The kinds of real model backend (``longresponse.backends``): an engine's
@@ -307,6 +329,9 @@ class ServerConfig:
     connection_cache_bytes: int = CONNECTION_CACHE_BYTES
     connection_lifetime: float = CONNECTION_LIFETIME
     shutdown_drain_timeout: float = SHUTDOWN_DRAIN_TIMEOUT
+    #: Liveness through silences: ``keepalive`` events, WebSocket pings (0: none).
+    keepalive_interval: float = KEEPALIVE_INTERVAL
+    ws_ping_interval: float = WS_PING_INTERVAL
     #: Per-Response caps: events sent, and output tokens written.
     max_response_events: int = MAX_RESPONSE_EVENTS
     max_response_output_tokens: int = MAX_RESPONSE_OUTPUT_TOKENS

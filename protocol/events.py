@@ -41,6 +41,7 @@ __all__ = [
     "ErrorEvent",
     "FunctionCallArgumentsDelta",
     "FunctionCallArgumentsDone",
+    "Keepalive",
     "MultiAgent",
     "OutputItemAdded",
     "OutputItemDone",
@@ -440,6 +441,16 @@ class ResponseSteerFailed(_ServerEvent, frozen=True, kw_only=True, tag="response
     error: SteerError
 
 
+class Keepalive(_ServerEvent, frozen=True, kw_only=True, tag="keepalive"):
+    """Nothing but a sign of life while the model is silent (a long prefill, a slow
+    engine), as the shipped API sends on long streams: an event of the running
+    response (numbered in its stream) that changes nothing. Clients' stream
+    watchdogs count it (Codex's resets only on JSON events, not on pings), and
+    proxies see bytes. ``response_id`` names the response in append mode."""
+
+    response_id: str | UnsetType = UNSET
+
+
 class TimingEvent(_Event, frozen=True, kw_only=True, tag="responsesapi.websocket_timing"):
     """Per-turn phase timings, sent only to clients that asked by header."""
 
@@ -465,6 +476,7 @@ ServerEvent = (
     | FunctionCallArgumentsDelta
     | FunctionCallArgumentsDone
     | CompactionCompacting
+    | Keepalive
     | ErrorEvent
     | TimingEvent
     | ResponseInjectCreated

@@ -125,10 +125,10 @@ _ENDINGS: Final[dict[str, tuple[Transition, ResponseState]]] = {
 }
 
 
-#: Server replies that are events of the response they name (numbered in its
-#: stream) without changing its state: the multi-agent beta's inject receipt
-#: and the receipt of a steer.
-ACKNOWLEDGEMENTS: Final = ("response.inject.created", "response.steer.accepted")
+#: Server events of the response they name (numbered in its stream) that change
+#: nothing: the multi-agent beta's inject receipt, the receipt of a steer, and
+#: ``keepalive`` (a sign of life while the model is silent).
+ACKNOWLEDGEMENTS: Final = ("response.inject.created", "response.steer.accepted", "keepalive")
 
 
 def _client_moves(state: ResponseState) -> dict[str, tuple[Transition, ResponseState]]:

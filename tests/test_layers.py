@@ -1,6 +1,7 @@
 """The layers of the house, checked against the code (the idea of trio's ``test_exports``).
 
-- ``protocol/`` imports nothing of ``longresponse`` (and no I/O: ``tests/protocol/test_package.py``);
+- ``protocol/`` imports nothing of ``longresponse`` (and no I/O:
+  ``tests/protocol/test_package.py``);
 - ``longresponse.engine`` imports nothing of ``backends``, ``chat``, ``serve``,
   ``storage``, the client or the bench;
 - ``longresponse.storage`` imports nothing of ``engine`` (nor ``serve``);

@@ -130,6 +130,7 @@ class Rollout:
         clock: Callable[[], float] = time.perf_counter,
         max_events: int = MAX_RESPONSE_EVENTS,
         max_output_tokens: int = MAX_RESPONSE_OUTPUT_TOKENS,
+        keepalive_interval: float = 0.0,
     ) -> None:
         self.pipeline = pipeline or Pipeline(Switches())
         #: Resolves a model name again every turn when resolution reuse is off.
@@ -145,6 +146,8 @@ class Rollout:
         #: Per-Response caps (the server's): events sent, output tokens written.
         self.max_events = max_events
         self.max_output_tokens = max_output_tokens
+        #: Seconds the model may stay silent before a ``keepalive`` event (0: never).
+        self.keepalive_interval = keepalive_interval
         #: The Response being written now (set by :meth:`open_reply`).
         self.reply: Reply | None = None
         #: Classifier findings of every input item delivered, in arrival order
@@ -451,6 +454,7 @@ class Rollout:
             clock=self.clock,
             max_events=self.max_events,
             max_output_tokens=self.max_output_tokens,
+            keepalive_interval=self.keepalive_interval,
         )
         child.context = self.context[: boundary.items]
         child.tokens = self.tokens.fork_items(boundary.prefix, boundary.item_tokens)
@@ -607,6 +611,7 @@ class Rollout:
         first_output = len(builder.output)
         output_before = builder.output_tokens
         failed: UpstreamError | None = None
+        keepalive = _Keepalive.start(reply, self.keepalive_interval)
         try:
             async with contextlib.aclosing(self.sampler.sample(sample_request)) as chunks:
                 async for chunk in chunks:
@@ -647,6 +652,8 @@ class Rollout:
             self._count_deferred(timing, cached)
             await self._cut_short(reply, None if not first else (len(self.tokens), cached))
         finally:  # no output at all, or cancelled
+            if keepalive is not None:
+                keepalive.stop()
             self._count_deferred(timing, cached)
         timing.inference = self.clock() - sampling_started
         produced = kept(builder.output[first_output:])
@@ -843,3 +850,44 @@ class Rollout:
         if self.on_timing is not None:
             self.on_timing(self.timings[-1])
         await self._current().send_timing(self.timings[-1].as_metrics())
+
+
+class _Keepalive:
+    """While a turn samples: a ``keepalive`` event whenever the response has sent
+    nothing for ``interval`` seconds (the model is silent: a long prefill, a slow
+    engine), so clients' watchdogs and proxies see it alive.
+
+    A timer callback, not a task: it runs only while the turn awaits, so never
+    between a chunk's events (they are pushed with no await in between), and
+    pushes at the response's next ``sequence_number``. It wakes every quarter
+    interval, so a silence lasts at most 1.25 intervals.
+    """
+
+    __slots__ = ("_handle", "_interval", "_last", "_reply", "_seen")
+
+    def __init__(self, reply: Reply, interval: float) -> None:
+        self._reply = reply
+        self._interval = interval
+        loop = asyncio.get_running_loop()
+        self._seen = reply.sink.track(reply.id).next_sequence
+        self._last = loop.time()
+        self._handle = loop.call_later(interval / 4, self._tick)
+
+    @classmethod
+    def start(cls, reply: Reply, interval: float) -> _Keepalive | None:
+        return cls(reply, interval) if interval > 0 else None
+
+    def _tick(self) -> None:
+        loop = asyncio.get_running_loop()
+        track = self._reply.sink.track(self._reply.id)
+        now = loop.time()
+        if track.next_sequence != self._seen:
+            self._last = now
+        elif now - self._last >= self._interval and not track.terminal:
+            self._reply.sink.push(self._reply.builder.keepalive())
+            self._last = now
+        self._seen = track.next_sequence
+        self._handle = loop.call_later(self._interval / 4, self._tick)
+
+    def stop(self) -> None:
+        self._handle.cancel()

@@ -37,6 +37,7 @@ from protocol.events import (
     ContentPartDone,
     FunctionCallArgumentsDelta,
     FunctionCallArgumentsDone,
+    Keepalive,
     OutputItemAdded,
     OutputItemDone,
     OutputTextDelta,
@@ -191,6 +192,11 @@ class StreamBuilder:
         """One lifecycle event; push it before building the next."""
         self._batch = 0
         return cls(sequence_number=self._next(), response=response, **self._lifecycle_extra)
+
+    def keepalive(self) -> ServerEvent:
+        """A ``keepalive`` event at the response's next number; push it at once."""
+        self._batch = 0
+        return Keepalive(sequence_number=self._next(), **self._extra)
 
     def feed(self, chunk: SampleChunk) -> list[ServerEvent]:
         """The events ``chunk`` produces (possibly none); push them all before the next call."""

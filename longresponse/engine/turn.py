@@ -147,6 +147,7 @@ def admit_turn(
             model=model,
             pause_timeout=config.pause_timeout,
             max_events=config.max_response_events,
+            keepalive_interval=config.keepalive_interval,
             max_output_tokens=config.max_response_output_tokens,
             pipeline=pipeline,
             resolve=resolve,

@@ -383,6 +383,12 @@ SERVER_EVENTS: dict[type[msgspec.Struct], st.SearchStrategy[Any]] = {
         stream_id=stream_ids,
         response_id=ids,
     ),
+    p.events.Keepalive: st.builds(
+        p.events.Keepalive,
+        sequence_number=sequence_numbers,
+        stream_id=stream_ids,
+        response_id=unset_or(ids),
+    ),
     p.events.ResponseInjectFailed: st.builds(
         p.events.ResponseInjectFailed,
         sequence_number=sequence_numbers,

@@ -35,7 +35,7 @@ from protocol.events import (
     SteerRequiredInput,
 )
 from protocol.items import InputText, Message, OutputText
-from tests.protocol.test_protocol import RID, ConnectionPair, output, response, snapshot, user
+from tests.support.connection_pair import RID, ConnectionPair, output, response, snapshot, user
 
 
 def steer(text: Any = "go left", target: str = RID) -> ResponseSteer:

@@ -21,11 +21,19 @@ arguments would not fit is not started, and the answer stops at the last word
 speed (time to first token, decode tokens/s, prefill tokens/s over uncached
 tokens) comes from the server flags, overridable per request by ``metadata``:
 
-``sim_tool_calls``        calls before the final answer (default 1; 0 to 1,024)
+``sim_tool_calls``        calls before the final answer (default: the flag, 1; 0 to 1,024)
 ``sim_parallel_calls``    calls per turn (default 1; 0 to 128, 0 counts as 1)
 ``sim_output_tokens``     pad the final answer to about this many words (0 to 2,000,000)
 ``sim_tokens_per_second`` decode speed for this request (0 = unthrottled, else 1 to 10^6)
 ``sim_ttft_ms``           time to first token for this request (0 to 600,000)
+
+A client that cannot set ``metadata`` (Codex) is served by the server's
+flags: ``--sim-tool-calls`` is the default of ``sim_tool_calls``, and
+``--sim-call NAME=JSON`` (repeatable) scripts the calls: the k-th call since
+the last user message is the k-th scripted call (cycling) among those whose
+tool is offered, with the script's arguments (so a test can have Codex run a
+harmless command). With no scripted tool offered, the calls are as without a
+script.
 
 A value outside its range (or not finite) is refused up front with
 ``invalid_value`` (:func:`check_sim_metadata`, the ``check_request`` of the
@@ -259,7 +267,9 @@ class SimSampler:
         #: (``longresponse.engine.counting``).
         self.counts_first = config.prefill_tokens_per_second > 0
 
-    def _plan_calls(self, request: SampleRequest) -> list[FunctionTool]:
+    def _plan_calls(self, request: SampleRequest) -> list[tuple[FunctionTool, str | None]]:
+        """The calls of this turn: each tool, and its scripted arguments (or ``None``:
+        made from its schema)."""
         tools = list(request.tools)
         if not tools or request.tool_choice == "none":
             return []
@@ -271,7 +281,7 @@ class SimSampler:
                 break
             if isinstance(item, FunctionCall):
                 made += 1
-        wanted = _int_meta(request.metadata, "sim_tool_calls", 1)
+        wanted = _int_meta(request.metadata, "sim_tool_calls", self.config.tool_calls)
         remaining = wanted - made
         if request.tool_choice == "required" or isinstance(
             request.tool_choice, ToolChoiceFunction
@@ -283,7 +293,11 @@ class SimSampler:
         if not request.parallel_tool_calls:
             per_turn = 1
         count = min(per_turn, remaining)
-        return [tools[(made + i) % len(tools)] for i in range(count)]
+        offered = {tool.name: tool for tool in tools}
+        script = [(offered[name], args) for name, args in self.config.calls if name in offered]
+        if script:
+            return [script[(made + i) % len(script)] for i in range(count)]
+        return [(tools[(made + i) % len(tools)], None) for i in range(count)]
 
     def _summary(self, request: SampleRequest) -> str:
         """The answer before its padding: every user message and tool output, quoted."""
@@ -314,8 +328,8 @@ class SimSampler:
         budget = request.max_output_tokens
         if calls:
             seed = sum(isinstance(item, FunctionCall) for item in request.context)
-            for offset, tool in enumerate(calls):
-                arguments = msgspec.json.encode(
+            for offset, (tool, scripted) in enumerate(calls):
+                arguments = scripted or msgspec.json.encode(
                     example_for_schema(tool.parameters or {"type": "object"}, seed + offset)
                 ).decode()
                 if budget is not None:

@@ -1,0 +1,116 @@
+"""The Codex CLI at its defaults against the server, over HTTP and over its
+WebSocket transport: a multi-turn tool loop whose commands Codex really runs
+(in a scratch repository, read-only sandbox), ``codex exec resume`` on a new
+connection, and a turn whose model is silent past Codex's stream idle timeout.
+
+The simulated model cannot be told what to call by Codex (it sets no
+``metadata``), so the server's flags script its calls (``--sim-call``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from longresponse.server_process import ServerProcess
+from tests.clients.codex import codex_home, items, run_codex, scratch_repo
+
+SCRIPT = (
+    "--sim-tool-calls",
+    "2",
+    "--sim-call",
+    'exec_command={"cmd": "cat NOTES.txt"}',
+    "--sim-call",
+    'exec_command={"cmd": "git rev-parse --is-inside-work-tree"}',
+)
+
+
+@pytest.fixture(params=["http", "websocket"])
+def transport(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def scripted(tmp_path: Path) -> Iterator[ServerProcess]:
+    with ServerProcess("--store", f"sqlite:///{tmp_path}/r.db", *SCRIPT) as running:
+        yield running
+
+
+#: Until issue 21's other branches are merged, Codex at its defaults is refused
+#: on its first request: its `namespace` and `web_search` tools (branch `tools`)
+#: and, over HTTP, its `client_metadata` (branch `schema`). Strict: these marks
+#: fail the run as soon as those branches land, so they are removed then.
+WAITS_FOR: dict[str, str] = {
+    "websocket": "branch tools: Codex's namespace and web_search tools are refused",
+    "http": "branches tools and schema: namespace and web_search tools, client_metadata "
+    "are refused over HTTP",
+}
+
+
+def _waits(request: pytest.FixtureRequest, transport: str) -> None:
+    if WAITS_FOR.get(transport):
+        request.applymarker(pytest.mark.xfail(strict=True, reason=WAITS_FOR[transport]))
+
+
+def _describe(events: list[dict[str, Any]], done: Any) -> str:
+    return json.dumps(events, indent=1)[-4000:] + done.stderr[-2000:]
+
+
+def test_codex_runs_the_models_commands_and_resumes_the_thread(
+    scripted: ServerProcess, transport: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    _waits(request, transport)
+    home = codex_home(tmp_path, f"{scripted.http_url}/v1", websocket=transport == "websocket")
+    repo = scratch_repo(tmp_path)
+    events, done = run_codex(home, repo, "Read the notes.")
+    assert done.returncode == 0, _describe(events, done)
+    commands = items(events, "command_execution")
+    assert [c["exit_code"] for c in commands] == [0, 0], _describe(events, done)
+    assert "scratch-notes-7f3a" in commands[0]["aggregated_output"]  # Codex ran it
+    assert commands[1]["aggregated_output"].strip().endswith("true")
+    (answer,) = items(events, "agent_message")
+    assert "«Read the notes.»" in answer["text"]
+    assert "I read 2 tool outputs" in answer["text"]
+    assert events[-1]["type"] == "turn.completed"
+    thread = events[0]["thread_id"]
+
+    events, done = run_codex(home, repo, "resume", thread, "Now the log.")
+    assert done.returncode == 0, _describe(events, done)
+    (answer,) = items(events, "agent_message")
+    # The resumed thread's history reached the model: both requests, four outputs.
+    assert "«Read the notes.» | «Now the log.»" in answer["text"]
+    assert "I read 4 tool outputs" in answer["text"]
+    assert len(items(events, "command_execution")) == 2
+
+
+@pytest.mark.parametrize("keepalive", [True, False], ids=["keepalive", "silent"])
+def test_a_model_silent_past_codexs_idle_timeout_completes_with_keepalives(
+    transport: str, keepalive: bool, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    if keepalive:
+        _waits(request, transport)
+    flags = ("--sim-tool-calls", "0", "--sim-ttft-ms", "2500")
+    interval = ("--keepalive-interval", "0.3" if keepalive else "0")
+    with ServerProcess("--store", "memory://", *flags, *interval) as server:
+        home = codex_home(
+            tmp_path,
+            f"{server.http_url}/v1",
+            websocket=transport == "websocket",
+        )
+        config = home / "config.toml"
+        config.write_text(
+            config.read_text() + "stream_idle_timeout_ms = 1000\nstream_max_retries = 0\n"
+            "request_max_retries = 0\n"
+        )
+        events, done = run_codex(home, scratch_repo(tmp_path), "Think long.")
+    completed = events[-1]["type"] == "turn.completed" if events else False
+    if keepalive:
+        assert completed, _describe(events, done)
+        (answer,) = items(events, "agent_message")
+        assert "«Think long.»" in answer["text"]
+    else:  # without them Codex's watchdog gives up: the test can fail
+        assert not completed, _describe(events, done)

@@ -1,0 +1,38 @@
+"""The official openai SDK for Node (with ws), installed by ``make test-services``:
+its streamed HTTP tool loop and its ``ResponsesWS`` tool loop
+(``sdk_loops.mjs``), each through keepalives while the model is silent."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+from longresponse.server_process import ServerProcess
+
+HERE = Path(__file__).parent
+
+
+def test_the_node_sdk_runs_its_http_and_websocket_tool_loops(tmp_path: Path) -> None:
+    node = shutil.which("node")
+    assert node is not None, "Node is needed (make test-services installs the SDK)"
+    with ServerProcess("--store", "memory://", "--keepalive-interval", "0.05") as server:
+        done = subprocess.run(
+            [node, str(HERE / "sdk_loops.mjs"), f"{server.http_url}/v1"],
+            cwd=HERE,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    assert done.returncode == 0, done.stderr[-3000:]
+    loops = {run["loop"]: run for run in map(json.loads, done.stdout.splitlines())}
+    assert set(loops) == {"http", "ws"}
+    for run in loops.values():
+        assert run["turns"] == 3  # two calls, answered, then the final answer
+        assert run["text"].startswith("You asked: «Fix the flaky test.». I read 2 tool outputs")
+        assert "«ran 0»" in run["text"]
+        assert "«ran 1»" in run["text"]
+        assert "keepalive" in run["kinds"]  # read through, mid-turn
+        assert run["kinds"].count("response.completed") == 3
