@@ -398,15 +398,21 @@ class CompactionCompacting(
 
 
 class ErrorBody(Struct, frozen=True, kw_only=True):
+    """``error`` of the WebSocket error envelope; ``headers`` are the response
+    headers the error would have had over HTTP (``x-request-id``)."""
+
     type: str
     code: str | None
     message: str
     param: str | None = None
+    headers: dict[str, str] | UnsetType = UNSET
 
 
 class ErrorEvent(_Event, frozen=True, kw_only=True, tag="error"):
-    """The WebSocket error envelope. ``response_id`` is an append-mode extra
-    naming the response a request error concerns, when there is one;
+    """The WebSocket error envelope. ``sequence_number`` is the next one of the
+    response the error concerns (not used up: the error is outside its
+    stream), 0 when it concerns none. ``response_id`` is an append-mode
+    extra naming the response a request error concerns, when there is one;
     ``retry_after`` (seconds) the hint of a rate-limited upstream engine."""
 
     error: ErrorBody
