@@ -287,15 +287,27 @@ def encode_sse(event: ClientEvent | ServerEvent) -> bytes:
     return b"event: %s\ndata: %s\n\n" % (wire_type(event).encode(), encode_event(event))
 
 
-def error_event(error: ProtocolError, *, stream_id: str | None = None) -> ErrorEvent:
-    """The WebSocket error envelope for ``error``, on ``stream_id`` or the error's own lane."""
+def error_event(
+    error: ProtocolError,
+    *,
+    stream_id: str | None = None,
+    sequence_number: int | None = None,
+    headers: dict[str, str] | None = None,
+) -> ErrorEvent:
+    """The WebSocket error envelope for ``error``, on ``stream_id`` or the error's
+    own lane; ``sequence_number`` and ``error.headers`` when given."""
     if stream_id is None:
         stream_id = error.stream_id
     return ErrorEvent(
         status=error.status,
         error=ErrorBody(
-            type=error.error_type, code=error.code, message=error.message, param=error.param
+            type=error.error_type,
+            code=error.code,
+            message=error.message,
+            param=error.param,
+            headers=headers if headers is not None else msgspec.UNSET,
         ),
+        sequence_number=sequence_number if sequence_number is not None else msgspec.UNSET,
         stream_id=stream_id if stream_id is not None else msgspec.UNSET,
         response_id=error.response_id if error.response_id is not None else msgspec.UNSET,
     )

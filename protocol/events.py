@@ -20,18 +20,31 @@ stopped for client tool output with steering input still queued.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 from ._wire import wire_type
 from .items import ContentPart, FunctionTool, Item, OutputText, Refusal, ToolChoice
-from .response import ReasoningConfig, Response, ResponseError, TextConfig
+from .response import (
+    ConversationRef,
+    PromptCacheMode,
+    PromptCacheTTL,
+    PromptRef,
+    ReasoningConfig,
+    Response,
+    ResponseError,
+    TextConfig,
+)
 
 __all__ = [
     "CLIENT_EVENT_TYPES",
+    "INCLUDABLE",
     "SERVER_EVENT_TYPES",
+    "SERVICE_TIERS",
+    "AccessPrograms",
+    "BackgroundOptions",
     "ClientEvent",
     "CompactionCompacting",
     "ContentPartAdded",
@@ -41,7 +54,11 @@ __all__ = [
     "ErrorEvent",
     "FunctionCallArgumentsDelta",
     "FunctionCallArgumentsDone",
+    "ImageOptions",
     "Keepalive",
+    "Moderation",
+    "ModerationPolicy",
+    "ModerationRule",
     "MultiAgent",
     "OutputItemAdded",
     "OutputItemDone",
@@ -71,6 +88,7 @@ __all__ = [
     "SteerFailure",
     "SteerReceipt",
     "SteerRequiredInput",
+    "StreamOptions",
     "TimingEvent",
 ]
 
@@ -97,14 +115,76 @@ Metadata = Annotated[
 ]
 
 
+#: Every ``service_tier`` the published request takes. The Response names the
+#: tier that served it: always ``default`` here (SPEC §12.1).
+ServiceTier = Literal["auto", "default", "flex", "scale", "priority", "fast", "ultrafast"]
+SERVICE_TIERS: frozenset[str] = frozenset(get_args(ServiceTier))
+
+#: Every ``include`` value the published request takes.
+Includable = Literal[
+    "file_search_call.results",
+    "web_search_call.results",
+    "web_search_call.action.sources",
+    "message.input_image.image_url",
+    "computer_call_output.output.image_url",
+    "code_interpreter_call.outputs",
+    "reasoning.encrypted_content",
+    "message.output_text.logprobs",
+]
+INCLUDABLE: frozenset[str] = frozenset(get_args(Includable))
+
+
 class PromptCacheOptions(Struct, frozen=True, kw_only=True):
     """``prompt_cache_options``: ``prewarm: true`` fills the cache and generates
-    nothing (it forces ``generate`` to false); the rest is accepted and ignored."""
+    nothing (it forces ``generate`` to false); ``mode``, ``ttl`` and
+    ``comparison_response_id`` are echoed on the Response, with no other effect."""
 
     prewarm: bool | None = None
-    mode: Literal["implicit", "explicit"] | None = None
-    ttl: Literal["30m", "12h"] | None = None
+    mode: PromptCacheMode | None = None
+    ttl: PromptCacheTTL | None = None
     comparison_response_id: str | None = None
+
+
+class StreamOptions(Struct, frozen=True, kw_only=True):
+    """``stream_options`` (HTTP streaming): accepted and ignored everywhere."""
+
+    include_obfuscation: bool | None = None
+
+
+class ModerationRule(Struct, frozen=True, kw_only=True):
+    mode: Literal["score", "block"]
+
+
+class ModerationPolicy(Struct, frozen=True, kw_only=True):
+    input: ModerationRule | None = None
+    output: ModerationRule | None = None
+
+
+class Moderation(Struct, frozen=True, kw_only=True):
+    """``moderation``: a moderation model and policy for the input and output.
+    Accepted; this server runs no moderation (SPEC §12.1)."""
+
+    model: str
+    policy: ModerationPolicy | None = None
+
+
+class AccessPrograms(Struct, frozen=True, kw_only=True):
+    """``access_programs``: accepted and ignored."""
+
+    cyber: Literal["standard", "daybreak_blue", "daybreak_red"] | None = None
+
+
+class BackgroundOptions(Struct, frozen=True, kw_only=True):
+    """``background_options``: accepted and ignored (a background response runs at once)."""
+
+    completion_window: Literal["soonest", "2h", "8h"] | None = None
+    continuation_id: str | None = None
+
+
+class ImageOptions(Struct, frozen=True, kw_only=True):
+    """``image``: accepted and ignored (images in the input are not looked at)."""
+
+    context_compression: Literal["auto", "enabled", "disabled"] | None = None
 
 
 class ContextManagement(Struct, frozen=True, kw_only=True):
@@ -127,10 +207,13 @@ class MultiAgent(Struct, frozen=True, kw_only=True):
 class ResponseCreate(_Event, frozen=True, kw_only=True, tag="response.create"):
     """Starts a response; the body of ``POST /v1/responses`` at the top level.
 
-    ``stream``, ``stream_options`` and unknown top-level keys are accepted and
-    ignored (real clients send them). ``generate: false``, or
-    ``prompt_cache_options.prewarm: true``, prepares state without sampling
-    (:attr:`warm_up`).
+    The one request schema of every transport: HTTP decodes its body into
+    this Struct (refusing unknown keys, as shipped), both WebSocket shapes
+    their ``response.create`` (ignoring unknown keys, as shipped). Every field
+    of the published request is declared and type-checked here, with
+    ``client_metadata`` (Codex) and the WebSocket's ``stream_id`` and
+    ``generate``. ``generate: false``, or ``prompt_cache_options.prewarm:
+    true``, prepares state without sampling (:attr:`warm_up`).
     """
 
     model: str | UnsetType = UNSET
@@ -154,16 +237,25 @@ class ResponseCreate(_Event, frozen=True, kw_only=True, tag="response.create"):
     user: str | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
-    service_tier: str | None = None
-    include: list[str] | None = None
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
+    service_tier: ServiceTier | None = None
+    include: list[Includable] | None = None
     top_logprobs: TopLogprobs | None = None
     background: bool | None = None
+    background_options: BackgroundOptions | None = None
     stream: bool | None = None
-    stream_options: dict[str, Any] | None = None
+    stream_options: StreamOptions | None = None
     stream_id: str | UnsetType = UNSET
     generate: bool | None = None
     context_management: list[ContextManagement] | None = None
     prompt_cache_options: PromptCacheOptions | None = None
+    conversation: str | ConversationRef | None = None
+    prompt: PromptRef | None = None
+    moderation: Moderation | None = None
+    access_programs: AccessPrograms | None = None
+    image: ImageOptions | None = None
+    #: Codex sends it on every request (not in the SDK's types): accepted and ignored.
+    client_metadata: dict[str, str] | None = None
 
     @property
     def warm_up(self) -> bool:
@@ -338,15 +430,21 @@ class CompactionCompacting(
 
 
 class ErrorBody(Struct, frozen=True, kw_only=True):
+    """``error`` of the WebSocket error envelope; ``headers`` are the response
+    headers the error would have had over HTTP (``x-request-id``)."""
+
     type: str
     code: str | None
     message: str
     param: str | None = None
+    headers: dict[str, str] | UnsetType = UNSET
 
 
 class ErrorEvent(_Event, frozen=True, kw_only=True, tag="error"):
-    """The WebSocket error envelope. ``response_id`` is an append-mode extra
-    naming the response a request error concerns, when there is one;
+    """The WebSocket error envelope. ``sequence_number`` is the next one of the
+    response the error concerns (not used up: the error is outside its
+    stream), 0 when it concerns none. ``response_id`` is an append-mode
+    extra naming the response a request error concerns, when there is one;
     ``retry_after`` (seconds) the hint of a rate-limited upstream engine."""
 
     error: ErrorBody

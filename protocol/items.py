@@ -27,6 +27,7 @@ __all__ = [
     "Item",
     "Message",
     "OutputText",
+    "PromptCacheBreakpoint",
     "Reasoning",
     "ReasoningText",
     "Refusal",
@@ -46,8 +47,18 @@ class _Tagged(Struct, frozen=True, kw_only=True, tag_field="type"):
 # --- content parts ---------------------------------------------------------
 
 
+class PromptCacheBreakpoint(Struct, frozen=True, kw_only=True):
+    """``prompt_cache_breakpoint`` of an input content part: the end of a prefix
+    to cache explicitly. Accepted and kept with the part; this server caches
+    every prefix of a rollout anyway (SPEC §8)."""
+
+    mode: Literal["explicit"]
+    ttl: Literal["30m", "12h"] | UnsetType = UNSET
+
+
 class InputText(_Tagged, frozen=True, tag="input_text"):
     text: str
+    prompt_cache_breakpoint: PromptCacheBreakpoint | UnsetType = UNSET
 
 
 class OutputText(_Tagged, frozen=True, tag="output_text"):
@@ -64,6 +75,7 @@ class InputImage(_Tagged, frozen=True, tag="input_image"):
     detail: str = "auto"
     image_url: str | UnsetType | None = UNSET
     file_id: str | UnsetType | None = UNSET
+    prompt_cache_breakpoint: PromptCacheBreakpoint | UnsetType = UNSET
 
 
 class InputFile(_Tagged, frozen=True, tag="input_file"):
@@ -71,6 +83,7 @@ class InputFile(_Tagged, frozen=True, tag="input_file"):
     file_data: str | UnsetType = UNSET
     file_url: str | UnsetType = UNSET
     filename: str | UnsetType = UNSET
+    prompt_cache_breakpoint: PromptCacheBreakpoint | UnsetType = UNSET
 
 
 class SummaryText(_Tagged, frozen=True, tag="summary_text"):

@@ -8,8 +8,10 @@ shipped-shape clients never see it).
 
 The request parameters that the Response echoes with a shape of their own
 live here too: ``text`` (:class:`TextConfig`, whose ``format`` asks for plain
-text, a JSON object or JSON matching a schema) and ``reasoning``
-(:class:`ReasoningConfig`).
+text, a JSON object or JSON matching a schema), ``reasoning``
+(:class:`ReasoningConfig`), ``conversation`` (:class:`ConversationRef`),
+``prompt`` (:class:`PromptRef`) and the prompt cache's settings
+(:class:`PromptCacheSettings`).
 """
 
 from __future__ import annotations
@@ -22,12 +24,15 @@ from msgspec import UNSET, Struct, UnsetType
 from .items import FunctionTool, Item, ToolChoice
 
 __all__ = [
+    "ConversationRef",
     "FormatJSONObject",
     "FormatJSONSchema",
     "FormatText",
     "IncompleteDetails",
     "InputTokensDetails",
     "OutputTokensDetails",
+    "PromptCacheSettings",
+    "PromptRef",
     "ReasoningConfig",
     "RequiredAction",
     "Response",
@@ -134,6 +139,34 @@ class ReasoningConfig(Struct, frozen=True, kw_only=True):
     generate_summary: ReasoningSummary | UnsetType | None = UNSET
 
 
+class ConversationRef(Struct, frozen=True, kw_only=True):
+    """``conversation`` as the Response echoes it (a request may also send the bare id)."""
+
+    id: str
+
+
+class PromptRef(Struct, frozen=True, kw_only=True):
+    """``prompt``: a stored prompt template by id, its version and variables.
+    Accepted and echoed; this server keeps no templates (SPEC §12.1)."""
+
+    id: str
+    version: str | None = None
+    variables: dict[str, Any] | None = None
+
+
+PromptCacheMode = Literal["implicit", "explicit"]
+PromptCacheTTL = Literal["30m", "12h"]
+
+
+class PromptCacheSettings(Struct, frozen=True, kw_only=True):
+    """``prompt_cache_options`` as the Response echoes them: the mode and the
+    minimum lifetime in effect (``implicit`` and ``30m`` unless asked)."""
+
+    mode: PromptCacheMode = "implicit"
+    ttl: PromptCacheTTL = "30m"
+    comparison_response_id: str | None = None
+
+
 class Response(Struct, frozen=True, kw_only=True):
     id: str
     object: Literal["response"] = "response"
@@ -141,6 +174,7 @@ class Response(Struct, frozen=True, kw_only=True):
     status: ResponseStatus
     background: bool = False
     completed_at: int | None = None
+    conversation: ConversationRef | None = None
     error: ResponseError | None = None
     frequency_penalty: float = 0.0
     incomplete_details: IncompleteDetails | None = None
@@ -152,7 +186,10 @@ class Response(Struct, frozen=True, kw_only=True):
     parallel_tool_calls: bool = True
     presence_penalty: float = 0.0
     previous_response_id: str | None = None
+    prompt: PromptRef | None = None
     prompt_cache_key: str | None = None
+    prompt_cache_options: PromptCacheSettings | None = None
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
     reasoning: ReasoningConfig | None = None
     safety_identifier: str | None = None
     service_tier: str = "default"

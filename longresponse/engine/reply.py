@@ -33,6 +33,7 @@ import msgspec
 
 from protocol import TERMINAL_STATES, Mode, ResponseState, ResponseTrack, Transition
 from protocol.events import (
+    PromptCacheOptions,
     ResponseCreate,
     ResponseCreated,
     ResponseDone,
@@ -41,10 +42,12 @@ from protocol.events import (
     TimingEvent,
 )
 from protocol.response import (
+    ConversationRef,
     FormatText,
     IncompleteDetails,
     InputTokensDetails,
     OutputTokensDetails,
+    PromptCacheSettings,
     ReasoningConfig,
     RequiredAction,
     Response,
@@ -154,6 +157,7 @@ class Reply:
             status=state.value,
             background=req.background is True,
             completed_at=int(time.time()) if state in TERMINAL_STATES else None,
+            conversation=_conversation(req.conversation),
             error=self.error,
             frequency_penalty=_or(req.frequency_penalty, 0.0),
             incomplete_details=(
@@ -169,7 +173,10 @@ class Reply:
             parallel_tool_calls=req.parallel_tool_calls,
             presence_penalty=_or(req.presence_penalty, 0.0),
             previous_response_id=req.previous_response_id,
+            prompt=req.prompt,
             prompt_cache_key=req.prompt_cache_key,
+            prompt_cache_options=_prompt_cache(req.prompt_cache_options),
+            prompt_cache_retention=req.prompt_cache_retention,
             reasoning=_reasoning(req.reasoning),
             safety_identifier=req.safety_identifier,
             store=req.store,
@@ -319,6 +326,24 @@ def _reasoning(reasoning: ReasoningConfig | None) -> ReasoningConfig | None:
     if summary is None and isinstance(reasoning.generate_summary, str):
         summary = reasoning.generate_summary
     return ReasoningConfig(effort=reasoning.effort, summary=summary)
+
+
+def _conversation(conversation: str | ConversationRef | None) -> ConversationRef | None:
+    """The ``conversation`` a Response echoes: always ``{"id": …}``."""
+    if isinstance(conversation, str):
+        return ConversationRef(id=conversation)
+    return conversation
+
+
+def _prompt_cache(options: PromptCacheOptions | None) -> PromptCacheSettings | None:
+    """The ``prompt_cache_options`` a Response echoes: mode and ttl in effect."""
+    if options is None:
+        return None
+    return PromptCacheSettings(
+        mode=options.mode or "implicit",
+        ttl=options.ttl or "30m",
+        comparison_response_id=options.comparison_response_id,
+    )
 
 
 #: Most ``metadata`` pairs a Response carries, as published.

@@ -47,6 +47,7 @@ from .inspector.observer import Inspector
 from .inspector.routes import InspectRoutes
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import LoopLagMonitor, ServerMetrics
+from .request_ids import RequestIds
 from .seam import Seam
 from .turns import Turns
 from .ws.session import ResponsesEndpoint
@@ -200,4 +201,4 @@ def create_app(config: ServerConfig | None = None) -> Seam:
     app.state.turns = turns
     app.state.metrics = metrics
     app.state.inspector = inspector
-    return Seam(app)
+    return Seam(RequestIds(app))  # x-request-id on every answer, a crash's 500 too

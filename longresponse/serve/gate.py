@@ -36,7 +36,8 @@ from starlette.routing import BaseRoute, Match, Route, Router
 from protocol import RemoteProtocolError
 
 from ..storage.keys import ApiKeys, Unauthorized
-from .errors import http_error
+from .errors import http_error, log_refusal
+from .request_ids import request_id
 from .types import ASGIApp, Receive, Scope, Send
 
 __all__ = [
@@ -160,6 +161,7 @@ class RouteGate:
                 f"Invalid URL (WebSocket {scope['path']}).", code=UNKNOWN_URL, status=404
             )
         )
+        log_refusal(f"WebSocket {scope['path']}", response.error, request_id(scope))
         await send(
             {
                 "type": "websocket.http.response.start",

@@ -248,9 +248,23 @@ CLIENT_EVENTS: dict[type[msgspec.Struct], st.SearchStrategy[Any]] = {
         reasoning=none_or(reasoning_configs),
         text=none_or(text_configs),
         truncation=none_or(st.sampled_from(["auto", "disabled"])),
-        include=none_or(st.lists(ids, max_size=2)),
+        include=none_or(st.lists(st.sampled_from(sorted(p.events.INCLUDABLE)), max_size=2)),
+        service_tier=none_or(st.sampled_from(sorted(p.events.SERVICE_TIERS))),
+        prompt_cache_retention=none_or(st.sampled_from(["in_memory", "24h"])),
+        conversation=none_or(ids | st.builds(p.response.ConversationRef, id=ids)),
+        prompt=none_or(
+            st.builds(
+                p.response.PromptRef,
+                id=ids,
+                version=none_or(ids),
+                variables=none_or(st.dictionaries(ids, texts, max_size=2)),
+            )
+        ),
+        client_metadata=none_or(st.dictionaries(texts, texts, max_size=2)),
         stream=none_or(st.booleans()),
-        stream_options=none_or(json_objects),
+        stream_options=none_or(
+            st.builds(p.events.StreamOptions, include_obfuscation=none_or(st.booleans()))
+        ),
         stream_id=stream_ids,
         generate=none_or(st.booleans()),
         context_management=none_or(

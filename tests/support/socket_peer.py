@@ -175,7 +175,11 @@ class Peer:
             assert isinstance(code, str), frame
             assert code, frame
             assert isinstance(event["status"], int), frame
-            assert "sequence_number" not in event, frame
+            # Outside every response's stream: the named response's next
+            # number, not used up, or 0 when it names none (SPEC §5 `error`).
+            named = self.responses.get(event.get("response_id", ""))
+            assert event["sequence_number"] == (named.next_sequence if named else 0), frame
+            assert event["error"]["headers"]["x-request-id"].startswith("req_"), frame
             self.errors.append(code)
             return
         if kind == "responsesapi.websocket_timing":

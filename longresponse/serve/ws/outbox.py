@@ -23,14 +23,18 @@ import contextlib
 import time
 from collections.abc import Awaitable, Callable
 
-from protocol import CLOSE_CODES, Connection, Mode, ProtocolError, ResponseTrack, Role, error_event
+from protocol import CLOSE_CODES, Connection, Mode, ProtocolError, ResponseTrack, Role
 from protocol.events import ServerEvent
 
 from ...config import WRITE_BATCH_BYTES, WRITE_SLICE_SECONDS, ServerConfig
 from ...engine.stream import PeerGone, ServerClosed
+from ..errors import error_frame
 from ..types import Send
 
-__all__ = ["Outbox"]
+__all__ = ["WS_PATH", "Outbox"]
+
+#: The path of the WebSocket endpoint, as the refusals' log lines name it.
+WS_PATH = "/v1/responses"
 
 
 class Outbox:
@@ -85,8 +89,13 @@ class Outbox:
         return track
 
     def error(self, error: ProtocolError, stream_id: str | None = None) -> None:
-        """Queue an ``error`` event, even past the bound."""
-        self._enqueue(self.connection.send(error_event(error, stream_id=stream_id)))
+        """Queue an ``error`` event, even past the bound (``serve.errors`` builds and
+        logs it). Its ``sequence_number`` is the next one of the response it
+        names, 0 when it names none."""
+        track = self.connection.response(error.response_id) if error.response_id else None
+        sequence = track.next_sequence if track is not None else 0
+        event = error_frame(error, path=WS_PATH, stream_id=stream_id, sequence_number=sequence)
+        self._enqueue(self.connection.send(event))
 
     def _enqueue(self, data: bytes) -> None:
         self._queue.append(data)

@@ -64,8 +64,9 @@ from ...config import ServerConfig
 from ...engine.stream import StreamClosed
 from ...engine.transport import Transport
 from ...storage.keys import ApiKeys, Unauthorized
-from ..errors import error_body
+from ..errors import error_body, log_refusal
 from ..inspector.records import ConnectionRecord
+from ..request_ids import request_id
 from ..seam import SEND_TEXTS_KEY, abort
 from ..turns import Turns
 from ..types import Receive, Scope, Send
@@ -322,6 +323,7 @@ class ResponsesEndpoint:
 
     async def _refuse(self, scope: Scope, send: Send, message: str) -> None:
         refusal = RemoteProtocolError(message, code="invalid_api_key", status=401)
+        log_refusal(f"WebSocket {scope['path']}", refusal, request_id(scope))
         body = json.dumps(error_body(refusal)).encode()
         if "websocket.http.response" in scope.get("extensions", {}):
             headers = [(b"content-type", b"application/json")]
