@@ -282,6 +282,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="what the secrets classifier does with a credential in new input: record it on "
         "the response's metadata, redact it before the model sees it, or refuse the input",
     )
+    serve.add_argument(
+        "--hosted-tools",
+        choices=["accept", "refuse"],
+        default="accept",
+        help="hosted tools this server cannot run (web_search, file_search, mcp, "
+        "code_interpreter, image_generation, tool_search, ...): accept them (echoed in the "
+        "response's tools, never offered to the model) or refuse the request",
+    )
     for switch, what in (
         ("incremental-validation", "validate only new input (off: the whole history, every time)"),
         (
@@ -425,6 +433,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         api_keys=tuple(args.api_keys),
         allow_unauthenticated=args.allow_unauthenticated,
         secrets_policy=args.secrets_policy,
+        hosted_tools=args.hosted_tools,
         compaction_key=args.compaction_key,
         http_token_cache=args.http_token_cache,
         ws_compression=args.ws_compression == "on",

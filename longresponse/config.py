@@ -357,6 +357,9 @@ class ServerConfig:
     #: The pipeline's reuse switches (all on) and the secrets policy.
     switches: Switches = dataclasses.field(default_factory=Switches)
     secrets_policy: str = "flag"
+    #: Hosted tools (web search, MCP, ...): ``accept`` (echoed, never offered to
+    #: the model) or ``refuse`` (``invalid_value`` on ``tools[i].type``).
+    hosted_tools: str = "accept"
     #: The secret compaction items are sealed with (else LONGRESPONSE_COMPACTION_KEY,
     #: else a random key kept in the store: ``longresponse.storage.server_keys``).
     compaction_key: str | None = None

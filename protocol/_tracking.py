@@ -28,7 +28,7 @@ from .events import (
     ResponseIncomplete,
     ServerEvent,
 )
-from .items import FunctionCallOutput, Item, Message
+from .items import CallOutput, Item, Message, answered_call_id
 from .state import ResponseState, ResponseStateMachine
 
 __all__ = [
@@ -129,8 +129,9 @@ def check_append_items(items: list[Item], track: ResponseTrack) -> list[str]:
     response_id = track.response_id
     seen: list[str] = []
     for index, item in enumerate(items):
-        if isinstance(item, FunctionCallOutput):
-            call_id = item.call_id
+        if isinstance(item, CallOutput):
+            call_id = answered_call_id(item)
+            _check_names_call(item, index, response_id)
             if call_id in track.answered_calls or call_id in seen:
                 raise LocalProtocolError(
                     f"Tool call {call_id!r} of response {response_id!r} already has an output.",
@@ -157,13 +158,26 @@ def check_append_items(items: list[Item], track: ResponseTrack) -> list[str]:
                 )
         else:
             raise LocalProtocolError(
-                "An append carries message and function_call_output items, "
+                "An append carries messages and tool outputs (function_call_output, "
+                "custom_tool_call_output, shell_call_output, ...), "
                 f"not {wire_type(item)!r}.",
                 code=ErrorCode.INVALID_VALUE,
                 param=f"input[{index}].type",
                 response_id=response_id,
             )
     return seen
+
+
+def _check_names_call(item: CallOutput, index: int, response_id: str | None) -> None:
+    """An output must name the call it answers (a ``local_shell_call_output`` by
+    ``call_id`` or ``id``); raises ``missing_required_parameter``."""
+    if not answered_call_id(item):
+        raise LocalProtocolError(
+            f"A {wire_type(item)} needs the call_id of the call it answers.",
+            code=ErrorCode.MISSING_REQUIRED_PARAMETER,
+            param=f"input[{index}].call_id",
+            response_id=response_id,
+        )
 
 
 #: The statuses each typed terminal event of the shipped shape may carry: its

@@ -93,7 +93,16 @@ from .events import (
     SteerFailure,
     TimingEvent,
 )
-from .items import FunctionCall, InputFile, InputImage, InputText, Item, Message
+from .items import (
+    ClientCall,
+    InputFile,
+    InputImage,
+    InputText,
+    Item,
+    Message,
+    call_name,
+    is_cut,
+)
 from .response import ResponseError
 from .state import ResponseState, Role
 
@@ -531,18 +540,20 @@ class Connection:
                 code=ErrorCode.INVALID_VALUE,
                 param="response.id",
             )
-        call = event.item if isinstance(event, OutputItemDone) else None
-        cut = isinstance(call, FunctionCall) and call.status == "incomplete"  # never run
-        if not isinstance(call, FunctionCall) or cut or call.call_id in track.answered_calls:
-            call = None
-        elif (
-            call.call_id not in track.pending_calls
+        # A call of any client-executed kind waits for its output, by call_id.
+        item = event.item if isinstance(event, OutputItemDone) else None
+        call: ClientCall | None = item if isinstance(item, ClientCall) else None
+        if call is not None and (is_cut(call) or call.call_id in track.answered_calls):
+            call = None  # cut short (never run), or already answered
+        if (
+            call is not None
+            and call.call_id not in track.pending_calls
             and len(track.pending_calls) >= self.max_pending_calls
         ):
             raise _too_many_pending_calls(track, self.max_pending_calls)
         track.machine.take(Role.SERVER, event_key(event))  # raises, unchanged, if illegal
         if call is not None:
-            track.pending_calls[call.call_id] = call.name
+            track.pending_calls[call.call_id] = call_name(call)
         if track.terminal:
             track.forget_calls()  # nothing can answer a finished response
         track.next_sequence += 1

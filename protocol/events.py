@@ -26,7 +26,7 @@ import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 from ._wire import wire_type
-from .items import ContentPart, FunctionTool, Item, OutputText, Refusal, ToolChoice
+from .items import ContentPart, Item, OutputText, Refusal, Tool, ToolChoice
 from .response import (
     ConversationRef,
     PromptCacheMode,
@@ -219,7 +219,7 @@ class ResponseCreate(_Event, frozen=True, kw_only=True, tag="response.create"):
     model: str | UnsetType = UNSET
     input: str | list[Item] = msgspec.field(default_factory=list)
     instructions: str | None = None
-    tools: list[FunctionTool] = msgspec.field(default_factory=list)
+    tools: list[Tool] = msgspec.field(default_factory=list)
     tool_choice: ToolChoice = "auto"
     parallel_tool_calls: bool = True
     metadata: Metadata = msgspec.field(default_factory=dict)

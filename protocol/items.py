@@ -15,28 +15,90 @@ import msgspec
 from msgspec import UNSET, Struct, UnsetType
 
 __all__ = [
+    "ApplyPatchCall",
+    "ApplyPatchCallOutput",
+    "ApplyPatchTool",
+    "CallOutput",
+    "ClientCall",
+    "ClientTool",
+    "CodeInterpreterTool",
     "Compaction",
     "CompactionTrigger",
+    "ComputerCall",
+    "ComputerCallOutput",
+    "ComputerScreenshot",
+    "ComputerTool",
+    "ComputerUsePreviewTool",
     "ContentPart",
+    "CreateFile",
+    "CustomGrammarFormat",
+    "CustomTextFormat",
+    "CustomTool",
+    "CustomToolCall",
+    "CustomToolCallOutput",
+    "CustomToolFormat",
+    "DeleteFile",
+    "FileSearchTool",
     "FunctionCall",
     "FunctionCallOutput",
     "FunctionTool",
+    "ImageGenerationTool",
     "InputFile",
     "InputImage",
     "InputText",
     "Item",
+    "LocalShellCall",
+    "LocalShellCallOutput",
+    "LocalShellExec",
+    "LocalShellTool",
+    "McpTool",
     "Message",
+    "NamespaceTool",
     "OutputText",
+    "PatchOperation",
+    "ProgrammaticToolCallingTool",
     "PromptCacheBreakpoint",
     "Reasoning",
     "ReasoningText",
     "Refusal",
+    "ShellAction",
+    "ShellCall",
+    "ShellCallOutput",
+    "ShellExit",
+    "ShellOutput",
+    "ShellTimeout",
+    "ShellTool",
     "SummaryText",
     "Tool",
     "ToolChoice",
+    "ToolChoiceAllowed",
+    "ToolChoiceApplyPatch",
+    "ToolChoiceCodeInterpreter",
+    "ToolChoiceComputer",
+    "ToolChoiceComputerUse",
+    "ToolChoiceComputerUsePreview",
+    "ToolChoiceCustom",
+    "ToolChoiceFileSearch",
     "ToolChoiceFunction",
+    "ToolChoiceImageGeneration",
+    "ToolChoiceMcp",
+    "ToolChoiceProgrammatic",
+    "ToolChoiceShell",
+    "ToolChoiceWebSearchPreview",
+    "ToolChoiceWebSearchPreview20250311",
+    "ToolSearchTool",
+    "UpdateFile",
+    "WebSearchPreviewTool",
+    "WebSearchPreviewTool20250311",
+    "WebSearchTool",
+    "WebSearchTool20250826",
+    "answered_call_id",
     "as_items",
+    "call_name",
+    "is_cut",
+    "is_hosted",
     "item_text",
+    "output_text",
 ]
 
 
@@ -127,6 +189,155 @@ class FunctionCallOutput(_Tagged, frozen=True, tag="function_call_output"):
     status: ItemStatus | UnsetType = UNSET
 
 
+# --- calls of the other client-executed tools, and their outputs -----------
+# Shapes from openai-python (``response_custom_tool_call.py``,
+# ``response_input_item.py``...): the fields that say what to run are
+# required; ``id`` and ``status`` are optional on input, as for function calls.
+
+
+class CustomToolCall(_Tagged, frozen=True, tag="custom_tool_call"):
+    """A call of a ``custom`` tool: ``input`` is free text."""
+
+    call_id: str
+    name: str
+    input: str
+    id: str | UnsetType = UNSET
+    status: ItemStatus | UnsetType = UNSET
+    namespace: str | UnsetType | None = UNSET
+
+
+class CustomToolCallOutput(_Tagged, frozen=True, tag="custom_tool_call_output"):
+    call_id: str
+    output: str | list[ContentPart]
+    id: str | UnsetType = UNSET
+    status: ItemStatus | UnsetType = UNSET
+
+
+class LocalShellExec(_Tagged, frozen=True, tag="exec"):
+    """What a ``local_shell_call`` runs: an argv, its environment."""
+
+    command: list[str]
+    env: dict[str, str]
+    timeout_ms: int | UnsetType | None = UNSET
+    user: str | UnsetType | None = UNSET
+    working_directory: str | UnsetType | None = UNSET
+
+
+class LocalShellCall(_Tagged, frozen=True, tag="local_shell_call"):
+    call_id: str
+    action: LocalShellExec
+    id: str | UnsetType = UNSET
+    status: ItemStatus | UnsetType = UNSET
+
+
+class LocalShellCallOutput(_Tagged, frozen=True, tag="local_shell_call_output"):
+    """The output of a ``local_shell_call``. The SDK names the call by ``id``
+    (its type says "the ID of the local shell tool call"); the guide's
+    examples send ``call_id``. Either is accepted; ``call_id`` wins
+    (:func:`answered_call_id`)."""
+
+    output: str
+    id: str | UnsetType = UNSET
+    call_id: str | UnsetType = UNSET
+    status: ItemStatus | UnsetType = UNSET
+
+
+class ShellAction(Struct, frozen=True, kw_only=True):
+    """What a ``shell_call`` runs: command lines, in order."""
+
+    commands: list[str]
+    max_output_length: int | UnsetType | None = UNSET
+    timeout_ms: int | UnsetType | None = UNSET
+
+
+class ShellCall(_Tagged, frozen=True, tag="shell_call"):
+    call_id: str
+    action: ShellAction
+    id: str | UnsetType = UNSET
+    status: ItemStatus | UnsetType = UNSET
+    environment: dict[str, Any] | UnsetType | None = UNSET
+
+
+class ShellTimeout(_Tagged, frozen=True, tag="timeout"):
+    pass
+
+
+class ShellExit(_Tagged, frozen=True, tag="exit"):
+    exit_code: int
+
+
+class ShellOutput(Struct, frozen=True, kw_only=True):
+    """One command's result in a ``shell_call_output``."""
+
+    stdout: str
+    stderr: str
+    outcome: ShellTimeout | ShellExit
+
+
+class ShellCallOutput(_Tagged, frozen=True, tag="shell_call_output"):
+    call_id: str
+    output: list[ShellOutput]
+    id: str | UnsetType = UNSET
+    status: ItemStatus | UnsetType = UNSET
+    max_output_length: int | UnsetType | None = UNSET
+
+
+class CreateFile(_Tagged, frozen=True, tag="create_file"):
+    path: str
+    diff: str
+
+
+class UpdateFile(_Tagged, frozen=True, tag="update_file"):
+    path: str
+    diff: str
+
+
+class DeleteFile(_Tagged, frozen=True, tag="delete_file"):
+    path: str
+
+
+PatchOperation = CreateFile | UpdateFile | DeleteFile
+
+
+class ApplyPatchCall(_Tagged, frozen=True, tag="apply_patch_call"):
+    call_id: str
+    operation: PatchOperation
+    id: str | UnsetType = UNSET
+    status: Literal["in_progress", "completed"] | UnsetType = UNSET
+
+
+class ApplyPatchCallOutput(_Tagged, frozen=True, tag="apply_patch_call_output"):
+    call_id: str
+    status: Literal["completed", "failed"]
+    output: str | UnsetType | None = UNSET
+    id: str | UnsetType = UNSET
+
+
+class ComputerCall(_Tagged, frozen=True, tag="computer_call"):
+    """A ``computer`` / ``computer_use_preview`` call: one ``action`` (or a
+    batch, ``actions``), each ``{"type": "click" | "screenshot" | ..., ...}``."""
+
+    call_id: str
+    action: dict[str, Any] | UnsetType | None = UNSET
+    actions: list[dict[str, Any]] | UnsetType | None = UNSET
+    pending_safety_checks: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    id: str | UnsetType = UNSET
+    status: ItemStatus | UnsetType = UNSET
+
+
+class ComputerScreenshot(_Tagged, frozen=True, tag="computer_screenshot"):
+    image_url: str | UnsetType | None = UNSET
+    file_id: str | UnsetType | None = UNSET
+
+
+class ComputerCallOutput(_Tagged, frozen=True, tag="computer_call_output"):
+    call_id: str
+    output: ComputerScreenshot
+    acknowledged_safety_checks: list[dict[str, Any]] | UnsetType | None = UNSET
+    id: str | UnsetType = UNSET
+    status: ItemStatus | UnsetType = UNSET
+
+
 class Reasoning(_Tagged, frozen=True, tag="reasoning"):
     """Passed through: kept in context and replayed, never interpreted."""
 
@@ -159,7 +370,80 @@ class CompactionTrigger(_Tagged, frozen=True, tag="compaction_trigger"):
     id: str | UnsetType = UNSET
 
 
-Item = Message | FunctionCall | FunctionCallOutput | Reasoning | Compaction | CompactionTrigger
+Item = (
+    Message
+    | FunctionCall
+    | FunctionCallOutput
+    | CustomToolCall
+    | CustomToolCallOutput
+    | LocalShellCall
+    | LocalShellCallOutput
+    | ShellCall
+    | ShellCallOutput
+    | ApplyPatchCall
+    | ApplyPatchCallOutput
+    | ComputerCall
+    | ComputerCallOutput
+    | Reasoning
+    | Compaction
+    | CompactionTrigger
+)
+
+#: A call of a client-executed tool: the client runs it and answers by ``call_id``.
+ClientCall = (
+    FunctionCall | CustomToolCall | LocalShellCall | ShellCall | ApplyPatchCall | ComputerCall
+)
+#: The answer to a :data:`ClientCall`, whatever its kind.
+CallOutput = (
+    FunctionCallOutput
+    | CustomToolCallOutput
+    | LocalShellCallOutput
+    | ShellCallOutput
+    | ApplyPatchCallOutput
+    | ComputerCallOutput
+)
+
+
+def call_name(call: ClientCall) -> str:
+    """The tool a call names: a function's or custom tool's name (namespaced as
+    ``namespace.name``), else the built-in tool's type (``shell``...)."""
+    if isinstance(call, FunctionCall | CustomToolCall):
+        return f"{call.namespace}.{call.name}" if isinstance(call.namespace, str) else call.name
+    if isinstance(call, LocalShellCall):
+        return "local_shell"
+    if isinstance(call, ShellCall):
+        return "shell"
+    if isinstance(call, ApplyPatchCall):
+        return "apply_patch"
+    return "computer"
+
+
+def is_cut(call: ClientCall) -> bool:
+    """A call cut short by the output budget (``incomplete``): it never runs and gets no output."""
+    return call.status == "incomplete"
+
+
+def answered_call_id(output: CallOutput) -> str:
+    """The ``call_id`` an output answers (a ``local_shell_call_output`` may name
+    it by ``id``; empty if it names none)."""
+    if isinstance(output, LocalShellCallOutput):
+        if isinstance(output.call_id, str):
+            return output.call_id
+        return output.id if isinstance(output.id, str) else ""
+    return output.call_id
+
+
+def output_text(output: CallOutput) -> str:
+    """The plain text of a tool output (what the model reads of it)."""
+    if isinstance(output, FunctionCallOutput | CustomToolCallOutput):
+        return item_text(output.output)
+    if isinstance(output, LocalShellCallOutput):
+        return output.output
+    if isinstance(output, ShellCallOutput):
+        return "\n".join(part.stdout + part.stderr for part in output.output)
+    if isinstance(output, ApplyPatchCallOutput):
+        return output.output if isinstance(output.output, str) else output.status
+    return "computer_screenshot"
 
 
 def as_items(value: str | list[Item]) -> list[Item]:
@@ -183,6 +467,16 @@ def item_text(content: str | list[ContentPart]) -> str:
 
 
 # --- tools -----------------------------------------------------------------
+#
+# Every type of the official SDKs' ``Tool`` union (openai-python
+# ``types/responses/tool.py``). Fields the SDK requires are required here;
+# the optional ones this project does not read are modelled loosely so they
+# are echoed back in the Response's ``tools``; unknown fields are ignored, as
+# on every item. Which kinds the client runs and which are hosted (accepted,
+# echoed, never offered to the model): :data:`ClientTool`,
+# :func:`is_hosted` (SPEC "Tool types").
+
+_Loose = dict[str, Any]
 
 
 class FunctionTool(_Tagged, frozen=True, tag="function"):
@@ -194,12 +488,269 @@ class FunctionTool(_Tagged, frozen=True, tag="function"):
     description: str | None = None
 
 
-Tool = FunctionTool
+class CustomTextFormat(_Tagged, frozen=True, tag="text"):
+    """A custom tool's input is unconstrained text."""
 
 
-class ToolChoiceFunction(Struct, frozen=True, kw_only=True):
-    type: Literal["function"]
+class CustomGrammarFormat(_Tagged, frozen=True, tag="grammar"):
+    """A custom tool's input follows a grammar (``lark`` or ``regex``)."""
+
+    definition: str
+    syntax: Literal["lark", "regex"]
+
+
+CustomToolFormat = CustomTextFormat | CustomGrammarFormat
+
+
+class CustomTool(_Tagged, frozen=True, tag="custom"):
+    """A client-side tool called with free text (``custom_tool_call.input``)."""
+
+    name: str
+    description: str | UnsetType | None = UNSET
+    format: CustomToolFormat | UnsetType | None = UNSET
+
+
+class NamespaceTool(_Tagged, frozen=True, tag="namespace"):
+    """A named group of function and custom tools; their calls carry ``namespace``."""
+
+    name: str
+    description: str
+    tools: list[FunctionTool | CustomTool]
+
+
+class LocalShellTool(_Tagged, frozen=True, tag="local_shell"):
+    """The client runs ``local_shell_call`` actions (an argv) and answers them."""
+
+
+class ShellTool(_Tagged, frozen=True, tag="shell"):
+    """The client runs ``shell_call`` actions (command lines) and answers them."""
+
+    environment: _Loose | UnsetType | None = UNSET
+
+
+class ApplyPatchTool(_Tagged, frozen=True, tag="apply_patch"):
+    """The client applies ``apply_patch_call`` operations and answers them."""
+
+
+class ComputerTool(_Tagged, frozen=True, tag="computer"):
+    """The client performs ``computer_call`` actions and answers with a screenshot."""
+
+
+class ComputerUsePreviewTool(_Tagged, frozen=True, tag="computer_use_preview"):
+    """The preview computer tool: its display and environment are declared."""
+
+    display_height: int
+    display_width: int
+    environment: Literal["windows", "mac", "linux", "ubuntu", "browser"]
+
+
+class FileSearchTool(_Tagged, frozen=True, tag="file_search"):
+    """Hosted: search of vector stores."""
+
+    vector_store_ids: list[str]
+    filters: _Loose | UnsetType | None = UNSET
+    max_num_results: int | UnsetType | None = UNSET
+    ranking_options: _Loose | UnsetType | None = UNSET
+
+
+class WebSearchTool(_Tagged, frozen=True, tag="web_search"):
+    """Hosted: web search (Codex sends ``{"type": "web_search", "external_web_access": false}``)."""
+
+    external_web_access: bool | UnsetType | None = UNSET
+    filters: _Loose | UnsetType | None = UNSET
+    search_context_size: Literal["low", "medium", "high"] | UnsetType | None = UNSET
+    user_location: _Loose | UnsetType | None = UNSET
+
+
+class WebSearchTool20250826(WebSearchTool, frozen=True, tag="web_search_2025_08_26"):
+    """``web_search``'s dated name."""
+
+
+class WebSearchPreviewTool(_Tagged, frozen=True, tag="web_search_preview"):
+    """Hosted: the preview web search."""
+
+    search_content_types: list[Literal["text", "image"]] | UnsetType | None = UNSET
+    search_context_size: Literal["low", "medium", "high"] | UnsetType | None = UNSET
+    user_location: _Loose | UnsetType | None = UNSET
+
+
+class WebSearchPreviewTool20250311(
+    WebSearchPreviewTool, frozen=True, tag="web_search_preview_2025_03_11"
+):
+    """``web_search_preview``'s dated name."""
+
+
+class McpTool(_Tagged, frozen=True, tag="mcp"):
+    """Hosted: a remote MCP server's tools."""
+
+    server_label: str
+    server_url: str | UnsetType | None = UNSET
+    connector_id: str | UnsetType | None = UNSET
+    tunnel_id: str | UnsetType | None = UNSET
+    server_description: str | UnsetType | None = UNSET
+    allowed_tools: list[str] | _Loose | UnsetType | None = UNSET
+    require_approval: str | _Loose | UnsetType | None = UNSET
+    headers: dict[str, str] | UnsetType | None = UNSET
+    authorization: str | UnsetType | None = UNSET
+    defer_loading: bool | UnsetType | None = UNSET
+
+
+class CodeInterpreterTool(_Tagged, frozen=True, tag="code_interpreter"):
+    """Hosted: runs Python in a container (an id, or ``{"type": "auto", ...}``)."""
+
+    container: str | _Loose
+
+
+class ImageGenerationTool(_Tagged, frozen=True, tag="image_generation"):
+    """Hosted: image generation."""
+
+    model: str | UnsetType | None = UNSET
+    action: Literal["generate", "edit", "auto"] | UnsetType | None = UNSET
+    size: str | UnsetType | None = UNSET
+    quality: str | UnsetType | None = UNSET
+    output_format: str | UnsetType | None = UNSET
+    background: str | UnsetType | None = UNSET
+    partial_images: int | UnsetType | None = UNSET
+
+
+class ToolSearchTool(_Tagged, frozen=True, tag="tool_search"):
+    """Hosted: finds deferred tools (``defer_loading``)."""
+
+    description: str | UnsetType | None = UNSET
+    execution: Literal["server", "client"] | UnsetType | None = UNSET
+    parameters: Any = UNSET
+
+
+class ProgrammaticToolCallingTool(_Tagged, frozen=True, tag="programmatic_tool_calling"):
+    """Hosted: the model writes programs that call tools."""
+
+
+Tool = (
+    FunctionTool
+    | CustomTool
+    | NamespaceTool
+    | LocalShellTool
+    | ShellTool
+    | ApplyPatchTool
+    | ComputerTool
+    | ComputerUsePreviewTool
+    | FileSearchTool
+    | WebSearchTool
+    | WebSearchTool20250826
+    | WebSearchPreviewTool
+    | WebSearchPreviewTool20250311
+    | McpTool
+    | CodeInterpreterTool
+    | ImageGenerationTool
+    | ToolSearchTool
+    | ProgrammaticToolCallingTool
+)
+
+#: The tool kinds the client runs: offered to the model, called in their own
+#: item shapes, answered by their own output items.
+ClientTool = (
+    FunctionTool
+    | CustomTool
+    | NamespaceTool
+    | LocalShellTool
+    | ShellTool
+    | ApplyPatchTool
+    | ComputerTool
+    | ComputerUsePreviewTool
+)
+
+
+def is_hosted(tool: Tool) -> bool:
+    """A kind the platform runs (web search, file search, MCP, ...): this server
+    accepts and echoes it but never offers it to the model."""
+    return not isinstance(tool, ClientTool)
+
+
+# --- tool_choice -------------------------------------------------------------
+
+
+class ToolChoiceFunction(_Tagged, frozen=True, tag="function"):
     name: str
 
 
-ToolChoice = Literal["auto", "none", "required"] | ToolChoiceFunction
+class ToolChoiceCustom(_Tagged, frozen=True, tag="custom"):
+    name: str
+
+
+class ToolChoiceAllowed(_Tagged, frozen=True, tag="allowed_tools"):
+    """Only these tools (``{"type": ..., "name"?: ...}`` each) may be called;
+    ``required``: at least one must be."""
+
+    mode: Literal["auto", "required"]
+    tools: list[dict[str, Any]]
+
+
+class ToolChoiceMcp(_Tagged, frozen=True, tag="mcp"):
+    server_label: str
+    name: str | UnsetType | None = UNSET
+
+
+class ToolChoiceApplyPatch(_Tagged, frozen=True, tag="apply_patch"):
+    pass
+
+
+class ToolChoiceShell(_Tagged, frozen=True, tag="shell"):
+    pass
+
+
+class ToolChoiceProgrammatic(_Tagged, frozen=True, tag="programmatic_tool_calling"):
+    pass
+
+
+class ToolChoiceComputer(_Tagged, frozen=True, tag="computer"):
+    pass
+
+
+class ToolChoiceComputerUsePreview(_Tagged, frozen=True, tag="computer_use_preview"):
+    pass
+
+
+class ToolChoiceComputerUse(_Tagged, frozen=True, tag="computer_use"):
+    pass
+
+
+class ToolChoiceFileSearch(_Tagged, frozen=True, tag="file_search"):
+    pass
+
+
+class ToolChoiceWebSearchPreview(_Tagged, frozen=True, tag="web_search_preview"):
+    pass
+
+
+class ToolChoiceWebSearchPreview20250311(
+    _Tagged, frozen=True, tag="web_search_preview_2025_03_11"
+):
+    pass
+
+
+class ToolChoiceImageGeneration(_Tagged, frozen=True, tag="image_generation"):
+    pass
+
+
+class ToolChoiceCodeInterpreter(_Tagged, frozen=True, tag="code_interpreter"):
+    pass
+
+
+ToolChoice = (
+    Literal["auto", "none", "required"]
+    | ToolChoiceFunction
+    | ToolChoiceCustom
+    | ToolChoiceAllowed
+    | ToolChoiceMcp
+    | ToolChoiceApplyPatch
+    | ToolChoiceShell
+    | ToolChoiceProgrammatic
+    | ToolChoiceComputer
+    | ToolChoiceComputerUsePreview
+    | ToolChoiceComputerUse
+    | ToolChoiceFileSearch
+    | ToolChoiceWebSearchPreview
+    | ToolChoiceWebSearchPreview20250311
+    | ToolChoiceImageGeneration
+    | ToolChoiceCodeInterpreter
+)

@@ -21,7 +21,7 @@ from typing import Any, Literal
 import msgspec
 from msgspec import UNSET, Struct, UnsetType
 
-from .items import FunctionTool, Item, ToolChoice
+from .items import Item, Tool, ToolChoice
 
 __all__ = [
     "ConversationRef",
@@ -197,7 +197,7 @@ class Response(Struct, frozen=True, kw_only=True):
     temperature: float = 1.0
     text: TextConfig = msgspec.field(default_factory=TextConfig)
     tool_choice: ToolChoice = "auto"
-    tools: list[FunctionTool] = msgspec.field(default_factory=list)
+    tools: list[Tool] = msgspec.field(default_factory=list)
     top_logprobs: int = 0
     top_p: float = 1.0
     truncation: Literal["auto", "disabled"] = "disabled"

@@ -115,8 +115,9 @@ def chat_body(
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    if request.tools:
-        body["tools"] = msgspec.to_builtins(tools_to_chat(request.tools))
+    chat_tools = tools_to_chat(request.tools)  # function tools only
+    if chat_tools:
+        body["tools"] = msgspec.to_builtins(chat_tools)
         body["tool_choice"] = msgspec.to_builtins(tool_choice_to_chat(request.tool_choice))
         body["parallel_tool_calls"] = request.parallel_tool_calls
     set_output_limit(body, config, request, prompt_tokens)

@@ -51,7 +51,9 @@ from protocol.items import (
     OutputText,
     Reasoning,
     ReasoningText,
+    Tool,
     ToolChoice,
+    ToolChoiceAllowed,
     ToolChoiceFunction,
     item_text,
 )
@@ -338,8 +340,11 @@ def tools_from_chat(tools: Sequence[ChatTool] | None) -> list[FunctionTool]:
     ]
 
 
-def tools_to_chat(tools: Sequence[FunctionTool]) -> list[ChatTool]:
-    """The engine's function tools as chat ``tools`` (the reverse of :func:`tools_from_chat`)."""
+def tools_to_chat(tools: Sequence[Tool]) -> list[ChatTool]:
+    """The engine's function tools as chat ``tools`` (the reverse of :func:`tools_from_chat`).
+
+    Only top-level function tools: a Chat Completions engine has no custom,
+    namespace or built-in tools (they are not offered to it)."""
     return [
         ChatTool(
             function=FunctionDefinition(
@@ -350,6 +355,7 @@ def tools_to_chat(tools: Sequence[FunctionTool]) -> list[ChatTool]:
             )
         )
         for tool in tools
+        if isinstance(tool, FunctionTool)
     ]
 
 
@@ -380,14 +386,21 @@ def tool_choice_from_chat(
                 code=ErrorCode.INVALID_VALUE,
                 param="tool_choice.function.name",
             )
-        return ToolChoiceFunction(type="function", name=choice.function.name)
+        return ToolChoiceFunction(name=choice.function.name)
     return choice
 
 
 def tool_choice_to_chat(choice: ToolChoice) -> ChatToolChoice:
+    """A ``tool_choice`` a chat engine can take: one naming another kind of tool
+    than a function is ``auto`` there (``required`` for ``allowed_tools`` in
+    ``required`` mode)."""
     if isinstance(choice, ToolChoiceFunction):
         return NamedToolChoice(type="function", function=FunctionName(name=choice.name))
-    return choice
+    if isinstance(choice, str):
+        return choice
+    if isinstance(choice, ToolChoiceAllowed) and choice.mode == "required":
+        return "required"
+    return "auto"
 
 
 def format_from_chat(response_format: ResponseFormat | None) -> TextFormat | None:

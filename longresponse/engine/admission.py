@@ -34,6 +34,8 @@ Every stage adds to :class:`Counters` and to the turn's stage times.
 from __future__ import annotations
 
 import dataclasses
+import enum
+import logging
 import re
 import time
 from collections.abc import Sequence
@@ -44,8 +46,14 @@ import msgspec
 
 from protocol import ErrorCode, RemoteProtocolError, wire_type
 from protocol.items import (
+    ApplyPatchCallOutput,
+    CallOutput,
+    ClientCall,
     Compaction,
     CompactionTrigger,
+    CustomTool,
+    CustomToolCall,
+    CustomToolCallOutput,
     FunctionCall,
     FunctionCallOutput,
     FunctionTool,
@@ -53,12 +61,20 @@ from protocol.items import (
     InputImage,
     InputText,
     Item,
+    LocalShellCallOutput,
     Message,
+    NamespaceTool,
     OutputText,
     Reasoning,
     ReasoningText,
     Refusal,
+    ShellCallOutput,
+    ShellOutput,
+    Tool,
+    answered_call_id,
+    is_hosted,
     item_text,
+    output_text,
 )
 from protocol.response import FormatJSONSchema, TextFormat
 
@@ -71,9 +87,21 @@ __all__ = [
     "TOOL_NAME_PATTERN",
     "Admission",
     "Counters",
+    "HostedTools",
     "Pipeline",
     "Switches",
 ]
+
+log = logging.getLogger(__name__)
+
+
+class HostedTools(enum.StrEnum):
+    """What admission does with a hosted tool (web search, MCP, ...) this server
+    cannot run (``--hosted-tools``): accept it (echoed in the Response's
+    ``tools``, never offered to the model), or refuse the request."""
+
+    ACCEPT = "accept"
+    REFUSE = "refuse"
 
 #: Function tool names, as the shipped API accepts them.
 TOOL_NAME_PATTERN: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -112,14 +140,20 @@ _ASSISTANT_PARTS: Final = (OutputText, Refusal)
 class Pipeline:
     """The pre-inference stages, shared by every transport of one server."""
 
-    def __init__(self, switches: Switches, policy: Policy = Policy.FLAG) -> None:
+    def __init__(
+        self,
+        switches: Switches,
+        policy: Policy = Policy.FLAG,
+        hosted_tools: HostedTools = HostedTools.ACCEPT,
+    ) -> None:
         self.switches = switches
         self.policy = policy
+        self.hosted_tools = hosted_tools
         self.counters = Counters()
         self._checked_tools: dict[bytes, None] = {}
-        self._last_tools: tuple[Sequence[FunctionTool], bytes] | None = None
+        self._last_tools: tuple[Sequence[Tool], bytes] | None = None
 
-    def tools_key(self, tools: Sequence[FunctionTool]) -> bytes:
+    def tools_key(self, tools: Sequence[Tool]) -> bytes:
         """The tool list's encoding, computed once per request (admission and the
         prefix check of the turn both need it, for the same list object)."""
         last = self._last_tools
@@ -131,9 +165,11 @@ class Pipeline:
 
     # --- validation -----------------------------------------------------------
 
-    def check_tools(self, tools: Sequence[FunctionTool], *, cached: bool = True) -> None:
-        """Tool names and parameter schemas (JSON Schema metaschema, an object
-        schema at the root, within ``structured.schema_limits``).
+    def check_tools(self, tools: Sequence[Tool], *, cached: bool = True) -> None:
+        """Tool names (unique among the tools the model is offered, and within a
+        namespace), parameter schemas (JSON Schema metaschema, an object schema
+        at the root, within ``structured.schema_limits``), at most one of each
+        built-in kind, and hosted tools under :attr:`hosted_tools`.
 
         A tool list already checked is not checked again when ``cached`` and
         incremental validation is on. Raises :class:`RemoteProtocolError`.
@@ -142,26 +178,63 @@ class Pipeline:
         if cached and self.switches.incremental_validation and key in self._checked_tools:
             return
         names: set[str] = set()
+        kinds: set[str] = set()
+        hosted: list[str] = []
         for index, tool in enumerate(tools):
-            self.counters.tool_schemas_checked += 1
-            if not TOOL_NAME_PATTERN.fullmatch(tool.name):
+            where = f"tools[{index}]"
+            kind = wire_type(tool)
+            if is_hosted(tool):
+                if self.hosted_tools is HostedTools.REFUSE:
+                    raise RemoteProtocolError(
+                        f"Invalid value for '{where}.type': this server cannot run the hosted "
+                        f"tool {kind!r} (hosted tools are refused here: --hosted-tools refuse).",
+                        code=ErrorCode.INVALID_VALUE,
+                        param=f"{where}.type",
+                    )
+                hosted.append(kind)
+            elif isinstance(tool, FunctionTool | CustomTool | NamespaceTool):
+                self._check_named(tool, where, names)
+                if isinstance(tool, NamespaceTool):
+                    inner: set[str] = set()
+                    for position, sub in enumerate(tool.tools):
+                        self._check_named(sub, f"{where}.tools[{position}]", inner)
+            elif kind in kinds:
                 raise RemoteProtocolError(
-                    f"Invalid 'tools[{index}].name': use 1-64 characters from [A-Za-z0-9_-].",
+                    f"Invalid value for '{where}.type': the tool {kind!r} is given twice.",
                     code=ErrorCode.INVALID_VALUE,
-                    param=f"tools[{index}].name",
+                    param=f"{where}.type",
                 )
-            if tool.name in names:
-                raise RemoteProtocolError(
-                    f"Duplicate tool name {tool.name!r}.",
-                    code=ErrorCode.INVALID_VALUE,
-                    param=f"tools[{index}].name",
-                )
-            names.add(tool.name)
-            if tool.parameters is not None:
-                _check_parameters(tool.name, tool.parameters, f"tools[{index}].parameters")
+            else:
+                kinds.add(kind)
+        if hosted:
+            log.info(
+                "hosted tools accepted, echoed and not offered to the model: %s",
+                ", ".join(hosted),
+            )
         if len(self._checked_tools) > 1024:
             self._checked_tools.clear()
         self._checked_tools[key] = None
+
+    def _check_named(
+        self, tool: FunctionTool | CustomTool | NamespaceTool, where: str, names: set[str]
+    ) -> None:
+        """One named tool: its name's spelling, unique in ``names``, its schema."""
+        self.counters.tool_schemas_checked += 1
+        if not TOOL_NAME_PATTERN.fullmatch(tool.name):
+            raise RemoteProtocolError(
+                f"Invalid '{where}.name': use 1-64 characters from [A-Za-z0-9_-].",
+                code=ErrorCode.INVALID_VALUE,
+                param=f"{where}.name",
+            )
+        if tool.name in names:
+            raise RemoteProtocolError(
+                f"Duplicate tool name {tool.name!r}.",
+                code=ErrorCode.INVALID_VALUE,
+                param=f"{where}.name",
+            )
+        names.add(tool.name)
+        if isinstance(tool, FunctionTool) and tool.parameters is not None:
+            _check_parameters(tool.name, tool.parameters, f"{where}.parameters")
 
     def check_text_format(self, text_format: TextFormat | None, *, cached: bool = True) -> None:
         """A ``json_schema`` format's name and schema (strict rules when ``strict``).
@@ -202,20 +275,10 @@ class Pipeline:
                             code=ErrorCode.INVALID_VALUE,
                             param=f"{where}.content[{index}].type",
                         )
-            elif isinstance(item, FunctionCall):
-                if not item.call_id or not item.name:
-                    raise RemoteProtocolError(
-                        "A function_call needs a non-empty call_id and name.",
-                        code=ErrorCode.INVALID_VALUE,
-                        param=f"{where}.call_id" if not item.call_id else f"{where}.name",
-                    )
-            elif isinstance(item, FunctionCallOutput):
-                if not item.call_id:
-                    raise RemoteProtocolError(
-                        "A function_call_output needs a non-empty call_id.",
-                        code=ErrorCode.INVALID_VALUE,
-                        param=f"{where}.call_id",
-                    )
+            elif isinstance(item, ClientCall):
+                _check_call(item, where)
+            elif isinstance(item, CallOutput):
+                _check_output(item, where)
             elif isinstance(item, Compaction):
                 if compactor is None:
                     raise refused(f"{where}.encrypted_content")
@@ -271,7 +334,7 @@ class Pipeline:
         new_items: Sequence[Item],
         *,
         history: Sequence[Item] = (),
-        tools: Sequence[FunctionTool] = (),
+        tools: Sequence[Tool] = (),
         text_format: TextFormat | None = None,
         cached: bool = True,
         compactor: Compactor | None = None,
@@ -327,20 +390,63 @@ class Pipeline:
         return {"secrets_flagged": str(count), "secrets_kinds": ",".join(kinds)[:512]}
 
 
+def _check_call(item: ClientCall, where: str) -> None:
+    """A client tool call replayed as input: a non-empty ``call_id`` (and name)."""
+    if not item.call_id:
+        raise RemoteProtocolError(
+            f"A {wire_type(item)} needs a non-empty call_id.",
+            code=ErrorCode.INVALID_VALUE,
+            param=f"{where}.call_id",
+        )
+    if isinstance(item, FunctionCall | CustomToolCall) and not item.name:
+        raise RemoteProtocolError(
+            f"A {wire_type(item)} needs a non-empty name.",
+            code=ErrorCode.INVALID_VALUE,
+            param=f"{where}.name",
+        )
+
+
+def _check_output(item: CallOutput, where: str) -> None:
+    """A tool output names the call it answers (``local_shell_call_output``: by
+    ``call_id`` or ``id``)."""
+    if isinstance(item, LocalShellCallOutput) and not (
+        isinstance(item.call_id, str) or isinstance(item.id, str)
+    ):
+        raise RemoteProtocolError(
+            "Missing required parameter: a local_shell_call_output names its call by "
+            "'call_id' (or 'id').",
+            code=ErrorCode.MISSING_REQUIRED_PARAMETER,
+            param=f"{where}.call_id",
+        )
+    if not answered_call_id(item):
+        raise RemoteProtocolError(
+            f"A {wire_type(item)} needs a non-empty call_id.",
+            code=ErrorCode.INVALID_VALUE,
+            param=f"{where}.call_id",
+        )
+
+
 def _classified_text(item: Item) -> str:
     if isinstance(item, Message) and item.role != "assistant":
         return item_text(item.content)
-    if isinstance(item, FunctionCallOutput):
-        return item_text(item.output)
+    if isinstance(item, CallOutput):
+        return output_text(item)
     return ""
 
 
 def _redacted(item: Item, found: Sequence[Finding]) -> Item:
     if isinstance(item, Message):
         return msgspec.structs.replace(item, content=redact(item_text(item.content), found))
-    if isinstance(item, FunctionCallOutput):
+    if isinstance(item, FunctionCallOutput | CustomToolCallOutput):
         return msgspec.structs.replace(item, output=redact(item_text(item.output), found))
-    return item  # pragma: no cover - only these two are classified
+    if isinstance(item, LocalShellCallOutput | ApplyPatchCallOutput):
+        return msgspec.structs.replace(item, output=redact(output_text(item), found))
+    if isinstance(item, ShellCallOutput):
+        # The findings are positions in the parts' joined text: kept as one part.
+        outcome = item.output[0].outcome
+        part = ShellOutput(stdout=redact(output_text(item), found), stderr="", outcome=outcome)
+        return msgspec.structs.replace(item, output=[part])
+    return item  # pragma: no cover - a screenshot has no text to classify
 
 
 def _check_parameters(name: str, schema: dict[str, object], param: str) -> None:

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import msgspec
 
 from protocol.events import ErrorBody, ErrorEvent, ResponseCreate
-from protocol.items import FunctionCall, Item
+from protocol.items import ClientCall, Item, is_cut
 from protocol.response import ResponseError
 
 from .render import items_to_drop, render_item, render_prefix
@@ -95,7 +95,7 @@ def kept(produced: list[Item]) -> list[Item]:
     return [
         item
         for item in produced
-        if not (isinstance(item, FunctionCall) and item.status == "incomplete")
+        if not (isinstance(item, ClientCall) and is_cut(item))
     ]
 
 

@@ -8,14 +8,20 @@ chat template::
     <|start|>{header}<|message|>{body}<|end|>
 
 The first segment is the prefix (header ``system``: the instructions, then a
-``# Tools`` section when tools are given); then one segment per item:
+``# Tools`` section when tools are offered: hosted tools, which the model is
+never offered, render nothing); then one segment per item:
 
 ==================== ================================ ==============================
 item                 header                           body
 ==================== ================================ ==============================
 Message              its role                         ``item_text(content)``
-FunctionCall         ``assistant to=functions.NAME``  its arguments
-FunctionCallOutput   ``tool call_id=CALL_ID``         ``item_text(output)``
+FunctionCall         ``assistant to=functions.NAME``  its arguments (NAME: ``NS.NAME``
+                                                      when it has a namespace)
+CustomToolCall       ``assistant to=custom.NAME``     its input
+LocalShellCall,      ``assistant to=local_shell``,    its action (operation, actions)
+ShellCall, ...       ``shell``, ``apply_patch``,      as compact JSON
+                     ``computer``
+any tool output      ``tool call_id=CALL_ID``         ``output_text(output)``
 Reasoning            ``assistant reasoning``          summary then content texts
 Compaction           ``compaction``                   (empty: its summary items follow)
 ==================== ================================ ==============================
@@ -51,15 +57,32 @@ from array import array
 from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
+import msgspec
+
 from protocol.items import (
+    ApplyPatchCall,
+    ApplyPatchTool,
+    CallOutput,
     Compaction,
+    ComputerCall,
+    ComputerTool,
+    ComputerUsePreviewTool,
+    CustomTool,
+    CustomToolCall,
     FunctionCall,
-    FunctionCallOutput,
     FunctionTool,
     Item,
+    LocalShellCall,
+    LocalShellTool,
     Message,
+    NamespaceTool,
     Reasoning,
+    ShellCall,
+    ShellTool,
+    Tool,
+    answered_call_id,
     item_text,
+    output_text,
 )
 
 __all__ = [
@@ -154,9 +177,22 @@ def _item_segment(item: Item) -> tuple[str, str]:
     if isinstance(item, Message):
         header, body = item.role, item_text(item.content)
     elif isinstance(item, FunctionCall):
-        header, body = f"assistant to=functions.{item.name}", item.arguments
-    elif isinstance(item, FunctionCallOutput):
-        header, body = f"tool call_id={item.call_id}", item_text(item.output)
+        name = f"{item.namespace}.{item.name}" if isinstance(item.namespace, str) else item.name
+        header, body = f"assistant to=functions.{name}", item.arguments
+    elif isinstance(item, CustomToolCall):
+        name = f"{item.namespace}.{item.name}" if isinstance(item.namespace, str) else item.name
+        header, body = f"assistant to=custom.{name}", item.input
+    elif isinstance(item, LocalShellCall):
+        header, body = "assistant to=local_shell", _json(item.action)
+    elif isinstance(item, ShellCall):
+        header, body = "assistant to=shell", _json(item.action)
+    elif isinstance(item, ApplyPatchCall):
+        header, body = "assistant to=apply_patch", _json(item.operation)
+    elif isinstance(item, ComputerCall):
+        header, body = "assistant to=computer", _json(item.actions or item.action)
+    elif isinstance(item, CallOutput):
+        header = f"tool call_id={answered_call_id(item)}"
+        body = output_text(item)
     elif isinstance(item, Reasoning):
         # encrypted_content is opaque to this server: it renders nothing.
         texts = [part.text for part in item.summary]
@@ -170,18 +206,39 @@ def _item_segment(item: Item) -> tuple[str, str]:
     return _escape(header), _escape(body)
 
 
-def _tool_text(tool: FunctionTool) -> str:
-    parameters = json.dumps(
-        tool.parameters, sort_keys=True, ensure_ascii=False, separators=(",", ":")
-    )
-    return f"{tool.name}: {tool.description or ''}\n{parameters}"
+def _json(value: Any) -> str:
+    return msgspec.json.encode(value).decode()
 
 
-def _prefix_segment(instructions: str | None, tools: Sequence[FunctionTool]) -> tuple[str, str]:
-    """The escaped (header, body) of the system prefix."""
+def _tool_text(tool: Tool) -> str | None:
+    """What the model is shown of a tool; ``None`` for a hosted one (never offered)."""
+    if isinstance(tool, FunctionTool):
+        parameters = json.dumps(
+            tool.parameters, sort_keys=True, ensure_ascii=False, separators=(",", ":")
+        )
+        return f"{tool.name}: {tool.description or ''}\n{parameters}"
+    if isinstance(tool, CustomTool):
+        description = tool.description if isinstance(tool.description, str) else ""
+        grammar = _json(tool.format) if tool.format else '{"type":"text"}'
+        return f"{tool.name} (custom): {description}\n{grammar}"
+    if isinstance(tool, NamespaceTool):
+        inner = "\n\n".join(filter(None, (_tool_text(sub) for sub in tool.tools)))
+        return f"namespace {tool.name}: {tool.description}\n\n{inner}"
+    if isinstance(tool, ComputerUsePreviewTool):
+        size = f"{tool.display_width}x{tool.display_height}"
+        return f"computer_use_preview: {tool.environment} {size}"
+    if isinstance(tool, LocalShellTool | ShellTool | ApplyPatchTool | ComputerTool):
+        return f"{tool.__struct_config__.tag}: built-in"
+    return None
+
+
+def _prefix_segment(instructions: str | None, tools: Sequence[Tool]) -> tuple[str, str]:
+    """The escaped (header, body) of the system prefix: the instructions, then
+    the tools offered to the model (hosted tools are not: they render nothing)."""
     sections = [instructions] if instructions else []
-    if tools:
-        sections.append("# Tools\n\n" + "\n\n".join(_tool_text(tool) for tool in tools))
+    offered = [text for text in map(_tool_text, tools) if text is not None]
+    if offered:
+        sections.append("# Tools\n\n" + "\n\n".join(offered))
     return "system", _escape("\n\n".join(sections))
 
 
@@ -210,13 +267,13 @@ def render_item(item: Item) -> list[int]:
     return _encode_segment(*_item_segment(item))
 
 
-def render_prefix(instructions: str | None, tools: Sequence[FunctionTool]) -> list[int]:
+def render_prefix(instructions: str | None, tools: Sequence[Tool]) -> list[int]:
     """The tokens of the system segment: instructions, then a ``# Tools`` section."""
     return _encode_segment(*_prefix_segment(instructions, tools))
 
 
 def render_text(
-    instructions: str | None, tools: Sequence[FunctionTool], items: Iterable[Item]
+    instructions: str | None, tools: Sequence[Tool], items: Iterable[Item]
 ) -> str:
     """The whole conversation as one string with literal marker strings.
 

@@ -24,13 +24,14 @@ from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from typing import Literal, Protocol
 
 from protocol.events import ResponseCreate
-from protocol.items import FunctionTool, Item, ToolChoice
+from protocol.items import Item, Tool, ToolChoice
 from protocol.response import TextFormat
 
 from .render import encode
 
 __all__ = [
     "ArgumentsDelta",
+    "CallKind",
     "ItemEnd",
     "ModelSpec",
     "ReasoningDone",
@@ -53,10 +54,23 @@ class TextDelta:
     text: str
 
 
+#: The kinds of client tool call a sampler may start (each its own item shape).
+CallKind = Literal["function", "custom", "local_shell", "shell", "apply_patch", "computer"]
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class ToolCallStart:
+    """A tool call begins. Its :class:`ArgumentsDelta` pieces are, by ``kind``:
+    a function's JSON arguments, a custom tool's free-text input, or the JSON
+    of a built-in call's ``action`` (``local_shell``, ``shell``), ``operation``
+    (``apply_patch``) or ``action`` (``computer``). ``name`` is the tool's
+    (the kind for a built-in one); ``namespace`` the group a function or
+    custom tool was offered in."""
+
     call_id: str
     name: str
+    kind: CallKind = "function"
+    namespace: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -106,7 +120,7 @@ class SampleRequest:
     """What one sampling turn sees: the whole context and how much is cached."""
 
     context: Sequence[Item]
-    tools: Sequence[FunctionTool]
+    tools: Sequence[Tool]
     tool_choice: ToolChoice
     parallel_tool_calls: bool
     metadata: Mapping[str, str]

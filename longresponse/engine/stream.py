@@ -45,13 +45,22 @@ from protocol.events import (
     ServerEvent,
 )
 from protocol.items import (
+    ApplyPatchCall,
+    ClientCall,
     Compaction,
+    ComputerCall,
+    CustomToolCall,
     FunctionCall,
     Item,
+    LocalShellCall,
+    LocalShellExec,
     Message,
     OutputText,
+    PatchOperation,
     Reasoning,
     ReasoningText,
+    ShellAction,
+    ShellCall,
 )
 from protocol.response import Response
 
@@ -157,6 +166,44 @@ class PeerGone(StreamClosed):
     """The peer went away: it disconnected, or writing to it failed."""
 
 
+#: The id prefix of each kind of call item.
+_ID_PREFIX: Final = {
+    "function": "fc",
+    "custom": "ctc",
+    "local_shell": "lsh",
+    "shell": "sh",
+    "apply_patch": "apc",
+    "computer": "cu",
+}
+
+
+def _client_call(start: ToolCallStart, item_id: str, text: str) -> ClientCall:
+    """The finished call item of a kind other than ``function`` (``text`` is its
+    input, or the JSON of its action / operation)."""
+    kind, call_id = start.kind, start.call_id
+    namespace = start.namespace if start.namespace is not None else msgspec.UNSET
+    if kind == "custom":
+        return CustomToolCall(
+            id=item_id,
+            call_id=call_id,
+            name=start.name,
+            input=text,
+            namespace=namespace,
+            status="completed",
+        )
+    if kind == "local_shell":
+        action = msgspec.json.decode(text, type=LocalShellExec)
+        return LocalShellCall(id=item_id, call_id=call_id, action=action, status="completed")
+    if kind == "shell":
+        commands = msgspec.json.decode(text, type=ShellAction)
+        return ShellCall(id=item_id, call_id=call_id, action=commands, status="completed")
+    if kind == "apply_patch":
+        operation = msgspec.json.decode(text, type=PatchOperation)
+        return ApplyPatchCall(id=item_id, call_id=call_id, operation=operation, status="completed")
+    step = msgspec.json.decode(text, type=dict[str, Any])
+    return ComputerCall(id=item_id, call_id=call_id, action=step, status="completed")
+
+
 class StreamBuilder:
     """Turns one response's sampler chunks into its ordered stream events."""
 
@@ -236,9 +283,12 @@ class StreamBuilder:
             )
             return events
         if isinstance(chunk, ToolCallStart):
-            self._kind, self._item_id, self._call = "call", new_id("fc"), chunk
+            self._kind, self._item_id, self._call = "call", new_id(_ID_PREFIX[chunk.kind]), chunk
             self._text = ItemText()
+            if chunk.kind != "function":
+                return []  # added with its whole input when it ends (no delta events)
             call = FunctionCall(
+                namespace=chunk.namespace if chunk.namespace is not None else msgspec.UNSET,
                 id=self._item_id,
                 call_id=chunk.call_id,
                 name=chunk.name,
@@ -252,6 +302,8 @@ class StreamBuilder:
             ]
         if isinstance(chunk, ArgumentsDelta):
             self._text.add(chunk.delta)
+            if self._call is not None and self._call.kind != "function":
+                return []
             return [
                 FunctionCallArgumentsDelta(
                     sequence_number=self._next(),
@@ -330,8 +382,19 @@ class StreamBuilder:
                     **extra,
                 ),
             ]
+        elif self._kind == "call" and self._call is not None and self._call.kind != "function":
+            item = _client_call(self._call, self._item_id, text)
+            opened = msgspec.structs.replace(item, status="in_progress")
+            events = [
+                OutputItemAdded(
+                    sequence_number=self._next(), output_index=index, item=opened, **extra
+                )
+            ]
         elif self._kind == "call" and self._call is not None:
             item = FunctionCall(
+                namespace=(
+                    self._call.namespace if self._call.namespace is not None else msgspec.UNSET
+                ),
                 id=self._item_id,
                 call_id=self._call.call_id,
                 name=self._call.name,

@@ -29,7 +29,7 @@ from starlette.routing import Route, WebSocketRoute
 
 from ..backends.registry import ModelRegistry, close_backends, open_backends, serve_backends
 from ..config import ServerConfig
-from ..engine.admission import Pipeline
+from ..engine.admission import HostedTools, Pipeline
 from ..engine.classifier import Policy
 from ..engine.compaction import CompactionKey
 from ..engine.render import encode
@@ -84,7 +84,9 @@ def create_app(config: ServerConfig | None = None) -> Seam:
     models = ModelRegistry(config.sim)
     backends = open_backends(config.backends)  # real engines (longresponse.backends)
     serve_backends(models, backends)
-    pipeline = Pipeline(config.switches, Policy(config.secrets_policy))
+    pipeline = Pipeline(
+        config.switches, Policy(config.secrets_policy), HostedTools(config.hosted_tools)
+    )
     models.counters = pipeline.counters
     metrics = ServerMetrics(pipeline.counters)
     keys = ApiKeys.from_env(config.api_keys)

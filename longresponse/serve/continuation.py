@@ -26,7 +26,8 @@ import dataclasses
 from collections.abc import Callable
 
 from protocol import ErrorCode, ProtocolError, RemoteProtocolError
-from protocol.items import FunctionCall, FunctionCallOutput, Item
+from protocol.codec import wire_type
+from protocol.items import CallOutput, ClientCall, Item, answered_call_id, call_name
 
 from ..engine.rollout import Boundary, Rollout
 from ..storage.persistence import Persistence
@@ -60,16 +61,17 @@ def check_continuation(new_items: list[Item], pending: dict[str, str]) -> None:
     open_calls = dict(pending)
     answered: set[str] = set()
     for index, item in enumerate(new_items):
-        if isinstance(item, FunctionCall):
-            open_calls[item.call_id] = item.name
-        elif isinstance(item, FunctionCallOutput):
-            if item.call_id not in open_calls or item.call_id in answered:
+        if isinstance(item, ClientCall):
+            open_calls[item.call_id] = call_name(item)
+        elif isinstance(item, CallOutput):
+            call_id = answered_call_id(item)
+            if call_id not in open_calls or call_id in answered:
                 raise RemoteProtocolError(
-                    f"No tool call found for function call output with call_id {item.call_id!r}.",
+                    f"No tool call found for {wire_type(item)} with call_id {call_id!r}.",
                     code=ErrorCode.UNKNOWN_CALL_ID,
                     param=f"input[{index}].call_id",
                 )
-            answered.add(item.call_id)
+            answered.add(call_id)
     missing = [call_id for call_id in pending if call_id not in answered]
     if missing:
         raise RemoteProtocolError(

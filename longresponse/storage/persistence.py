@@ -39,14 +39,28 @@ from typing import Final
 import msgspec
 
 from protocol.items import (
+    ApplyPatchCall,
+    ApplyPatchCallOutput,
+    CallOutput,
+    ClientCall,
     Compaction,
     CompactionTrigger,
+    ComputerCall,
+    ComputerCallOutput,
+    CustomToolCall,
+    CustomToolCallOutput,
     FunctionCall,
     FunctionCallOutput,
     InputText,
     Item,
+    LocalShellCall,
+    LocalShellCallOutput,
     Message,
     Reasoning,
+    ShellCall,
+    ShellCallOutput,
+    answered_call_id,
+    call_name,
 )
 from protocol.response import Response
 
@@ -79,6 +93,16 @@ _ID_PREFIX: Final = {
     Message: "msg",
     FunctionCall: "fc",
     FunctionCallOutput: "fco",
+    CustomToolCall: "ctc",
+    CustomToolCallOutput: "ctco",
+    LocalShellCall: "lsh",
+    LocalShellCallOutput: "lsho",
+    ShellCall: "sh",
+    ShellCallOutput: "sho",
+    ApplyPatchCall: "apc",
+    ApplyPatchCallOutput: "apco",
+    ComputerCall: "cu",
+    ComputerCallOutput: "cuo",
     Reasoning: "rs",
     Compaction: "cmp",
     CompactionTrigger: "ctr",
@@ -94,7 +118,10 @@ def stored_input_items(items: Sequence[Item]) -> list[Item]:
             changes["id"] = new_id(_ID_PREFIX[type(item)])
         if isinstance(item, Message) and isinstance(item.content, str):
             changes["content"] = [InputText(text=item.content)]
-        if isinstance(item, Message | FunctionCallOutput) and not isinstance(item.status, str):
+        if (
+            isinstance(item, Message | FunctionCallOutput)
+            and not isinstance(item.status, str)
+        ):
             changes["status"] = "completed"
         out.append(msgspec.structs.replace(item, **changes) if changes else item)
     return out
@@ -312,12 +339,15 @@ class Persistence:
                 items.extend(record.input_items)
                 items.extend(record.response.output)
         answered = {
-            item.call_id for item in last.context or () if isinstance(item, FunctionCallOutput)
+            answered_call_id(item)
+            for item in last.context or ()
+            if isinstance(item, CallOutput)
         }
         pending = {
-            item.call_id: item.name
+            item.call_id: call_name(item)
             for item in last.response.output
-            if isinstance(item, FunctionCall) and item.call_id not in answered
+            if isinstance(item, ClientCall)
+            and item.call_id not in answered
         }
         return Conversation(items=items, last=last, pending=pending)
 

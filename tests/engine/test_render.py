@@ -20,19 +20,40 @@ from longresponse.engine.render import (
     tokenize_text,
 )
 from protocol.items import (
+    ApplyPatchCall,
+    ApplyPatchCallOutput,
     CompactionTrigger,
+    ComputerCall,
+    ComputerCallOutput,
+    ComputerScreenshot,
+    CreateFile,
+    CustomTool,
+    CustomToolCall,
+    CustomToolCallOutput,
     FunctionCall,
     FunctionCallOutput,
     FunctionTool,
     InputImage,
     InputText,
     Item,
+    LocalShellCall,
+    LocalShellCallOutput,
+    LocalShellExec,
     Message,
+    NamespaceTool,
     OutputText,
     Reasoning,
     ReasoningText,
     Refusal,
+    ShellAction,
+    ShellCall,
+    ShellCallOutput,
+    ShellOutput,
+    ShellTimeout,
+    ShellTool,
     SummaryText,
+    Tool,
+    WebSearchTool,
 )
 
 SPECIAL_IDS = {START, END, MESSAGE}
@@ -256,7 +277,31 @@ items: st.SearchStrategy[Item] = st.one_of(
         content=contents,
     ),
     st.builds(FunctionCall, call_id=texts, name=texts, arguments=texts),
+    st.builds(FunctionCall, call_id=texts, name=texts, arguments=texts, namespace=texts),
     st.builds(FunctionCallOutput, call_id=texts, output=contents),
+    st.builds(CustomToolCall, call_id=texts, name=texts, input=texts),
+    st.builds(CustomToolCallOutput, call_id=texts, output=contents),
+    st.builds(
+        LocalShellCall,
+        call_id=texts,
+        action=st.builds(LocalShellExec, command=st.lists(texts, max_size=3), env=st.just({})),
+    ),
+    st.builds(LocalShellCallOutput, call_id=texts, output=texts),
+    st.builds(ShellCall, call_id=texts, action=st.builds(ShellAction, commands=st.lists(texts))),
+    st.builds(
+        ShellCallOutput,
+        call_id=texts,
+        output=st.lists(
+            st.builds(ShellOutput, stdout=texts, stderr=texts, outcome=st.builds(ShellTimeout)),
+            max_size=2,
+        ),
+    ),
+    st.builds(
+        ApplyPatchCall, call_id=texts, operation=st.builds(CreateFile, path=texts, diff=texts)
+    ),
+    st.builds(ApplyPatchCallOutput, call_id=texts, status=st.just("failed"), output=texts),
+    st.builds(ComputerCall, call_id=texts, action=st.dictionaries(texts, texts, max_size=2)),
+    st.builds(ComputerCallOutput, call_id=texts, output=st.builds(ComputerScreenshot)),
     st.builds(
         Reasoning,
         summary=st.lists(st.builds(SummaryText, text=texts), max_size=3),
@@ -270,11 +315,23 @@ json_values: st.SearchStrategy[Any] = st.recursive(
     lambda children: st.lists(children, max_size=3) | st.dictionaries(texts, children, max_size=3),
     max_leaves=6,
 )
-tools = st.builds(
+function_tools = st.builds(
     FunctionTool,
     name=texts,
     description=st.one_of(st.none(), texts),
     parameters=st.one_of(st.none(), st.dictionaries(texts, json_values, max_size=3)),
+)
+tools = st.one_of(
+    function_tools,
+    st.builds(CustomTool, name=texts, description=texts),
+    st.builds(
+        NamespaceTool,
+        name=texts,
+        description=texts,
+        tools=st.lists(function_tools | st.builds(CustomTool, name=texts), max_size=2),
+    ),
+    st.builds(ShellTool),
+    st.builds(WebSearchTool),  # hosted: renders nothing
 )
 
 
@@ -287,7 +344,7 @@ tools = st.builds(
 )
 def test_incremental_render_equals_full_render(
     instructions: str | None,
-    tool_list: list[FunctionTool],
+    tool_list: list[Tool],
     item_list: list[Item],
     data: st.DataObject,
 ) -> None:

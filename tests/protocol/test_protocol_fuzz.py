@@ -147,18 +147,146 @@ compactions = st.builds(
     p.items.Compaction, encrypted_content=texts, id=unset_or(ids), created_by=unset_or(ids)
 )
 compaction_triggers = st.builds(p.items.CompactionTrigger, id=unset_or(ids))
-items = st.one_of(
-    messages, function_calls, function_call_outputs, reasonings, compactions, compaction_triggers
+# The other client-executed calls and their outputs (SPEC "Tool types").
+other_calls = st.one_of(
+    st.builds(
+        p.items.CustomToolCall,
+        call_id=ids,
+        name=ids,
+        input=texts,
+        id=unset_or(ids),
+        status=unset_or(item_status),
+        namespace=unset_or(none_or(ids)),
+    ),
+    st.builds(p.items.CustomToolCallOutput, call_id=ids, output=contents, id=unset_or(ids)),
+    st.builds(
+        p.items.LocalShellCall,
+        call_id=ids,
+        action=st.builds(
+            p.items.LocalShellExec,
+            command=st.lists(texts, max_size=3),
+            env=st.dictionaries(ids, texts, max_size=2),
+            timeout_ms=unset_or(none_or(st.integers(0, 10**6))),
+        ),
+        id=unset_or(ids),
+        status=unset_or(item_status),
+    ),
+    st.builds(
+        p.items.LocalShellCallOutput, output=texts, id=unset_or(ids), call_id=unset_or(ids)
+    ),
+    st.builds(
+        p.items.ShellCall,
+        call_id=ids,
+        action=st.builds(p.items.ShellAction, commands=st.lists(texts, max_size=3)),
+        id=unset_or(ids),
+    ),
+    st.builds(
+        p.items.ShellCallOutput,
+        call_id=ids,
+        output=st.lists(
+            st.builds(
+                p.items.ShellOutput,
+                stdout=texts,
+                stderr=texts,
+                outcome=st.builds(p.items.ShellTimeout)
+                | st.builds(p.items.ShellExit, exit_code=st.integers(0, 255)),
+            ),
+            max_size=2,
+        ),
+    ),
+    st.builds(
+        p.items.ApplyPatchCall,
+        call_id=ids,
+        operation=st.one_of(
+            st.builds(p.items.CreateFile, path=texts, diff=texts),
+            st.builds(p.items.UpdateFile, path=texts, diff=texts),
+            st.builds(p.items.DeleteFile, path=texts),
+        ),
+        status=unset_or(st.sampled_from(["in_progress", "completed"])),
+    ),
+    st.builds(
+        p.items.ApplyPatchCallOutput,
+        call_id=ids,
+        status=st.sampled_from(["completed", "failed"]),
+        output=unset_or(none_or(texts)),
+    ),
+    st.builds(p.items.ComputerCall, call_id=ids, action=unset_or(json_objects)),
+    st.builds(
+        p.items.ComputerCallOutput,
+        call_id=ids,
+        output=st.builds(p.items.ComputerScreenshot, image_url=unset_or(texts)),
+    ),
 )
-tools = st.builds(
+items = st.one_of(
+    messages,
+    function_calls,
+    function_call_outputs,
+    other_calls,
+    reasonings,
+    compactions,
+    compaction_triggers,
+)
+function_tools = st.builds(
     p.items.FunctionTool,
     name=ids,
     parameters=none_or(json_objects),
     strict=none_or(st.booleans()),
     description=none_or(texts),
 )
-tool_choices = st.sampled_from(["auto", "none", "required"]) | st.builds(
-    p.items.ToolChoiceFunction, type=st.just("function"), name=ids
+custom_tools = st.builds(
+    p.items.CustomTool,
+    name=ids,
+    description=unset_or(none_or(texts)),
+    format=unset_or(
+        st.builds(p.items.CustomTextFormat)
+        | st.builds(
+            p.items.CustomGrammarFormat,
+            definition=texts,
+            syntax=st.sampled_from(["lark", "regex"]),
+        )
+    ),
+)
+tools = st.one_of(
+    function_tools,
+    custom_tools,
+    st.builds(
+        p.items.NamespaceTool,
+        name=ids,
+        description=texts,
+        tools=st.lists(function_tools | custom_tools, max_size=2),
+    ),
+    st.builds(p.items.LocalShellTool),
+    st.builds(p.items.ShellTool),
+    st.builds(p.items.ApplyPatchTool),
+    st.builds(p.items.ComputerTool),
+    st.builds(
+        p.items.ComputerUsePreviewTool,
+        display_height=st.integers(1, 4096),
+        display_width=st.integers(1, 4096),
+        environment=st.sampled_from(["windows", "mac", "linux", "ubuntu", "browser"]),
+    ),
+    st.builds(p.items.WebSearchTool, external_web_access=unset_or(none_or(st.booleans()))),
+    st.builds(p.items.WebSearchPreviewTool20250311),
+    st.builds(p.items.FileSearchTool, vector_store_ids=st.lists(ids, max_size=2)),
+    st.builds(p.items.McpTool, server_label=ids, server_url=unset_or(texts)),
+    st.builds(p.items.CodeInterpreterTool, container=ids),
+    st.builds(p.items.ImageGenerationTool),
+    st.builds(p.items.ToolSearchTool),
+    st.builds(p.items.ProgrammaticToolCallingTool),
+)
+tool_choices = st.one_of(
+    st.sampled_from(["auto", "none", "required"]),
+    st.builds(p.items.ToolChoiceFunction, name=ids),
+    st.builds(p.items.ToolChoiceCustom, name=ids),
+    st.builds(
+        p.items.ToolChoiceAllowed,
+        mode=st.sampled_from(["auto", "required"]),
+        tools=st.lists(st.builds(dict, type=st.just("function"), name=ids), max_size=2),
+    ),
+    st.builds(p.items.ToolChoiceMcp, server_label=ids, name=unset_or(none_or(ids))),
+    st.builds(p.items.ToolChoiceShell),
+    st.builds(p.items.ToolChoiceApplyPatch),
+    st.builds(p.items.ToolChoiceWebSearchPreview),
 )
 statuses = st.sampled_from(typing.get_args(p.response.ResponseStatus))
 reasoning_configs = st.builds(

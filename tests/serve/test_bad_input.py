@@ -113,10 +113,10 @@ BAD_FRAMES = [
         id="unknown-model",
     ),
     pytest.param(
-        json.dumps({"type": "response.create", "input": "hi", "tools": [{"type": "web_search"}]}),
+        json.dumps({"type": "response.create", "input": "hi", "tools": [{"type": "teleport"}]}),
         "invalid_value",
         "tools[0].type",
-        id="unsupported-tool",
+        id="unknown-tool-type",
     ),
     pytest.param(
         json.dumps({"type": "response.create", "input": "hi", "background": True}),

@@ -55,6 +55,7 @@ worker thread, and no longer than the Response's output budget.)
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import hashlib
 import math
@@ -66,19 +67,41 @@ import msgspec
 
 from protocol import ErrorCode, RemoteProtocolError
 from protocol.items import (
-    FunctionCall,
+    ApplyPatchTool,
+    CallOutput,
+    ClientCall,
+    ComputerTool,
+    ComputerUsePreviewTool,
+    CustomGrammarFormat,
+    CustomTool,
+    CustomToolCallOutput,
     FunctionCallOutput,
     FunctionTool,
     Item,
+    LocalShellTool,
     Message,
+    NamespaceTool,
+    ShellTool,
+    Tool,
+    ToolChoice,
+    ToolChoiceAllowed,
+    ToolChoiceApplyPatch,
+    ToolChoiceComputer,
+    ToolChoiceComputerUse,
+    ToolChoiceComputerUsePreview,
+    ToolChoiceCustom,
     ToolChoiceFunction,
+    ToolChoiceShell,
+    answered_call_id,
     item_text,
+    output_text,
 )
 from protocol.response import FormatText
 
 from ...config import RANGES, SimConfig
 from ...engine.sampling import (
     ArgumentsDelta,
+    CallKind,
     ItemEnd,
     ModelSpec,
     SampleChunk,
@@ -88,6 +111,7 @@ from ...engine.sampling import (
     ToolCallStart,
     encode,
 )
+from .patterns import pattern_example
 from .structured import answer_in_format
 
 __all__ = [
@@ -192,13 +216,15 @@ def summarize(context: Sequence[Item]) -> list[Item]:
     with the request and the tool outputs' heads."""
     kept: list[Item] = []
     for item in context:
-        if isinstance(item, FunctionCall) or (
+        if isinstance(item, ClientCall) or (
             isinstance(item, Message) and item.role != "assistant"
         ):
             kept.append(item)
-        elif isinstance(item, FunctionCallOutput):
+        elif isinstance(item, FunctionCallOutput | CustomToolCallOutput):
             head = item_text(item.output)[:QUOTE_CHARS]
             kept.append(msgspec.structs.replace(item, output=head))
+        elif isinstance(item, CallOutput):
+            kept.append(item)
     return kept
 
 
@@ -216,8 +242,64 @@ def sim_spec(name: str, config: SimConfig) -> ModelSpec:
     )
 
 
+#: What a string field gets when its name says what it holds (a real agent
+#: parses these: a command is run, a path is opened).
+_PLAUSIBLE: Final[Mapping[str, str]] = {
+    "cmd": "echo hello",
+    "command": "echo hello",
+    "commands": "echo hello",
+    "script": "echo hello",
+    "path": "README.md",
+    "file": "README.md",
+    "file_path": "README.md",
+    "filename": "README.md",
+    "dir": ".",
+    "directory": ".",
+    "workdir": ".",
+    "cwd": ".",
+    "root": ".",
+    "url": "https://example.com/",
+    "query": "hello",
+    "pattern": "hello",
+    "email": "user@example.com",
+}
+
+
+def _whole_number(schema: Mapping[str, Any], seed: int) -> int:
+    """A whole number within the schema's bounds (a ``number`` field gets one too:
+    parsers that read it as an unsigned integer accept it)."""
+    low = schema.get("minimum", 0)
+    if isinstance(schema.get("exclusiveMinimum"), int | float):
+        low = max(low, math.floor(schema["exclusiveMinimum"]) + 1)
+    value = max(0, math.ceil(low)) + seed
+    step = schema.get("multipleOf")
+    if isinstance(step, int) and step > 0:
+        value = -(-value // step) * step
+    high = schema.get("maximum")
+    if isinstance(schema.get("exclusiveMaximum"), int | float):
+        high = math.ceil(schema["exclusiveMaximum"]) - 1
+    if isinstance(high, int | float) and value > high:
+        value = max(math.ceil(low), math.floor(high))
+    return int(value)
+
+
+def _plausible_string(schema: Mapping[str, Any], seed: int, name: str) -> str:
+    pattern = schema.get("pattern")
+    if isinstance(pattern, str) and (example := pattern_example(pattern)) is not None:
+        return example
+    text = _PLAUSIBLE.get(name.lower(), f"{name}-{seed}")
+    low, high = schema.get("minLength"), schema.get("maxLength")
+    if isinstance(low, int) and len(text) < low:
+        text = text.ljust(low, "x")
+    if isinstance(high, int) and len(text) > high:
+        text = text[:high]
+    return text
+
+
 def example_for_schema(schema: Any, seed: int, name: str = "value") -> Any:
-    """A deterministic value that satisfies a (simple) JSON schema."""
+    """A deterministic value that satisfies a (simple) JSON schema: every
+    property given (required or not), enums respected, a whole number where a
+    number is asked for, strings that look like what their field holds."""
     if not isinstance(schema, dict):
         return f"{name}-{seed}"
     if schema.get("enum"):
@@ -234,16 +316,120 @@ def example_for_schema(schema: Any, seed: int, name: str = "value") -> Any:
         props = schema.get("properties") or {}
         return {key: example_for_schema(sub, seed, key) for key, sub in props.items()}
     if kind == "array":
-        return [example_for_schema(schema.get("items", {}), seed, name)]
-    if kind == "integer":
-        return int(schema.get("minimum", 0)) + seed
-    if kind == "number":
-        return float(schema.get("minimum", 0)) + seed + 0.5
+        value = example_for_schema(schema.get("items", {}), seed, name)
+        low = schema.get("minItems")
+        return [value] * (low if isinstance(low, int) and low > 1 else 1)
+    if kind in ("integer", "number"):
+        return _whole_number(schema, seed)
     if kind == "boolean":
         return seed % 2 == 0
     if kind == "null":
         return None
-    return f"{name}-{seed}"
+    return _plausible_string(schema, seed, name)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Offer:
+    """One tool the model may call: a function or custom tool (perhaps in a
+    namespace), or a built-in client kind."""
+
+    kind: CallKind
+    name: str
+    namespace: str | None = None
+    tool: FunctionTool | CustomTool | None = None
+
+
+def _offers(tools: Sequence[Tool]) -> list[_Offer]:
+    """The client-executed tools, flattened (a namespace's tools each on their
+    own); hosted tools are never offered."""
+    offers: list[_Offer] = []
+    for tool in tools:
+        if isinstance(tool, FunctionTool):
+            offers.append(_Offer("function", tool.name, tool=tool))
+        elif isinstance(tool, CustomTool):
+            offers.append(_Offer("custom", tool.name, tool=tool))
+        elif isinstance(tool, NamespaceTool):
+            for sub in tool.tools:
+                kind: CallKind = "function" if isinstance(sub, FunctionTool) else "custom"
+                offers.append(_Offer(kind, sub.name, tool.name, sub))
+        elif isinstance(tool, LocalShellTool):
+            offers.append(_Offer("local_shell", "local_shell"))
+        elif isinstance(tool, ShellTool):
+            offers.append(_Offer("shell", "shell"))
+        elif isinstance(tool, ApplyPatchTool):
+            offers.append(_Offer("apply_patch", "apply_patch"))
+        elif isinstance(tool, ComputerTool | ComputerUsePreviewTool):
+            offers.append(_Offer("computer", "computer"))
+    return offers
+
+
+def _chosen(offers: list[_Offer], choice: ToolChoice) -> tuple[list[_Offer], bool]:
+    """The offers ``tool_choice`` leaves, and whether a call is forced. A choice
+    naming a tool this model cannot call (a hosted one) leaves none."""
+    if isinstance(choice, str):
+        return offers, choice == "required"
+    if isinstance(choice, ToolChoiceAllowed):
+        allowed = [
+            offer
+            for offer in offers
+            if any(_matches(offer, entry) for entry in choice.tools)
+        ]
+        return allowed, choice.mode == "required"
+    if isinstance(choice, ToolChoiceFunction | ToolChoiceCustom):
+        kind = "function" if isinstance(choice, ToolChoiceFunction) else "custom"
+        named = [o for o in offers if o.kind == kind and choice.name in (o.name, _full(o))]
+        return named, True
+    kinds = {
+        ToolChoiceShell: "shell",
+        ToolChoiceApplyPatch: "apply_patch",
+        ToolChoiceComputer: "computer",
+        ToolChoiceComputerUse: "computer",
+        ToolChoiceComputerUsePreview: "computer",
+    }
+    wanted = kinds.get(type(choice))
+    return [o for o in offers if o.kind == wanted], True
+
+
+def _full(offer: _Offer) -> str:
+    return f"{offer.namespace}.{offer.name}" if offer.namespace else offer.name
+
+
+def _matches(offer: _Offer, entry: Mapping[str, Any]) -> bool:
+    kind = entry.get("type")
+    if kind in ("function", "custom"):
+        return offer.kind == kind and entry.get("name") in (None, offer.name, _full(offer))
+    if kind in ("computer", "computer_use_preview", "computer_use"):
+        return offer.kind == "computer"
+    if kind == "namespace":
+        return offer.namespace is not None and entry.get("name") in (None, offer.namespace)
+    return offer.kind == kind
+
+
+def _call_input(offer: _Offer, seed: int) -> str:
+    """What the model writes for a call of ``offer``: a function's JSON
+    arguments, a custom tool's text (a regex grammar's example when one can be
+    made), a harmless command, a small new file, a screenshot."""
+    tool = offer.tool
+    if isinstance(tool, FunctionTool):
+        schema = tool.parameters or {"type": "object"}
+        return msgspec.json.encode(example_for_schema(schema, seed)).decode()
+    if isinstance(tool, CustomTool):
+        grammar = tool.format
+        if isinstance(grammar, CustomGrammarFormat) and grammar.syntax == "regex":
+            example = pattern_example(grammar.definition)
+            if example is not None:
+                return example
+        return "hello"
+    payload: dict[str, Any]
+    if offer.kind == "local_shell":
+        payload = {"type": "exec", "command": ["echo", "hello"], "env": {}}
+    elif offer.kind == "shell":
+        payload = {"commands": ["echo hello"]}
+    elif offer.kind == "apply_patch":
+        payload = {"type": "create_file", "path": f"hello-{seed}.txt", "diff": "+hello\n"}
+    else:
+        payload = {"type": "screenshot"}
+    return msgspec.json.encode(payload).decode()
 
 
 _FILLER: Final = (
@@ -267,25 +453,23 @@ class SimSampler:
         #: (``longresponse.engine.counting``).
         self.counts_first = config.prefill_tokens_per_second > 0
 
-    def _plan_calls(self, request: SampleRequest) -> list[tuple[FunctionTool, str | None]]:
-        """The calls of this turn: each tool, and its scripted arguments (or ``None``:
-        made from its schema)."""
-        tools = list(request.tools)
-        if not tools or request.tool_choice == "none":
+    def _plan_calls(self, request: SampleRequest) -> list[tuple[_Offer, str | None]]:
+        """The calls of this turn: each offered tool, and its scripted input (the
+        server's ``--sim-call``; ``None``: made from the tool's schema or kind)."""
+        if request.tool_choice == "none":
             return []
-        if isinstance(request.tool_choice, ToolChoiceFunction):
-            tools = [t for t in tools if t.name == request.tool_choice.name] or tools
+        tools, forced = _chosen(_offers(request.tools), request.tool_choice)
+        if not tools:
+            return []
         made = 0
         for item in reversed(request.context):
             if isinstance(item, Message) and item.role == "user":
                 break
-            if isinstance(item, FunctionCall):
+            if isinstance(item, ClientCall):
                 made += 1
         wanted = _int_meta(request.metadata, "sim_tool_calls", self.config.tool_calls)
         remaining = wanted - made
-        if request.tool_choice == "required" or isinstance(
-            request.tool_choice, ToolChoiceFunction
-        ):
+        if forced:
             remaining = max(remaining, 1)  # forced: a call every turn, results or not
         if remaining <= 0:
             return []
@@ -293,7 +477,7 @@ class SimSampler:
         if not request.parallel_tool_calls:
             per_turn = 1
         count = min(per_turn, remaining)
-        offered = {tool.name: tool for tool in tools}
+        offered = {offer.name: offer for offer in tools}
         script = [(offered[name], args) for name, args in self.config.calls if name in offered]
         if script:
             return [script[(made + i) % len(script)] for i in range(count)]
@@ -306,8 +490,9 @@ class SimSampler:
         for item in request.context:
             if isinstance(item, Message) and item.role == "user":
                 asked.append(_quote(item_text(item.content)))
-            elif isinstance(item, FunctionCallOutput):
-                outputs.append(f"[{item.call_id}] «{_quote(item_text(item.output))}»")
+            elif isinstance(item, CallOutput):
+                text = output_text(item)
+                outputs.append(f"[{answered_call_id(item)}] «{_quote(text)}»")
         parts = ["You asked: " + " | ".join(f"«{a}»" for a in asked) + "."]
         if outputs:
             parts.append(f"I read {len(outputs)} tool outputs: " + " ".join(outputs) + ".")
@@ -327,17 +512,20 @@ class SimSampler:
         calls = self._plan_calls(request)
         budget = request.max_output_tokens
         if calls:
-            seed = sum(isinstance(item, FunctionCall) for item in request.context)
-            for offset, (tool, scripted) in enumerate(calls):
-                arguments = scripted or msgspec.json.encode(
-                    example_for_schema(tool.parameters or {"type": "object"}, seed + offset)
-                ).decode()
+            seed = sum(isinstance(item, ClientCall) for item in request.context)
+            for offset, (offer, scripted) in enumerate(calls):
+                arguments = scripted or _call_input(offer, seed + offset)
                 if budget is not None:
                     budget -= len(encode(arguments))
                     if budget < 0:  # the call would not fit: it is not started
                         yield Stop("max_output_tokens")
                         return
-                yield ToolCallStart(call_id=_call_id(request, offset, tool.name), name=tool.name)
+                yield ToolCallStart(
+                    call_id=_call_id(request, offset, _full(offer)),
+                    name=offer.name,
+                    kind=offer.kind,
+                    namespace=offer.namespace,
+                )
                 for start in range(0, len(arguments), 8):
                     await pacer.tick()
                     yield ArgumentsDelta(arguments[start : start + 8])
@@ -439,8 +627,10 @@ def _call_id(request: SampleRequest, offset: int, name: str) -> str:
     """A call id that depends only on the context (the model is deterministic): its
     length and its last item (whose own call id, or text, is new each turn)."""
     last = request.context[-1] if request.context else None
-    if isinstance(last, FunctionCall | FunctionCallOutput):
+    if isinstance(last, ClientCall):
         key = last.call_id
+    elif isinstance(last, CallOutput):
+        key = answered_call_id(last)
     elif isinstance(last, Message):
         key = item_text(last.content)
     else:

@@ -61,7 +61,13 @@ from protocol.events import (
     ResponseCreate,
     ServerEvent,
 )
-from protocol.items import FunctionCall, FunctionCallOutput
+from protocol.items import (
+    CallOutput,
+    ClientCall,
+    answered_call_id,
+    call_name,
+    is_hosted,
+)
 from protocol.response import RequiredAction
 
 from ...engine.timing import TurnTiming
@@ -129,8 +135,15 @@ def _summary(event: Any) -> dict[str, Any] | None:
         if isinstance(response.required_action, RequiredAction):
             out["call_ids"] = list(response.required_action.call_ids)
         return out
-    if isinstance(event, OutputItemAdded) and isinstance(event.item, FunctionCall):
-        return {"call_id": event.item.call_id, "name": event.item.name}
+    if isinstance(event, OutputItemAdded) and isinstance(event.item, ClientCall):
+        call: ClientCall = event.item
+        return {"call_id": call.call_id, "name": call_name(call), "kind": wire_type(call)}
+    if isinstance(event, ResponseCreate) and event.tools and any(map(is_hosted, event.tools)):
+        return {
+            "model": event.model if isinstance(event.model, str) else None,
+            "previous_response_id": event.previous_response_id,
+            "hosted_tools": [wire_type(tool) for tool in event.tools if is_hosted(tool)],
+        }
     if isinstance(event, ErrorEvent):
         return {"code": event.error.code, "param": event.error.param}
     if isinstance(event, ResponseCreate):
@@ -139,7 +152,11 @@ def _summary(event: Any) -> dict[str, Any] | None:
             "previous_response_id": event.previous_response_id,
         }
     if isinstance(event, ResponseAppend) and not isinstance(event.input, str):
-        calls = [i.call_id for i in event.input if isinstance(i, FunctionCallOutput)]
+        calls = [
+            answered_call_id(i)
+            for i in event.input
+            if isinstance(i, CallOutput)
+        ]
         return {"outputs_for": calls} if calls else None
     return None
 
