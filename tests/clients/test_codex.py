@@ -40,30 +40,13 @@ def scripted(tmp_path: Path) -> Iterator[ServerProcess]:
         yield running
 
 
-#: Until issue 21's other branches are merged, Codex at its defaults is refused
-#: on its first request: its `namespace` and `web_search` tools (branch `tools`)
-#: and, over HTTP, its `client_metadata` (branch `schema`). Strict: these marks
-#: fail the run as soon as those branches land, so they are removed then.
-WAITS_FOR: dict[str, str] = {
-    "websocket": "branch tools: Codex's namespace and web_search tools are refused",
-    "http": "branches tools and schema: namespace and web_search tools, client_metadata "
-    "are refused over HTTP",
-}
-
-
-def _waits(request: pytest.FixtureRequest, transport: str) -> None:
-    if WAITS_FOR.get(transport):
-        request.applymarker(pytest.mark.xfail(strict=True, reason=WAITS_FOR[transport]))
-
-
 def _describe(events: list[dict[str, Any]], done: Any) -> str:
     return json.dumps(events, indent=1)[-4000:] + done.stderr[-2000:]
 
 
 def test_codex_runs_the_models_commands_and_resumes_the_thread(
-    scripted: ServerProcess, transport: str, tmp_path: Path, request: pytest.FixtureRequest
+    scripted: ServerProcess, transport: str, tmp_path: Path
 ) -> None:
-    _waits(request, transport)
     home = codex_home(tmp_path, f"{scripted.http_url}/v1", websocket=transport == "websocket")
     repo = scratch_repo(tmp_path)
     events, done = run_codex(home, repo, "Read the notes.")
@@ -89,10 +72,8 @@ def test_codex_runs_the_models_commands_and_resumes_the_thread(
 
 @pytest.mark.parametrize("keepalive", [True, False], ids=["keepalive", "silent"])
 def test_a_model_silent_past_codexs_idle_timeout_completes_with_keepalives(
-    transport: str, keepalive: bool, tmp_path: Path, request: pytest.FixtureRequest
+    transport: str, keepalive: bool, tmp_path: Path
 ) -> None:
-    if keepalive:
-        _waits(request, transport)
     flags = ("--sim-tool-calls", "0", "--sim-ttft-ms", "2500")
     interval = ("--keepalive-interval", "0.3" if keepalive else "0")
     with ServerProcess("--store", "memory://", *flags, *interval) as server:
