@@ -1,7 +1,8 @@
 """The Codex CLI at its defaults against the server, over HTTP and over its
 WebSocket transport: a multi-turn tool loop whose commands Codex really runs
 (in a scratch repository, read-only sandbox), ``codex exec resume`` on a new
-connection, and a turn whose model is silent past Codex's stream idle timeout.
+connection, a turn whose model is silent past Codex's stream idle timeout, and
+Codex's remote compaction round trip in the middle of a tool loop.
 
 The simulated model cannot be told what to call by Codex (it sets no
 ``metadata``), so the server's flags script its calls (``--sim-call``).
@@ -10,7 +11,7 @@ The simulated model cannot be told what to call by Codex (it sets no
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -95,3 +96,55 @@ def test_a_model_silent_past_codexs_idle_timeout_completes_with_keepalives(
         assert "«Think long.»" in answer["text"]
     else:  # without them Codex's watchdog gives up: the test can fail
         assert not completed, _describe(events, done)
+
+
+def _compactions(home: Path) -> list[list[dict[str, Any]]]:
+    """The replacement histories of the ``compacted`` entries in Codex's session files."""
+    histories = []
+    for session in sorted((home / "sessions").rglob("*.jsonl")):
+        for line in session.read_text().splitlines():
+            entry = json.loads(line)
+            if entry["type"] == "compacted":
+                histories.append(entry["payload"].get("replacement_history") or [])
+    return histories
+
+
+def _kinds(history: Sequence[dict[str, Any]]) -> list[str]:
+    return [str(item.get("role") or item["type"]) for item in history]
+
+
+def test_codexs_remote_compaction_mid_turn_keeps_the_tool_loop_going(
+    transport: str, tmp_path: Path
+) -> None:
+    # Codex compacts remotely (a compaction_trigger turn) only for a provider it
+    # takes for OpenAI's (named "OpenAI") or Azure's; any other provider gets its
+    # local compaction (a summary asked for in a user message). A limit below its
+    # own instructions' size makes it compact after every tool turn.
+    script = (*SCRIPT[2:], "--sim-tool-calls", "4")
+    with ServerProcess("--store", "memory://", *script) as server:
+        home = codex_home(
+            tmp_path,
+            f"{server.http_url}/v1",
+            websocket=transport == "websocket",
+            extra="model_auto_compact_token_limit = 2000",
+        )
+        config = home / "config.toml"
+        config.write_text(config.read_text().replace('name = "longresponse"', 'name = "OpenAI"'))
+        events, done = run_codex(home, scratch_repo(tmp_path), "Read the notes.")
+    assert done.returncode == 0, _describe(events, done)
+    assert events[-1]["type"] == "turn.completed", _describe(events, done)
+    commands = items(events, "command_execution")
+    # Four calls in all: compaction did not restart the count.
+    assert [c["exit_code"] for c in commands] == [0, 0, 0, 0], _describe(events, done)
+    assert "scratch-notes-7f3a" in commands[2]["aggregated_output"]
+    histories = _compactions(home)
+    assert histories, "Codex never compacted"
+    for history in histories:
+        # Codex keeps the user messages and puts the one compaction item it got
+        # back (it fails the turn on any other count) after them.
+        assert _kinds(history).count("compaction") == 1, _kinds(history)
+        assert _kinds(history)[-1] == "compaction"
+        assert history[-1]["encrypted_content"]
+    (answer,) = items(events, "agent_message")
+    assert "«Read the notes.»" in answer["text"]
+    assert "I read 4 tool outputs" in answer["text"]  # the windows kept every output
