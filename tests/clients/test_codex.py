@@ -113,13 +113,15 @@ def _kinds(history: Sequence[dict[str, Any]]) -> list[str]:
     return [str(item.get("role") or item["type"]) for item in history]
 
 
-def test_codexs_remote_compaction_mid_turn_keeps_the_tool_loop_going(
-    transport: str, tmp_path: Path
+@pytest.mark.parametrize("provider", ["OpenAI", "longresponse"], ids=["remote", "local"])
+def test_codexs_compaction_mid_turn_keeps_the_tool_loop_going(
+    transport: str, provider: str, tmp_path: Path
 ) -> None:
     # Codex compacts remotely (a compaction_trigger turn) only for a provider it
-    # takes for OpenAI's (named "OpenAI") or Azure's; any other provider gets its
-    # local compaction (a summary asked for in a user message). A limit below its
-    # own instructions' size makes it compact after every tool turn.
+    # takes for OpenAI's (named "OpenAI") or Azure's; any other gets its local
+    # compaction (it asks the model for a summary in a user message and sends
+    # the summary back as the last user message). A limit below its own
+    # instructions' size makes it compact after every tool turn.
     script = (*SCRIPT[2:], "--sim-tool-calls", "4")
     with ServerProcess("--store", "memory://", *script) as server:
         home = codex_home(
@@ -129,7 +131,8 @@ def test_codexs_remote_compaction_mid_turn_keeps_the_tool_loop_going(
             extra="model_auto_compact_token_limit = 2000",
         )
         config = home / "config.toml"
-        config.write_text(config.read_text().replace('name = "longresponse"', 'name = "OpenAI"'))
+        named = config.read_text().replace('name = "longresponse"', f'name = "{provider}"')
+        config.write_text(named)
         events, done = run_codex(home, scratch_repo(tmp_path), "Read the notes.")
     assert done.returncode == 0, _describe(events, done)
     assert events[-1]["type"] == "turn.completed", _describe(events, done)
@@ -140,11 +143,16 @@ def test_codexs_remote_compaction_mid_turn_keeps_the_tool_loop_going(
     histories = _compactions(home)
     assert histories, "Codex never compacted"
     for history in histories:
-        # Codex keeps the user messages and puts the one compaction item it got
-        # back (it fails the turn on any other count) after them.
-        assert _kinds(history).count("compaction") == 1, _kinds(history)
-        assert _kinds(history)[-1] == "compaction"
-        assert history[-1]["encrypted_content"]
+        kinds = _kinds(history)
+        if provider == "OpenAI":
+            # The one compaction item it got back (Codex fails the turn on any
+            # other count), after the user messages it keeps.
+            assert kinds.count("compaction") == 1, kinds
+            assert kinds[-1] == "compaction"
+            assert history[-1]["encrypted_content"]
+        else:  # the sim's summary, handed back as the last user message
+            assert "compaction" not in kinds
+            assert "I read " in json.dumps(history[-1])
     (answer,) = items(events, "agent_message")
     assert "«Read the notes.»" in answer["text"]
-    assert "I read 4 tool outputs" in answer["text"]  # the windows kept every output
+    assert "I read 4 tool outputs" in answer["text"]  # every output, across compactions

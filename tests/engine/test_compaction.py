@@ -502,3 +502,42 @@ def test_compaction_trigger_asks_for_a_compaction_turn(conn: Any) -> None:
     quotes_everything(after.output_text.replace(" | «And the fix?»", ""), outputs)
     # The window is smaller than the conversation it replaced.
     assert after.usage.input_tokens < before.usage.input_tokens
+
+
+# --- a client that compacts by itself ---------------------------------------------
+
+
+def test_a_summary_handed_back_continues_the_calls_it_counts(server: Any) -> None:
+    """Codex with a provider other than OpenAI's compacts by itself: it asks the
+    model for a summary (no tools), then sends the request and the summary as the
+    last user message. The calls the summary counts are made; the loop goes on
+    where it was instead of starting again."""
+    client = sdk(server)
+    meta = {"sim_tool_calls": "3"}
+    request = {"role": "user", "content": REQUEST}
+    history: list[Any] = [request]
+    outputs: list[str] = []
+    calls_after_compaction = 0
+    for compactions in range(10):  # the model finishes well before
+        response = client.responses.create(
+            model="sim", input=history, tools=[READ], store=False, metadata=meta
+        )
+        calls = [item.to_dict() for item in response.output if item.type == "function_call"]
+        if not calls:
+            break
+        calls_after_compaction += compactions > 0
+        outputs.append(tool_output(len(outputs)))
+        history += [*calls, {"type": "function_call_output", "call_id": calls[0]["call_id"],
+                             "output": outputs[-1]}]  # fmt: skip
+        summary = client.responses.create(
+            model="sim",
+            input=[*history, {"role": "user", "content": "Summarize the conversation."}],
+            store=False,
+        ).output_text
+        assert f"I read {len(outputs)} tool outputs" in summary  # earlier summaries count too
+        history = [request, {"role": "user", "content": f"A summary: {summary}"}]
+    else:
+        pytest.fail("the model never stopped calling")
+    assert len(outputs) == 3
+    assert calls_after_compaction == 2
+    assert "I read 3 tool outputs" in response.output_text

@@ -59,6 +59,7 @@ import dataclasses
 import functools
 import hashlib
 import math
+import re
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any, Final
@@ -131,6 +132,11 @@ __all__ = [
 
 #: How much of each user message and tool output the sim's answer quotes.
 QUOTE_CHARS: Final = 40
+#: The sim's answer lists the tool outputs it read after these words
+#: (:meth:`SimSampler._summary`); a user message carrying them hands back a
+#: summary the sim wrote (see :func:`calls_made`).
+_READ_OUTPUTS: Final = "I read {count} tool outputs: "
+_HANDED_BACK: Final = re.compile(re.escape(_READ_OUTPUTS).replace(r"\{count\}", r"(\d+)"))
 #: The ranges of the ``sim_*`` metadata keys (inclusive; the smallest is 0).
 MAX_SIM_TOOL_CALLS: Final = 1024
 MAX_SIM_PARALLEL_CALLS: Final = 128
@@ -226,6 +232,23 @@ def summarize(context: Sequence[Item]) -> list[Item]:
         elif isinstance(item, CallOutput):
             kept.append(item)
     return kept
+
+
+def calls_made(context: Sequence[Item]) -> int:
+    """The calls already made for the request the sim is answering: those since the
+    last user message. A compaction window keeps the calls it summarized after the
+    request they answer (:func:`summarize`), so they count. A client that
+    compacts by itself (Codex with a provider other than OpenAI's) asks the model
+    for a summary and sends the sim's answer back as the last user message: that
+    message is no new request, and the tool outputs it lists count as made."""
+    made = 0
+    for item in reversed(context):
+        if isinstance(item, Message) and item.role == "user":
+            handed = _HANDED_BACK.search(item_text(item.content))
+            return made + (int(handed.group(1)) if handed else 0)
+        if isinstance(item, ClientCall):
+            made += 1
+    return made
 
 
 def sim_spec(name: str, config: SimConfig) -> ModelSpec:
@@ -461,12 +484,7 @@ class SimSampler:
         tools, forced = _chosen(_offers(request.tools), request.tool_choice)
         if not tools:
             return []
-        made = 0
-        for item in reversed(request.context):
-            if isinstance(item, Message) and item.role == "user":
-                break
-            if isinstance(item, ClientCall):
-                made += 1
+        made = calls_made(request.context)
         wanted = _int_meta(request.metadata, "sim_tool_calls", self.config.tool_calls)
         remaining = wanted - made
         if forced:
@@ -484,18 +502,25 @@ class SimSampler:
         return [(tools[(made + i) % len(tools)], None) for i in range(count)]
 
     def _summary(self, request: SampleRequest) -> str:
-        """The answer before its padding: every user message and tool output, quoted."""
+        """The answer before its padding: every user message and tool output, quoted.
+        A summary handed back (:func:`calls_made`) counts the outputs it lists: the
+        count covers what the conversation read before the client compacted it."""
         asked: list[str] = []
         outputs: list[str] = []
+        read = 0
         for item in request.context:
             if isinstance(item, Message) and item.role == "user":
-                asked.append(_quote(item_text(item.content)))
+                text = item_text(item.content)
+                asked.append(_quote(text))
+                if handed := _HANDED_BACK.search(text):  # its count covers what came before
+                    read = int(handed.group(1))
             elif isinstance(item, CallOutput):
+                read += 1
                 text = output_text(item)
                 outputs.append(f"[{answered_call_id(item)}] «{_quote(text)}»")
         parts = ["You asked: " + " | ".join(f"«{a}»" for a in asked) + "."]
-        if outputs:
-            parts.append(f"I read {len(outputs)} tool outputs: " + " ".join(outputs) + ".")
+        if read:
+            parts.append(_READ_OUTPUTS.format(count=read) + " ".join(outputs) + ".")
         return " ".join(parts)
 
     async def sample(self, request: SampleRequest) -> AsyncGenerator[SampleChunk, None]:
