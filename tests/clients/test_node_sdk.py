@@ -1,6 +1,7 @@
 """The official openai SDK for Node (with ws), installed by ``make test-services``:
 its streamed HTTP tool loop and its ``ResponsesWS`` tool loop
-(``sdk_loops.mjs``), each through keepalives while the model is silent."""
+(``sdk_loops.mjs``), each with a function, a custom tool, a namespace and a
+hosted tool, and each through keepalives while the model is silent."""
 
 from __future__ import annotations
 
@@ -30,9 +31,16 @@ def test_the_node_sdk_runs_its_http_and_websocket_tool_loops(tmp_path: Path) -> 
     loops = {run["loop"]: run for run in map(json.loads, done.stdout.splitlines())}
     assert set(loops) == {"http", "ws"}
     for run in loops.values():
-        assert run["turns"] == 3  # two calls, answered, then the final answer
-        assert run["text"].startswith("You asked: «Fix the flaky test.». I read 2 tool outputs")
-        assert "«ran 0»" in run["text"]
-        assert "«ran 1»" in run["text"]
+        assert run["turns"] == 4  # three calls, answered, then the final answer
+        assert run["text"].startswith("You asked: «Fix the flaky test.». I read 3 tool outputs")
+        for turn in range(3):
+            assert f"«ran {turn}»" in run["text"]
+        # Each client kind called in its own shape; the hosted tool echoed, never called.
+        assert run["made"] == [
+            ["function_call", "run_tests", None],
+            ["custom_tool_call", "apply_diff", None],
+            ["function_call", "read_file", "repo"],
+        ]
+        assert run["echoed"] == ["function", "custom", "namespace", "web_search"]
         assert "keepalive" in run["kinds"]  # read through, mid-turn
-        assert run["kinds"].count("response.completed") == 3
+        assert run["kinds"].count("response.completed") == 4
