@@ -23,7 +23,7 @@ import contextlib
 from collections.abc import AsyncIterator
 
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 
@@ -42,7 +42,7 @@ from .http.background import BackgroundResponses
 from .http.chat import ChatCompletions
 from .http.compact import CompactHTTP
 from .http.input_tokens import InputTokens
-from .http.responses import ResponsesHTTP
+from .http.responses import ResponsesHTTP, hung_up
 from .inspector.observer import Inspector
 from .inspector.routes import InspectRoutes
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -189,6 +189,8 @@ def create_app(config: ServerConfig | None = None) -> Seam:
             ).routes(),
         ],
         lifespan=lifespan,
+        # A client that hangs up mid-body is one log line, not a traceback.
+        exception_handlers={ClientDisconnect: hung_up},
     )
     # 404 for unknown paths, then the API key, then 405 (longresponse.serve.gate).
     app.add_middleware(RouteGate, router=app.router, keys=keys)

@@ -202,3 +202,35 @@ def test_an_upgrade_refusal_is_logged(
         f"refused WebSocket /v1/responses 401 invalid_api_key param=- request_id={ident}"
         in refusals(caplog)
     )
+
+
+def test_a_client_that_hangs_up_mid_body_is_one_info_line(
+    server: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A POST whose body stops halfway: no traceback, one line naming the
+    method, path, bytes read and request id (it was 47 lines of
+    ``ClientDisconnect`` traceback logged as an application error)."""
+    import socket
+    import time
+
+    caplog.set_level(logging.INFO)
+    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
+        sock.sendall(
+            b"POST /v1/responses HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Authorization: Bearer test-key\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 1000\r\n\r\n" + b'{"model": "sim", "input": "' + b"x" * 300
+        )
+        time.sleep(0.2)  # the server reads the first half before the hang-up
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        lines = [r for r in caplog.records if "hung up mid-body" in r.getMessage()]
+        if lines:
+            break
+        time.sleep(0.02)
+    assert len(lines) == 1, [r.getMessage() for r in caplog.records]
+    (line,) = lines
+    assert line.levelno == logging.INFO
+    assert line.exc_info is None
+    message = line.getMessage()
+    assert "POST /v1/responses after 327 of 1000 bytes request_id=req_" in message
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]

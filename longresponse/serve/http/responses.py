@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import msgspec
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -39,6 +40,7 @@ from ...storage.keys import ApiKeys, Unauthorized
 from ...storage.persistence import Persistence
 from ..continuation import Continuation, continue_from
 from ..errors import http_error, upstream_http_error
+from ..request_ids import request_id
 from ..seam import abort, peer_gone, until_gone
 from ..turns import Turns
 from ..types import Scope
@@ -46,7 +48,15 @@ from .background import BackgroundResponses, check_cancellable
 from .sinks import SSE_QUEUE_DEPTH, RecordingSink, SSESink
 from .token_cache import HTTPTokenCache
 
-__all__ = ["HTTPTokenCache", "ResponsesHTTP"]
+__all__ = ["HTTPTokenCache", "ResponsesHTTP", "hung_up"]
+
+log = logging.getLogger(__name__)
+
+
+async def hung_up(request: Request, exc: Exception) -> Response:
+    """The app's answer to :class:`ClientDisconnect` (a client gone mid-body):
+    :meth:`ResponsesHTTP.read_body` logged it in one line; nobody reads this."""
+    return Response(status_code=400)
 
 
 _encoder = msgspec.json.Encoder()
@@ -118,11 +128,24 @@ class ResponsesHTTP:
             raise _too_large(int(declared), limit)
         chunks: list[bytes] = []
         size = 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise _too_large(size, limit)
-            chunks.append(chunk)
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise _too_large(size, limit)
+                chunks.append(chunk)
+        except ClientDisconnect:
+            # Not an application error: one line, then the app's handler
+            # (``hung_up``) answers nobody, quietly.
+            log.info(
+                "client hung up mid-body: %s %s after %d of %s bytes request_id=%s",
+                request.method,
+                request.url.path,
+                size,
+                declared if declared is not None else "?",
+                request_id(request.scope) or "-",
+            )
+            raise
         return b"".join(chunks)
 
     # --- POST /v1/responses ------------------------------------------------------
