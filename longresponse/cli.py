@@ -255,11 +255,38 @@ def build_parser() -> argparse.ArgumentParser:
         help="live /inspect feeds open at once; one more gets 429 (too_many_watchers)",
     )
     serve.add_argument(
+        "--inspector-watchers-per-key",
+        type=_ranged("inspector_watchers_per_key", int),
+        default=limits.INSPECTOR_WATCHERS_PER_KEY,
+        help="live /inspect feeds one API key may hold open (with keys on); one more "
+        "gets 429 (too_many_watchers)",
+    )
+    serve.add_argument(
+        "--inspector-feed-lifetime",
+        type=_ranged("inspector_feed_lifetime", float),
+        default=limits.INSPECTOR_FEED_LIFETIME,
+        help="seconds a live /inspect feed stays open (an EventSource reconnects)",
+    )
+    serve.add_argument(
         "--max-background",
         type=_ranged("max_background", int),
         default=limits.MAX_BACKGROUND,
         help="HTTP: background=true responses running at once; beyond it a create gets 429 "
         "(too_many_background_responses)",
+    )
+    serve.add_argument(
+        "--max-background-per-key",
+        type=_ranged("max_background_per_key", int),
+        default=limits.MAX_BACKGROUND_PER_KEY,
+        help="HTTP: background responses one API key may run at once (with keys on); "
+        "beyond it that key's create gets 429 (too_many_background_responses)",
+    )
+    serve.add_argument(
+        "--background-max-duration",
+        type=_ranged("background_max_duration", float),
+        default=limits.BACKGROUND_MAX_DURATION,
+        help="HTTP: seconds a background response may run; then it ends incomplete "
+        "(reason max_duration)",
     )
     serve.add_argument(
         "--background-log-bytes",
@@ -438,8 +465,12 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         http_token_cache=args.http_token_cache,
         ws_compression=args.ws_compression == "on",
         max_background=args.max_background,
+        max_background_per_key=args.max_background_per_key,
+        background_max_duration=args.background_max_duration,
         inspector=args.inspector,
         inspector_watchers=args.inspector_watchers,
+        inspector_watchers_per_key=args.inspector_watchers_per_key,
+        inspector_feed_lifetime=args.inspector_feed_lifetime,
         background_log_bytes=args.background_log_bytes,
         background_endings_bytes=args.background_endings_bytes,
         switches=Switches(

@@ -18,17 +18,22 @@ from protocol import MAX_ITEMS_PER_EVENT, MAX_MESSAGE_BYTES
 __all__ = [
     "BACKGROUND_ENDINGS_BYTES",
     "BACKGROUND_LOG_BYTES",
+    "BACKGROUND_MAX_DURATION",
     "CHAT_MAX_IN_FLIGHT",
     "CHAT_PREFIX_CACHE_TOKENS",
+    "COMPACTION_LIFETIME",
     "CONNECTION_CACHE_BYTES",
     "CONNECTION_LIFETIME",
     "DEFAULT_HOST",
     "DEFAULT_PORT",
     "DEFAULT_STORE",
     "GC_YOUNG_THRESHOLD",
+    "INSPECTOR_FEED_LIFETIME",
     "INSPECTOR_WATCHERS",
+    "INSPECTOR_WATCHERS_PER_KEY",
     "KEEPALIVE_INTERVAL",
     "MAX_BACKGROUND",
+    "MAX_BACKGROUND_PER_KEY",
     "MAX_IN_FLIGHT",
     "MAX_LANES",
     "MAX_PENDING_STEERS",
@@ -107,8 +112,22 @@ PAUSE_TIMEOUT: Final = 600.0
 #: HTTP ``background: true`` responses running at once in one server process;
 #: beyond it a create gets a 429.
 MAX_BACKGROUND: Final = 64
+#: Of those, the most one API key may run (with keys on; keys off is one
+#: tenant, held by MAX_BACKGROUND alone): one key cannot use up the pool.
+MAX_BACKGROUND_PER_KEY: Final = 16
+#: Seconds a background response may run; then it ends ``incomplete``
+#: (reason ``max_duration``), billed and stored with what it wrote.
+BACKGROUND_MAX_DURATION: Final = 2 * 3600.0
 #: Live /inspect feeds open at once (``--inspector-watchers``).
 INSPECTOR_WATCHERS: Final = 4
+#: Of those, the most one API key may hold open (with keys on).
+INSPECTOR_WATCHERS_PER_KEY: Final = 2
+#: Seconds a live /inspect feed stays open; then it ends (an ``EventSource``
+#: reconnects and starts from a fresh state).
+INSPECTOR_FEED_LIFETIME: Final = 3600.0
+#: Seconds a compaction item opens after it was sealed; older ones are
+#: refused like a tampered item (``invalid_encrypted_content``).
+COMPACTION_LIFETIME: Final = 30 * 86_400.0
 #: Bytes of SSE records one running background response keeps for readers
 #: that resume (``starting_after``); the oldest records go first beyond it.
 BACKGROUND_LOG_BYTES: Final = 4 * 1024 * 1024
@@ -183,11 +202,16 @@ RANGES: Final[Mapping[str, Range]] = {
     "ws_ping_interval": Range(0.01, _DAY, zero=True),
     "store_ttl": Range(0.001, 100 * 365 * _DAY),
     "max_background": Range(1, 1_000_000),
+    "max_background_per_key": Range(1, 1_000_000),
+    "background_max_duration": Range(0.001, 365 * _DAY),
     "background_log_bytes": Range(1, 1024 * _GIB),
     "background_endings_bytes": Range(1, 1024 * _GIB),
     "max_response_events": Range(1, 1_000_000_000),
     "max_response_output_tokens": Range(1, 1_000_000_000),
     "inspector_watchers": Range(1, 1_000),
+    "inspector_watchers_per_key": Range(1, 1_000),
+    "inspector_feed_lifetime": Range(0.001, 365 * _DAY),
+    "compaction_lifetime": Range(1, 100 * 365 * _DAY),
     "sim_ttft_ms": Range(0, 600_000),
     "sim_tokens_per_second": Range(1, 1_000_000, zero=True),
     "sim_prefill_tokens_per_second": Range(1, 1_000_000_000, zero=True),
@@ -352,6 +376,8 @@ class ServerConfig:
     #: HTTP ``background: true``: responses running at once, bytes of each
     #: one's event log, bytes of finished ones' terminal events.
     max_background: int = MAX_BACKGROUND
+    max_background_per_key: int = MAX_BACKGROUND_PER_KEY
+    background_max_duration: float = BACKGROUND_MAX_DURATION
     background_log_bytes: int = BACKGROUND_LOG_BYTES
     background_endings_bytes: int = BACKGROUND_ENDINGS_BYTES
     #: The pipeline's reuse switches (all on) and the secrets policy.
@@ -363,9 +389,13 @@ class ServerConfig:
     #: The secret compaction items are sealed with (else LONGRESPONSE_COMPACTION_KEY,
     #: else a random key kept in the store: ``longresponse.storage.server_keys``).
     compaction_key: str | None = None
+    #: Seconds a sealed compaction item opens for.
+    compaction_lifetime: float = COMPACTION_LIFETIME
     #: The inspector (``/inspect``): keeping observations, and live feeds at once.
     inspector: bool = True
     inspector_watchers: int = INSPECTOR_WATCHERS
+    inspector_watchers_per_key: int = INSPECTOR_WATCHERS_PER_KEY
+    inspector_feed_lifetime: float = INSPECTOR_FEED_LIFETIME
     sim: SimConfig = dataclasses.field(default_factory=SimConfig)
     #: Models answered by real engines, beside the simulated ones.
     backends: tuple[BackendConfig, ...] = ()

@@ -105,6 +105,9 @@ def create_app(config: ServerConfig | None = None) -> Seam:
     background = BackgroundResponses(
         turns,
         max_running=config.max_background,
+        max_per_key=config.max_background_per_key,
+        max_duration=config.background_max_duration,
+        slow_reader_timeout=config.slow_reader_timeout,
         log_bytes=config.background_log_bytes,
         endings_bytes=config.background_endings_bytes,
     )

@@ -16,7 +16,11 @@ once, from any ``sequence_number`` (``starting_after``); one that asks for, or
 falls behind to, a record no longer held goes on from the oldest one still
 held (the gap shows in ``sequence_number``; the terminal event carries the
 whole Response anyway). The response opens ``queued`` (``response.created``
-carries that status) and ``response.in_progress`` starts it.
+carries that status) and ``response.in_progress`` starts it. A follower
+(``stream: true``, ``GET ?stream=true``) is a :class:`~longresponse.serve.deadline.DeadlineStream`:
+its queue is its place in the log, so it holds at most the log's bytes, and
+one whose write waits ``slow_reader_timeout`` is cut off (dropped, and the
+log let go).
 
 How it ends:
 
@@ -27,13 +31,20 @@ How it ends:
   ``response.failed`` carrying status ``cancelled`` and no output, the task
   is cancelled, and the cancelled Response is billed and stored;
 - at shutdown (:meth:`BackgroundResponses.aclose`): the same, ending
-  ``failed`` with ``server_error``.
+  ``failed`` with ``server_error``;
+- after ``max_duration`` seconds (``--background-max-duration``): stopped the
+  same way, but ending ``incomplete`` with reason ``max_duration`` and its
+  finished output items (an open one is cut, as when an upstream fails
+  mid-item), as the server's own per-Response caps end one (``max_events``,
+  ``max_output_tokens``): nothing failed, the output is cut short. It fires
+  wherever the run waits (a long first token, a stalled upstream).
 
 Then the log is freed but for its terminal event, which a byte-bounded table
 keeps for a late ``GET ?stream=true`` (replayed alone, under its own
 ``sequence_number``). At most ``max_running`` responses run at once; one more
-gets a 429 (``too_many_background_responses``). Only the owner (API key) of a
-response finds it here.
+gets a 429 (``too_many_background_responses``), and so does one more of an
+API key that runs ``max_per_key`` already (with keys on: keys off is one
+tenant). Only the owner (API key) of a response finds it here.
 """
 
 from __future__ import annotations
@@ -45,7 +56,6 @@ from typing import Final
 
 import msgspec
 from starlette.responses import Response as HTTPResponse
-from starlette.responses import StreamingResponse
 
 from protocol import (
     Connection,
@@ -57,20 +67,35 @@ from protocol import (
     ResponseTrack,
     Role,
 )
-from protocol.events import ResponseCreate, ResponseCreated, ResponseFailed, ServerEvent
+from protocol.events import (
+    ResponseCreate,
+    ResponseCreated,
+    ResponseFailed,
+    ResponseIncomplete,
+    ServerEvent,
+)
 from protocol.items import Item
 from protocol.response import Response, ResponseError
 
-from ...config import BACKGROUND_ENDINGS_BYTES, BACKGROUND_LOG_BYTES, MAX_BACKGROUND
+from ...config import (
+    BACKGROUND_ENDINGS_BYTES,
+    BACKGROUND_LOG_BYTES,
+    BACKGROUND_MAX_DURATION,
+    MAX_BACKGROUND,
+    MAX_BACKGROUND_PER_KEY,
+    SLOW_READER_TIMEOUT,
+)
 from ...engine.sampling import ModelSpec
 from ...engine.transport import Transport
 from ...engine.turn import Started
 from ...ids import new_id
 from ...storage.persistence import Persistence, StoreWriteFailed
+from ..deadline import DeadlineStream
 from ..inspector.watched import WatchedSink
 from ..turns import Turns
 
 __all__ = [
+    "MAX_DURATION_REASON",
     "TOO_MANY_BACKGROUND_RESPONSES",
     "BackgroundResponse",
     "BackgroundResponses",
@@ -80,7 +105,8 @@ __all__ = [
 
 #: The error code of a create beyond the limit of running background responses.
 TOO_MANY_BACKGROUND_RESPONSES: Final = "too_many_background_responses"
-SSE_MEDIA_TYPE: Final = "text/event-stream"
+#: ``incomplete_details.reason`` of a response stopped at ``max_duration``.
+MAX_DURATION_REASON: Final = "max_duration"
 _encoder = msgspec.json.Encoder()
 
 
@@ -183,6 +209,8 @@ class BackgroundResponse:
         self.started = started
         self.log = log
         self.task: asyncio.Task[None] | None = None
+        #: Stops it at ``max_duration`` (cancelled as it ends).
+        self.timer: asyncio.TimerHandle | None = None
         #: Post-inference has begun: too late to cancel.
         self.finishing = False
         #: The Response as it ended (set as it ends, before it is billed).
@@ -203,14 +231,22 @@ class BackgroundResponses:
         turns: Turns,
         *,
         max_running: int = MAX_BACKGROUND,
+        max_per_key: int = MAX_BACKGROUND_PER_KEY,
+        max_duration: float = BACKGROUND_MAX_DURATION,
+        slow_reader_timeout: float = SLOW_READER_TIMEOUT,
         log_bytes: int = BACKGROUND_LOG_BYTES,
         endings_bytes: int = BACKGROUND_ENDINGS_BYTES,
     ) -> None:
         self.turns = turns
         self.max_running = max_running
+        self.max_per_key = max_per_key
+        self.max_duration = max_duration
+        self.slow_reader_timeout = slow_reader_timeout
         self.log_bytes = log_bytes
         self.endings_bytes = endings_bytes
         self._running: dict[str, BackgroundResponse] = {}
+        #: Running responses by owner (API key).
+        self._per_key: collections.Counter[str] = collections.Counter()
         #: id -> (owner, sequence_number, SSE record) of finished responses' terminal events.
         self._endings: collections.OrderedDict[str, tuple[str, int, bytes]] = (
             collections.OrderedDict()
@@ -223,12 +259,20 @@ class BackgroundResponses:
         """How many run now."""
         return len(self._running)
 
-    def check_room(self) -> None:
-        """Raises :class:`RemoteProtocolError` (429) when no more may start now."""
+    def check_room(self, owner: str) -> None:
+        """Raises :class:`RemoteProtocolError` (429) when no more may start now, or
+        none more of ``owner`` (an API key's owner; ``""``, keys off, has no quota)."""
         if self._closing or len(self._running) >= self.max_running:
             raise RemoteProtocolError(
                 f"Too many background responses are running ({self.max_running} at most); "
                 "wait for one to finish or cancel one.",
+                code=TOO_MANY_BACKGROUND_RESPONSES,
+                status=429,
+            )
+        if owner and self._per_key[owner] >= self.max_per_key:
+            raise RemoteProtocolError(
+                f"Too many background responses of this API key are running "
+                f"({self.max_per_key} at most); wait for one to finish or cancel one.",
                 code=TOO_MANY_BACKGROUND_RESPONSES,
                 status=429,
             )
@@ -240,16 +284,19 @@ class BackgroundResponses:
 
         Raises :class:`RemoteProtocolError` (429, nothing started) beyond the limit.
         """
-        self.check_room()
+        self.check_room(owner)
         log = started.reply.sink
         if isinstance(log, WatchedSink):  # the inspector's note-taker around it
             log = log.sink
         assert isinstance(log, EventLog)
         entry = BackgroundResponse(started, owner=owner, log=log)
         self._running[entry.id] = entry
-        entry.task = asyncio.get_running_loop().create_task(
+        self._per_key[owner] += 1
+        loop = asyncio.get_running_loop()
+        entry.task = loop.create_task(
             self._run(entry, history, received_at), name=f"background {entry.id}"
         )
+        entry.timer = loop.call_later(self.max_duration, self._expire, entry)
         # Cleanup runs however the task ends, even cancelled before its first step.
         entry.task.add_done_callback(lambda _: self._ended(entry))
         return entry
@@ -300,7 +347,7 @@ class BackgroundResponses:
         Raises :class:`RemoteProtocolError` (nothing started): admission's
         errors, 429 beyond the limit; 500 when it failed before ``response.created``.
         """
-        self.check_room()
+        self.check_room(owner)
         # Stateless, as any HTTP request: the whole history is checked again.
         started = self.turns.start_turn(
             request,
@@ -325,7 +372,7 @@ class BackgroundResponses:
                 error_type="server_error",
             )
         if request.stream:
-            return StreamingResponse(entry.log.follow(-1), media_type=SSE_MEDIA_TYPE)
+            return self._follower(entry.log.follow(-1))
         return HTTPResponse(_encoder.encode(created), media_type="application/json")
 
     async def stream(
@@ -343,7 +390,7 @@ class BackgroundResponses:
         after = _sequence_number(starting_after)
         entry = self.get(response_id, owner=owner)
         if entry is not None:
-            return StreamingResponse(entry.log.follow(after), media_type=SSE_MEDIA_TYPE)
+            return self._follower(entry.log.follow(after))
         record = await persistence.get(response_id, owner=owner)
         if record is None:
             return None
@@ -363,8 +410,13 @@ class BackgroundResponses:
                 param="stream",
             )
         sequence, last = ending
-        replay = _replay([last] if sequence > after else [])
-        return StreamingResponse(replay, media_type=SSE_MEDIA_TYPE)
+        return self._follower(_replay([last] if sequence > after else []))
+
+    def _follower(self, records: AsyncIterator[bytes]) -> DeadlineStream:
+        """A reader of a log: cut off when a write waits ``slow_reader_timeout``."""
+        return DeadlineStream(
+            records, timeout=self.slow_reader_timeout, why="slow background stream reader"
+        )
 
     async def cancel(self, response_id: str, *, owner: str) -> Response | None:
         """Cancel a running response and wait until it is stored; return how it ended.
@@ -393,8 +445,17 @@ class BackgroundResponses:
 
     # --- the run -------------------------------------------------------------------
 
+    def _expire(self, entry: BackgroundResponse) -> None:
+        """``max_duration`` is up: the response ends ``incomplete`` (``max_duration``)."""
+        self._stop(entry, ResponseState.INCOMPLETE, reason=MAX_DURATION_REASON)
+
     def _stop(
-        self, entry: BackgroundResponse, status: ResponseState, error: ResponseError | None = None
+        self,
+        entry: BackgroundResponse,
+        status: ResponseState,
+        error: ResponseError | None = None,
+        *,
+        reason: str | None = None,
     ) -> None:
         """End ``entry`` now with ``status``, unless it is ending already.
 
@@ -409,10 +470,13 @@ class BackgroundResponses:
         if reply.track is not None:
             if error is not None:
                 reply.fail(error)
+            if reason is not None:
+                reply.note_incomplete(reason)
             final = reply.snapshot(status)
             if status is ResponseState.CANCELLED:
                 final = msgspec.structs.replace(final, output=[])
-            reply.push(reply.builder.lifecycle(ResponseFailed, final))
+            ending = ResponseIncomplete if status is ResponseState.INCOMPLETE else ResponseFailed
+            reply.push(reply.builder.lifecycle(ending, final))
             entry.final = final
         entry.task.cancel()
 
@@ -468,7 +532,12 @@ class BackgroundResponses:
             await self.turns.bill(response, owner=entry.owner, transport=Transport.HTTP)
 
     def _ended(self, entry: BackgroundResponse) -> None:
-        self._running.pop(entry.id, None)
+        if self._running.pop(entry.id, None) is not None:
+            self._per_key[entry.owner] -= 1
+            if not self._per_key[entry.owner]:
+                del self._per_key[entry.owner]
+        if entry.timer is not None:
+            entry.timer.cancel()
         entry.log.close()
         last = entry.log.last
         if last is not None and entry.started.reply.terminal:

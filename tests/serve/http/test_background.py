@@ -344,3 +344,70 @@ def test_bad_reads_deletes_and_streams(server: Any) -> None:
         httpx.post(f"{base}/{running['id']}/cancel"),
     ):
         assert_error(gone, 404, "response_not_found", "response_id")
+
+
+def test_one_key_at_its_quota_does_not_stop_another(make_server: Any) -> None:
+    """keyA's running responses at its quota refuse keyA's next create (429),
+    never keyB's; one of keyA's ending frees keyA's place."""
+    keyed = make_server(api_keys=("key-a", "key-b"), max_background=8, max_background_per_key=2)
+    a, b = sdk(keyed, "key-a"), sdk(keyed, "key-b")
+    mine = [a.responses.create(model="sim", input="a", background=True, metadata=SLOW)]
+    mine.append(a.responses.create(model="sim", input="a", background=True, metadata=SLOW))
+    with pytest.raises(openai.RateLimitError) as full:
+        a.responses.create(model="sim", input="a", background=True, metadata=SLOW)
+    assert full.value.code == "too_many_background_responses"
+    assert "this API key" in full.value.message
+    theirs = b.responses.create(model="sim", input="b", background=True, metadata=SLOW)
+    assert theirs.status == "queued"
+    a.responses.cancel(mine[0].id)
+    mine.append(a.responses.create(model="sim", input="a", background=True, metadata=SLOW))
+    for made in (*mine[1:], theirs):
+        (a if made in mine else b).responses.cancel(made.id)
+    assert keyed.app.state.background.running == 0
+
+
+def test_the_maximum_duration_ends_a_response_incomplete(make_server: Any) -> None:
+    """Past ``--background-max-duration`` a running response ends ``incomplete``
+    (reason ``max_duration``) with the output written so far, billed and stored."""
+    short = make_server(background_max_duration=0.5)
+    client = sdk(short)
+    made = client.responses.create(model="sim", input="forever", background=True, metadata=SLOW)
+    events = list(client.responses.retrieve(made.id, stream=True))
+    end = events[-1]
+    assert (end.type, end.response.status) == ("response.incomplete", "incomplete")
+    assert end.response.incomplete_details.reason == "max_duration"
+    assert any(event.type == "response.output_text.delta" for event in events)
+    stored = client.responses.retrieve(made.id)
+    assert (stored.status, stored.incomplete_details.reason) == ("incomplete", "max_duration")
+    assert short.app.state.background.running == 0
+
+
+def test_a_follower_that_never_reads_is_cut_off(make_server: Any) -> None:
+    """A ``GET ?stream=true`` whose client never reads is dropped within
+    ``--slow-reader-timeout`` (it stayed connected, pinning the log): the
+    server closes the socket while the response still runs."""
+    import socket
+    import time
+
+    slow = make_server(api_keys=("key-a",), slow_reader_timeout=0.5)
+    client = sdk(slow, "key-a")
+    loud = {"sim_output_tokens": "2000000", "sim_tokens_per_second": "0"}
+    made = client.responses.create(model="sim", input="x" * 2000, background=True, metadata=loud)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.settimeout(10)
+    with sock:
+        sock.connect(("127.0.0.1", slow.port))
+        sock.sendall(
+            b"GET /v1/responses/%s?stream=true HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Authorization: Bearer key-a\r\n\r\n" % made.id.encode()
+        )
+        time.sleep(2.0)  # well past the timeout, reading nothing
+        assert slow.app.state.background.running == 1  # the response goes on
+        received = 0
+        started = time.monotonic()
+        while chunk := sock.recv(1 << 16):  # what was in flight, then the end
+            received += len(chunk)
+            assert time.monotonic() - started < 5, "still connected"
+    assert received > 0
+    client.responses.cancel(made.id)
