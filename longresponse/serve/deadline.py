@@ -23,7 +23,7 @@ answer ends quietly: a slow reader is one log line, not an application error.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterable
+from collections.abc import AsyncIterable, Callable
 from typing import Final
 
 from starlette.responses import StreamingResponse
@@ -51,10 +51,14 @@ class DeadlineStream(StreamingResponse):
         why: str,
         media_type: str = SSE_MEDIA_TYPE,
         headers: dict[str, str] | None = None,
+        on_close: Callable[[], object] | None = None,
     ) -> None:
         super().__init__(content, media_type=media_type, headers=headers)
         self.timeout = timeout
         self.why = why
+        #: Called once the answer is over, however it ends (even before the
+        #: iterator started, when its own ``finally`` never runs).
+        self.on_close = on_close
         #: The reader was cut off (a write outlived its deadline).
         self.abandoned = False
 
@@ -76,3 +80,5 @@ class DeadlineStream(StreamingResponse):
             close = getattr(self.body_iterator, "aclose", None)
             if close is not None:
                 await close()  # the iterator lets go of what it holds now, not at GC
+            if self.on_close is not None:
+                self.on_close()

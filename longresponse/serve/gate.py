@@ -16,6 +16,9 @@ request it matches the path against the app's own routes, in this order:
    methods it has;
 4. otherwise the route runs.
 
+A request let through carries its key's owner in the scope
+(:data:`OWNER_KEY`, ``""`` with keys off), for the routes that count per key.
+
 All three answers are the shipped HTTP error envelope (``message``, ``type``,
 ``param``, ``code``). A WebSocket upgrade to a path with no WebSocket route
 gets the same 404, sent as the upgrade's HTTP response where the server
@@ -43,6 +46,7 @@ from .types import ASGIApp, Receive, Scope, Send
 __all__ = [
     "INSPECT_PREFIX",
     "METHOD_NOT_ALLOWED",
+    "OWNER_KEY",
     "UNKNOWN_URL",
     "RedactQueryKey",
     "RouteGate",
@@ -55,6 +59,8 @@ UNKNOWN_URL: Final = "unknown_url"
 METHOD_NOT_ALLOWED: Final = "method_not_allowed"
 #: The inspector's paths, where the key may also come as the query's ``key``.
 INSPECT_PREFIX: Final = "/inspect"
+#: Where the scope of a request let through carries its key's owner.
+OWNER_KEY: Final = "longresponse.owner"
 
 
 class RedactQueryKey(logging.Filter):
@@ -119,9 +125,10 @@ class RouteGate:
                     f"Invalid URL ({method} {path}).", code=UNKNOWN_URL, status=404
                 )
             )
+        scope[OWNER_KEY] = ""
         if self.keys.enabled:
             try:
-                self.keys.owner(_authorization(scope))
+                scope[OWNER_KEY] = self.keys.owner(_authorization(scope))
             except Unauthorized as exc:
                 return http_error(
                     RemoteProtocolError(str(exc), code="invalid_api_key", status=401)

@@ -20,7 +20,12 @@ elsewhere. The page reads everything from the same endpoints a tool would:
   every :data:`FEED_STATE_INTERVAL` seconds, ``event``, ``turn``,
   ``rollout``, ``connection`` and ``forgotten`` as they happen, ``lagged``
   before a feed that fell behind ends. At most ``max_watchers`` feeds are
-  open; one more is refused (429, ``code: "too_many_watchers"``).
+  open, and at most ``watchers_per_key`` of one API key (with keys on); one
+  more is refused (429, ``code: "too_many_watchers"``). A feed ends after
+  ``feed_lifetime`` seconds (an ``EventSource`` reconnects), and a reader
+  whose write waits ``slow_reader_timeout`` is cut off
+  (:class:`~longresponse.serve.deadline.DeadlineStream`): a feed that is never
+  read does not keep its place.
 
 With API keys on, the gate (``serve.gate``) answers 401 before any of these
 runs, and takes the key from ``?key=`` here since a browser cannot set a
@@ -31,6 +36,7 @@ header on a page load or an ``EventSource``; the page passes on the
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import platform
 import resource
@@ -40,14 +46,17 @@ from importlib import resources
 from typing import Any, Final
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from protocol import RemoteProtocolError
 
+from ...config import INSPECTOR_FEED_LIFETIME, INSPECTOR_WATCHERS_PER_KEY, SLOW_READER_TIMEOUT
 from ...storage.backends import StoreError
 from ...storage.persistence import Persistence
+from ..deadline import DeadlineStream
 from ..errors import http_error
+from ..gate import OWNER_KEY
 from ..metrics import LoopLagMonitor
 from ..seam import peer_gone
 from .observer import Inspector, TooManyWatchers
@@ -97,8 +106,16 @@ class InspectRoutes:
         persistence: Callable[[], Persistence | None],
         lag: Callable[[], LoopLagMonitor | None],
         live_sessions: Callable[[], int],
+        watchers_per_key: int = INSPECTOR_WATCHERS_PER_KEY,
+        feed_lifetime: float = INSPECTOR_FEED_LIFETIME,
+        slow_reader_timeout: float = SLOW_READER_TIMEOUT,
     ) -> None:
         self.inspector = inspector
+        self.watchers_per_key = watchers_per_key
+        self.feed_lifetime = feed_lifetime
+        self.slow_reader_timeout = slow_reader_timeout
+        #: Open feeds by owner (API key).
+        self._feeds: collections.Counter[str] = collections.Counter()
         self._persistence = persistence
         self._lag = lag
         self._live_sessions = live_sessions
@@ -209,19 +226,39 @@ class InspectRoutes:
     # --- the live feed -------------------------------------------------------------
 
     async def feed(self, request: Request) -> Response:
+        owner = request.scope.get(OWNER_KEY, "")
         try:
+            if owner and self._feeds[owner] >= self.watchers_per_key:
+                raise TooManyWatchers(
+                    f"This API key has {self._feeds[owner]} inspector feeds open; the limit "
+                    f"is {self.watchers_per_key}. Close one and retry."
+                )
             watcher = self.inspector.add_watcher()
         except TooManyWatchers as exc:
             return http_error(RemoteProtocolError(str(exc), code=TOO_MANY_WATCHERS, status=429))
+        self._feeds[owner] += 1
         scope = request.scope
         inspector = self.inspector
+        ends = time.monotonic() + self.feed_lifetime
+        released = False
+
+        def release() -> None:  # once, from whichever end comes first
+            nonlocal released
+            if not released:
+                released = True
+                inspector.remove_watcher(watcher)
+                self._feeds[owner] -= 1
+                if not self._feeds[owner]:
+                    del self._feeds[owner]
 
         async def stream() -> AsyncIterator[bytes]:
             try:
                 yield _sse("state", await self._state())
                 next_state = time.monotonic() + FEED_STATE_INTERVAL
                 while not inspector.stopping and not peer_gone(scope):
-                    timeout = max(0.0, next_state - time.monotonic())
+                    if time.monotonic() >= ends:
+                        return  # its lifetime is up: the EventSource reconnects
+                    timeout = max(0.0, min(next_state, ends) - time.monotonic())
                     try:
                         async with asyncio.timeout(timeout):
                             kind, data = await watcher.queue.get()
@@ -233,11 +270,13 @@ class InspectRoutes:
                     if kind == "lagged":
                         return
             finally:
-                inspector.remove_watcher(watcher)
+                release()
 
-        return StreamingResponse(
+        return DeadlineStream(
             stream(),
-            media_type="text/event-stream",
+            timeout=self.slow_reader_timeout,
+            why="slow inspector feed reader",
+            on_close=release,
             headers={"cache-control": "no-store", "x-accel-buffering": "no"},
         )
 
