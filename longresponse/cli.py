@@ -215,6 +215,13 @@ def build_parser() -> argparse.ArgumentParser:
         "store)",
     )
     serve.add_argument(
+        "--compaction-lifetime",
+        type=_ranged("compaction_lifetime", float),
+        default=limits.COMPACTION_LIFETIME,
+        help="seconds a compaction item opens for after it was made; an older one is "
+        "refused (invalid_encrypted_content)",
+    )
+    serve.add_argument(
         "--gc-young-threshold",
         type=_ranged("gc_young_threshold", int),
         default=limits.GC_YOUNG_THRESHOLD,
@@ -462,6 +469,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         secrets_policy=args.secrets_policy,
         hosted_tools=args.hosted_tools,
         compaction_key=args.compaction_key,
+        compaction_lifetime=args.compaction_lifetime,
         http_token_cache=args.http_token_cache,
         ws_compression=args.ws_compression == "on",
         max_background=args.max_background,

@@ -18,7 +18,13 @@ items; the associated data is the owner (a digest of the API key), so an item
 made for one key does not open for another; the ``encrypted_content`` is
 ``base64url(version ‖ nonce ‖ ciphertext ‖ tag)``. An altered, forged or
 foreign item fails to open (:class:`InvalidCompaction`) and admission refuses
-it with ``invalid_encrypted_content``. Where the key comes from (a configured
+it with ``invalid_encrypted_content``. The sealed plaintext carries when the
+item was sealed and when it expires (``lifetime`` seconds later,
+``--compaction-lifetime``); an expired item is refused the same way
+(:class:`ExpiredCompaction`, its message says so), so an item does not
+outlive its lifetime whatever became of the response that made it. Items
+sealed before the expiry was added carry only their sealing time: they expire
+``lifetime`` seconds after it, as the opening server counts. Where the key comes from (a configured
 secret, or a random key kept in the store) is the serve layer's business.
 
 A :class:`Compactor` is one owner's view of the key: it seals windows and
@@ -37,6 +43,7 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
+import math
 import os
 import time
 from collections.abc import Sequence
@@ -52,6 +59,7 @@ from protocol import ErrorCode, RemoteProtocolError
 from protocol.events import ResponseCreate
 from protocol.items import Compaction, CompactionTrigger, Item
 
+from ..config import COMPACTION_LIFETIME
 from ..ids import new_id
 from .sampling import Summarize
 
@@ -61,6 +69,7 @@ __all__ = [
     "CompactionKey",
     "Compactor",
     "Drained",
+    "ExpiredCompaction",
     "InvalidCompaction",
     "check_context_management",
     "compact",
@@ -90,9 +99,16 @@ class InvalidCompaction(Exception):
     server's key, or another owner's item."""
 
 
+class ExpiredCompaction(InvalidCompaction):
+    """An ``encrypted_content`` that verifies but whose lifetime is over."""
+
+
 class _Sealed(msgspec.Struct, frozen=True, array_like=True):
     created_at: int
     items: list[Item]
+    #: Unix time past which it does not open (``None``: sealed before expiries,
+    #: counted from ``created_at``).
+    expires_at: int | None = None
 
 
 _encoder: Final = msgspec.msgpack.Encoder()
@@ -102,13 +118,15 @@ _decoder: Final = msgspec.msgpack.Decoder(_Sealed)
 class CompactionKey:
     """The server's sealing key: AES-256-GCM, the owner as associated data."""
 
-    def __init__(self, key: bytes) -> None:
+    def __init__(self, key: bytes, *, lifetime: float = COMPACTION_LIFETIME) -> None:
         if len(key) != KEY_BYTES:
             raise ValueError(f"a compaction key is {KEY_BYTES} bytes, not {len(key)}")
         self._aead = AESGCM(key)
+        #: Seconds an item opens for after it was sealed.
+        self.lifetime = lifetime
 
     @classmethod
-    def derive(cls, secret: str) -> CompactionKey:
+    def derive(cls, secret: str, *, lifetime: float = COMPACTION_LIFETIME) -> CompactionKey:
         """The key for a configured secret of any length (HKDF-SHA256).
 
         Raises ``ValueError`` for an empty secret.
@@ -116,17 +134,26 @@ class CompactionKey:
         if not secret:
             raise ValueError("the compaction key secret is empty")
         hkdf = HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=None, info=_DERIVE_INFO)
-        return cls(hkdf.derive(secret.encode()))
+        return cls(hkdf.derive(secret.encode()), lifetime=lifetime)
 
-    def seal(self, items: Sequence[Item], owner: str) -> str:
-        """The ``encrypted_content`` carrying ``items`` for ``owner``."""
+    def seal(self, items: Sequence[Item], owner: str, *, now: float | None = None) -> str:
+        """The ``encrypted_content`` carrying ``items`` for ``owner``, sealed at ``now``
+        (Unix time, default the clock's): it opens for ``lifetime`` seconds."""
         nonce = os.urandom(_NONCE_BYTES)
-        plain = _encoder.encode(_Sealed(created_at=int(time.time()), items=list(items)))
+        now = int(time.time() if now is None else now)
+        sealed_window = _Sealed(
+            created_at=now, items=list(items), expires_at=now + math.ceil(self.lifetime)
+        )
+        plain = _encoder.encode(sealed_window)
         sealed = self._aead.encrypt(nonce, plain, _ASSOCIATED + owner.encode())
         return base64.urlsafe_b64encode(_VERSION + nonce + sealed).decode("ascii")
 
-    def open(self, token: str, owner: str) -> list[Item]:
-        """The items ``token`` carries. Raises :class:`InvalidCompaction`."""
+    def open(self, token: str, owner: str, *, now: float | None = None) -> list[Item]:
+        """The items ``token`` carries, at ``now`` (Unix time, default the clock's).
+
+        Raises :class:`InvalidCompaction`; :class:`ExpiredCompaction` when it
+        verifies but its lifetime is over.
+        """
         try:
             blob = base64.b64decode(token.encode("ascii"), altchars=b"-_", validate=True)
         except (binascii.Error, UnicodeEncodeError):
@@ -135,10 +162,19 @@ class CompactionKey:
             raise InvalidCompaction("not a sealed window")
         nonce, sealed = blob[1 : 1 + _NONCE_BYTES], blob[1 + _NONCE_BYTES :]
         try:
-            plain = self._aead.decrypt(nonce, sealed, _ASSOCIATED + owner.encode())
-            return _decoder.decode(plain).items
+            window = _decoder.decode(
+                self._aead.decrypt(nonce, sealed, _ASSOCIATED + owner.encode())
+            )
         except (InvalidTag, msgspec.DecodeError):
             raise InvalidCompaction("does not verify") from None
+        expires_at = (
+            window.expires_at
+            if window.expires_at is not None
+            else window.created_at + self.lifetime
+        )
+        if (time.time() if now is None else now) >= expires_at:
+            raise ExpiredCompaction(f"expired at {int(expires_at)}")
+        return window.items
 
 
 class Compactor:
@@ -167,12 +203,19 @@ class Compactor:
         """Admission: ``item`` opens for this owner. Raises :class:`RemoteProtocolError`."""
         try:
             self.open(item)
-        except InvalidCompaction:
-            raise refused(param) from None
+        except InvalidCompaction as exc:
+            raise refused(param, exc) from None
 
 
-def refused(param: str) -> RemoteProtocolError:
+def refused(param: str, why: InvalidCompaction | None = None) -> RemoteProtocolError:
     """The error of a compaction item that does not open (or cannot be opened here)."""
+    if isinstance(why, ExpiredCompaction):
+        return RemoteProtocolError(
+            "The compaction item has expired: it opens for a limited time after it was "
+            "made. Compact the conversation again.",
+            code=ErrorCode.INVALID_ENCRYPTED_CONTENT,
+            param=param,
+        )
     return RemoteProtocolError(
         "The compaction item's encrypted_content does not verify: it was altered, made "
         "by a server with another key, or made for another API key.",

@@ -124,9 +124,11 @@ def create_app(config: ServerConfig | None = None) -> Seam:
         persistence.start()
         secret = configured_compaction_secret(config.compaction_key)
         services.compaction_key = (
-            CompactionKey.derive(secret)
+            CompactionKey.derive(secret, lifetime=config.compaction_lifetime)
             if secret is not None
-            else CompactionKey(await stored_compaction_key(store))
+            else CompactionKey(
+                await stored_compaction_key(store), lifetime=config.compaction_lifetime
+            )
         )
         app.state.loop = asyncio.get_running_loop()  # for tests that reach into the store
         services.persistence = app.state.persistence = persistence

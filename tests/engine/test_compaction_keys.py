@@ -9,7 +9,9 @@ and can be configured with ``--compaction-key`` or the environment instead.
 
 from __future__ import annotations
 
+import base64
 import json
+import time
 from typing import Any
 
 import httpx
@@ -19,7 +21,7 @@ from openai import OpenAI
 
 from longresponse.client import connect
 from longresponse.config import ServerConfig
-from longresponse.engine.compaction import CompactionKey, InvalidCompaction
+from longresponse.engine.compaction import CompactionKey, ExpiredCompaction, InvalidCompaction
 from longresponse.server_process import ServerProcess
 from longresponse.storage.server_keys import COMPACTION_KEY_ENV
 from protocol.events import ErrorEvent, ResponseDone
@@ -384,3 +386,56 @@ def test_a_segment_from_before_a_compaction_continues_from_the_store(server: Any
         answer = event.response.output_text
         assert "«a different result»" in answer
         assert "I read 1 tool outputs" in answer
+
+
+# --- the expiry -------------------------------------------------------------------
+
+
+def test_an_item_expires_after_its_lifetime() -> None:
+    """The expiry is sealed inside: an item opens until ``lifetime`` seconds after
+    it was sealed, then is refused like an altered one (``ExpiredCompaction`` is
+    an ``InvalidCompaction``); the lifetime of the server that opens it does not
+    extend it."""
+    items = [FunctionCallOutput(call_id="call_a", output="head")]
+    key = CompactionKey.derive("operator secret", lifetime=60)
+    token = key.seal(items, "owner-a", now=1_000_000)
+    assert key.open(token, "owner-a", now=1_000_059) == items
+    with pytest.raises(ExpiredCompaction):
+        key.open(token, "owner-a", now=1_000_060)
+    longer = CompactionKey.derive("operator secret", lifetime=10_000)
+    with pytest.raises(ExpiredCompaction):
+        longer.open(token, "owner-a", now=1_000_060)
+
+
+def test_an_item_sealed_before_expiries_expires_from_its_sealing_time() -> None:
+    """Items sealed before the expiry field carry only their sealing time: they
+    open until the opening server's lifetime has passed since then."""
+    import msgspec
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    secret = bytes(range(32))
+    items = [FunctionCallOutput(call_id="call_a", output="head")]
+    nonce = bytes(12)
+    plain = msgspec.msgpack.encode([1_000_000, items])  # the old layout: no expires_at
+    sealed = AESGCM(secret).encrypt(nonce, plain, b"longresponse.compaction.v1\x00owner-a")
+    token = base64.urlsafe_b64encode(b"\x01" + nonce + sealed).decode()
+    key = CompactionKey(secret, lifetime=60)
+    assert key.open(token, "owner-a", now=1_000_059) == items
+    with pytest.raises(ExpiredCompaction):
+        key.open(token, "owner-a", now=1_000_060)
+
+
+def test_an_expired_item_is_refused_precisely(make_server: Any) -> None:
+    running = make_server(compaction_key="expiry secret")
+    key = CompactionKey.derive("expiry secret")
+    items = [Message(role="user", content="remember the expiry")]
+    fresh = {"type": "compaction", "encrypted_content": key.seal(items, "")}
+    old = {
+        "type": "compaction",
+        "encrypted_content": key.seal(items, "", now=time.time() - 31 * 86_400),
+    }
+    assert post(running, "", {"model": "sim", "input": [fresh]}).status_code == 200
+    for path in ("", "/compact", "/input_tokens"):
+        reply = post(running, path, {"model": "sim", "input": [old]})
+        refused(reply, "input[0].encrypted_content")
+        assert "expired" in reply.json()["error"]["message"]
