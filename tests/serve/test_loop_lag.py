@@ -12,11 +12,12 @@ reader that never reads a long answer, and a flood of bad frames. Each
 abuser is a blocking socket in a thread of its own, stopped when the
 measurement ends (and after :data:`ABUSE_LIMIT` seconds at most). A second
 test does the same with requests whose checks grow with what they carry (a
-backtracking ``pattern``, too many tools, too wide a schema, a compaction of
-too many items), each sent again :data:`CHECK_CYCLE` seconds after its answer: what is timed
-is how long one such request holds the loop, not a flood. Latency
-is compared as medians and 90th percentiles over :data:`TURNS` turns, so one
-scheduling hiccup of a loaded machine does not decide the outcome.
+backtracking ``pattern``, too many tools, too wide a schema, adversarial text
+for the secrets classifier, a compaction of too many items), each sent again
+:data:`CHECK_CYCLE` seconds after its answer: what is timed is how long one
+such request holds the loop, not a flood. Latency is compared as medians and
+90th percentiles over :data:`TURNS` turns, so one scheduling hiccup of a
+loaded machine does not decide the outcome.
 """
 
 from __future__ import annotations
@@ -346,6 +347,12 @@ def costly_requests() -> dict[str, tuple[str, dict[str, Any], int]]:
             {"model": "sim", "input": "x", "store": False, "text": wide},
             400,
         ),
+        # 100 KB of what the secrets classifier used to read 85 times a character.
+        "secrets": (
+            "/v1/responses",
+            {"model": "sim", "input": "sk-" * 33_000, "store": False, "max_output_tokens": 16},
+            200,
+        ),
         "compact_items": (
             "/v1/responses/compact",
             {
@@ -397,7 +404,8 @@ def abuse_checks(http_url: str, stop: Any, report: Any) -> None:
 
 async def test_costly_checks_delay_no_other_client(server_process: ServerProcess) -> None:
     """A backtracking pattern (chat and Responses), more tools than allowed (create
-    and input_tokens), a schema too wide, a compaction of too many items: each
+    and input_tokens), a schema too wide, text the secrets classifier once read
+    85 times a character, a compaction of too many items: each
     sent again and again while the well-behaved client's turns are timed."""
     running = server_process
     baseline, abused, received, lag_before, lag_after = await turns_under(
