@@ -415,45 +415,24 @@ async def run(
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--connections",
-        type=int,
-        default=200,
-        help="concurrent clients, a third of each shape (capped like bench-scale)",
-    )
-    parser.add_argument(
-        "--minutes",
-        type=float,
-        default=10.0,
-        help=f"length of the soak phase (at most {MAX_MINUTES:g})",
-    )
-    parser.add_argument(
-        "--warm-up",
-        type=float,
-        default=60.0,
-        help="seconds of the warm-up phase, and of the soak's ramp-up",
-    )
-    parser.add_argument(
-        "--settle",
-        type=float,
-        default=10.0,
-        help="seconds idle before the warm idle and the after figures",
-    )
-    parser.add_argument(
-        "--sample-every", type=float, default=5.0, help="seconds between RSS samples"
-    )
+    parser.add_argument("--connections", type=int, default=200,
+                        help="concurrent clients, a third of each shape (capped like bench-scale)")
+    parser.add_argument("--minutes", type=float, default=10.0,
+                        help=f"length of the soak phase (at most {MAX_MINUTES:g})")
+    parser.add_argument("--warm-up", type=float, default=60.0,
+                        help="seconds of the warm-up phase, and of the soak's ramp-up")
+    parser.add_argument("--settle", type=float, default=10.0,
+                        help="seconds idle before the warm idle and the after figures")
+    parser.add_argument("--sample-every", type=float, default=5.0,
+                        help="seconds between RSS samples")
     parser.add_argument("--think", type=float, default=2.0, help="seconds between turns")
     parser.add_argument("--output-tokens", type=int, default=32, help="tokens per answer")
-    parser.add_argument(
-        "--tokens-per-second", type=float, default=400.0, help="decode speed of the simulated model"
-    )
+    parser.add_argument("--tokens-per-second", type=float, default=400.0,
+                        help="decode speed of the simulated model")
     parser.add_argument("--chain", type=int, default=4, help="tool rounds before a chain restarts")
-    parser.add_argument(
-        "--url",
-        default=None,
-        help="ws://127.0.0.1:port/v1/responses of a running server (loopback "
-        "only; none: start one with a temporary SQLite store)",
-    )
+    parser.add_argument("--url", default=None,
+                        help="ws://127.0.0.1:port/v1/responses of a running server (loopback "
+                        "only; none: start one with a temporary SQLite store)")
     parser.add_argument("--out", type=Path, default=None,
                         help="where soak.json, soak.md and soak.png go (none: print)")  # fmt: skip
 

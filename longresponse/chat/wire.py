@@ -451,6 +451,7 @@ class ChatCompletionChunk(
     system_fingerprint: str | UnsetType | None = UNSET
 
 
+
 # --- decoding ----------------------------------------------------------------
 
 _request_decoder: Final = msgspec.json.Decoder(ChatRequest)

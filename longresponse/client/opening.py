@@ -34,7 +34,6 @@ from .connection import (
 
 __all__ = ["connect"]
 
-
 def _parse_url(url: str) -> tuple[str, int, str, str]:
     """``ws://host:port/path?query`` -> (host, port, Host header, request target)."""
     parts = urllib.parse.urlsplit(url)

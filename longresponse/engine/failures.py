@@ -92,7 +92,11 @@ def kept(produced: list[Item]) -> list[Item]:
     """What a turn wrote that joins the rollout's context: all of it but a call
     cut short (``incomplete``), which never runs and gets no output; an
     engine given a call with no output refuses the context."""
-    return [item for item in produced if not (isinstance(item, ClientCall) and is_cut(item))]
+    return [
+        item
+        for item in produced
+        if not (isinstance(item, ClientCall) and is_cut(item))
+    ]
 
 
 def upstream_error_event(exc: UpstreamError, response_id: str) -> ErrorEvent:

@@ -272,7 +272,9 @@ def render_prefix(instructions: str | None, tools: Sequence[Tool]) -> list[int]:
     return _encode_segment(*_prefix_segment(instructions, tools))
 
 
-def render_text(instructions: str | None, tools: Sequence[Tool], items: Iterable[Item]) -> str:
+def render_text(
+    instructions: str | None, tools: Sequence[Tool], items: Iterable[Item]
+) -> str:
     """The whole conversation as one string with literal marker strings.
 
     Text is escaped exactly as in :func:`render_item`, so

@@ -161,7 +161,9 @@ class Reply:
             error=self.error,
             frequency_penalty=_or(req.frequency_penalty, 0.0),
             incomplete_details=(
-                IncompleteDetails(reason=self.incomplete_reason) if self.incomplete_reason else None
+                IncompleteDetails(reason=self.incomplete_reason)
+                if self.incomplete_reason
+                else None
             ),
             instructions=req.instructions,
             max_output_tokens=req.max_output_tokens,

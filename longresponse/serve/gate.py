@@ -115,13 +115,17 @@ class RouteGate:
         method, path = scope["method"], scope["path"]
         if not matched:
             return http_error(
-                RemoteProtocolError(f"Invalid URL ({method} {path}).", code=UNKNOWN_URL, status=404)
+                RemoteProtocolError(
+                    f"Invalid URL ({method} {path}).", code=UNKNOWN_URL, status=404
+                )
             )
         if self.keys.enabled:
             try:
                 self.keys.owner(_authorization(scope))
             except Unauthorized as exc:
-                return http_error(RemoteProtocolError(str(exc), code="invalid_api_key", status=401))
+                return http_error(
+                    RemoteProtocolError(str(exc), code="invalid_api_key", status=401)
+                )
         # A literal path (``/v1/responses/compact``) is that route's, even where a
         # parameter route (``/v1/responses/{response_id}``) would take the method.
         literal = [

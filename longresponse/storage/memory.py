@@ -79,7 +79,6 @@ class MemoryStore:
 
     async def ping(self) -> None:
         """A dict always answers."""
-
     async def secret(self, name: str, candidate: bytes) -> bytes:
         """The secret ``name`` of this process (a memory store is one process's)."""
         return self._secrets.setdefault(name, candidate)
@@ -98,3 +97,7 @@ class MemoryStore:
             del self._records[response_id]
             return None
         return blob if record_owner == owner else None
+
+
+
+

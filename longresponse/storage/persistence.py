@@ -118,7 +118,10 @@ def stored_input_items(items: Sequence[Item]) -> list[Item]:
             changes["id"] = new_id(_ID_PREFIX[type(item)])
         if isinstance(item, Message) and isinstance(item.content, str):
             changes["content"] = [InputText(text=item.content)]
-        if isinstance(item, Message | FunctionCallOutput) and not isinstance(item.status, str):
+        if (
+            isinstance(item, Message | FunctionCallOutput)
+            and not isinstance(item.status, str)
+        ):
             changes["status"] = "completed"
         out.append(msgspec.structs.replace(item, **changes) if changes else item)
     return out
@@ -157,9 +160,9 @@ class Persistence:
         #: Off: post-inference writes complete before the caller goes on (the
         #: terminal event waits for them), as without an overlapping queue.
         self.overlapped = overlapped
-        self._queue: asyncio.Queue[tuple[UsageRecord, asyncio.Future[None] | None] | None] = (
-            asyncio.Queue(depth)
-        )
+        self._queue: asyncio.Queue[
+            tuple[UsageRecord, asyncio.Future[None] | None] | None
+        ] = asyncio.Queue(depth)
         self._pending: dict[str, asyncio.Future[None]] = {}
         self._worker: asyncio.Task[None] | None = None
         self._stragglers: set[asyncio.Task[None]] = set()
@@ -336,12 +339,15 @@ class Persistence:
                 items.extend(record.input_items)
                 items.extend(record.response.output)
         answered = {
-            answered_call_id(item) for item in last.context or () if isinstance(item, CallOutput)
+            answered_call_id(item)
+            for item in last.context or ()
+            if isinstance(item, CallOutput)
         }
         pending = {
             item.call_id: call_name(item)
             for item in last.response.output
-            if isinstance(item, ClientCall) and item.call_id not in answered
+            if isinstance(item, ClientCall)
+            and item.call_id not in answered
         }
         return Conversation(items=items, last=last, pending=pending)
 

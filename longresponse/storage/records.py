@@ -91,7 +91,6 @@ class ResponseStore(Protocol):
 
     async def ping(self) -> None:
         """Check the store answers; raises :class:`StoreError` if it does not."""
-
     async def secret(self, name: str, candidate: bytes) -> bytes:
         """The server secret ``name``: the one already kept, else ``candidate``, kept now.
 
@@ -146,3 +145,4 @@ def check_ttl(ttl: float | None) -> float | None:
 
 def is_expired(expires_at: float | None, now: float) -> bool:
     return expires_at is not None and expires_at <= now
+

@@ -161,3 +161,5 @@ class RedisStore:
 
 def _redis_key(response_id: str) -> str:
     return REDIS_KEY_PREFIX + response_id
+
+

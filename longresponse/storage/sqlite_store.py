@@ -189,7 +189,6 @@ class SQLiteStore:
     async def ping(self) -> None:
         """One read of the file (raises :class:`StoreError` if it fails)."""
         await self._run(lambda: self._db.execute("SELECT 1 FROM usage LIMIT 1").fetchone())
-
     async def secret(self, name: str, candidate: bytes) -> bytes:
         """The secret ``name`` in the ``secrets`` table; ``candidate`` if none was kept
         (``INSERT OR IGNORE``: the first process on the file wins)."""
@@ -215,3 +214,5 @@ class SQLiteStore:
         finally:
             self._closed = True
             self._executor.shutdown(wait=False)
+
+

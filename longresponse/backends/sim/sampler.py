@@ -222,7 +222,9 @@ def summarize(context: Sequence[Item]) -> list[Item]:
     with the request and the tool outputs' heads."""
     kept: list[Item] = []
     for item in context:
-        if isinstance(item, ClientCall) or (isinstance(item, Message) and item.role != "assistant"):
+        if isinstance(item, ClientCall) or (
+            isinstance(item, Message) and item.role != "assistant"
+        ):
             kept.append(item)
         elif isinstance(item, FunctionCallOutput | CustomToolCallOutput):
             head = item_text(item.output)[:QUOTE_CHARS]
@@ -391,7 +393,9 @@ def _chosen(offers: list[_Offer], choice: ToolChoice) -> tuple[list[_Offer], boo
         return offers, choice == "required"
     if isinstance(choice, ToolChoiceAllowed):
         allowed = [
-            offer for offer in offers if any(_matches(offer, entry) for entry in choice.tools)
+            offer
+            for offer in offers
+            if any(_matches(offer, entry) for entry in choice.tools)
         ]
         return allowed, choice.mode == "required"
     if isinstance(choice, ToolChoiceFunction | ToolChoiceCustom):

@@ -61,7 +61,6 @@ _CHARS_PER_TOKEN: Final = 64
 #: The output budget when a request sets none (the simulated models' largest answer).
 DEFAULT_ANSWER_TOKENS: Final = 128_000
 
-
 def answer_in_format(
     text_format: TextFormat | None, text: str, budget: int | None = None
 ) -> tuple[str, bool]:

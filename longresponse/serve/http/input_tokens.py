@@ -54,6 +54,7 @@ COUNT_PARAMETERS: Final = frozenset(
 _keys_decoder: Final = msgspec.json.Decoder(dict[str, msgspec.Raw])
 
 
+
 class InputTokens:
     """The counting endpoint; shares the HTTP API's keys, body limit and store."""
 

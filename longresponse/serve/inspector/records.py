@@ -152,7 +152,11 @@ def _summary(event: Any) -> dict[str, Any] | None:
             "previous_response_id": event.previous_response_id,
         }
     if isinstance(event, ResponseAppend) and not isinstance(event.input, str):
-        calls = [answered_call_id(i) for i in event.input if isinstance(i, CallOutput)]
+        calls = [
+            answered_call_id(i)
+            for i in event.input
+            if isinstance(i, CallOutput)
+        ]
         return {"outputs_for": calls} if calls else None
     return None
 
@@ -180,7 +184,9 @@ def _kind(cls: type) -> tuple[str, bool, bool]:
 class ConnectionRecord:
     """One WebSocket connection (or every HTTP request, as one record)."""
 
-    def __init__(self, inspector: Observer, cid: str, transport: Transport, session: Any) -> None:
+    def __init__(
+        self, inspector: Observer, cid: str, transport: Transport, session: Any
+    ) -> None:
         self.inspector = inspector
         self.id = cid
         self.transport = transport
@@ -364,7 +370,9 @@ class RolloutRecord:
         if status == "requires_action":
             self.status, self.pending = "paused", detail.get("call_ids", [])
         elif (
-            status == "completed" and self.transport is not Transport.APPEND and self._open_calls()
+            status == "completed"
+            and self.transport is not Transport.APPEND
+            and self._open_calls()
         ):
             self.status = "paused"  # a shipped-shape response that ends in client calls
         elif status in ("in_progress", "queued", "created"):

@@ -211,3 +211,4 @@ class AppendShape:
 
     def stop_intake(self) -> None:
         """Shutdown: nothing waits to start in append mode (a create starts at once)."""
+
