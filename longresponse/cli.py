@@ -18,7 +18,7 @@ from protocol import MAX_ITEMS_PER_EVENT, MAX_MESSAGE_BYTES
 from . import config as limits
 from .backends import settings as backend_settings
 from .backends.registry import missing_keys
-from .config import ServerConfig, SimConfig, Switches
+from .config import SchemaLimits, ServerConfig, SimConfig, Switches
 from .storage.keys import API_KEYS_ENV, ApiKeys, is_loopback
 from .storage.server_keys import COMPACTION_KEY_ENV
 
@@ -185,6 +185,26 @@ def build_parser() -> argparse.ArgumentParser:
         default=limits.MAX_RESPONSE_OUTPUT_TOKENS,
         help="output tokens one Response may write whatever its max_output_tokens; past it "
         "the Response ends incomplete (reason max_output_tokens)",
+    )
+    serve.add_argument(
+        "--max-tools",
+        type=_ranged("max_tools", int),
+        default=limits.MAX_TOOLS,
+        help="tools one request may offer (a namespace's tools counted); more is "
+        "invalid_value on tools",
+    )
+    serve.add_argument(
+        "--max-schema-nodes",
+        type=_ranged("max_schema_nodes", int),
+        default=limits.MAX_SCHEMA_NODES,
+        help="JSON objects and arrays one schema (text.format, response_format, a tool's "
+        "parameters) may hold; checked before the metaschema check",
+    )
+    serve.add_argument(
+        "--max-schema-width",
+        type=_ranged("max_schema_width", int),
+        default=limits.MAX_SCHEMA_WIDTH,
+        help="members one object or array of a schema may hold (properties per object)",
     )
     serve.add_argument(
         "--store",
@@ -462,6 +482,11 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         shutdown_drain_timeout=args.shutdown_drain_timeout,
         max_response_events=args.max_response_events,
         max_response_output_tokens=args.max_response_output_tokens,
+        schema_limits=SchemaLimits(
+            max_tools=args.max_tools,
+            max_nodes=args.max_schema_nodes,
+            max_width=args.max_schema_width,
+        ),
         store=args.store,
         store_ttl=args.store_ttl,
         api_keys=tuple(args.api_keys),

@@ -41,6 +41,9 @@ __all__ = [
     "MAX_RESPONSE_EVENTS",
     "MAX_RESPONSE_OUTPUT_TOKENS",
     "MAX_ROLLOUTS_PER_CONNECTION",
+    "MAX_SCHEMA_NODES",
+    "MAX_SCHEMA_WIDTH",
+    "MAX_TOOLS",
     "PAUSE_TIMEOUT",
     "RANGES",
     "SEND_QUEUE_BYTES",
@@ -52,6 +55,7 @@ __all__ = [
     "WS_COMPRESSION",
     "WS_PING_INTERVAL",
     "Range",
+    "SchemaLimits",
     "ServerConfig",
     "SimConfig",
     "Switches",
@@ -178,6 +182,27 @@ class Range:
         return f"{self.low:g} to {self.high:g}" + (", or 0" if self.zero else "")
 
 
+#: Tools one request may offer (``tools``, a namespace's tools counted too);
+#: more is ``invalid_value`` on ``tools`` before any tool is checked.
+MAX_TOOLS: Final = 512
+#: JSON objects and arrays one schema (a ``text.format`` / ``response_format``
+#: schema, or one tool's ``parameters``) may hold in all: counted by a cheap
+#: walk before the metaschema check, which costs about 0.4 ms a property.
+MAX_SCHEMA_NODES: Final = 5_000
+#: Members one object (``properties``, ``$defs``...) or array (``anyOf``...)
+#: of a schema may hold.
+MAX_SCHEMA_WIDTH: Final = 1_000
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SchemaLimits:
+    """What admission allows of a request's tools and schemas (each a flag)."""
+
+    max_tools: int = MAX_TOOLS
+    max_nodes: int = MAX_SCHEMA_NODES
+    max_width: int = MAX_SCHEMA_WIDTH
+
+
 _GIB: Final = 1024 * 1024 * 1024
 _DAY: Final = 86_400.0
 #: The range of every numeric flag, keyed by its name (``--send-queue-depth``
@@ -208,6 +233,9 @@ RANGES: Final[Mapping[str, Range]] = {
     "background_endings_bytes": Range(1, 1024 * _GIB),
     "max_response_events": Range(1, 1_000_000_000),
     "max_response_output_tokens": Range(1, 1_000_000_000),
+    "max_tools": Range(1, 100_000),
+    "max_schema_nodes": Range(1, 10_000_000),
+    "max_schema_width": Range(1, 10_000_000),
     "inspector_watchers": Range(1, 1_000),
     "inspector_watchers_per_key": Range(1, 1_000),
     "inspector_feed_lifetime": Range(0.001, 365 * _DAY),
@@ -240,6 +268,8 @@ def ranged(name: str, kind: type[int] | type[float]) -> Callable[[str], Any]:
 
     parse.__name__ = kind.__name__  # argparse names the type in its messages
     return parse
+
+
 #: ``--gc-young-threshold``'s default: net allocations between the collector's
 #: young collections (Python's own is 700), chosen by measurement
 #: (``longresponse.serve.collector``; docs/BENCHMARKS.md, "Close to the floor").
@@ -359,6 +389,8 @@ class ServerConfig:
     #: Per-Response caps: events sent, and output tokens written.
     max_response_events: int = MAX_RESPONSE_EVENTS
     max_response_output_tokens: int = MAX_RESPONSE_OUTPUT_TOKENS
+    #: Tools per request, and a schema's JSON nodes and members per node.
+    schema_limits: SchemaLimits = dataclasses.field(default_factory=SchemaLimits)
     #: Store URL and retention (seconds; ``None`` keeps records forever).
     store: str = DEFAULT_STORE
     store_ttl: float | None = None

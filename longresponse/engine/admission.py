@@ -78,7 +78,7 @@ from protocol.items import (
 )
 from protocol.response import FormatJSONSchema, TextFormat
 
-from ..config import Switches
+from ..config import SchemaLimits, Switches
 from .classifier import Finding, Policy, redact, scan
 from .compaction import Compactor, refused
 from .structured import check_format, schema_limits
@@ -102,6 +102,7 @@ class HostedTools(enum.StrEnum):
 
     ACCEPT = "accept"
     REFUSE = "refuse"
+
 
 #: Function tool names, as the shipped API accepts them.
 TOOL_NAME_PATTERN: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -135,8 +136,6 @@ _USER_PARTS: Final = (InputText, InputImage, InputFile)
 _ASSISTANT_PARTS: Final = (OutputText, Refusal)
 
 
-
-
 class Pipeline:
     """The pre-inference stages, shared by every transport of one server."""
 
@@ -145,8 +144,11 @@ class Pipeline:
         switches: Switches,
         policy: Policy = Policy.FLAG,
         hosted_tools: HostedTools = HostedTools.ACCEPT,
+        *,
+        limits: SchemaLimits | None = None,
     ) -> None:
         self.switches = switches
+        self.limits = limits or SchemaLimits()
         self.policy = policy
         self.hosted_tools = hosted_tools
         self.counters = Counters()
@@ -174,6 +176,16 @@ class Pipeline:
         A tool list already checked is not checked again when ``cached`` and
         incremental validation is on. Raises :class:`RemoteProtocolError`.
         """
+        offered = len(tools) + sum(
+            len(tool.tools) for tool in tools if isinstance(tool, NamespaceTool)
+        )
+        if offered > self.limits.max_tools:
+            raise RemoteProtocolError(
+                f"Invalid 'tools': {offered} tools offered; the limit is "
+                f"{self.limits.max_tools} (--max-tools).",
+                code=ErrorCode.INVALID_VALUE,
+                param="tools",
+            )
         key = self.tools_key(tools)
         if cached and self.switches.incremental_validation and key in self._checked_tools:
             return
@@ -234,7 +246,7 @@ class Pipeline:
             )
         names.add(tool.name)
         if isinstance(tool, FunctionTool) and tool.parameters is not None:
-            _check_parameters(tool.name, tool.parameters, f"{where}.parameters")
+            _check_parameters(tool.name, tool.parameters, f"{where}.parameters", self.limits)
 
     def check_text_format(self, text_format: TextFormat | None, *, cached: bool = True) -> None:
         """A ``json_schema`` format's name and schema (strict rules when ``strict``).
@@ -247,7 +259,7 @@ class Pipeline:
         key = b"format:" + msgspec.json.encode(text_format)
         if cached and self.switches.incremental_validation and key in self._checked_tools:
             return
-        check_format(text_format)
+        check_format(text_format, self.limits)
         if len(self._checked_tools) > 1024:
             self._checked_tools.clear()
         self._checked_tools[key] = None
@@ -449,10 +461,16 @@ def _redacted(item: Item, found: Sequence[Finding]) -> Item:
     return item  # pragma: no cover - a screenshot has no text to classify
 
 
-def _check_parameters(name: str, schema: dict[str, object], param: str) -> None:
+def _check_parameters(
+    name: str, schema: dict[str, object], param: str, limits: SchemaLimits
+) -> None:
     """A function's ``parameters``: an object schema (as the shipped API
-    requires), within the size limits, valid under the metaschema."""
-    why = schema_limits(schema)
+    requires), within the size limits (a cheap walk, first), valid under the
+    metaschema."""
+    fault = schema_limits(schema, limits)
+    why = None if fault is None else fault.message
+    if fault is not None:
+        param = fault.param(param)
     kind = schema.get("type", "object")
     if why is None and kind != "object":
         got = msgspec.json.encode(kind).decode()

@@ -51,6 +51,7 @@ ENTROPY_SAMPLE_LENGTH = 256
 # --- rules --------------------------------------------------------------------
 
 _Check = Callable[[re.Match[str], str], bool]
+_Skip = Callable[[re.Match[str], str], int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +81,10 @@ class Rule:
     variant: tuple[str, str] | None = None  # (group, kind): the kind if group took part
     needs: str = ""
     key_words: tuple[str, ...] = ()
+    #: After a match ``check`` rejected: the first position where a match
+    #: ``check`` could accept may start (None: the next character). Without it
+    #: ``sk-sk-sk-...`` rescans up to 270 characters at every ``sk-``.
+    skip: _Skip | None = None
 
 
 _PLACEHOLDERS = frozenset(
@@ -143,6 +148,31 @@ def _mixed_token(m: re.Match[str], text: str) -> bool:
         and any(c.isupper() for c in tail)
         and any(c.islower() for c in tail)
     )
+
+
+_CHARACTER_CLASSES = (re.compile(r"[0-9]"), re.compile(r"[A-Z]"), re.compile(r"[a-z]"))
+
+
+def _skip_unmixed(longest: int) -> _Skip:
+    """The ``skip`` of a :func:`_mixed_token` rule whose matches are at most
+    ``longest`` characters long.
+
+    A rejected match lacks a digit, an upper- or a lower-case letter in its
+    tail; when it lacks one in its whole span, so does the text up to that
+    class's next occurrence, and a match starting ``longest`` characters
+    before it or earlier lies inside that text: rejected too.
+    """
+
+    def skip(m: re.Match[str], text: str) -> int:
+        start, end = m.span()
+        far = start + 1
+        for klass in _CHARACTER_CLASSES:
+            if klass.search(text, start, end) is None:
+                after = klass.search(text, end)
+                far = max(far, len(text) if after is None else after.start() - longest + 1)
+        return far
+
+    return skip
 
 
 def _pem_body(m: re.Match[str], text: str) -> bool:
@@ -263,18 +293,21 @@ RULES: tuple[Rule, ...] = (
         check=_mixed_token,
         variant=("ant", "anthropic_api_key"),
         needs="-",
+        skip=_skip_unmixed(len("sk-ant-svcacct-") + 255),
     ),
     Rule(
         "huggingface_token",
         _token("hf_", r"(?P<tail>[A-Za-z0-9]{34})" + _E),
         check=_mixed_token,
         needs="_",
+        skip=_skip_unmixed(len("hf_") + 34),
     ),
     Rule(
         "npm_token",
         _token("npm_", r"(?P<tail>[A-Za-z0-9]{36})" + _E),
         check=_mixed_token,
         needs="_",
+        skip=_skip_unmixed(len("npm_") + 36),
     ),
     Rule(
         "pypi_token",  # a macaroon whose location is pypi.org or test.pypi.org

@@ -24,8 +24,18 @@ Every schema (strict or not, and every tool's ``parameters``) must also
 stay inside two limits that keep the checks and the answer bounded
 (:func:`schema_limits`): at most :data:`MAX_SCHEMA_DEPTH` levels of JSON
 objects and arrays, and no ``minItems`` / ``minLength`` / ``minProperties``
-/ ``minContains`` above :data:`MAX_SCHEMA_COUNT`. A schema too deep for the
-metaschema check (``RecursionError``) is refused the same way.
+/ ``minContains`` above :data:`MAX_SCHEMA_COUNT`, at most
+``SchemaLimits.max_nodes`` JSON objects and arrays in all and at most
+``SchemaLimits.max_width`` members in any one of them
+(``longresponse.config``: ``--max-schema-nodes``, ``--max-schema-width``),
+and every ``pattern`` must be a regular expression RE2 runs (no back
+references, no lookarounds): patterns are matched in linear time, never by a
+backtracking engine, and one RE2 cannot run is refused (``param`` names it:
+``text.format.schema.properties.x.pattern``) rather than silently ignored, so
+a client never gets an answer its own validator would reject. This cheap
+walk runs first: a refused schema never reaches the metaschema check (about
+0.4 ms a property). A schema too deep for the metaschema check
+(``RecursionError``) is refused the same way.
 
 A schema that fails is ``invalid_value`` with param ``text.format.schema``;
 the message says where in the schema (a JSON pointer) and why.
@@ -33,6 +43,7 @@ the message says where in the schema (a JSON pointer) and why.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping
 from typing import Any, Final
@@ -42,7 +53,8 @@ import jsonschema
 from protocol import ErrorCode, RemoteProtocolError
 from protocol.response import FormatJSONSchema, TextFormat
 
-from ..json_schema import resolve_ref, schema_types
+from ..config import SchemaLimits
+from ..json_schema import pattern_error, resolve_ref, schema_types
 
 __all__ = [
     "FORMAT_NAME_PATTERN",
@@ -50,6 +62,7 @@ __all__ = [
     "MAX_SCHEMA_COUNT",
     "MAX_SCHEMA_DEPTH",
     "STRICT_KEYWORDS",
+    "SchemaFault",
     "check_format",
     "schema_limits",
 ]
@@ -84,9 +97,7 @@ STRICT_KEYWORDS: Final = frozenset(
 )  # fmt: skip
 
 _SCHEMA_PARAM: Final = "text.format.schema"
-
-
-
+_DEFAULT_LIMITS: Final = SchemaLimits()
 
 
 def _refuse(where: str, why: str) -> RemoteProtocolError:
@@ -97,30 +108,60 @@ def _refuse(where: str, why: str) -> RemoteProtocolError:
     )
 
 
-def schema_limits(schema: Any) -> str | None:
-    """Where and why ``schema`` breaks the size limits (see the module
-    docstring), as ``"at '#/pointer': reason"``; None when it keeps them.
-    Walks without recursion, so any depth is safe to ask about."""
-    stack: list[tuple[Any, int, str]] = [(schema, 1, "#")]
+@dataclasses.dataclass(frozen=True, slots=True)
+class SchemaFault:
+    """Where (a path of keys and indices from the schema's root) and why a
+    schema breaks a limit; ``precise`` when the param should name the place
+    itself (a ``pattern``), not the whole schema."""
+
+    path: tuple[str | int, ...]
+    why: str
+    precise: bool = False
+
+    @property
+    def message(self) -> str:
+        pointer = "#" + "".join(f"/{part}" for part in self.path)
+        return f"at '{pointer}': {self.why}"
+
+    def param(self, base: str) -> str:
+        """``base`` (``text.format.schema``, ``tools[0].parameters``...), or the
+        place under it when precise (``text.format.schema.properties.x.pattern``)."""
+        if not self.precise:
+            return base
+        return base + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in self.path)
+
+
+def schema_limits(schema: Any, limits: SchemaLimits = _DEFAULT_LIMITS) -> SchemaFault | None:
+    """The first place where ``schema`` breaks the limits of the module
+    docstring (depth, node count, width, counts, a pattern RE2 cannot run);
+    None when it keeps them. A cheap walk without recursion, so any depth and
+    any size are safe to ask about: it stops at the first fault."""
+    stack: list[tuple[Any, tuple[str | int, ...]]] = [(schema, ())]
+    nodes = 0
     while stack:
-        node, depth, where = stack.pop()
-        if depth > MAX_SCHEMA_DEPTH:
-            return f"at '{where}': nested deeper than {MAX_SCHEMA_DEPTH} levels"
-        if isinstance(node, Mapping):
-            children = list(node.items())
-        elif isinstance(node, list):
-            children = list(enumerate(node))
-        else:
-            continue
+        node, path = stack.pop()
+        if len(path) >= MAX_SCHEMA_DEPTH:
+            return SchemaFault(path, f"nested deeper than {MAX_SCHEMA_DEPTH} levels")
+        nodes += 1
+        if nodes > limits.max_nodes:
+            why = f"more than {limits.max_nodes} objects and arrays in the schema"
+            return SchemaFault(path, why)
+        if len(node) > limits.max_width:
+            why = f"{len(node)} members in one object or array; the limit is {limits.max_width}"
+            return SchemaFault(path, why)
+        children = node.items() if isinstance(node, Mapping) else enumerate(node)
         for key, sub in children:
             if key in _COUNT_KEYWORDS and isinstance(sub, int) and sub > MAX_SCHEMA_COUNT:
-                return f"at '{where}': '{key}' above {MAX_SCHEMA_COUNT} ({sub})"
+                return SchemaFault(path, f"'{key}' above {MAX_SCHEMA_COUNT} ({sub})")
+            if key == "pattern" and isinstance(sub, str) and (bad := pattern_error(sub)):
+                why = f"'pattern' is not a regular expression this server runs (RE2: {bad})"
+                return SchemaFault((*path, key), why, precise=True)
             if isinstance(sub, Mapping | list) and key not in _DATA_KEYWORDS:
-                stack.append((sub, depth + 1, f"{where}/{key}"))
+                stack.append((sub, (*path, key)))
     return None
 
 
-def check_format(text_format: TextFormat | None) -> None:
+def check_format(text_format: TextFormat | None, limits: SchemaLimits = _DEFAULT_LIMITS) -> None:
     """Check a request's ``text.format`` (the rules in the module docstring).
 
     Raises :class:`RemoteProtocolError` (``invalid_value``, param
@@ -135,12 +176,12 @@ def check_format(text_format: TextFormat | None) -> None:
             param="text.format.name",
         )
     schema = text_format.schema
-    too_big = schema_limits(schema)
-    if too_big is not None:
+    fault = schema_limits(schema, limits)
+    if fault is not None:
         raise RemoteProtocolError(
-            f"Invalid schema for response format {too_big}.",
+            f"Invalid schema for response format {fault.message}.",
             code=ErrorCode.INVALID_VALUE,
-            param=_SCHEMA_PARAM,
+            param=fault.param(_SCHEMA_PARAM),
         )
     try:
         jsonschema.Draft202012Validator.check_schema(schema)

@@ -76,7 +76,6 @@ class _Services:
         return self.compaction_key
 
 
-
 def create_app(config: ServerConfig | None = None) -> Seam:
     """The longresponse ASGI app for ``config`` (defaults: embedded sim model, SQLite)."""
     config = config or ServerConfig()
@@ -85,7 +84,10 @@ def create_app(config: ServerConfig | None = None) -> Seam:
     backends = open_backends(config.backends)  # real engines (longresponse.backends)
     serve_backends(models, backends)
     pipeline = Pipeline(
-        config.switches, Policy(config.secrets_policy), HostedTools(config.hosted_tools)
+        config.switches,
+        Policy(config.secrets_policy),
+        HostedTools(config.hosted_tools),
+        limits=config.schema_limits,
     )
     models.counters = pipeline.counters
     metrics = ServerMetrics(pipeline.counters)

@@ -18,8 +18,10 @@ import openai
 import pytest
 
 from longresponse.backends.sim.structured import value_for_schema
+from longresponse.config import MAX_SCHEMA_WIDTH, MAX_TOOLS
 from longresponse.engine.sampling import ModelSpec, SampleChunk, SampleRequest, TextDelta
 from longresponse.engine.structured import MAX_SCHEMA_COUNT, MAX_SCHEMA_DEPTH
+from longresponse.json_schema import pattern_matches
 from tests.conftest import openai_client, stalled_post
 
 GOOD = {"model": "sim", "messages": [{"role": "user", "content": "Hi"}]}
@@ -95,6 +97,103 @@ def test_tool_parameters_nested_too_deep_are_refused_on_both_endpoints(
         flat = {"type": "function", "name": "deep", "parameters": parameters}
         responses = http.post("/v1/responses", json={"model": "sim", "input": "x", "tools": [flat]})
         refused(responses, "invalid_value", "tools[0].parameters")
+
+
+def test_a_backtracking_pattern_is_matched_in_linear_time() -> None:
+    # Python's re takes about 2**n steps here (5 s at n=26); RE2 is linear.
+    assert not pattern_matches("(x+)+y", "x" * 10_000)
+    assert pattern_matches("(x+)+y", "x" * 10_000 + "y")
+
+
+def test_a_backtracking_pattern_gets_its_answer(server: Any) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"x": {"type": "string", "pattern": "(x+)+y"}},
+        "required": ["x"],
+    }
+    with httpx.Client(base_url=server.http_url, timeout=30) as http:
+        body = {**GOOD, "messages": [user("x" * 26)], "response_format": json_format(schema)}
+        answer = http.post("/v1/chat/completions", json=body)
+    assert answer.status_code == 200, answer.text
+    content = json.loads(answer.json()["choices"][0]["message"]["content"])
+    assert pattern_matches("(x+)+y", content["x"])
+
+
+@pytest.mark.parametrize("pattern", [r"(a)\1", r"(?=a)b", r"(?<!a)b", "x{1000}{1000}"])
+def test_a_pattern_re2_cannot_run_is_refused_where_it_stands(server: Any, pattern: str) -> None:
+    schema = {"type": "object", "properties": {"name": {"type": "string", "pattern": pattern}}}
+    where = ".properties.name.pattern"
+    with httpx.Client(base_url=server.http_url, timeout=30) as http:
+        chat = http.post(
+            "/v1/chat/completions", json={**GOOD, "response_format": json_format(schema)}
+        )
+        refused(chat, "invalid_value", "response_format.json_schema.schema" + where)
+        text = {"format": {"type": "json_schema", "name": "answer", "schema": schema}}
+        responses = http.post("/v1/responses", json={"model": "sim", "input": "Hi", "text": text})
+        refused(responses, "invalid_value", "text.format.schema" + where)
+        assert "RE2" in responses.json()["error"]["message"]
+        flat = {"type": "function", "name": "f", "parameters": schema}
+        tools = http.post("/v1/responses", json={"model": "sim", "input": "x", "tools": [flat]})
+        refused(tools, "invalid_value", "tools[0].parameters" + where)
+        tool = {"type": "function", "function": {"name": "f", "parameters": schema}}
+        chat = http.post("/v1/chat/completions", json={**GOOD, "tools": [tool]})
+        refused(chat, "invalid_value", "tools[0].function.parameters" + where)
+
+
+def test_more_tools_than_the_limit_are_refused_on_every_endpoint(server: Any) -> None:
+    def flat(count: int) -> list[dict[str, Any]]:
+        return [
+            {"type": "function", "name": f"t{i}", "parameters": TOOL_PARAMS} for i in range(count)
+        ]
+
+    with httpx.Client(base_url=server.http_url, timeout=30) as http:
+        body = {"model": "sim", "input": "x", "tools": flat(MAX_TOOLS + 1)}
+        refused(http.post("/v1/responses", json=body), "invalid_value", "tools")
+        refused(http.post("/v1/responses/input_tokens", json=body), "invalid_value", "tools")
+        chat_tools = [
+            {"type": "function", "function": {"name": f"t{i}", "parameters": TOOL_PARAMS}}
+            for i in range(MAX_TOOLS + 1)
+        ]
+        refused(
+            http.post("/v1/chat/completions", json={**GOOD, "tools": chat_tools}),
+            "invalid_value",
+            "tools",
+        )
+        body = {"model": "sim", "input": "x", "tools": flat(MAX_TOOLS)}
+        assert http.post("/v1/responses/input_tokens", json=body).status_code == 200
+
+
+def wide(count: int) -> dict[str, Any]:
+    return {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(count)}}
+
+
+@pytest.mark.parametrize(
+    ("schema", "why"),
+    [
+        (wide(MAX_SCHEMA_WIDTH + 1), "members in one object"),
+        (
+            {
+                "type": "object",
+                "properties": {f"g{i}": wide(MAX_SCHEMA_WIDTH - 1) for i in range(6)},
+            },
+            "objects and arrays",
+        ),
+    ],
+)
+def test_a_schema_too_wide_or_too_big_is_refused_before_the_metaschema_check(
+    server: Any, schema: dict[str, Any], why: str
+) -> None:
+    # The message is the walk's: the metaschema check (0.4 ms a property) never ran.
+    with httpx.Client(base_url=server.http_url, timeout=30) as http:
+        chat = http.post(
+            "/v1/chat/completions", json={**GOOD, "response_format": json_format(schema)}
+        )
+        refused(chat, "invalid_value", "response_format.json_schema.schema")
+        assert why in chat.json()["error"]["message"]
+        flat = {"type": "function", "name": "f", "parameters": schema}
+        tools = http.post("/v1/responses", json={"model": "sim", "input": "x", "tools": [flat]})
+        refused(tools, "invalid_value", "tools[0].parameters")
+        assert why in tools.json()["error"]["message"]
 
 
 def test_nested_arrays_stop_at_the_token_budget(server: Any) -> None:

@@ -10,10 +10,12 @@ test here about time guards against quadratic blow-up, not a figure.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import random
 import string
 import uuid
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -452,3 +454,51 @@ def test_every_positive_holds_a_character_its_rule_needs(kind: str, text: str, s
 @given(texts)
 def test_the_needs_prefilter_loses_nothing(text: str) -> None:
     _needs_hold(text)
+
+
+# --- adversarial text (issue 20) ------------------------------------------------
+
+_PIECES = ["sk-", "ant-", "proj-", "hf_", "npm_", "a", "B", "7", "-", "_", " ", "xyzw" * 20]
+
+
+def scan_with(rules: tuple[Any, ...], text: str) -> list[Finding]:
+    original = classifier.RULES
+    classifier.RULES = rules  # type: ignore[misc]
+    try:
+        return scan(text)
+    finally:
+        classifier.RULES = original  # type: ignore[misc]
+
+
+@given(st.lists(st.sampled_from(_PIECES), max_size=400))
+def test_skipping_rejected_tokens_finds_what_a_rescan_finds(pieces: list[str]) -> None:
+    """``Rule.skip`` only jumps over matches ``check`` would reject: the scan
+    finds exactly what trying every later position finds."""
+    text = "".join(pieces)
+    slow_rules = tuple(dataclasses.replace(rule, skip=None) for rule in RULES)
+    assert scan(text) == scan_with(slow_rules, text)
+
+
+def test_a_run_of_token_prefixes_is_scanned_once() -> None:
+    """15 MB of ``sk-sk-...`` took 16 s (each ``sk-`` rescanned 255 characters
+    and was rejected); with ``skip`` it is one pass. Counted, not timed: the
+    rule rejects a window's worth of matches (those whose 270 characters end
+    just short of the key), not one per ``sk-``."""
+    [rule] = [r for r in RULES if r.kind == "openai_api_key"]
+    text = "sk-" * 100_000 + "sk-proj-" + "aB3" * 10
+    calls = 0
+    skip = rule.skip
+    assert skip is not None
+
+    def counted(m: Any, text: str) -> int:
+        nonlocal calls
+        calls += 1
+        return skip(m, text)
+
+    patched = tuple(dataclasses.replace(r, skip=counted) if r is rule else r for r in RULES)
+    [found] = scan_with(patched, text)
+    assert found.kind == "openai_api_key"
+    assert found.end > text.index("aB3")  # the token's window reaches its random part
+    assert calls <= 270 // len("sk-")  # the last window before the key, not one per sk-
+    slow_rules = tuple(dataclasses.replace(r, skip=None) for r in RULES)
+    assert scan_with(slow_rules, text) == [found]

@@ -341,6 +341,14 @@ async def test_http_caps_input_items_like_the_websocket(make_server: Any) -> Non
         assert (error["code"], error["param"]) == ("too_many_items", "input")
         reply = await http.post(f"{small.http_url}/v1/responses", json={"input": items[:3]})
         assert reply.status_code == 200
+        # /v1/responses/compact applies the same limit, before reading anything else.
+        compact = f"{small.http_url}/v1/responses/compact"
+        reply = await http.post(compact, json={"model": "sim", "input": items})
+        assert reply.status_code == 400, reply.text
+        error = reply.json()["error"]
+        assert (error["code"], error["param"]) == ("too_many_items", "input")
+        reply = await http.post(compact, json={"model": "sim", "input": items[:3]})
+        assert reply.status_code == 200, reply.text
 
 
 async def test_counts_beyond_any_sane_size_are_refused(server: Any) -> None:

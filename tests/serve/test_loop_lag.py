@@ -10,9 +10,14 @@ fast as possible (a new one every quarter second), creates of
 ``sim_parallel_calls`` at its cap, a slow
 reader that never reads a long answer, and a flood of bad frames. Each
 abuser is a blocking socket in a thread of its own, stopped when the
-measurement ends (and after :data:`ABUSE_LIMIT` seconds at most). Latency
-is compared as medians and 90th percentiles over :data:`TURNS` turns, so one
-scheduling hiccup of a loaded machine does not decide the outcome.
+measurement ends (and after :data:`ABUSE_LIMIT` seconds at most). A second
+test does the same with requests whose checks grow with what they carry (a
+backtracking ``pattern``, too many tools, too wide a schema, adversarial text
+for the secrets classifier, a compaction of too many items), each sent again
+:data:`CHECK_CYCLE` seconds after its answer: what is timed is how long one
+such request holds the loop, not a flood. Latency is compared as medians and
+90th percentiles over :data:`TURNS` turns, so one scheduling hiccup of a
+loaded machine does not decide the outcome.
 """
 
 from __future__ import annotations
@@ -33,7 +38,9 @@ import wsproto.events as ws
 
 from longresponse.backends.sim.sampler import MAX_SIM_OUTPUT_TOKENS, MAX_SIM_PARALLEL_CALLS
 from longresponse.client import connect
+from longresponse.config import MAX_SCHEMA_WIDTH, MAX_TOOLS
 from longresponse.server_process import ServerProcess
+from protocol import MAX_ITEMS_PER_EVENT
 from protocol.events import ResponseDone
 from tests.support.raw_ws import handshake
 
@@ -45,6 +52,8 @@ ALLOWED_DELAY: Final = 0.050
 ABUSE_LIMIT: Final = 30.0
 #: Seconds each huge answer is read before its connection is dropped for a new one.
 HUGE_CYCLE: Final = 0.25
+#: Seconds between two of one costly request (six kinds at once).
+CHECK_CYCLE: Final = 0.25
 
 TOOL = {
     "type": "function",
@@ -222,18 +231,22 @@ def abuse(port: int, stop: Any, report: Any) -> None:
     report.put({name: (abuser.received, abuser.sample) for name, (abuser, _) in abusers.items()})
 
 
-async def test_no_abuse_delays_another_clients_turns(server_process: ServerProcess) -> None:
-    running = server_process
+async def turns_under(
+    running: ServerProcess, target: Callable[..., None], *args: Any
+) -> tuple[list[float], list[float], Any, dict[float, float], dict[float, float]]:
+    """The well-behaved client's turns alone, then while ``target`` (a process)
+    abuses the server: baseline, abused, what the abusers reported, and the
+    lag histogram before and after."""
     context = multiprocessing.get_context("spawn")
     stop, report = context.Event(), context.Queue()
     async with connect(running.url) as client:
         await timed_turns(client, 5, "warm-up")
         baseline = await timed_turns(client, TURNS, "alone")
         lag_before = lag_histogram(running.http_url)
-        abusers = context.Process(target=abuse, args=(running.port, stop, report), daemon=True)
+        abusers = context.Process(target=target, args=(*args, stop, report), daemon=True)
         abusers.start()
         try:
-            ready = await trio.to_thread.run_sync(report.get, True, 30)
+            ready = await trio.to_thread.run_sync(report.get, True, 60)
             assert ready == "ready"
             abused = await timed_turns(client, TURNS, "abused")
             stop.set()
@@ -244,12 +257,15 @@ async def test_no_abuse_delays_another_clients_turns(server_process: ServerProce
             if abusers.is_alive():
                 abusers.kill()
         lag_after = lag_histogram(running.http_url)
+    return baseline, abused, received, lag_before, lag_after
 
-    huge, huge_sample = received["huge"]
-    assert huge > 256 * 1024, "the huge answers did not flow"
-    assert b"output_text.delta" in huge_sample
-    assert b"function_call_arguments" in received["parallel"][1]
-    assert b"invalid_json" in received["flood"][1]
+
+def assert_not_delayed(
+    baseline: list[float],
+    abused: list[float],
+    lag_before: dict[float, float],
+    lag_after: dict[float, float],
+) -> None:
     delay_median = statistics.median(abused) - statistics.median(baseline)
     delay_p90 = p90(abused) - p90(baseline)
     figures = f"baseline {sorted(baseline)}, abused {sorted(abused)}"
@@ -261,6 +277,144 @@ async def test_no_abuse_delays_another_clients_turns(server_process: ServerProce
     on_time = lag_after[0.05] - lag_before[0.05]
     assert wakeups >= 3, (lag_before, lag_after)
     assert on_time >= 0.9 * wakeups, (lag_before, lag_after)
+
+
+async def test_no_abuse_delays_another_clients_turns(server_process: ServerProcess) -> None:
+    running = server_process
+    baseline, abused, received, lag_before, lag_after = await turns_under(
+        running, abuse, running.port
+    )
+    huge, huge_sample = received["huge"]
+    assert huge > 256 * 1024, "the huge answers did not flow"
+    assert b"output_text.delta" in huge_sample
+    assert b"function_call_arguments" in received["parallel"][1]
+    assert b"invalid_json" in received["flood"][1]
+    assert_not_delayed(baseline, abused, lag_before, lag_after)
+
+
+# --- requests whose checks grow with what they carry (issue 20) -----------------
+
+#: A pattern Python's ``re`` takes about 2**n steps on against n ``x``s (5 s at 26).
+BACKTRACKING = {
+    "type": "object",
+    "properties": {"x": {"type": "string", "pattern": "(x+)+y"}},
+    "required": ["x"],
+}
+
+
+def wide_schema(width: int) -> dict[str, Any]:
+    return {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(width)}}
+
+
+def costly_requests() -> dict[str, tuple[str, dict[str, Any], int]]:
+    """Each abuse: path, body, and the status it must get. The sizes are the
+    smallest refused ones, which the issue's attacks (40,000 tools, 120,000
+    properties, 100,000 compact items) are far past: they are refused by the
+    same cheap checks."""
+    many_tools = [
+        {"type": "function", "name": f"t{i}", "parameters": wide_schema(2)}
+        for i in range(MAX_TOOLS + 1)
+    ]
+    chat_format = {"type": "json_schema", "json_schema": {"name": "a", "schema": BACKTRACKING}}
+    text_format = {"format": {"type": "json_schema", "name": "a", "schema": BACKTRACKING}}
+    wide = {
+        "format": {"type": "json_schema", "name": "a", "schema": wide_schema(MAX_SCHEMA_WIDTH + 1)}
+    }
+    messages = [{"role": "user", "content": "x" * 26}]
+    return {
+        "pattern": (
+            "/v1/responses",
+            {"model": "sim", "input": "x" * 26, "store": False, "text": text_format},
+            200,
+        ),
+        "chat_pattern": (
+            "/v1/chat/completions",
+            {"model": "sim", "messages": messages, "response_format": chat_format},
+            200,
+        ),
+        "tools": (
+            "/v1/responses",
+            {"model": "sim", "input": "x", "store": False, "tools": many_tools},
+            400,
+        ),
+        "count_tools": (
+            "/v1/responses/input_tokens",
+            {"model": "sim", "input": "x", "tools": many_tools},
+            400,
+        ),
+        "wide_schema": (
+            "/v1/responses",
+            {"model": "sim", "input": "x", "store": False, "text": wide},
+            400,
+        ),
+        # 100 KB of what the secrets classifier used to read 85 times a character.
+        "secrets": (
+            "/v1/responses",
+            {"model": "sim", "input": "sk-" * 33_000, "store": False, "max_output_tokens": 16},
+            200,
+        ),
+        "compact_items": (
+            "/v1/responses/compact",
+            {
+                "model": "sim",
+                "input": [{"role": "user", "content": "x"}] * (MAX_ITEMS_PER_EVENT + 1),
+            },
+            400,
+        ),
+    }
+
+
+def abuse_checks(http_url: str, stop: Any, report: Any) -> None:
+    """One thread per costly request, each sending it again :data:`CHECK_CYCLE`
+    seconds after its answer: reports ``"ready"`` once each got an answer, then the statuses
+    each saw."""
+    halt = threading.Event()
+    seen: dict[str, set[int]] = {}
+    errors: list[BaseException] = []
+
+    def hammer(name: str, path: str, body: bytes) -> None:
+        try:
+            with httpx.Client(base_url=http_url, timeout=60) as http:
+                while not halt.is_set():
+                    answer = http.post(
+                        path, content=body, headers={"content-type": "application/json"}
+                    )
+                    seen.setdefault(name, set()).add(answer.status_code)
+                    halt.wait(CHECK_CYCLE)
+        except BaseException as exc:
+            errors.append(exc)
+
+    requests = costly_requests()
+    threads = [
+        threading.Thread(target=hammer, args=(name, path, json.dumps(body).encode()), daemon=True)
+        for name, (path, body, _) in requests.items()
+    ]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and len(seen) < len(requests) and not errors:
+        time.sleep(0.01)
+    report.put("ready")
+    stop.wait(ABUSE_LIMIT)
+    halt.set()
+    for thread in threads:
+        thread.join(timeout=30)
+    report.put({"seen": seen, "errors": [repr(exc) for exc in errors]})
+
+
+async def test_costly_checks_delay_no_other_client(server_process: ServerProcess) -> None:
+    """A backtracking pattern (chat and Responses), more tools than allowed (create
+    and input_tokens), a schema too wide, text the secrets classifier once read
+    85 times a character, a compaction of too many items: each
+    sent again and again while the well-behaved client's turns are timed."""
+    running = server_process
+    baseline, abused, received, lag_before, lag_after = await turns_under(
+        running, abuse_checks, running.http_url
+    )
+    assert received["errors"] == []
+    expected = {name: {status} for name, (_, _, status) in costly_requests().items()}
+    assert received["seen"] == expected
+    assert_not_delayed(baseline, abused, lag_before, lag_after)
 
 
 def test_the_lag_metric_is_on_metrics(server: Any) -> None:

@@ -10,6 +10,11 @@ alternation, the least repetitions, the first character of each class, a
 character outside a negated class. A construct it cannot build from
 (lookarounds, back references...) gives None, as does an example longer
 than :data:`MAX_EXAMPLE` or one the pattern turns out not to match.
+
+A client's pattern is only ever *matched* by RE2
+(``longresponse.json_schema.pattern_matches``), in time linear in the text;
+the stdlib's parser only reads its parse tree, which costs what the pattern's
+length does.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ import importlib
 import re
 from collections.abc import Sequence
 from typing import Any, Final
+
+from ...json_schema import pattern_matches
 
 __all__ = ["MAX_EXAMPLE", "pattern_example", "pattern_matches"]
 
@@ -31,15 +38,6 @@ MAX_EXAMPLE: Final = 4096
 
 class _Unbuildable(Exception):
     pass
-
-
-def pattern_matches(pattern: str, value: str) -> bool:
-    """Whether ``pattern`` matches somewhere in ``value`` (False when Python
-    cannot compile it)."""
-    try:
-        return re.search(pattern, value) is not None
-    except re.error:
-        return False
 
 
 def pattern_example(pattern: str) -> str | None:
@@ -65,7 +63,10 @@ def _emit(parts: Sequence[Any]) -> str:
             out.append(_from_class(arg))
         elif name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"):
             low, _, sub = arg
-            out.append(_emit(sub) * low)
+            piece = _emit(sub)
+            if len(piece) * low > MAX_EXAMPLE:  # before the string is built
+                raise _Unbuildable("too long")
+            out.append(piece * low)
         elif name == "SUBPATTERN":
             out.append(_emit(arg[-1]))
         elif name == "ATOMIC_GROUP":

@@ -65,6 +65,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Final
@@ -113,19 +114,22 @@ DONE_RECORD: Final = b"data: [DONE]\n\n"
 log = logging.getLogger(__name__)
 _encoder: Final = msgspec.json.Encoder()
 
-#: Admission's params -> chat's spelling of the same field.
+#: Admission's params -> chat's spelling of the same field (anchored at the
+#: start: a deeper param such as ``tools[0].parameters.properties.name.pattern``
+#: keeps the names inside the schema as they are).
 _PARAMS: Final = (
-    ("text.format.", "response_format.json_schema."),  # first: it has a ".name" too
-    (".name", ".function.name"),
-    (".parameters", ".function.parameters"),
+    (re.compile(r"text\.format\."), "response_format.json_schema."),
+    (re.compile(r"(tools\[\d+\])\.(name|parameters)\b"), r"\1.function.\2"),
 )
 
 
 def _chat_param(param: str | None) -> str | None:
     """A Responses ``param`` as the chat API names it."""
+    if param is None:
+        return None
     for old, new in _PARAMS:
-        if param is not None and old in param:
-            return param.replace(old, new, 1)
+        if old.match(param):
+            return old.sub(new, param, count=1)
     return param
 
 

@@ -10,6 +10,8 @@ key is ``unknown_parameter``. The body is checked by the create decoder of
 the protocol, so a bad field gets the same ``code`` and ``param`` as it would
 on ``POST /v1/responses``.
 
+The input holds at most ``--max-items-per-event`` items, as a create's does
+(more: ``too_many_items`` on ``input``, before anything else is read).
 The conversation is the stored chain named by ``previous_response_id`` (same
 owner; its pending calls may stay unanswered), then the input. It is
 admitted as a create's input is (validated, compaction items opened, read by
@@ -79,9 +81,11 @@ class CompactHTTP:
             model = self.turns.resolve(body)  # refuses an unknown model
             compactor = self.turns.compactor(owner)
             assert compactor is not None  # the lifespan loaded the key
+            items = as_items(body.input)
+            self._check_count(items)  # before the chain is read or anything checked
             history = await self._history(body.previous_response_id, owner)
             admission = self.turns.pipeline.admit(
-                as_items(body.input), history=history, cached=False, compactor=compactor
+                items, history=history, cached=False, compactor=compactor
             )
             context = drain([*history, *admission.items], compactor).items
             item, window = compact(context, compactor, model.summarize)
@@ -103,6 +107,19 @@ class CompactHTTP:
             ),
         )
         return Response(_encoder.encode(answer), media_type="application/json")
+
+    def _check_count(self, items: Sequence[Item]) -> None:
+        """A create's item limit (``--max-items-per-event``) applies here too.
+
+        Raises :class:`RemoteProtocolError` ``too_many_items`` on ``input``.
+        """
+        limit = self.http.config.max_items_per_event
+        if len(items) > limit:
+            raise RemoteProtocolError(
+                f"The request carries {len(items)} input items; the limit is {limit}.",
+                code=ErrorCode.TOO_MANY_ITEMS,
+                param="input",
+            )
 
     async def _history(self, parent_id: str | None, owner: str) -> list[Item]:
         """The stored chain ending at ``parent_id`` (none: nothing).
