@@ -89,7 +89,7 @@ def create_app(config: ServerConfig | None = None) -> Seam:
     )
     models.counters = pipeline.counters
     metrics = ServerMetrics(pipeline.counters)
-    keys = ApiKeys.from_env(config.api_keys)
+    keys = ApiKeys.from_env(config.api_keys, operator=config.operator_key)
     services = _Services()
     inspector = Inspector(enabled=config.inspector, max_watchers=config.inspector_watchers)
     turns = Turns(
@@ -186,6 +186,7 @@ def create_app(config: ServerConfig | None = None) -> Seam:
                 persistence=lambda: services.persistence,
                 lag=lambda: services.lag,
                 live_sessions=lambda: endpoint.live_sessions,
+                keys=keys,
             ).routes(),
         ],
         lifespan=lifespan,

@@ -25,7 +25,10 @@ elsewhere. The page reads everything from the same endpoints a tool would:
 With API keys on, the gate (``serve.gate``) answers 401 before any of these
 runs, and takes the key from ``?key=`` here since a browser cannot set a
 header on a page load or an ``EventSource``; the page passes on the
-``key`` of its own address to every request it makes.
+``key`` of its own address to every request it makes. Each key is shown its
+own connections and rollouts only (``gate.viewer``): another key's rollout
+is ``not_found`` as one never kept; the operator key, and everyone with keys
+off, sees them all.
 """
 
 from __future__ import annotations
@@ -46,8 +49,10 @@ from starlette.routing import Route
 from protocol import RemoteProtocolError
 
 from ...storage.backends import StoreError
+from ...storage.keys import ApiKeys
 from ...storage.persistence import Persistence
 from ..errors import http_error
+from ..gate import viewer
 from ..metrics import LoopLagMonitor
 from ..seam import peer_gone
 from .observer import Inspector, TooManyWatchers
@@ -97,8 +102,10 @@ class InspectRoutes:
         persistence: Callable[[], Persistence | None],
         lag: Callable[[], LoopLagMonitor | None],
         live_sessions: Callable[[], int],
+        keys: ApiKeys | None = None,
     ) -> None:
         self.inspector = inspector
+        self.keys = keys or ApiKeys()
         self._persistence = persistence
         self._lag = lag
         self._live_sessions = live_sessions
@@ -165,8 +172,11 @@ class InspectRoutes:
         self._store = (now, state)
         return state
 
-    async def _state(self) -> dict[str, Any]:
-        state = self.inspector.state()
+    def _viewer(self, request: Request) -> str | None:
+        return viewer(request.scope, self.keys)
+
+    async def _state(self, viewer: str | None) -> dict[str, Any]:
+        state = self.inspector.state(viewer)
         server = await self.server_panel()
         server["live_rollouts"] = state.pop("live_rollouts")
         server["paused_rollouts"] = state.pop("paused_rollouts")
@@ -175,11 +185,11 @@ class InspectRoutes:
         return {"server": server, **state}
 
     async def state(self, request: Request) -> Response:
-        return JSONResponse(await self._state())
+        return JSONResponse(await self._state(self._viewer(request)))
 
     def _record(self, request: Request) -> Any:
         rollout_id = request.path_params["rollout_id"]
-        record = self.inspector.rollouts.get(rollout_id)
+        record = self.inspector.visible(rollout_id, self._viewer(request))
         if record is None:
             raise RemoteProtocolError(
                 f"No rollout {rollout_id!r} is kept by the inspector (it keeps "
@@ -209,8 +219,9 @@ class InspectRoutes:
     # --- the live feed -------------------------------------------------------------
 
     async def feed(self, request: Request) -> Response:
+        shown = self._viewer(request)
         try:
-            watcher = self.inspector.add_watcher()
+            watcher = self.inspector.add_watcher(shown)
         except TooManyWatchers as exc:
             return http_error(RemoteProtocolError(str(exc), code=TOO_MANY_WATCHERS, status=429))
         scope = request.scope
@@ -218,7 +229,7 @@ class InspectRoutes:
 
         async def stream() -> AsyncIterator[bytes]:
             try:
-                yield _sse("state", await self._state())
+                yield _sse("state", await self._state(shown))
                 next_state = time.monotonic() + FEED_STATE_INTERVAL
                 while not inspector.stopping and not peer_gone(scope):
                     timeout = max(0.0, next_state - time.monotonic())
@@ -226,7 +237,7 @@ class InspectRoutes:
                         async with asyncio.timeout(timeout):
                             kind, data = await watcher.queue.get()
                     except TimeoutError:
-                        yield _sse("state", await self._state())
+                        yield _sse("state", await self._state(shown))
                         next_state = time.monotonic() + FEED_STATE_INTERVAL
                         continue
                     yield _sse(kind, data)
