@@ -178,6 +178,10 @@ class InspectRoutes:
     async def _state(self, viewer: str | None) -> dict[str, Any]:
         state = self.inspector.state(viewer)
         server = await self.server_panel()
+        if viewer is not None:  # a tenant counts its own sessions, not everyone's
+            server["live_sessions"] = sum(
+                1 for c in state["connections"] if c["open"] and c["id"] != "http"
+            )
         server["live_rollouts"] = state.pop("live_rollouts")
         server["paused_rollouts"] = state.pop("paused_rollouts")
         server["watchers"] = state.pop("watchers")
