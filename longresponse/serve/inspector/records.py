@@ -49,7 +49,7 @@ import collections
 import dataclasses
 import itertools
 import time
-from collections.abc import Callable, Mapping, Sized
+from collections.abc import Callable, Iterable, Mapping, Sized
 from typing import Any, Final, Protocol
 
 from protocol import wire_type
@@ -77,6 +77,7 @@ __all__ = [
     "DIGEST_AFTER",
     "FINISHED",
     "MAX_CLIENT_STRING",
+    "MAX_LISTED",
     "MAX_PENDING",
     "MAX_TURNS",
     "SHAPES",
@@ -105,6 +106,10 @@ _PENDING_CREATES: Final = 64
 MAX_CLIENT_STRING: Final = 128
 #: What ends a client string cut at :data:`MAX_CLIENT_STRING` (then the count cut).
 _CUT: Final = "…[+{} chars]"
+#: Entries kept of a list the client's message sizes (call ids, hosted tools);
+#: the rest are counted in a last entry, :data:`_MORE`.
+MAX_LISTED: Final = 64
+_MORE: Final = "…[+{} more]"
 #: The ``shape`` each transport is shown as (the shipped WebSocket shape: ``shipped``).
 SHAPES: Final = {Transport.APPEND: "append", Transport.WS: "shipped", Transport.HTTP: "http"}
 
@@ -142,36 +147,51 @@ def bounded(text: str | None) -> str | None:
     return text[:MAX_CLIENT_STRING] + _CUT.format(len(text) - MAX_CLIENT_STRING)
 
 
+def listed(values: Iterable[str | None]) -> list[str | None]:
+    """``values`` as kept: at most :data:`MAX_LISTED`, each :func:`bounded`, and
+    how many more there were."""
+    kept: list[str | None] = []
+    more = 0
+    for value in values:
+        if len(kept) < MAX_LISTED:
+            kept.append(bounded(value))
+        else:
+            more += 1
+    if more:
+        kept.append(_MORE.format(more))
+    return kept
+
+
 def _summary(event: Any) -> dict[str, Any] | None:
     """What a state-changing event says, in a few fields (None for the rest)."""
     response = getattr(event, "response", None)
     if response is not None:
         out: dict[str, Any] = {"status": response.status}
         if isinstance(response.required_action, RequiredAction):
-            out["call_ids"] = list(response.required_action.call_ids)
+            out["call_ids"] = listed(response.required_action.call_ids)
         return out
     if isinstance(event, OutputItemAdded) and isinstance(event.item, ClientCall):
         call: ClientCall = event.item
-        return {"call_id": call.call_id, "name": call_name(call), "kind": wire_type(call)}
+        return {
+            "call_id": bounded(call.call_id),
+            "name": bounded(call_name(call)),
+            "kind": wire_type(call),
+        }
     if isinstance(event, ResponseCreate) and event.tools and any(map(is_hosted, event.tools)):
         return {
             "model": bounded(event.model) if isinstance(event.model, str) else None,
             "previous_response_id": bounded(event.previous_response_id),
-            "hosted_tools": [wire_type(tool) for tool in event.tools if is_hosted(tool)],
+            "hosted_tools": listed(wire_type(tool) for tool in event.tools if is_hosted(tool)),
         }
     if isinstance(event, ErrorEvent):
-        return {"code": event.error.code, "param": event.error.param}
+        return {"code": bounded(event.error.code), "param": bounded(event.error.param)}
     if isinstance(event, ResponseCreate):
         return {
             "model": bounded(event.model) if isinstance(event.model, str) else None,
             "previous_response_id": bounded(event.previous_response_id),
         }
     if isinstance(event, ResponseAppend) and not isinstance(event.input, str):
-        calls = [
-            answered_call_id(i)
-            for i in event.input
-            if isinstance(i, CallOutput)
-        ]
+        calls = listed(answered_call_id(i) for i in event.input if isinstance(i, CallOutput))
         return {"outputs_for": calls} if calls else None
     return None
 

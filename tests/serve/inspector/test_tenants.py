@@ -17,7 +17,7 @@ import httpx
 from websockets.sync.client import connect as ws_connect
 
 from longresponse.serve.gate import redact_query_key
-from longresponse.serve.inspector.records import MAX_CLIENT_STRING
+from longresponse.serve.inspector.records import MAX_CLIENT_STRING, MAX_LISTED, listed
 from longresponse.storage.keys import ApiKeys
 
 KEYS = ("sk-a", "sk-b")
@@ -254,3 +254,11 @@ def test_a_client_string_is_kept_bounded(make_server: Any) -> None:
     assert kept.startswith(long_id[:MAX_CLIENT_STRING])
     assert kept.endswith(f"[+{len(long_id) - MAX_CLIENT_STRING} chars]")
     assert len(kept) < MAX_CLIENT_STRING + 32
+
+
+def test_a_list_the_client_sizes_is_kept_bounded() -> None:
+    kept = listed(f"call_{i}_" + "z" * 1000 for i in range(1000))
+    assert len(kept) == MAX_LISTED + 1
+    assert kept[-1] == f"…[+{1000 - MAX_LISTED} more]"
+    assert all(len(k or "") < MAX_CLIENT_STRING + 32 for k in kept)
+    assert listed(["a", None]) == ["a", None]
