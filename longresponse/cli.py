@@ -227,6 +227,13 @@ def build_parser() -> argparse.ArgumentParser:
         "with keys, every request needs 'Authorization: Bearer <key>'",
     )
     serve.add_argument(
+        "--operator-key",
+        default=None,
+        metavar="KEY",
+        help="the operator's API key (also LONGRESPONSE_OPERATOR_KEY): the only key that "
+        "sees every tenant in /inspect and reads /metrics; other keys see their own",
+    )
+    serve.add_argument(
         "--compaction-key",
         default=None,
         metavar="SECRET",
@@ -490,6 +497,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         store=args.store,
         store_ttl=args.store_ttl,
         api_keys=tuple(args.api_keys),
+        operator_key=args.operator_key,
         allow_unauthenticated=args.allow_unauthenticated,
         secrets_policy=args.secrets_policy,
         hosted_tools=args.hosted_tools,
@@ -593,7 +601,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(str(exc))
         if (missing := missing_keys(config.backends)) is not None:
             parser.error(missing)
-        keys = ApiKeys.from_env(config.api_keys)
+        keys = ApiKeys.from_env(config.api_keys, operator=config.operator_key)
         if not is_loopback(config.host) and not keys.enabled and not config.allow_unauthenticated:
             parser.error(
                 f"refusing to listen on {config.host} without API keys: pass --api-key "

@@ -397,6 +397,9 @@ class ServerConfig:
     #: Accepted API keys; empty = no authentication (loopback only, unless
     #: ``allow_unauthenticated``).
     api_keys: tuple[str, ...] = ()
+    #: The operator key: sees every tenant in the inspector, and ``/metrics``
+    #: (else ``LONGRESPONSE_OPERATOR_KEY``; ``storage.keys``). Never logged.
+    operator_key: str | None = dataclasses.field(default=None, repr=False)
     allow_unauthenticated: bool = False
     #: The HTTP path's optional process-wide token cache, and its byte budget.
     #: Accept permessage-deflate when a client offers it (the ``websockets``

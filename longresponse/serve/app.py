@@ -91,7 +91,7 @@ def create_app(config: ServerConfig | None = None) -> Seam:
     )
     models.counters = pipeline.counters
     metrics = ServerMetrics(pipeline.counters)
-    keys = ApiKeys.from_env(config.api_keys)
+    keys = ApiKeys.from_env(config.api_keys, operator=config.operator_key)
     services = _Services()
     inspector = Inspector(enabled=config.inspector, max_watchers=config.inspector_watchers)
     turns = Turns(
@@ -196,6 +196,7 @@ def create_app(config: ServerConfig | None = None) -> Seam:
                 watchers_per_key=config.inspector_watchers_per_key,
                 feed_lifetime=config.inspector_feed_lifetime,
                 slow_reader_timeout=config.slow_reader_timeout,
+                keys=keys,
             ).routes(),
         ],
         lifespan=lifespan,

@@ -10,7 +10,11 @@ request it matches the path against the app's own routes, in this order:
    **401**, ``code: "invalid_api_key"``, on every known route (``/v1/models``,
    ``/metrics`` and ``/healthz`` included), before the route runs; under
    ``/inspect`` only, the key may come as ``?key=`` instead (a browser's page
-   load and ``EventSource`` cannot set a header);
+   load and ``EventSource`` cannot set a header; the query is read once,
+   percent-decoded, by :func:`authorization`); a valid key other than the
+   operator's asking for ``/metrics`` (every tenant's counters): **403**,
+   ``code: "operator_key_required"``. The inspector's routes show a tenant
+   only its own records (:func:`viewer`);
 3. the path is known but not with this method: **405**,
    ``code: "method_not_allowed"``, with an ``Allow`` header listing the
    methods it has;
@@ -32,6 +36,7 @@ from __future__ import annotations
 import logging
 import re
 from typing import Final
+from urllib.parse import unquote_plus
 
 from starlette.datastructures import Headers, QueryParams
 from starlette.routing import BaseRoute, Match, Route, Router
@@ -46,11 +51,16 @@ from .types import ASGIApp, Receive, Scope, Send
 __all__ = [
     "INSPECT_PREFIX",
     "METHOD_NOT_ALLOWED",
+    "OPERATOR_KEY_REQUIRED",
+    "OPERATOR_PATHS",
     "OWNER_KEY",
     "UNKNOWN_URL",
     "RedactQueryKey",
     "RouteGate",
+    "authorization",
     "redact_access_log",
+    "redact_query_key",
+    "viewer",
 ]
 
 #: ``error.code`` of a path the server does not have.
@@ -61,20 +71,53 @@ METHOD_NOT_ALLOWED: Final = "method_not_allowed"
 INSPECT_PREFIX: Final = "/inspect"
 #: Where the scope of a request let through carries its key's owner.
 OWNER_KEY: Final = "longresponse.owner"
+#: The query parameter that carries the key under :data:`INSPECT_PREFIX`.
+QUERY_KEY: Final = "key"
+#: ``error.code`` (403) of a tenant's key on a path for the operator key only.
+OPERATOR_KEY_REQUIRED: Final = "operator_key_required"
+#: Paths for the operator key only, when keys are on: every tenant's figures.
+OPERATOR_PATHS: Final = frozenset({"/metrics"})
+#: One query parameter as it stands in a raw query string: name, ``=``, value.
+_QUERY_PARAM: Final = re.compile(r"(?<=[?&])([^=&\s\"#]*)=([^&\s\"#]*)")
+#: Percent-decodings tried on a parameter's name before the redaction gives up
+#: decoding and redacts (``%25`` nests).
+_DECODINGS: Final = 4
+
+
+def _names_key(name: str) -> bool:
+    """Whether a raw query parameter name is, or decodes to, ``key`` (any case)."""
+    for _ in range(_DECODINGS):
+        if name.strip().lower() == QUERY_KEY:
+            return True
+        decoded = unquote_plus(name)
+        if decoded == name:
+            return False
+        name = decoded
+    return True  # still encoded after all that: redacted, to be sure
+
+
+def redact_query_key(text: str) -> str:
+    """``text`` with the value of every query parameter whose name decodes to
+    ``key`` replaced by ``[redacted]`` (``?%6Bey=`` and ``?k%65y=`` included)."""
+    if "=" not in text:
+        return text
+    return _QUERY_PARAM.sub(
+        lambda m: f"{m[1]}=[redacted]" if _names_key(m[1]) else m[0], text
+    )
 
 
 class RedactQueryKey(logging.Filter):
     """Cuts a query's ``key`` out of log lines (uvicorn's access log prints the
-    path with its query, and the inspector's page carries its key there)."""
-
-    PATTERN: Final = re.compile(r"([?&]key=)[^&\s\"]*")
+    path with its raw query, and the inspector's page carries its key there),
+    whatever its encoding (:func:`redact_query_key`)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if isinstance(record.args, tuple):
             record.args = tuple(
-                self.PATTERN.sub(r"\1[redacted]", arg) if isinstance(arg, str) else arg
-                for arg in record.args
+                redact_query_key(arg) if isinstance(arg, str) else arg for arg in record.args
             )
+        elif isinstance(record.msg, str):
+            record.msg = redact_query_key(record.msg)
         return True
 
 
@@ -128,10 +171,20 @@ class RouteGate:
         scope[OWNER_KEY] = ""
         if self.keys.enabled:
             try:
-                scope[OWNER_KEY] = self.keys.owner(_authorization(scope))
+                owner = self.keys.owner(authorization(scope))
+                scope[OWNER_KEY] = owner
             except Unauthorized as exc:
                 return http_error(
                     RemoteProtocolError(str(exc), code="invalid_api_key", status=401)
+                )
+            if path in OPERATOR_PATHS and self.keys.viewer(owner) is not None:
+                return http_error(
+                    RemoteProtocolError(
+                        f"{path} shows every tenant's figures: only the operator key "
+                        "(--operator-key) may read it.",
+                        code=OPERATOR_KEY_REQUIRED,
+                        status=403,
+                    )
                 )
         # A literal path (``/v1/responses/compact``) is that route's, even where a
         # parameter route (``/v1/responses/{response_id}``) would take the method.
@@ -179,12 +232,28 @@ class RouteGate:
         await send({"type": "websocket.http.response.body", "body": response.body})
 
 
-def _authorization(scope: Scope) -> str | None:
-    """The request's ``Authorization``; under ``/inspect``, else ``?key=`` as a bearer."""
-    authorization = Headers(scope=scope).get("authorization")
+def authorization(scope: Scope) -> str | None:
+    """The request's ``Authorization``; under ``/inspect``, else ``?key=`` as a bearer.
+
+    The one place the query's key is read: parameter names and values are
+    percent-decoded once (``?%6Bey=K`` is ``?key=K``), as every other reader of
+    the query decodes them, so an encoding authenticates exactly as the key
+    itself; the access log redacts every such spelling (:func:`redact_query_key`).
+    """
+    header = Headers(scope=scope).get("authorization")
     path = scope["path"]
-    if authorization is None and (path == INSPECT_PREFIX or path.startswith(f"{INSPECT_PREFIX}/")):
-        key = QueryParams(scope["query_string"]).get("key")
+    if header is None and (path == INSPECT_PREFIX or path.startswith(f"{INSPECT_PREFIX}/")):
+        key = QueryParams(scope["query_string"]).get(QUERY_KEY)
         if key:
             return f"Bearer {key}"
-    return authorization
+    return header
+
+
+def viewer(scope: Scope, keys: ApiKeys) -> str | None:
+    """Whose records this request may read where every tenant's are kept: its key's
+    owner, or ``None`` (everyone's) for the operator key and with keys off.
+
+    Raises :class:`Unauthorized` without a valid key (the gate has answered 401
+    before any route runs, so a route does not meet it).
+    """
+    return keys.viewer(keys.owner(authorization(scope)))

@@ -185,7 +185,9 @@ class Turns:
             parent=parent,
             model=model,
         )
-        watched, seen = self.inspector.watch(admitted.rollout, request, response_id, sink)
+        watched, seen = self.inspector.watch(
+            admitted.rollout, request, response_id, sink, owner
+        )
         on_timing = None
         if self.metrics is not None or seen is not None:
             on_timing = self._timing_hook(transport, response_id, seen)

@@ -6,6 +6,11 @@ comma-separated), every HTTP request and every WebSocket upgrade must carry
 created. Each key owns what it stores: an ``owner`` is a digest of the key, so
 keys are never written to the store. Without keys, everything has the owner
 ``""`` and the server refuses to listen beyond loopback unless told to.
+
+The operator key (``--operator-key`` or ``LONGRESPONSE_OPERATOR_KEY``) is an
+accepted key with an owner of its own, and the one key that may read what
+concerns every tenant: the whole inspector and ``/metrics``
+(:meth:`ApiKeys.viewer`). Keys are never logged.
 """
 
 from __future__ import annotations
@@ -17,9 +22,11 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Final
 
-__all__ = ["API_KEYS_ENV", "ApiKeys", "Unauthorized", "is_loopback"]
+__all__ = ["API_KEYS_ENV", "OPERATOR_KEY_ENV", "ApiKeys", "Unauthorized", "is_loopback"]
 
 API_KEYS_ENV: Final = "LONGRESPONSE_API_KEYS"
+#: The environment variable that may hold the operator key (module docstring).
+OPERATOR_KEY_ENV: Final = "LONGRESPONSE_OPERATOR_KEY"
 
 
 class Unauthorized(Exception):
@@ -33,15 +40,31 @@ def _digest(key: str) -> str:
 class ApiKeys:
     """The accepted keys; maps a request's ``Authorization`` header to its owner."""
 
-    def __init__(self, keys: Iterable[str] = ()) -> None:
+    def __init__(self, keys: Iterable[str] = (), operator: str | None = None) -> None:
         self._owners = {key: _digest(key) for key in keys if key}
+        #: The operator key's owner (None: no operator key).
+        self.operator: str | None = None
+        if operator:
+            self.operator = self._owners[operator] = _digest(operator)
 
     @classmethod
     def from_env(
-        cls, extra: Iterable[str] = (), environ: Mapping[str, str] = os.environ
+        cls,
+        extra: Iterable[str] = (),
+        environ: Mapping[str, str] = os.environ,
+        *,
+        operator: str | None = None,
     ) -> ApiKeys:
         keys = [k.strip() for k in environ.get(API_KEYS_ENV, "").split(",")]
-        return cls([*extra, *keys])
+        return cls([*extra, *keys], operator or environ.get(OPERATOR_KEY_ENV, "").strip())
+
+    def viewer(self, owner: str) -> str | None:
+        """Whose records ``owner`` may read where every tenant's are kept (the
+        inspector, ``/metrics``): its own (``owner``), or everyone's (``None``) for
+        the operator key and when keys are off."""
+        if not self._owners or owner == self.operator:
+            return None
+        return owner
 
     @property
     def enabled(self) -> bool:

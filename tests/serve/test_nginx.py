@@ -34,6 +34,8 @@ from tests.conftest import OPEN_CLIENTS
 from tests.support.nginx_server import NginxProxy
 
 KEY = "nginx-test-key"
+#: The operator's key: the one that reads ``/metrics``.
+OPERATOR_KEY = "nginx-operator-key"
 TOOL = {
     "type": "function",
     "name": "read_file",
@@ -65,7 +67,7 @@ class Deployment:
 
 @pytest.fixture
 def deployment(redis_url: str) -> Iterator[Deployment]:
-    flags = ("--store", redis_url, "--api-key", KEY)
+    flags = ("--store", redis_url, "--api-key", KEY, "--operator-key", OPERATOR_KEY)
     with (
         ServerProcess(*flags) as first,
         ServerProcess(*flags) as second,
@@ -228,7 +230,9 @@ def _holder_of_the_socket(deployment: Deployment) -> ServerProcess:
 
 def _ws_responses(process: ServerProcess) -> float:
     metrics = httpx.get(
-        f"{process.http_url}/metrics", headers={"Authorization": f"Bearer {KEY}"}, timeout=10
+        f"{process.http_url}/metrics",
+        headers={"Authorization": f"Bearer {OPERATOR_KEY}"},
+        timeout=10,
     ).text
     counts = re.findall(r'^longresponse_responses_total\{[^}]*transport="ws"[^}]*\} (\S+)$',
                         metrics, flags=re.MULTILINE)  # fmt: skip

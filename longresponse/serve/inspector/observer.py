@@ -34,6 +34,13 @@ turns; at most :data:`MAX_ROLLOUTS` rollouts are kept, the least recently
 active finished ones forgotten first, and a finished one is forgotten
 :data:`FORGET_AFTER` seconds after its last event.
 
+Tenants are apart: every connection and rollout record carries its API key's
+owner (``storage.keys``), and each reading (:meth:`Inspector.state`,
+:meth:`Inspector.visible`, a :class:`Watcher`) is for one *viewer*: an owner
+sees only its own records, ``None`` (the operator key, or keys off) sees
+all. The shared ``http`` connection row shows a tenant only the bytes of its
+own HTTP rollouts.
+
 Watchers (the live feed, ``serve.inspect_routes``) each get a bounded queue;
 at most :data:`MAX_WATCHERS` at once. With no watcher nothing is published.
 A watcher whose queue overflows is dropped (its feed says ``lagged`` and
@@ -73,6 +80,7 @@ __all__ = [
     "Inspector",
     "TooManyWatchers",
     "Watcher",
+    "sees",
 ]
 
 #: Recent events kept per rollout (client and server).
@@ -91,15 +99,23 @@ class TooManyWatchers(Exception):
     """:data:`MAX_WATCHERS` feeds are open already."""
 
 
-class Watcher:
-    """One live feed's bounded queue of messages."""
+def sees(viewer: str | None, owner: str | None) -> bool:
+    """Whether ``viewer`` (an owner, or ``None`` for the operator) may see what
+    ``owner`` did."""
+    return viewer is None or owner == viewer
 
-    def __init__(self, depth: int) -> None:
+
+class Watcher:
+    """One live feed's bounded queue of messages, for one viewer (module docstring)."""
+
+    def __init__(self, depth: int, viewer: str | None = None) -> None:
         self.queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue(depth)
         self.lagged = False
+        #: Whose records this feed shows (``None``: everyone's).
+        self.viewer = viewer
 
-    def offer(self, kind: str, data: Any) -> None:
-        if self.lagged:
+    def offer(self, kind: str, data: Any, owner: str | None = None) -> None:
+        if self.lagged or not sees(self.viewer, owner):
             return
         try:
             self.queue.put_nowait((kind, data))
@@ -131,7 +147,7 @@ class Inspector:
         self.started = time.time()
         self._ids = itertools.count(1)
         self.connections: dict[str, ConnectionRecord] = {}
-        self.http = ConnectionRecord(self, "http", Transport.HTTP, None)
+        self.http = ConnectionRecord(self, "http", Transport.HTTP, None, owner=None)
         self.rollouts: dict[str, RolloutRecord] = {}
         self.by_response: dict[str, RolloutRecord] = {}
         self._by_rollout: weakref.WeakKeyDictionary[Rollout, RolloutRecord] = (
@@ -146,14 +162,16 @@ class Inspector:
 
     # --- connections -----------------------------------------------------------
 
-    def open_connection(self, session: Any, transport: Transport) -> ConnectionRecord | None:
+    def open_connection(
+        self, session: Any, transport: Transport, owner: str = ""
+    ) -> ConnectionRecord | None:
         if not self.enabled:
             return None
-        record = ConnectionRecord(self, f"conn-{next(self._ids)}", transport, session)
+        record = ConnectionRecord(self, f"conn-{next(self._ids)}", transport, session, owner)
         self.connections[record.id] = record
         self._by_sink[session.outbox] = record
         if self.watchers:
-            self.publish("connection", record.summary())
+            self.publish("connection", record.summary(), owner)
         return record
 
     def close_connection(self, record: ConnectionRecord | None) -> None:
@@ -161,6 +179,7 @@ class Inspector:
             return
         record.closed = time.time()
         record.session = None
+        record.creates.clear()  # (rollout records may point at it for a while yet)
         self.connections.pop(record.id, None)
         # What ran on it is cut off, as the server ends it (cancelled); a shipped
         # chain paused between responses may go on elsewhere, from the store.
@@ -173,29 +192,37 @@ class Inspector:
             ):
                 rollout.status, rollout.pending, rollout.running = "cancelled", [], False
         if self.watchers:
-            self.publish("connection", record.summary())
+            self.publish("connection", record.summary(), record.owner)
 
     # --- turns -----------------------------------------------------------------
 
     def watch(
-        self, rollout: Rollout, request: ResponseCreate, response_id: str, sink: EventSink
+        self,
+        rollout: Rollout,
+        request: ResponseCreate,
+        response_id: str,
+        sink: EventSink,
+        owner: str = "",
     ) -> tuple[EventSink, RolloutRecord | None]:
-        """A turn starts: its rollout's record (found or opened) and the sink to use."""
+        """A turn of ``owner``'s starts: its rollout's record (found or opened) and
+        the sink to use."""
         if not self.enabled:
             return sink, None
         connection = self._by_sink.get(sink) or self.http
         record = self._by_rollout.get(rollout)
         previous = request.previous_response_id
         parent = self.by_response.get(previous) if previous is not None else None
+        if parent is not None and parent.owner != owner:
+            parent = None  # another key's chain is never joined (nor named as a fork's)
         if record is None and parent is not None:
             parent.digest()  # (``running`` follows from its events)
             if parent.responses[-1] == previous and not parent.running:
                 record = parent  # the chain goes on (HTTP: a fresh engine rollout each time)
             else:
-                record = self._open(response_id, connection)
+                record = self._open(response_id, connection, owner)
                 record.parent = parent.id  # a fork
         if record is None:
-            record = self._open(response_id, connection)
+            record = self._open(response_id, connection, owner)
         self._by_rollout[rollout] = record
         record.connection = connection
         connection.latest = record
@@ -205,19 +232,20 @@ class Inspector:
         self.by_response[response_id] = record
         if len(record.responses) > MAX_TURNS:
             self.by_response.pop(record.responses.pop(0), None)
-        create = connection.creates.pop(id(request), None)
-        nbytes = create[1] if create is not None else 0
+        nbytes = connection.creates.pop(id(request), 0)
         record.bytes_in += nbytes
         record.note("client", request, nbytes)
         record.status, record.pending = "sampling", []
         return WatchedSink.around(sink, record), record
 
-    def _open(self, response_id: str, connection: ConnectionRecord) -> RolloutRecord:
+    def _open(
+        self, response_id: str, connection: ConnectionRecord, owner: str
+    ) -> RolloutRecord:
         self._prune()
-        record = RolloutRecord(self, response_id, connection.transport, connection)
+        record = RolloutRecord(self, response_id, connection.transport, connection, owner)
         self.rollouts[record.id] = record
         if self.watchers:
-            self.publish("rollout", record.summary())
+            self.publish("rollout", record.summary(), owner)
         return record
 
     def _prune(self) -> None:
@@ -247,21 +275,22 @@ class Inspector:
             if self.by_response.get(rid) is record:
                 del self.by_response[rid]
         if self.watchers:
-            self.publish("forgotten", {"id": record.id})
+            self.publish("forgotten", {"id": record.id}, record.owner)
 
     def record_of(self, rollout: Rollout) -> RolloutRecord | None:
         return self._by_rollout.get(rollout)
 
     # --- watchers ----------------------------------------------------------------
 
-    def add_watcher(self) -> Watcher:
-        """A new feed's queue. Raises :class:`TooManyWatchers` (nothing changes then)."""
+    def add_watcher(self, viewer: str | None = None) -> Watcher:
+        """A new feed's queue, showing ``viewer``'s records (``None``: all). Raises
+        :class:`TooManyWatchers` (nothing changes then)."""
         if len(self.watchers) >= self.max_watchers:
             raise TooManyWatchers(
                 f"{len(self.watchers)} inspector feeds are open; the limit is "
                 f"{self.max_watchers}. Close one and retry."
             )
-        watcher = Watcher(self.watcher_queue)
+        watcher = Watcher(self.watcher_queue, viewer)
         self.watchers.append(watcher)
         return watcher
 
@@ -276,19 +305,34 @@ class Inspector:
         except RuntimeError:
             callback()
 
-    def publish(self, kind: str, data: Any) -> None:
+    def publish(self, kind: str, data: Any, owner: str | None) -> None:
+        """Offer ``data`` (about ``owner``'s records) to the feeds that may see it."""
         for watcher in self.watchers:
-            watcher.offer(kind, data)
+            watcher.offer(kind, data, owner)
 
     # --- reading -------------------------------------------------------------------
 
-    def state(self) -> dict[str, Any]:
-        """Connections and rollouts, as the JSON endpoint gives them."""
-        connections: Iterable[ConnectionRecord] = [self.http, *self.connections.values()]
-        rollouts = [r.summary() for r in self.rollouts.values()]
+    def visible(self, rollout_id: str, viewer: str | None) -> RolloutRecord | None:
+        """The record ``rollout_id`` if it is kept and ``viewer`` may see it."""
+        record = self.rollouts.get(rollout_id)
+        return record if record is not None and sees(viewer, record.owner) else None
+
+    def state(self, viewer: str | None = None) -> dict[str, Any]:
+        """Connections and rollouts ``viewer`` may see (``None``: all), as the JSON
+        endpoint gives them."""
+        connections: Iterable[ConnectionRecord] = [
+            c for c in self.connections.values() if sees(viewer, c.owner)
+        ]
+        kept = [r for r in self.rollouts.values() if sees(viewer, r.owner)]
+        rollouts = [r.summary() for r in kept]
+        http = self.http.summary()
+        if viewer is not None:  # the shared row: this tenant's HTTP bytes only
+            own = [r for r in kept if r.connection is self.http]
+            http["bytes_in"] = sum(r.bytes_in for r in own)
+            http["bytes_out"] = sum(r.bytes_out for r in own)
         return {
             "enabled": self.enabled,
-            "connections": [c.summary() for c in connections],
+            "connections": [http, *(c.summary() for c in connections)],
             "rollouts": rollouts,
             "live_rollouts": sum(1 for r in rollouts if r["status"] not in FINISHED),
             "paused_rollouts": sum(1 for r in rollouts if r["status"] == "paused"),

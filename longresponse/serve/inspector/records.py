@@ -49,7 +49,7 @@ import collections
 import dataclasses
 import itertools
 import time
-from collections.abc import Callable, Mapping, Sized
+from collections.abc import Callable, Iterable, Mapping, Sized
 from typing import Any, Final, Protocol
 
 from protocol import wire_type
@@ -76,6 +76,8 @@ from ...engine.transport import Transport
 __all__ = [
     "DIGEST_AFTER",
     "FINISHED",
+    "MAX_CLIENT_STRING",
+    "MAX_LISTED",
     "MAX_PENDING",
     "MAX_TURNS",
     "SHAPES",
@@ -96,8 +98,18 @@ DIGEST_AFTER: Final = 0.01
 MAX_PENDING: Final = 256
 #: Response statuses after which a rollout (not paused) is finished.
 FINISHED: Final = frozenset({"completed", "failed", "cancelled", "incomplete"})
-#: Client creates seen but not yet started, per connection (lanes queue them).
+#: Client creates seen but not yet started, per connection (lanes queue them):
+#: only their sizes are kept, never their bodies.
 _PENDING_CREATES: Final = 64
+#: Characters kept of a string the client chose (an append create's
+#: ``previous_response_id``, a model name) before it is cut with :data:`_CUT`.
+MAX_CLIENT_STRING: Final = 128
+#: What ends a client string cut at :data:`MAX_CLIENT_STRING` (then the count cut).
+_CUT: Final = "…[+{} chars]"
+#: Entries kept of a list the client's message sizes (call ids, hosted tools);
+#: the rest are counted in a last entry, :data:`_MORE`.
+MAX_LISTED: Final = 64
+_MORE: Final = "…[+{} more]"
 #: The ``shape`` each transport is shown as (the shipped WebSocket shape: ``shipped``).
 SHAPES: Final = {Transport.APPEND: "append", Transport.WS: "shipped", Transport.HTTP: "http"}
 
@@ -124,7 +136,30 @@ class Observer(Protocol):
     def later(self, callback: Callable[[], object]) -> None:
         """Call ``callback`` a little later (:data:`DIGEST_AFTER`)."""
 
-    def publish(self, kind: str, data: Any) -> None: ...
+    def publish(self, kind: str, data: Any, owner: str | None) -> None:
+        """Offer ``data`` to the feeds that may see ``owner``'s records."""
+
+
+def bounded(text: str | None) -> str | None:
+    """``text`` as kept: at most :data:`MAX_CLIENT_STRING` characters and a marker."""
+    if text is None or len(text) <= MAX_CLIENT_STRING:
+        return text
+    return text[:MAX_CLIENT_STRING] + _CUT.format(len(text) - MAX_CLIENT_STRING)
+
+
+def listed(values: Iterable[str | None]) -> list[str | None]:
+    """``values`` as kept: at most :data:`MAX_LISTED`, each :func:`bounded`, and
+    how many more there were."""
+    kept: list[str | None] = []
+    more = 0
+    for value in values:
+        if len(kept) < MAX_LISTED:
+            kept.append(bounded(value))
+        else:
+            more += 1
+    if more:
+        kept.append(_MORE.format(more))
+    return kept
 
 
 def _summary(event: Any) -> dict[str, Any] | None:
@@ -133,30 +168,30 @@ def _summary(event: Any) -> dict[str, Any] | None:
     if response is not None:
         out: dict[str, Any] = {"status": response.status}
         if isinstance(response.required_action, RequiredAction):
-            out["call_ids"] = list(response.required_action.call_ids)
+            out["call_ids"] = listed(response.required_action.call_ids)
         return out
     if isinstance(event, OutputItemAdded) and isinstance(event.item, ClientCall):
         call: ClientCall = event.item
-        return {"call_id": call.call_id, "name": call_name(call), "kind": wire_type(call)}
+        return {
+            "call_id": bounded(call.call_id),
+            "name": bounded(call_name(call)),
+            "kind": wire_type(call),
+        }
     if isinstance(event, ResponseCreate) and event.tools and any(map(is_hosted, event.tools)):
         return {
-            "model": event.model if isinstance(event.model, str) else None,
-            "previous_response_id": event.previous_response_id,
-            "hosted_tools": [wire_type(tool) for tool in event.tools if is_hosted(tool)],
+            "model": bounded(event.model) if isinstance(event.model, str) else None,
+            "previous_response_id": bounded(event.previous_response_id),
+            "hosted_tools": listed(wire_type(tool) for tool in event.tools if is_hosted(tool)),
         }
     if isinstance(event, ErrorEvent):
-        return {"code": event.error.code, "param": event.error.param}
+        return {"code": bounded(event.error.code), "param": bounded(event.error.param)}
     if isinstance(event, ResponseCreate):
         return {
-            "model": event.model if isinstance(event.model, str) else None,
-            "previous_response_id": event.previous_response_id,
+            "model": bounded(event.model) if isinstance(event.model, str) else None,
+            "previous_response_id": bounded(event.previous_response_id),
         }
     if isinstance(event, ResponseAppend) and not isinstance(event.input, str):
-        calls = [
-            answered_call_id(i)
-            for i in event.input
-            if isinstance(i, CallOutput)
-        ]
+        calls = listed(answered_call_id(i) for i in event.input if isinstance(i, CallOutput))
         return {"outputs_for": calls} if calls else None
     return None
 
@@ -185,18 +220,27 @@ class ConnectionRecord:
     """One WebSocket connection (or every HTTP request, as one record)."""
 
     def __init__(
-        self, inspector: Observer, cid: str, transport: Transport, session: Any
+        self,
+        inspector: Observer,
+        cid: str,
+        transport: Transport,
+        session: Any,
+        owner: str | None = "",
     ) -> None:
         self.inspector = inspector
         self.id = cid
         self.transport = transport
         self.session = session
+        #: The API key's owner (``""`` with keys off); ``None`` for the shared
+        #: ``http`` record, whose requests each have their own.
+        self.owner = owner
         self.opened = time.time()
         self.closed: float | None = None
         self.bytes_in = self.bytes_out = 0
         self.latest: RolloutRecord | None = None
-        #: Creates not yet started (a lane's queue), by the event's identity.
-        self.creates: dict[int, tuple[ClientEvent, int]] = {}
+        #: The sizes of creates not yet started (a lane's queue), by the event's
+        #: identity; the bodies are not kept (the server holds them while it needs).
+        self.creates: dict[int, int] = {}
 
     def client(self, event: ClientEvent, nbytes: int) -> None:
         """A decoded client message: counted, and logged on the rollout it targets."""
@@ -206,11 +250,11 @@ class ConnectionRecord:
         if isinstance(event, ResponseCreate):
             if len(self.creates) >= _PENDING_CREATES:
                 del self.creates[next(iter(self.creates))]
-            self.creates[id(event)] = (event, nbytes)
+            self.creates[id(event)] = nbytes
             return
         rid = getattr(event, "response_id", None)
         record = self.inspector.by_response.get(rid) if rid else self.latest
-        if record is not None:
+        if record is not None and record.owner == self.owner:  # (never another key's)
             record.bytes_in += nbytes
             record.note("client", event, nbytes)
 
@@ -249,10 +293,18 @@ class RolloutRecord:
     """What the inspector knows of one rollout (see the module docstring)."""
 
     def __init__(
-        self, inspector: Observer, rid: str, transport: Transport, connection: ConnectionRecord
+        self,
+        inspector: Observer,
+        rid: str,
+        transport: Transport,
+        connection: ConnectionRecord,
+        owner: str = "",
     ) -> None:
         self.inspector = inspector
         self.id = rid
+        #: The API key's owner (``""`` with keys off): only it (and the operator)
+        #: is shown this record.
+        self.owner = owner
         self.transport = transport
         self.connection = connection
         self.parent: str | None = None
@@ -318,7 +370,9 @@ class RolloutRecord:
                 self._run_bytes += nbytes
                 if self.inspector.watchers:
                     last = _entry_json(self._run_entry())
-                    self.inspector.publish("event", {"rollout": self.id, "event": last})
+                    self.inspector.publish(
+                        "event", {"rollout": self.id, "event": last}, self.owner
+                    )
                 return
             self._end_run()
         tag, summarised, delta = _KINDS.get(cls) or _kind(cls)
@@ -344,7 +398,9 @@ class RolloutRecord:
             self._status(detail)
         inspector = self.inspector
         if inspector.watchers:
-            inspector.publish("event", {"rollout": self.id, "event": _entry_json(entry)})
+            inspector.publish(
+                "event", {"rollout": self.id, "event": _entry_json(entry)}, self.owner
+            )
 
     def _run_entry(self) -> tuple[Any, ...]:
         """The last entry with the run of deltas it opened so far."""
@@ -382,7 +438,7 @@ class RolloutRecord:
         if status in FINISHED or status == "requires_action":
             self.running = False
         if self.inspector.watchers:
-            self.inspector.publish("rollout", self.summary())
+            self.inspector.publish("rollout", self.summary(), self.owner)
 
     def _open_calls(self) -> bool:
         """This response's client calls, read back from its last events."""
@@ -419,7 +475,9 @@ class RolloutRecord:
         self.turns.append(row)
         self.active = time.monotonic()
         if self.inspector.watchers:
-            self.inspector.publish("turn", {"rollout": self.id, "turn": row.as_json()})
+            self.inspector.publish(
+                "turn", {"rollout": self.id, "turn": row.as_json()}, self.owner
+            )
 
     def sent_late(self, nbytes: int) -> None:
         """Bytes of the last turn sent after it was recorded (an HTTP JSON body)."""

@@ -30,7 +30,10 @@ elsewhere. The page reads everything from the same endpoints a tool would:
 With API keys on, the gate (``serve.gate``) answers 401 before any of these
 runs, and takes the key from ``?key=`` here since a browser cannot set a
 header on a page load or an ``EventSource``; the page passes on the
-``key`` of its own address to every request it makes.
+``key`` of its own address to every request it makes. Each key is shown its
+own connections and rollouts only (``gate.viewer``): another key's rollout
+is ``not_found`` as one never kept; the operator key, and everyone with keys
+off, sees them all.
 """
 
 from __future__ import annotations
@@ -53,10 +56,11 @@ from protocol import RemoteProtocolError
 
 from ...config import INSPECTOR_FEED_LIFETIME, INSPECTOR_WATCHERS_PER_KEY, SLOW_READER_TIMEOUT
 from ...storage.backends import StoreError
+from ...storage.keys import ApiKeys
 from ...storage.persistence import Persistence
 from ..deadline import DeadlineStream
 from ..errors import http_error
-from ..gate import OWNER_KEY
+from ..gate import OWNER_KEY, viewer
 from ..metrics import LoopLagMonitor
 from ..seam import peer_gone
 from .observer import Inspector, TooManyWatchers
@@ -109,8 +113,10 @@ class InspectRoutes:
         watchers_per_key: int = INSPECTOR_WATCHERS_PER_KEY,
         feed_lifetime: float = INSPECTOR_FEED_LIFETIME,
         slow_reader_timeout: float = SLOW_READER_TIMEOUT,
+        keys: ApiKeys | None = None,
     ) -> None:
         self.inspector = inspector
+        self.keys = keys or ApiKeys()
         self.watchers_per_key = watchers_per_key
         self.feed_lifetime = feed_lifetime
         self.slow_reader_timeout = slow_reader_timeout
@@ -182,9 +188,16 @@ class InspectRoutes:
         self._store = (now, state)
         return state
 
-    async def _state(self) -> dict[str, Any]:
-        state = self.inspector.state()
+    def _viewer(self, request: Request) -> str | None:
+        return viewer(request.scope, self.keys)
+
+    async def _state(self, viewer: str | None) -> dict[str, Any]:
+        state = self.inspector.state(viewer)
         server = await self.server_panel()
+        if viewer is not None:  # a tenant counts its own sessions, not everyone's
+            server["live_sessions"] = sum(
+                1 for c in state["connections"] if c["open"] and c["id"] != "http"
+            )
         server["live_rollouts"] = state.pop("live_rollouts")
         server["paused_rollouts"] = state.pop("paused_rollouts")
         server["watchers"] = state.pop("watchers")
@@ -192,11 +205,11 @@ class InspectRoutes:
         return {"server": server, **state}
 
     async def state(self, request: Request) -> Response:
-        return JSONResponse(await self._state())
+        return JSONResponse(await self._state(self._viewer(request)))
 
     def _record(self, request: Request) -> Any:
         rollout_id = request.path_params["rollout_id"]
-        record = self.inspector.rollouts.get(rollout_id)
+        record = self.inspector.visible(rollout_id, self._viewer(request))
         if record is None:
             raise RemoteProtocolError(
                 f"No rollout {rollout_id!r} is kept by the inspector (it keeps "
@@ -227,13 +240,14 @@ class InspectRoutes:
 
     async def feed(self, request: Request) -> Response:
         owner = request.scope.get(OWNER_KEY, "")
+        shown = self._viewer(request)
         try:
             if owner and self._feeds[owner] >= self.watchers_per_key:
                 raise TooManyWatchers(
                     f"This API key has {self._feeds[owner]} inspector feeds open; the limit "
                     f"is {self.watchers_per_key}. Close one and retry."
                 )
-            watcher = self.inspector.add_watcher()
+            watcher = self.inspector.add_watcher(shown)
         except TooManyWatchers as exc:
             return http_error(RemoteProtocolError(str(exc), code=TOO_MANY_WATCHERS, status=429))
         self._feeds[owner] += 1
@@ -253,7 +267,7 @@ class InspectRoutes:
 
         async def stream() -> AsyncIterator[bytes]:
             try:
-                yield _sse("state", await self._state())
+                yield _sse("state", await self._state(shown))
                 next_state = time.monotonic() + FEED_STATE_INTERVAL
                 while not inspector.stopping and not peer_gone(scope):
                     if time.monotonic() >= ends:
@@ -263,7 +277,7 @@ class InspectRoutes:
                         async with asyncio.timeout(timeout):
                             kind, data = await watcher.queue.get()
                     except TimeoutError:
-                        yield _sse("state", await self._state())
+                        yield _sse("state", await self._state(shown))
                         next_state = time.monotonic() + FEED_STATE_INTERVAL
                         continue
                     yield _sse(kind, data)

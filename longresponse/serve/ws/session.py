@@ -371,7 +371,7 @@ class ResponsesEndpoint:
         self.live_sessions += 1
         self.last_session = session
         self.sessions.add(session)
-        session.seen = self.turns.inspector.open_connection(session, transport)
+        session.seen = self.turns.inspector.open_connection(session, transport, owner)
         try:
             await send({"type": "websocket.accept", "subprotocol": subprotocol})
             await session.serve(receive, send)
