@@ -149,6 +149,9 @@ class Outbox:
                         await send({"type": "websocket.send", "text": texts[0].decode()})
                 except Exception as exc:  # the server side of the socket is gone
                     raise PeerGone("send failed") from exc
+                # Not held while the writer waits for the next event: a traceback
+                # that keeps this frame would keep the batch's bytes with it.
+                del texts
                 if time.monotonic() - turn >= WRITE_SLICE_SECONDS:  # others' turn
                     await asyncio.sleep(0)
                     turn = time.monotonic()

@@ -224,6 +224,11 @@ class Session:
             if data is None:
                 data = message.get("bytes") or b""
             self.handle_message(data, received_at)
+            # Not held while the next one is awaited: a closed session waits in
+            # a reference cycle (its task group's exceptions, their tracebacks'
+            # frames) for a full collection, which the tuned collector runs
+            # rarely, and this frame is one of those kept (issue 20).
+            del message, data
 
     def handle_message(self, data: str | bytes, received_at: float) -> None:
         """Decode, check, admit and act on one client message; errors become error events.
