@@ -25,6 +25,7 @@ from websockets.sync.client import connect as ws_connect
 
 from longresponse.client import connect
 from longresponse.server_process import ServerProcess
+from protocol import APPEND_SUBPROTOCOL
 from protocol.codec import encode_event
 from protocol.events import ResponseDone
 from protocol.items import FunctionCall
@@ -241,9 +242,10 @@ def _rss_mib(pid: int) -> float:
     raise AssertionError("no VmRSS")  # pragma: no cover
 
 
-def _one_create(url: str, create: dict[str, Any]) -> None:
+def _one_create(url: str, create: dict[str, Any], *, append: bool = False) -> None:
     """Send one create and read until its response (or its error) ends; then close."""
-    with ws_connect(url, max_size=None, open_timeout=10) as client:
+    subprotocols: list[Any] | None = [APPEND_SUBPROTOCOL] if append else None
+    with ws_connect(url, subprotocols=subprotocols, max_size=None, open_timeout=10) as client:
         client.send(json.dumps(create))
         while True:
             kind = json.loads(client.recv(timeout=30))["type"]
@@ -252,26 +254,28 @@ def _one_create(url: str, create: dict[str, Any]) -> None:
 
 
 def test_closed_connections_give_back_their_large_messages() -> None:
-    """Eight connections each send one create with a 10 MiB previous_response_id
-    (refused, quoted in the error), then close: RSS comes back to within 10%
-    of the warm idle server's. Before the fix each closed session sat in a
-    reference cycle (its task group's exception, the cancelled tasks'
-    tracebacks and their frames) that held the last message read and the last
-    batch written until a full collection, which the tuned collector runs
-    rarely: about 14 MiB a connection."""
+    """Eight connections each send one create with a 10 MiB previous_response_id,
+    then close: four in the shipped shape (refused, the id quoted in the error),
+    four in append mode (type-checked, then ignored: the response completes).
+    RSS comes back to within 10% of the warm idle server's. A closed session
+    waits in reference cycles for a full collection, which the tuned collector
+    runs rarely; before the fix what they held was kept with them: the last
+    message read, the last batch written, append mode's finished rollouts
+    with their creates (about 14 MiB a connection of each shape)."""
     create = {"type": "response.create", "model": "sim", "input": "hi",
               "previous_response_id": "a" * BIG_FIELD}  # fmt: skip
+    small = {"type": "response.create", "model": "sim", "input": "hi", "store": False}
     with ServerProcess("--no-inspector", "--store", "memory://") as server:
         assert server.process is not None
         pid = server.process.pid
-        for _ in range(3):  # warm: a connection, a turn and a refusal, small
-            _one_create(server.url, {"type": "response.create", "model": "sim",
-                                     "input": "hi", "store": False})  # fmt: skip
+        for _ in range(3):  # warm: a turn of each shape and a refusal, small
+            _one_create(server.url, small)
+            _one_create(server.url, small, append=True)
             _one_create(server.url, {**create, "previous_response_id": "resp_x"})
         time.sleep(0.5)
         idle = _rss_mib(pid)
-        for _ in range(8):
-            _one_create(server.url, create)
+        for append in [False, True] * 4:
+            _one_create(server.url, create, append=append)
         time.sleep(0.5)  # the server notices each close
         after = _rss_mib(pid)
     assert after < idle * 1.10, f"idle {idle:.1f} MiB, after 8 closed connections {after:.1f} MiB"

@@ -174,6 +174,12 @@ class AppendShape:
         self._billed.add(response.id)
         await self.turns.bill(response, owner=self.owner, transport=Transport.APPEND)
 
+    def release(self) -> None:
+        """The connection is closing: forget the rollouts that finished (their
+        creates, contexts and outputs), so that they are freed with the
+        connection rather than by a full collection of its reference cycles."""
+        self._forget_finished()
+
     def _forget_finished(self) -> None:
         # Only those whose terminal event went out: until then the protocol
         # core still accepts appends and cancels that name them.

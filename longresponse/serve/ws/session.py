@@ -188,6 +188,8 @@ class Session:
         except* (StreamClosed, _SessionOver):
             pass
         finally:
+            if self.append is not None:
+                self.append.release()
             if self.shipped is not None:  # its rollouts end with the connection
                 await self.shipped.release_dropped(every=True)
 

@@ -19,14 +19,24 @@ from tests.support.raw_ws import handshake, wait_until
 TOOL = {"type": "function", "name": "read_file", "parameters": {"type": "object"}}
 
 
-def assert_all_rollouts_ended(server: Any) -> None:
+async def live_rollouts(server: Any) -> list[Any]:
+    """The rollouts of the server's latest session, once it has one."""
+    endpoint = server.app.state.endpoint
+    await wait_until(lambda: endpoint.last_session is not None and endpoint.last_session.rollouts)
+    return list(endpoint.last_session.rollouts.values())
+
+
+def assert_all_rollouts_ended(server: Any, rollouts: list[Any]) -> None:
+    """Every rollout the session ran ended, and the closed session forgot them
+    (what they carried is freed with it, not by a full collection: issue 20)."""
     session = server.app.state.endpoint.last_session
     assert session is not None
-    assert session.rollouts
-    for rollout in session.rollouts.values():
+    assert rollouts
+    for rollout in rollouts:
         assert rollout.task is not None
         assert rollout.task.done()
         assert rollout.state is not ResponseState.IN_PROGRESS
+    assert session.rollouts == {}
 
 
 async def test_close_mid_stream_cancels_the_rollout(make_server: Any) -> None:
@@ -40,8 +50,9 @@ async def test_close_mid_stream_cancels_the_rollout(make_server: Any) -> None:
         while not isinstance(await client.next_event(), OutputTextDelta):
             pass
         assert running.live_sessions == 1
+        rollouts = await live_rollouts(running)
     await wait_until(lambda: running.live_sessions == 0)
-    assert_all_rollouts_ended(running)
+    assert_all_rollouts_ended(running, rollouts)
 
 
 async def test_close_while_paused_frees_the_rollout(make_server: Any) -> None:
@@ -51,8 +62,9 @@ async def test_close_while_paused_frees_the_rollout(make_server: Any) -> None:
         done = (await client.until_done())[-1]
         assert isinstance(done, ResponseDone)
         assert done.response.status == "requires_action"
+        rollouts = await live_rollouts(running)
     await wait_until(lambda: running.live_sessions == 0)
-    assert_all_rollouts_ended(running)
+    assert_all_rollouts_ended(running, rollouts)
 
 
 async def test_abrupt_tcp_reset_mid_stream(make_server: Any) -> None:
@@ -66,11 +78,12 @@ async def test_abrupt_tcp_reset_mid_stream(make_server: Any) -> None:
     with sock:
         sock.sendall(conn.send(ws.TextMessage(json.dumps(create))))
         conn.receive_data(sock.recv(65536))  # the first events are out
+        rollouts = await live_rollouts(running)
         linger = b"\x01\x00\x00\x00\x00\x00\x00\x00"
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, linger)
     # closed with linger 0: a RST, no close frame
     await wait_until(lambda: running.live_sessions == 0)
-    assert_all_rollouts_ended(running)
+    assert_all_rollouts_ended(running, rollouts)
 
 
 async def test_slow_reader_is_disconnected_with_bounded_memory(make_server: Any) -> None:
@@ -84,12 +97,13 @@ async def test_slow_reader_is_disconnected_with_bounded_memory(make_server: Any)
     started = time.monotonic()
     with sock:
         sock.sendall(conn.send(ws.TextMessage(json.dumps(create))))
+        rollouts = await live_rollouts(running)
         # Never read: the server must stop buffering and let go of us.
         await wait_until(lambda: running.live_sessions == 0, seconds=30)
     session = running.app.state.endpoint.last_session
     assert session.close_reason == "slow_reader"
     assert session.outbox_high_water <= 8
-    assert_all_rollouts_ended(running)
+    assert_all_rollouts_ended(running, rollouts)
     assert time.monotonic() - started < 30
 
 
