@@ -58,6 +58,7 @@ __all__ = [
     "RedactQueryKey",
     "RouteGate",
     "authorization",
+    "owner_of",
     "redact_access_log",
     "redact_query_key",
     "viewer",
@@ -256,4 +257,12 @@ def viewer(scope: Scope, keys: ApiKeys) -> str | None:
     Raises :class:`Unauthorized` without a valid key (the gate has answered 401
     before any route runs, so a route does not meet it).
     """
-    return keys.viewer(keys.owner(authorization(scope)))
+    return keys.viewer(owner_of(scope, keys))
+
+
+def owner_of(scope: Scope, keys: ApiKeys) -> str:
+    """The owner of the request's key: the one the gate found (:data:`OWNER_KEY`),
+    or, for a request that did not pass the gate, found now. Raises
+    :class:`Unauthorized` without a valid key."""
+    owner = scope.get(OWNER_KEY)
+    return owner if isinstance(owner, str) else keys.owner(authorization(scope))

@@ -40,6 +40,7 @@ from ...storage.keys import ApiKeys, Unauthorized
 from ...storage.persistence import Persistence
 from ..continuation import Continuation, continue_from
 from ..errors import http_error, upstream_http_error
+from ..gate import owner_of
 from ..request_ids import request_id
 from ..seam import abort, peer_gone, until_gone
 from ..turns import Turns
@@ -115,7 +116,7 @@ class ResponsesHTTP:
         :class:`RemoteProtocolError` ``invalid_api_key`` (401). Every HTTP route
         that takes a body asks this first."""
         try:
-            return self.keys.owner(request.headers.get("authorization"))
+            return owner_of(request.scope, self.keys)
         except Unauthorized as exc:
             raise RemoteProtocolError(str(exc), code="invalid_api_key", status=401) from exc
 

@@ -60,7 +60,7 @@ from ...storage.keys import ApiKeys
 from ...storage.persistence import Persistence
 from ..deadline import DeadlineStream
 from ..errors import http_error
-from ..gate import OWNER_KEY, viewer
+from ..gate import owner_of, viewer
 from ..metrics import LoopLagMonitor
 from ..seam import peer_gone
 from .observer import Inspector, TooManyWatchers
@@ -239,7 +239,7 @@ class InspectRoutes:
     # --- the live feed -------------------------------------------------------------
 
     async def feed(self, request: Request) -> Response:
-        owner = request.scope.get(OWNER_KEY, "")
+        owner = owner_of(request.scope, self.keys)
         shown = self._viewer(request)
         try:
             if owner and self._feeds[owner] >= self.watchers_per_key:
