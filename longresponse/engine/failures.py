@@ -32,7 +32,6 @@ from .sampling import ModelSpec, UpstreamError
 __all__ = [
     "ContextLengthExceeded",
     "TurnRefused",
-    "UpstreamError",
     "cut_to_window",
     "failure",
     "kept",

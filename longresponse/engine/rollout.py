@@ -65,7 +65,7 @@ from .admission import Pipeline
 from .classifier import Verdict
 from .compaction import Compactor, Drained, compact, compact_threshold, drain
 from .counting import may_defer
-from .failures import UpstreamError, cut_to_window, failure, kept, upstream_error_event
+from .failures import cut_to_window, failure, kept, upstream_error_event
 from .render import TokenCache, render_prefix
 from .reply import Reply, TokenCounts
 from .sampling import (
@@ -77,6 +77,7 @@ from .sampling import (
     Stop,
     TextDelta,
     ToolCallStart,
+    UpstreamError,
     release,
 )
 from .stream import EventSink, StreamClosed

@@ -27,7 +27,7 @@ from starlette.responses import JSONResponse
 from protocol import ProtocolError, RemoteProtocolError, error_event
 from protocol.events import ErrorEvent
 
-from ..engine.failures import UpstreamError
+from ..engine.sampling import UpstreamError
 from .request_ids import REQUEST_ID_HEADER, new_request_id, request_id
 from .types import Receive, Scope, Send
 

@@ -27,8 +27,7 @@ from longresponse.backends.settings import SettingsError, load_toml, shown_url
 from longresponse.chat.mapping import messages_from_items
 from longresponse.chat.upstream import ChunkRecord as StreamChunk
 from longresponse.client import connect
-from longresponse.engine.failures import UpstreamError
-from longresponse.engine.sampling import ToolCallStart
+from longresponse.engine.sampling import ToolCallStart, UpstreamError
 from longresponse.engine.stream import StreamBuilder
 from protocol.events import ErrorEvent, OutputItemDone, ResponseDone
 from protocol.items import FunctionCall, InputImage, InputText, Message, item_text

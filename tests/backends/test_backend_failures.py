@@ -27,8 +27,7 @@ import trio
 
 from longresponse.backends.chat import ChatBackend
 from longresponse.client import connect
-from longresponse.engine.failures import UpstreamError
-from longresponse.engine.sampling import SampleRequest, Usage
+from longresponse.engine.sampling import SampleRequest, UpstreamError, Usage
 from longresponse.server_process import ServerProcess, free_port
 from protocol.events import (
     ErrorEvent,

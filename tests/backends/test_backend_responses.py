@@ -34,7 +34,6 @@ from longresponse.backends.responses_wire import (
 from longresponse.backends.responses_ws import ResponsesWSBackend
 from longresponse.client import connect
 from longresponse.config import BackendConfig
-from longresponse.engine.failures import UpstreamError
 from longresponse.engine.sampling import (
     ArgumentsDelta,
     ItemEnd,
@@ -42,6 +41,7 @@ from longresponse.engine.sampling import (
     Stop,
     TextDelta,
     ToolCallStart,
+    UpstreamError,
     Usage,
 )
 from longresponse.server_process import ServerProcess, free_port

@@ -97,9 +97,8 @@ from ...chat.wire import (
 )
 from ...config import WRITE_SLICE_SECONDS, ServerConfig
 from ...engine.admission import Pipeline
-from ...engine.failures import UpstreamError
 from ...engine.render import encode, render_item
-from ...engine.sampling import ModelSpec, SampleRequest
+from ...engine.sampling import ModelSpec, SampleRequest, UpstreamError
 from ...ids import new_id
 from ..errors import error_body, http_error, upstream_http_error
 from ..seam import abort, peer_gone

@@ -30,7 +30,7 @@ from protocol.items import Compaction, Item, as_items
 from protocol.response import Response as ResponseObject
 
 from ...config import WRITE_SLICE_SECONDS, ServerConfig
-from ...engine.failures import UpstreamError
+from ...engine.sampling import UpstreamError
 from ...engine.stream import StreamClosed
 from ...engine.timing import TurnTiming
 from ...engine.transport import Transport
