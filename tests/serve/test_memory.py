@@ -253,6 +253,15 @@ def _one_create(url: str, create: dict[str, Any], *, append: bool = False) -> No
                 return
 
 
+def _until_no_live_session(server: ServerProcess, seconds: float = 30.0) -> None:
+    """Wait (bounded) until the server's ``/healthz`` counts no live WebSocket session:
+    every close the test made has been handled, its session's ``finally`` run."""
+    deadline = time.monotonic() + seconds
+    while httpx.get(f"{server.http_url}/healthz").json()["live_sessions"]:
+        assert time.monotonic() < deadline, "sessions still live after their clients closed"
+        time.sleep(0.05)
+
+
 def test_closed_connections_give_back_their_large_messages() -> None:
     """Eight connections each send one create with a 10 MiB previous_response_id,
     then close: four in the shipped shape (refused, the id quoted in the error),
@@ -272,10 +281,10 @@ def test_closed_connections_give_back_their_large_messages() -> None:
             _one_create(server.url, small)
             _one_create(server.url, small, append=True)
             _one_create(server.url, {**create, "previous_response_id": "resp_x"})
-        time.sleep(0.5)
+        _until_no_live_session(server)
         idle = _rss_mib(pid)
         for append in [False, True] * 4:
             _one_create(server.url, create, append=append)
-        time.sleep(0.5)  # the server notices each close
+        _until_no_live_session(server)  # the server has finished each close
         after = _rss_mib(pid)
     assert after < idle * 1.10, f"idle {idle:.1f} MiB, after 8 closed connections {after:.1f} MiB"
