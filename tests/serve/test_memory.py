@@ -263,17 +263,22 @@ def _until_no_live_session(server: ServerProcess, seconds: float = 30.0) -> None
 
 
 def test_closed_connections_give_back_their_large_messages() -> None:
-    """Eight connections each send one create with a 10 MiB previous_response_id,
-    then close: four in the shipped shape (refused, the id quoted in the error),
-    four in append mode (type-checked, then ignored: the response completes).
-    RSS comes back to within 10% of the warm idle server's. A closed session
-    waits in reference cycles for a full collection, which the tuned collector
-    runs rarely; before the fix what they held was kept with them: the last
-    message read, the last batch written, append mode's finished rollouts
-    with their creates (about 14 MiB a connection of each shape)."""
+    """Thirty-two connections each send one create with a 10 MiB
+    previous_response_id, then close: half in the shipped shape (refused, the
+    id quoted in the error), half in append mode (type-checked, then ignored:
+    the response completes). What they brought does not stay: after every
+    eight, RSS is within three such messages of the warm idle server's. Before
+    the fix each closed connection kept about 14 MiB (the last message read,
+    the last batch written, append mode's finished rollouts with their
+    creates), waiting in reference cycles for a full collection that the tuned
+    collector runs rarely: 450 MiB here. The allowance is the allocator's:
+    glibc keeps one or two freed 10 MiB blocks mapped at random (measured 1 to
+    21 MiB above idle, round after round, never growing), so the check is on
+    growth with the connections, not on the last MiB."""
     create = {"type": "response.create", "model": "sim", "input": "hi",
               "previous_response_id": "a" * BIG_FIELD}  # fmt: skip
     small = {"type": "response.create", "model": "sim", "input": "hi", "store": False}
+    allowance = 3 * BIG_FIELD / 2**20
     with ServerProcess("--no-inspector", "--store", "memory://") as server:
         assert server.process is not None
         pid = server.process.pid
@@ -283,8 +288,10 @@ def test_closed_connections_give_back_their_large_messages() -> None:
             _one_create(server.url, {**create, "previous_response_id": "resp_x"})
         _until_no_live_session(server)
         idle = _rss_mib(pid)
-        for append in [False, True] * 4:
-            _one_create(server.url, create, append=append)
-        _until_no_live_session(server)  # the server has finished each close
-        after = _rss_mib(pid)
-    assert after < idle * 1.10, f"idle {idle:.1f} MiB, after 8 closed connections {after:.1f} MiB"
+        growth: list[float] = []
+        for _ in range(4):
+            for append in [False, True] * 4:
+                _one_create(server.url, create, append=append)
+            _until_no_live_session(server)  # the server has finished each close
+            growth.append(round(_rss_mib(pid) - idle, 1))
+    assert max(growth) < allowance, f"idle {idle:.1f} MiB; after each 8 closed: +{growth} MiB"
