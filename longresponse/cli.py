@@ -258,6 +258,15 @@ def build_parser() -> argparse.ArgumentParser:
         "start-up are frozen out of every collection either way",
     )
     serve.add_argument(
+        "--mmap-threshold",
+        type=_ranged("mmap_threshold", int),
+        default=limits.MMAP_THRESHOLD,
+        metavar="BYTES",
+        help="with glibc, give each allocation of BYTES or more its own mapping, returned to "
+        f"the system when freed (default {limits.MMAP_THRESHOLD:,}; 0 keeps glibc's sliding "
+        "threshold, which after one large message keeps its size in the heap for good)",
+    )
+    serve.add_argument(
         "--allow-unauthenticated",
         action="store_true",
         help="listen on a non-loopback address without API keys (refused otherwise)",
@@ -623,9 +632,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             drain_timeout=config.shutdown_drain_timeout,
             background=state.background,
         )
-        from .serve.collector import tune_gc
+        from .serve.collector import fix_mmap_threshold, tune_gc
 
         tune_gc(args.gc_young_threshold)
+        fix_mmap_threshold(args.mmap_threshold)
         # On SIGINT/SIGTERM the WebSockets drain (turns in flight finish, then
         # close 1012), uvicorn shuts down cleanly (the lifespan drains the
         # post-inference queue), then re-raises the signal it captured.

@@ -44,6 +44,7 @@ __all__ = [
     "MAX_SCHEMA_NODES",
     "MAX_SCHEMA_WIDTH",
     "MAX_TOOLS",
+    "MMAP_THRESHOLD",
     "PAUSE_TIMEOUT",
     "RANGES",
     "SEND_QUEUE_BYTES",
@@ -249,6 +250,7 @@ RANGES: Final[Mapping[str, Range]] = {
     "chat_prefix_cache_tokens": Range(16, 1_000_000_000, zero=True),
     "chat_max_in_flight": Range(1, 1_000_000),
     "gc_young_threshold": Range(100, 1_000_000_000, zero=True),
+    "mmap_threshold": Range(128 * 1024, 32 * 1024 * 1024, zero=True),
 }
 
 
@@ -274,6 +276,11 @@ def ranged(name: str, kind: type[int] | type[float]) -> Callable[[str], Any]:
 #: young collections (Python's own is 700), chosen by measurement
 #: (``longresponse.serve.collector``; docs/BENCHMARKS.md, "Close to the floor").
 GC_YOUNG_THRESHOLD: Final = 20_000
+
+#: ``--mmap-threshold``'s default: allocations from this size up get their own
+#: mapping from glibc, given back to the system when freed
+#: (``longresponse.serve.collector``).
+MMAP_THRESHOLD: Final = 1024 * 1024
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""The garbage collector, set up for a server that holds many live rollouts.
+"""The garbage collector and the allocator, set up for a long-lived server.
 
 Theory of operation
 -------------------
@@ -21,13 +21,32 @@ live, against tenths of one), which a continuation's latency rarely meets.
 It is called once, by ``longresponse serve``, just before the server runs:
 never by an app built in-process (tests, embedding), whose process is not
 the server's own.
+
+:func:`fix_mmap_threshold` is the allocator's half. glibc serves an
+allocation from its own mapping when it is at least the mmap threshold
+(128 KiB at first), and gives the mapping back on free; but when such a block
+is freed it raises the threshold to the block's size (up to 32 MiB), so the
+next message of that size comes from the heap, whose freed top it keeps. One
+10 MiB WebSocket message was enough: after the connections that sent them had
+closed and every Python object was freed, RSS stayed 10 to 21 MiB above idle,
+a freed block or two kept at random. Setting the threshold once
+(``--mmap-threshold``, :data:`~longresponse.config.MMAP_THRESHOLD`) turns the
+sliding off: a large message's buffers are mapped and unmapped, and RSS comes
+back to within a MiB of idle (``tests/serve/test_memory.py``). Elsewhere than
+glibc it does nothing.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import gc
+import sys
 
-__all__ = ["tune_gc"]
+__all__ = ["fix_mmap_threshold", "tune_gc"]
+
+#: glibc's ``mallopt`` parameter number for the mmap threshold (``malloc.h``).
+_M_MMAP_THRESHOLD = -3
 
 
 def tune_gc(young_threshold: int) -> None:
@@ -37,3 +56,18 @@ def tune_gc(young_threshold: int) -> None:
     if young_threshold > 0:
         _, middle, old = gc.get_threshold()
         gc.set_threshold(young_threshold, middle, old)
+
+
+def fix_mmap_threshold(size: int) -> bool:
+    """With glibc, serve allocations of ``size`` bytes or more from their own
+    mappings, a fixed threshold (0 leaves glibc's sliding one). True if set."""
+    if size <= 0 or not sys.platform.startswith("linux"):
+        return False
+    name = ctypes.util.find_library("c")
+    if name is None:  # pragma: no cover - every Linux has a C library
+        return False
+    libc = ctypes.CDLL(name)
+    mallopt = getattr(libc, "mallopt", None)
+    if mallopt is None:  # pragma: no cover - musl has no mallopt
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, size))
