@@ -18,7 +18,7 @@ from protocol import MAX_ITEMS_PER_EVENT, MAX_MESSAGE_BYTES
 from . import config as limits
 from .backends import settings as backend_settings
 from .backends.registry import missing_keys
-from .config import SchemaLimits, ServerConfig, SimConfig, Switches
+from .config import McpLimits, SchemaLimits, ServerConfig, SimConfig, Switches
 from .storage.keys import API_KEYS_ENV, ApiKeys, is_loopback
 from .storage.server_keys import COMPACTION_KEY_ENV
 
@@ -360,6 +360,44 @@ def build_parser() -> argparse.ArgumentParser:
         "code_interpreter, image_generation, tool_search, ...): accept them (echoed in the "
         "response's tools, never offered to the model) or refuse the request",
     )
+    serve.add_argument(
+        "--mcp-allow-host",
+        action="append",
+        default=[],
+        metavar="HOST[:PORT]",
+        help="a host the hosted mcp tool's server_url may name (repeatable); with none, "
+        "every mcp tool is refused, so a tenant cannot make the server call any address",
+    )
+    serve.add_argument(
+        "--mcp-connect-timeout",
+        type=_ranged("mcp_connect_timeout", float),
+        default=10.0,
+        help="seconds to connect to an MCP server and finish its handshake",
+    )
+    serve.add_argument(
+        "--mcp-call-timeout",
+        type=_ranged("mcp_call_timeout", float),
+        default=60.0,
+        help="seconds one MCP listing or call may take once connected",
+    )
+    serve.add_argument(
+        "--mcp-max-listing-bytes",
+        type=_ranged("mcp_max_listing_bytes", int),
+        default=1 << 20,
+        help="bytes of an MCP server's tool listing (as JSON); a larger one fails",
+    )
+    serve.add_argument(
+        "--mcp-max-output-bytes",
+        type=_ranged("mcp_max_output_bytes", int),
+        default=1 << 20,
+        help="bytes of one MCP call's output; a larger one fails the call",
+    )
+    serve.add_argument(
+        "--mcp-max-calls",
+        type=_ranged("mcp_max_calls", int),
+        default=64,
+        help="MCP calls one Response may make; further calls fail",
+    )
     for switch, what in (
         ("incremental-validation", "validate only new input (off: the whole history, every time)"),
         (
@@ -510,6 +548,14 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         allow_unauthenticated=args.allow_unauthenticated,
         secrets_policy=args.secrets_policy,
         hosted_tools=args.hosted_tools,
+        mcp=McpLimits(
+            allowed_hosts=frozenset(host.lower() for host in args.mcp_allow_host),
+            connect_timeout=args.mcp_connect_timeout,
+            call_timeout=args.mcp_call_timeout,
+            max_listing_bytes=args.mcp_max_listing_bytes,
+            max_output_bytes=args.mcp_max_output_bytes,
+            max_calls=args.mcp_max_calls,
+        ),
         compaction_key=args.compaction_key,
         compaction_lifetime=args.compaction_lifetime,
         http_token_cache=args.http_token_cache,

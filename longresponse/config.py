@@ -55,6 +55,7 @@ __all__ = [
     "WRITE_SLICE_SECONDS",
     "WS_COMPRESSION",
     "WS_PING_INTERVAL",
+    "McpLimits",
     "Range",
     "SchemaLimits",
     "ServerConfig",
@@ -235,6 +236,11 @@ RANGES: Final[Mapping[str, Range]] = {
     "max_response_events": Range(1, 1_000_000_000),
     "max_response_output_tokens": Range(1, 1_000_000_000),
     "max_tools": Range(1, 100_000),
+    "mcp_connect_timeout": Range(0.001, _DAY),
+    "mcp_call_timeout": Range(0.001, _DAY),
+    "mcp_max_listing_bytes": Range(1, _GIB),
+    "mcp_max_output_bytes": Range(1, _GIB),
+    "mcp_max_calls": Range(1, 100_000),
     "max_schema_nodes": Range(1, 10_000_000),
     "max_schema_width": Range(1, 10_000_000),
     "inspector_watchers": Range(1, 1_000),
@@ -373,6 +379,23 @@ class BackendConfig:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class McpLimits:
+    """What a tenant's ``mcp`` tool may make this server do (``--mcp-*`` flags)."""
+
+    #: Hosts (``host`` or ``host:port``) a ``server_url`` may name; empty: none.
+    allowed_hosts: frozenset[str] = frozenset()
+    #: Seconds to connect and finish the MCP handshake.
+    connect_timeout: float = 10.0
+    #: Seconds one listing or call may take once connected.
+    call_timeout: float = 60.0
+    #: Bytes of a listing's tools (as JSON) and of one call's output.
+    max_listing_bytes: int = 1 << 20
+    max_output_bytes: int = 1 << 20
+    #: MCP calls one Response may make.
+    max_calls: int = 64
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class ServerConfig:
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
@@ -428,6 +451,8 @@ class ServerConfig:
     #: Hosted tools (web search, MCP, ...): ``accept`` (echoed, never offered to
     #: the model) or ``refuse`` (``invalid_value`` on ``tools[i].type``).
     hosted_tools: str = "accept"
+    #: The hosted ``mcp`` tool's limits (``--mcp-*``): which hosts, timeouts, sizes.
+    mcp: McpLimits = dataclasses.field(default_factory=McpLimits)
     #: The secret compaction items are sealed with (else LONGRESPONSE_COMPACTION_KEY,
     #: else a random key kept in the store: ``longresponse.storage.server_keys``).
     compaction_key: str | None = None

@@ -28,7 +28,7 @@ from .events import (
     ResponseIncomplete,
     ServerEvent,
 )
-from .items import CallOutput, Item, Message, answered_call_id
+from .items import CallOutput, Item, McpApprovalResponse, Message, answered_call_id
 from .state import ResponseState, ResponseStateMachine
 
 __all__ = [
@@ -129,14 +129,17 @@ def check_append_items(items: list[Item], track: ResponseTrack) -> list[str]:
     response_id = track.response_id
     seen: list[str] = []
     for index, item in enumerate(items):
-        if isinstance(item, CallOutput):
-            call_id = answered_call_id(item)
-            _check_names_call(item, index, response_id)
+        if isinstance(item, CallOutput | McpApprovalResponse):
+            if isinstance(item, McpApprovalResponse):
+                call_id, named_by = item.approval_request_id, "approval_request_id"
+            else:
+                call_id, named_by = answered_call_id(item), "call_id"
+                _check_names_call(item, index, response_id)
             if call_id in track.answered_calls or call_id in seen:
                 raise LocalProtocolError(
                     f"Tool call {call_id!r} of response {response_id!r} already has an output.",
                     code=ErrorCode.DUPLICATE_CALL_ID,
-                    param=f"input[{index}].call_id",
+                    param=f"input[{index}].{named_by}",
                     response_id=response_id,
                 )
             if call_id not in track.pending_calls:
@@ -144,7 +147,7 @@ def check_append_items(items: list[Item], track: ResponseTrack) -> list[str]:
                     f"No tool call with call_id {call_id!r} is pending in response "
                     f"{response_id!r}.",
                     code=ErrorCode.UNKNOWN_CALL_ID,
-                    param=f"input[{index}].call_id",
+                    param=f"input[{index}].{named_by}",
                     response_id=response_id,
                 )
             seen.append(call_id)
@@ -158,8 +161,8 @@ def check_append_items(items: list[Item], track: ResponseTrack) -> list[str]:
                 )
         else:
             raise LocalProtocolError(
-                "An append carries messages and tool outputs (function_call_output, "
-                "custom_tool_call_output, shell_call_output, ...), "
+                "An append carries messages, tool outputs (function_call_output, "
+                "custom_tool_call_output, shell_call_output, ...) and mcp_approval_response, "
                 f"not {wire_type(item)!r}.",
                 code=ErrorCode.INVALID_VALUE,
                 param=f"input[{index}].type",
@@ -220,5 +223,3 @@ def event_key(event: ServerEvent) -> str:
         if status != allowed[0]:
             return f"{wire_type(event)}:{status}"
     return wire_type(event)
-
-

@@ -99,6 +99,7 @@ from .items import (
     InputImage,
     InputText,
     Item,
+    McpApprovalRequest,
     Message,
     call_name,
     is_cut,
@@ -540,20 +541,21 @@ class Connection:
                 code=ErrorCode.INVALID_VALUE,
                 param="response.id",
             )
-        # A call of any client-executed kind waits for its output, by call_id.
+        # A call of any client-executed kind waits for its output, by call_id;
+        # an MCP approval request for its approval response, by its id.
         item = event.item if isinstance(event, OutputItemDone) else None
-        call: ClientCall | None = item if isinstance(item, ClientCall) else None
-        if call is not None and (is_cut(call) or call.call_id in track.answered_calls):
-            call = None  # cut short (never run), or already answered
+        awaited = _awaited(item) if item is not None else None
+        if awaited is not None and awaited[0] in track.answered_calls:
+            awaited = None  # already answered
         if (
-            call is not None
-            and call.call_id not in track.pending_calls
+            awaited is not None
+            and awaited[0] not in track.pending_calls
             and len(track.pending_calls) >= self.max_pending_calls
         ):
             raise _too_many_pending_calls(track, self.max_pending_calls)
         track.machine.take(Role.SERVER, event_key(event))  # raises, unchanged, if illegal
-        if call is not None:
-            track.pending_calls[call.call_id] = call_name(call)
+        if awaited is not None:
+            track.pending_calls[awaited[0]] = awaited[1]
         if track.terminal:
             track.forget_calls()  # nothing can answer a finished response
         track.next_sequence += 1
@@ -640,8 +642,7 @@ def _check_steer_item(item: Item, index: int) -> None:
         )
     if item.role != "user":
         raise LocalProtocolError(
-            f"Invalid 'input[{index}].role': steering takes user messages only, not "
-            f"{item.role!r}.",
+            f"Invalid 'input[{index}].role': steering takes user messages only, not {item.role!r}.",
             code=ErrorCode.INVALID_INPUT,
             param=f"input[{index}].role",
         )
@@ -654,6 +655,16 @@ def _check_steer_item(item: Item, index: int) -> None:
                     code=ErrorCode.INVALID_INPUT,
                     param=f"input[{index}].content[{part_index}].type",
                 )
+
+
+def _awaited(item: Item) -> tuple[str, str] | None:
+    """What a finished output item leaves waiting for the client, as (id, name): a
+    client call not cut short (by ``call_id``), or an MCP approval request (by ``id``)."""
+    if isinstance(item, ClientCall):
+        return None if is_cut(item) else (item.call_id, call_name(item))
+    if isinstance(item, McpApprovalRequest):
+        return item.id, f"mcp:{item.server_label}.{item.name}"
+    return None
 
 
 def _too_many_items(count: int, limit: int) -> LocalProtocolError:

@@ -56,6 +56,14 @@ __all__ = [
     "FunctionCallArgumentsDone",
     "ImageOptions",
     "Keepalive",
+    "McpCallArgumentsDelta",
+    "McpCallArgumentsDone",
+    "McpCallCompleted",
+    "McpCallFailed",
+    "McpCallInProgress",
+    "McpListToolsCompleted",
+    "McpListToolsFailed",
+    "McpListToolsInProgress",
     "Moderation",
     "ModerationPolicy",
     "ModerationRule",
@@ -263,6 +271,7 @@ class ResponseCreate(_Event, frozen=True, kw_only=True, tag="response.create"):
         (``prompt_cache_options.prewarm: true`` forces ``generate`` to false)."""
         options = self.prompt_cache_options
         return self.generate is False or (options is not None and options.prewarm is True)
+
     multi_agent: MultiAgent | None = None
 
 
@@ -419,6 +428,61 @@ class FunctionCallArgumentsDone(
     arguments: str
 
 
+class McpCallArgumentsDelta(
+    _ItemEvent, frozen=True, kw_only=True, tag="response.mcp_call_arguments.delta"
+):
+    item_id: str
+    output_index: int
+    delta: str
+
+
+class McpCallArgumentsDone(
+    _ItemEvent, frozen=True, kw_only=True, tag="response.mcp_call_arguments.done"
+):
+    item_id: str
+    output_index: int
+    arguments: str
+
+
+class _HostedStep(_ItemEvent, frozen=True, kw_only=True):
+    """A step of a hosted item (an MCP listing or call) the server is running."""
+
+    item_id: str
+    output_index: int
+
+
+class McpCallInProgress(
+    _HostedStep, frozen=True, kw_only=True, tag="response.mcp_call.in_progress"
+):
+    pass
+
+
+class McpCallCompleted(_HostedStep, frozen=True, kw_only=True, tag="response.mcp_call.completed"):
+    pass
+
+
+class McpCallFailed(_HostedStep, frozen=True, kw_only=True, tag="response.mcp_call.failed"):
+    pass
+
+
+class McpListToolsInProgress(
+    _HostedStep, frozen=True, kw_only=True, tag="response.mcp_list_tools.in_progress"
+):
+    pass
+
+
+class McpListToolsCompleted(
+    _HostedStep, frozen=True, kw_only=True, tag="response.mcp_list_tools.completed"
+):
+    pass
+
+
+class McpListToolsFailed(
+    _HostedStep, frozen=True, kw_only=True, tag="response.mcp_list_tools.failed"
+):
+    pass
+
+
 class CompactionCompacting(
     _ItemEvent, frozen=True, kw_only=True, tag="response.compaction.compacting"
 ):
@@ -508,9 +572,7 @@ class SteerRequiredInput(Struct, frozen=True, kw_only=True):
     name: str
 
 
-class ResponseSteerAccepted(
-    _ServerEvent, frozen=True, kw_only=True, tag="response.steer.accepted"
-):
+class ResponseSteerAccepted(_ServerEvent, frozen=True, kw_only=True, tag="response.steer.accepted"):
     """The steering input is queued (not yet applied: the successor's
     ``response.created`` commits it). An event of the steered response: its
     ``sequence_number`` is that response's next one."""
@@ -573,6 +635,14 @@ ServerEvent = (
     | OutputTextDone
     | FunctionCallArgumentsDelta
     | FunctionCallArgumentsDone
+    | McpCallArgumentsDelta
+    | McpCallArgumentsDone
+    | McpCallInProgress
+    | McpCallCompleted
+    | McpCallFailed
+    | McpListToolsInProgress
+    | McpListToolsCompleted
+    | McpListToolsFailed
     | CompactionCompacting
     | Keepalive
     | ErrorEvent

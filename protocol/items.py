@@ -51,6 +51,11 @@ __all__ = [
     "LocalShellCallOutput",
     "LocalShellExec",
     "LocalShellTool",
+    "McpApprovalRequest",
+    "McpApprovalResponse",
+    "McpCall",
+    "McpListTools",
+    "McpListedTool",
     "McpTool",
     "Message",
     "NamespaceTool",
@@ -348,6 +353,68 @@ class Reasoning(_Tagged, frozen=True, tag="reasoning"):
     status: ItemStatus | UnsetType = UNSET
 
 
+# --- the hosted mcp tool's items -------------------------------------------
+# Shapes from openai-python (``response_output_item.py``: ``McpListTools``,
+# ``McpCall``, ``McpApprovalRequest``; ``response_input_item.py``:
+# ``McpApprovalResponse``). The server writes the first three; a client
+# replays them as input and answers an approval request with the fourth.
+
+
+class McpListedTool(Struct, frozen=True, kw_only=True):
+    """One tool of an MCP server's listing."""
+
+    name: str
+    input_schema: Any
+    description: str | UnsetType | None = UNSET
+    annotations: Any | UnsetType = UNSET
+
+
+class McpListTools(_Tagged, frozen=True, tag="mcp_list_tools"):
+    """The tools an MCP server offers (``allowed_tools`` applied); ``error`` when
+    the listing failed."""
+
+    server_label: str
+    tools: list[McpListedTool]
+    id: str | UnsetType = UNSET
+    error: str | UnsetType | None = UNSET
+
+
+class McpCall(_Tagged, frozen=True, tag="mcp_call"):
+    """A call the server made to an MCP server: ``output``, or ``error`` (one of
+    ``{"type": "mcp_protocol_error" | "http_error", "code", "message"}``,
+    ``{"type": "mcp_tool_execution_error", "content"}``)."""
+
+    server_label: str
+    name: str
+    arguments: str
+    id: str | UnsetType = UNSET
+    approval_request_id: str | UnsetType | None = UNSET
+    output: str | UnsetType | None = UNSET
+    error: dict[str, Any] | UnsetType | None = UNSET
+    status: Literal["in_progress", "completed", "incomplete", "calling", "failed"] | UnsetType = (
+        UNSET
+    )
+
+
+class McpApprovalRequest(_Tagged, frozen=True, tag="mcp_approval_request"):
+    """The model's call of an MCP tool that needs the client's approval first; the
+    answer names it by ``id``."""
+
+    id: str
+    server_label: str
+    name: str
+    arguments: str
+
+
+class McpApprovalResponse(_Tagged, frozen=True, tag="mcp_approval_response"):
+    """Input: the client approves (or not) the request ``approval_request_id``."""
+
+    approval_request_id: str
+    approve: bool
+    id: str | UnsetType | None = UNSET
+    reason: str | UnsetType | None = UNSET
+
+
 # --- compaction ------------------------------------------------------------
 
 
@@ -385,6 +452,10 @@ Item = (
     | ComputerCall
     | ComputerCallOutput
     | Reasoning
+    | McpListTools
+    | McpCall
+    | McpApprovalRequest
+    | McpApprovalResponse
     | Compaction
     | CompactionTrigger
 )
@@ -722,9 +793,7 @@ class ToolChoiceWebSearchPreview(_Tagged, frozen=True, tag="web_search_preview")
     pass
 
 
-class ToolChoiceWebSearchPreview20250311(
-    _Tagged, frozen=True, tag="web_search_preview_2025_03_11"
-):
+class ToolChoiceWebSearchPreview20250311(_Tagged, frozen=True, tag="web_search_preview_2025_03_11"):
     pass
 
 

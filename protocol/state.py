@@ -108,6 +108,14 @@ OUTPUT_EVENTS: Final = (
     "response.output_text.done",
     "response.function_call_arguments.delta",
     "response.function_call_arguments.done",
+    "response.mcp_call_arguments.delta",
+    "response.mcp_call_arguments.done",
+    "response.mcp_call.in_progress",
+    "response.mcp_call.completed",
+    "response.mcp_call.failed",
+    "response.mcp_list_tools.in_progress",
+    "response.mcp_list_tools.completed",
+    "response.mcp_list_tools.failed",
     "response.compaction.compacting",
 )
 

@@ -62,6 +62,7 @@ from protocol.items import (
     InputText,
     Item,
     LocalShellCallOutput,
+    McpTool,
     Message,
     NamespaceTool,
     OutputText,
@@ -203,7 +204,8 @@ class Pipeline:
                         code=ErrorCode.INVALID_VALUE,
                         param=f"{where}.type",
                     )
-                hosted.append(kind)
+                if not isinstance(tool, McpTool):  # mcp tools are run (``engine/hosted.py``)
+                    hosted.append(kind)
             elif isinstance(tool, FunctionTool | CustomTool | NamespaceTool):
                 self._check_named(tool, where, names)
                 if isinstance(tool, NamespaceTool):

@@ -74,6 +74,10 @@ from protocol.items import (
     Item,
     LocalShellCall,
     LocalShellTool,
+    McpApprovalRequest,
+    McpApprovalResponse,
+    McpCall,
+    McpListTools,
     Message,
     NamespaceTool,
     Reasoning,
@@ -199,6 +203,19 @@ def _item_segment(item: Item) -> tuple[str, str]:
         if isinstance(item.content, list):
             texts.extend(part.text for part in item.content)
         header, body = "assistant reasoning", "\n".join(texts)
+    elif isinstance(item, McpListTools):
+        header = f"tools server={item.server_label}"
+        body = _json(item.tools) if not item.error else f"error: {item.error}"
+    elif isinstance(item, McpCall):
+        header = f"assistant to=mcp.{item.server_label}.{item.name}"
+        result = item.output if isinstance(item.output, str) else _json(item.error)
+        body = f"{item.arguments}\n{result}"
+    elif isinstance(item, McpApprovalRequest):
+        header = f"assistant to=mcp.{item.server_label}.{item.name} approval={item.id}"
+        body = item.arguments
+    elif isinstance(item, McpApprovalResponse):
+        header = f"approval {item.approval_request_id}"
+        body = "approved" if item.approve else "denied"
     elif isinstance(item, Compaction):
         header, body = "compaction", ""
     else:
@@ -272,9 +289,7 @@ def render_prefix(instructions: str | None, tools: Sequence[Tool]) -> list[int]:
     return _encode_segment(*_prefix_segment(instructions, tools))
 
 
-def render_text(
-    instructions: str | None, tools: Sequence[Tool], items: Iterable[Item]
-) -> str:
+def render_text(instructions: str | None, tools: Sequence[Tool], items: Iterable[Item]) -> str:
     """The whole conversation as one string with literal marker strings.
 
     Text is escaped exactly as in :func:`render_item`, so

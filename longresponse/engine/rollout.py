@@ -56,16 +56,18 @@ from protocol.events import (
     ResponseDone,
     ResponseInProgress,
 )
-from protocol.items import Item, as_items
+from protocol.items import Item, McpCall, as_items
 from protocol.response import Response, ResponseError
 
 from ..config import MAX_RESPONSE_EVENTS, MAX_RESPONSE_OUTPUT_TOKENS, Switches
+from ..ids import new_id
 from . import sampling as models
 from .admission import Pipeline
 from .classifier import Verdict
 from .compaction import Compactor, Drained, compact, compact_threshold, drain
 from .counting import may_defer
 from .failures import cut_to_window, failure, kept, upstream_error_event
+from .hosted import McpFailure, McpHost, approved_requests, unlisted
 from .render import TokenCache, render_prefix
 from .reply import Reply, TokenCounts
 from .sampling import (
@@ -206,6 +208,11 @@ class Rollout:
         #: This turn's new input: where it starts in the token cache, and whether it
         #: waits there uncounted (``longresponse.engine.counting``).
         self.input_from, self.uncounted = 0, False
+        #: The hosted ``mcp`` tools' servers for the turn (``engine/hosted.py``),
+        #: given by the owner with its hooks (:meth:`attach`); ``None``: no mcp tool.
+        self.mcp: McpHost | None = None
+        #: The model's last sampling ran a hosted call: it samples again at once.
+        self._hosted_ran = False
 
     def open_reply(
         self,
@@ -235,11 +242,15 @@ class Rollout:
         compactor: Compactor | None,
         on_timing: Callable[[TurnTiming], None] | None = None,
         on_terminal: Callable[[Response], Awaitable[None]] | None = None,
+        mcp: McpHost | None = None,
     ) -> None:
         """Take the owner's hooks for the turn about to start: its ``compactor``, the
-        observer of finished turns' timing and (append mode) the post-inference work
-        of the finished rollout. A hook given as ``None`` keeps the one in place."""
+        observer of finished turns' timing, (append mode) the post-inference work
+        of the finished rollout, and the request's MCP servers (``mcp``; replaced
+        every turn: each request names its own). A hook given as ``None`` keeps
+        the one in place."""
         self.compactor = compactor
+        self.mcp = mcp
         if on_timing is not None:
             self.on_timing = on_timing
         if on_terminal is not None:
@@ -555,8 +566,26 @@ class Rollout:
         Its events go to the current Reply. With ``prefix_changed`` nothing
         counts as cached: the model must prefill the whole context again (the
         tokenizer work is still reused). Returns the sampler's stop reason.
+
+        A model that calls a hosted tool (an MCP server's) samples again as soon
+        as the call's output is in its context, in the same turn: the rollout
+        never pauses for the server's own calls.
         """
+        while True:
+            stop = await self._sample_turn(prefix_changed=prefix_changed)
+            prefix_changed = False
+            if (
+                not self._hosted_ran
+                or stop in INCOMPLETE_STOPS
+                or stop == "max_events"
+                or self._current().pending_calls
+            ):
+                return stop
+
+    async def _sample_turn(self, *, prefix_changed: bool) -> str:
+        """One sampling of the model (see :meth:`turn`)."""
         reply = self._current()
+        self._hosted_ran = False
         timing = TurnTiming(turn=len(self.timings) + 1)
         timing.decode, timing.validate, timing.classify = self._admission
         self._admission = (0.0, 0.0, 0.0)
@@ -569,10 +598,19 @@ class Rollout:
         resolved = self.clock()
         taken = self._drain_inbox()
         self.context.extend(taken.items)
+        new_items = taken.items
+        if self.mcp is not None:  # listings and approved calls: new input too
+            hosting = self.clock()
+            hosted = await self._hosted_input(reply, self.mcp, taken.items)
+            self.context.extend(hosted)
+            new_items = [*taken.items, *hosted]
+            hosting = self.clock() - hosting  # a phase of its own, not pre-inference
+            timing.hosted += hosting
+            started, resolved = started + hosting, resolved + hosting
         cached = 0 if prefix_changed else min(self.model_seen, len(self.tokens))
         request = self.request
         threshold = compact_threshold(request, self.model.context_window)
-        bound = self._hold_input(taken.items, trigger=taken.trigger, threshold=threshold)
+        bound = self._hold_input(new_items, trigger=taken.trigger, threshold=threshold)
         if self.uncounted:  # counted after the first output (it cannot reach the window)
             rendered = self.clock()
             uncached = bound - cached
@@ -634,11 +672,20 @@ class Rollout:
                         and sink.track(reply.id).next_sequence >= self.max_events
                     ):  # never with a call half written
                         stop, chunk = "max_events", ItemEnd(incomplete=True)  # close it, stop
+                    if (
+                        isinstance(chunk, ToolCallStart)
+                        and chunk.kind == "mcp"
+                        and self.mcp is not None
+                        and self.mcp.needs_approval(chunk.namespace or "", chunk.name)
+                    ):
+                        chunk = dataclasses.replace(chunk, kind="mcp_approval")
                     await sink.room()
                     pushing = self.clock()
                     for event in builder.feed(chunk):  # no await: all of them, or none
                         sink.push(event)
                     timing.encode += self.clock() - pushing
+                    if builder.hosted_call is not None:  # the server runs it now
+                        await self._run_hosted(reply, timing)
                     if first_flush:  # the writer's turn: the first output goes out now
                         first_flush = False
                         await asyncio.sleep(0)
@@ -656,7 +703,7 @@ class Rollout:
             if keepalive is not None:
                 keepalive.stop()
             self._count_deferred(timing, cached)
-        timing.inference = self.clock() - sampling_started
+        timing.inference = self.clock() - sampling_started - timing.hosted
         produced = kept(builder.output[first_output:])
         # The model's own output joins the context and the token cache; it is
         # not new input next turn (a real model already holds it).
@@ -669,6 +716,68 @@ class Rollout:
         if failed is not None:
             raise failed
         return stop
+
+    # --- hosted tools (``engine/hosted.py``) -------------------------------------
+
+    async def _hosted_input(self, reply: Reply, mcp: McpHost, taken: list[Item]) -> list[Item]:
+        """Before the model samples: list the servers the context has no listing of,
+        and run the calls ``taken``'s approval responses approve. Their items (in the
+        Response's output) are the turn's new input too; returned in order."""
+        builder, sink = reply.builder, reply.sink
+        items: list[Item] = []
+        for label in unlisted(mcp, [*self.context, *items]):
+            await sink.room()
+            _item_id, events = builder.listing_open(label)
+            for event in events:
+                sink.push(event)
+            error: str | None = None
+            try:
+                tools = await mcp.list_tools(label)
+            except McpFailure as exc:
+                tools, error = [], exc.message
+            await sink.room()
+            listing, events = builder.listing_done(label, tools, error)
+            for event in events:
+                sink.push(event)
+            items.append(listing)
+        for request, answer in approved_requests(self.context, taken):
+            call = McpCall(
+                id=new_id("mcp"),
+                server_label=request.server_label,
+                name=request.name,
+                arguments=request.arguments,
+                approval_request_id=answer.approval_request_id,
+                status="in_progress",
+            )
+            await sink.room()
+            for event in builder.mcp_call_open(call):
+                sink.push(event)
+            items.append(await self._finish_hosted(reply, mcp, call))
+        return items
+
+    async def _run_hosted(self, reply: Reply, timing: TurnTiming) -> None:
+        """Run the MCP call the model just finished writing; the model samples
+        again with its output (:meth:`turn`). Its time is the turn's ``hosted``."""
+        call = reply.builder.hosted_call
+        assert call is not None
+        assert self.mcp is not None
+        started = self.clock()
+        await self._finish_hosted(reply, self.mcp, call)
+        timing.hosted += self.clock() - started
+        self._hosted_ran = True
+
+    async def _finish_hosted(self, reply: Reply, mcp: McpHost, call: McpCall) -> Item:
+        """Run ``call`` (its item is open) and close it with its output or error."""
+        output: str | None = None
+        error: dict[str, object] | None = None
+        try:
+            output = await mcp.call(call.server_label, call.name, call.arguments)
+        except McpFailure as exc:
+            error = exc.error
+        await reply.sink.room()
+        for event in reply.builder.mcp_call_done(output=output, error=error):
+            reply.sink.push(event)
+        return reply.builder.output[-1]
 
     def _drain_inbox(self) -> Drained:
         """Drain the inbox as it joins the context; a compaction item in it replaces

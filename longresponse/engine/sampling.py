@@ -55,7 +55,12 @@ class TextDelta:
 
 
 #: The kinds of client tool call a sampler may start (each its own item shape).
-CallKind = Literal["function", "custom", "local_shell", "shell", "apply_patch", "computer"]
+#: ``mcp``: a tool of an MCP server the server calls itself (hosted): ``name``
+#: is the listed tool's, ``namespace`` its ``server_label``; the engine turns
+#: it into ``mcp_approval`` when the client must approve it first.
+CallKind = Literal[
+    "function", "custom", "local_shell", "shell", "apply_patch", "computer", "mcp", "mcp_approval"
+]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

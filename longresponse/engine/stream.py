@@ -38,6 +38,14 @@ from protocol.events import (
     FunctionCallArgumentsDelta,
     FunctionCallArgumentsDone,
     Keepalive,
+    McpCallArgumentsDelta,
+    McpCallArgumentsDone,
+    McpCallCompleted,
+    McpCallFailed,
+    McpCallInProgress,
+    McpListToolsCompleted,
+    McpListToolsFailed,
+    McpListToolsInProgress,
     OutputItemAdded,
     OutputItemDone,
     OutputTextDelta,
@@ -54,6 +62,10 @@ from protocol.items import (
     Item,
     LocalShellCall,
     LocalShellExec,
+    McpApprovalRequest,
+    McpCall,
+    McpListedTool,
+    McpListTools,
     Message,
     OutputText,
     PatchOperation,
@@ -174,6 +186,8 @@ _ID_PREFIX: Final = {
     "shell": "sh",
     "apply_patch": "apc",
     "computer": "cu",
+    "mcp": "mcp",
+    "mcp_approval": "mcpr",
 }
 
 
@@ -223,6 +237,7 @@ class StreamBuilder:
         self._kind: str | None = None  # "message" | "call" while an item is open
         self._item_id = ""
         self._call: ToolCallStart | None = None
+        self._hosted: McpCall | None = None  # an MCP call being run
         self._text = ItemText()
 
     @property
@@ -285,6 +300,19 @@ class StreamBuilder:
         if isinstance(chunk, ToolCallStart):
             self._kind, self._item_id, self._call = "call", new_id(_ID_PREFIX[chunk.kind]), chunk
             self._text = ItemText()
+            if chunk.kind == "mcp":
+                opened = McpCall(
+                    id=self._item_id,
+                    server_label=chunk.namespace or "",
+                    name=chunk.name,
+                    arguments="",
+                    status="in_progress",
+                )
+                return [
+                    OutputItemAdded(
+                        sequence_number=self._next(), output_index=index, item=opened, **extra
+                    )
+                ]
             if chunk.kind != "function":
                 return []  # added with its whole input when it ends (no delta events)
             call = FunctionCall(
@@ -302,6 +330,16 @@ class StreamBuilder:
             ]
         if isinstance(chunk, ArgumentsDelta):
             self._text.add(chunk.delta)
+            if self._call is not None and self._call.kind == "mcp":
+                return [
+                    McpCallArgumentsDelta(
+                        sequence_number=self._next(),
+                        item_id=self._item_id,
+                        output_index=index,
+                        delta=chunk.delta,
+                        **extra,
+                    )
+                ]
             if self._call is not None and self._call.kind != "function":
                 return []
             return [
@@ -382,6 +420,20 @@ class StreamBuilder:
                     **extra,
                 ),
             ]
+        elif self._kind == "call" and self._call is not None and self._call.kind == "mcp":
+            return self._mcp_arguments_done(index, text, incomplete=incomplete)
+        elif self._kind == "call" and self._call is not None and self._call.kind == "mcp_approval":
+            item = McpApprovalRequest(
+                id=self._item_id,
+                server_label=self._call.namespace or "",
+                name=self._call.name,
+                arguments=text,
+            )
+            events = [
+                OutputItemAdded(
+                    sequence_number=self._next(), output_index=index, item=item, **extra
+                )
+            ]
         elif self._kind == "call" and self._call is not None and self._call.kind != "function":
             item = _client_call(self._call, self._item_id, text)
             opened = msgspec.structs.replace(item, status="in_progress")
@@ -419,3 +471,117 @@ class StreamBuilder:
         self.output.append(item)
         self._kind, self._call, self._text = None, None, ItemText()
         return events
+
+    # --- hosted items: the server runs them between their events ---------------
+
+    @property
+    def hosted_call(self) -> McpCall | None:
+        """An MCP call whose arguments are complete, waiting for the server to
+        run it (:meth:`mcp_call_done` closes it)."""
+        return self._hosted if self._kind == "hosted" else None
+
+    def _mcp_arguments_done(self, index: int, text: str, *, incomplete: bool) -> list[ServerEvent]:
+        """An MCP call's arguments are complete: it runs next (still open), or,
+        cut by a budget, ends ``incomplete`` without running."""
+        assert self._call is not None
+        extra, call = self._extra, self._call
+        item = McpCall(
+            id=self._item_id,
+            server_label=call.namespace or "",
+            name=call.name,
+            arguments=text,
+            status="incomplete" if incomplete else "calling",
+        )
+        events: list[ServerEvent] = [
+            McpCallArgumentsDone(
+                sequence_number=self._next(),
+                item_id=self._item_id,
+                output_index=index,
+                arguments=text,
+                **extra,
+            )
+        ]
+        if incomplete:
+            events.append(
+                OutputItemDone(sequence_number=self._next(), output_index=index, item=item, **extra)
+            )
+            self.output.append(item)
+            self._kind, self._call, self._text = None, None, ItemText()
+            return events
+        events.append(
+            McpCallInProgress(
+                sequence_number=self._next(), item_id=self._item_id, output_index=index, **extra
+            )
+        )
+        self._kind, self._call, self._text, self._hosted = "hosted", None, ItemText(), item
+        return events
+
+    def mcp_call_open(self, item: McpCall) -> list[ServerEvent]:
+        """An approved MCP call the server runs before the model samples: its
+        item is added and in progress (:meth:`mcp_call_done` closes it)."""
+        self._batch = 0
+        index, extra = len(self.output), self._extra
+        assert isinstance(item.id, str)
+        self._kind, self._item_id, self._hosted = "hosted", item.id, item
+        return [
+            OutputItemAdded(sequence_number=self._next(), output_index=index, item=item, **extra),
+            McpCallInProgress(
+                sequence_number=self._next(), item_id=item.id, output_index=index, **extra
+            ),
+        ]
+
+    def mcp_call_done(
+        self, *, output: str | None, error: dict[str, Any] | None
+    ) -> list[ServerEvent]:
+        """The running MCP call ended with ``output`` or ``error``: its last events."""
+        self._batch = 0
+        index, extra, call = len(self.output), self._extra, self._hosted
+        assert call is not None
+        assert self._kind == "hosted"
+        failed = error is not None
+        item = msgspec.structs.replace(
+            call,
+            output=output if output is not None else msgspec.UNSET,
+            error=error if error is not None else msgspec.UNSET,
+            status="failed" if failed else "completed",
+        )
+        step = McpCallFailed if failed else McpCallCompleted
+        self.output.append(item)
+        self._kind, self._hosted = None, None
+        return [
+            step(sequence_number=self._next(), item_id=call.id or "", output_index=index, **extra),
+            OutputItemDone(sequence_number=self._next(), output_index=index, item=item, **extra),
+        ]
+
+    def listing_open(self, server_label: str) -> tuple[str, list[ServerEvent]]:
+        """An MCP server's listing starts: its item's id and first events."""
+        self._batch = 0
+        index, extra, item_id = len(self.output), self._extra, new_id("mcpl")
+        item = McpListTools(id=item_id, server_label=server_label, tools=[])
+        self._kind, self._item_id = "listing", item_id
+        return item_id, [
+            OutputItemAdded(sequence_number=self._next(), output_index=index, item=item, **extra),
+            McpListToolsInProgress(
+                sequence_number=self._next(), item_id=item_id, output_index=index, **extra
+            ),
+        ]
+
+    def listing_done(
+        self, server_label: str, tools: list[McpListedTool], error: str | None
+    ) -> tuple[McpListTools, list[ServerEvent]]:
+        """The listing ended with ``tools`` (or ``error``): the item and its last events."""
+        self._batch = 0
+        index, extra, item_id = len(self.output), self._extra, self._item_id
+        item = McpListTools(
+            id=item_id,
+            server_label=server_label,
+            tools=tools,
+            error=error if error is not None else msgspec.UNSET,
+        )
+        step = McpListToolsFailed if error is not None else McpListToolsCompleted
+        self.output.append(item)
+        self._kind = None
+        return item, [
+            step(sequence_number=self._next(), item_id=item_id, output_index=index, **extra),
+            OutputItemDone(sequence_number=self._next(), output_index=index, item=item, **extra),
+        ]

@@ -37,6 +37,9 @@ class TurnTiming:
     inference: float = 0.0
     #: Encoding and queueing this turn's events for the transport.
     encode: float = 0.0
+    #: Hosted tools the server ran in the turn (MCP listings and calls): a
+    #: phase of its own, out of pre-inference and inference.
+    hosted: float = 0.0
     #: Post-inference work done before the terminal event (the ledger and
     #: store writes when overlapped post-inference is off; else ~0).
     post_inference: float = 0.0
@@ -65,6 +68,7 @@ class TurnTiming:
             "time_to_first_token_ms": self.time_to_first_token * 1000,
             "inference_ms": self.inference * 1000,
             "encode_ms": self.encode * 1000,
+            "hosted_ms": self.hosted * 1000,
             "post_inference_ms": self.post_inference * 1000,
             "new_tokens": self.new_tokens,
             "cached_tokens": self.cached_tokens,

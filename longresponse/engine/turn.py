@@ -46,6 +46,7 @@ from protocol.response import Response
 from ..config import ServerConfig
 from .admission import Admission, Pipeline
 from .compaction import Compactor, check_context_management
+from .hosted import McpHost
 from .reply import Reply
 from .rollout import Rollout
 from .sampling import ModelSpec
@@ -169,12 +170,14 @@ def open_turn(
     send_timing: bool = False,
     decode: float = 0.0,
     waits: bool = False,
+    mcp: McpHost | None = None,
 ) -> Started:
     """The admitted turn opened on ``sink``: in append mode (``mode``) the rollout's
     Reply for all its turns, with ``on_terminal`` its post-inference work; in the
     shipped shapes a Segment of the rollout that ``waits`` in place at client tool
     calls if asked (multi-agent). Each finished model turn's timing goes to
-    ``on_timing``. Raises nothing a client caused."""
+    ``on_timing``. ``mcp``: the request's MCP servers (its hosted ``mcp`` tools).
+    Raises nothing a client caused."""
     rollout, model = admitted.rollout, admitted.model
     segment: Segment | None = None
     if mode is Mode.APPEND:
@@ -191,7 +194,9 @@ def open_turn(
             waits=waits,
         )
         reply = segment.reply
-    rollout.attach(compactor=admitted.compactor, on_timing=on_timing, on_terminal=on_terminal)
+    rollout.attach(
+        compactor=admitted.compactor, on_timing=on_timing, on_terminal=on_terminal, mcp=mcp
+    )
     admission = admitted.admission
     rollout.note_admission(
         admission.verdicts,

@@ -27,12 +27,12 @@ from typing import Final
 
 from protocol import ErrorCode, RemoteProtocolError, ResponseState
 from protocol.events import ResponseCreate
-from protocol.items import Item
+from protocol.items import Item, McpTool
 from protocol.response import Response, ResponseError
 
 from ..backends.registry import ModelRegistry
 from ..config import ServerConfig
-from ..engine.admission import Pipeline
+from ..engine.admission import HostedTools, Pipeline
 from ..engine.compaction import CompactionKey, Compactor
 from ..engine.failures import TurnRefused
 from ..engine.rollout import Boundary, Rollout
@@ -41,6 +41,7 @@ from ..engine.stream import EventSink
 from ..engine.timing import TurnTiming
 from ..engine.transport import Transport
 from ..engine.turn import Started, admit_turn, open_turn, resolve_model
+from ..hosted import McpServers, check_mcp_tools, redact_mcp_tools
 from ..storage.persistence import Persistence, StoreWriteFailed
 from .inspector.observer import Inspector
 from .inspector.records import RolloutRecord
@@ -171,6 +172,13 @@ class Turns:
         Raises :class:`RemoteProtocolError`; nothing is accepted then.
         """
         mode = transport.mode
+        mcp: McpServers | None = None
+        if any(isinstance(tool, McpTool) for tool in request.tools):
+            if self.pipeline.hosted_tools is HostedTools.ACCEPT:
+                check_mcp_tools(request.tools, self.config.mcp)
+            # authorization and headers go to the MCP servers only, never further
+            request, tools = redact_mcp_tools(request)
+            mcp = McpServers(tools, self.config.mcp)
         admitted = admit_turn(
             request,
             pipeline=self.pipeline,
@@ -185,9 +193,7 @@ class Turns:
             parent=parent,
             model=model,
         )
-        watched, seen = self.inspector.watch(
-            admitted.rollout, request, response_id, sink, owner
-        )
+        watched, seen = self.inspector.watch(admitted.rollout, request, response_id, sink, owner)
         on_timing = None
         if self.metrics is not None or seen is not None:
             on_timing = self._timing_hook(transport, response_id, seen)
@@ -203,6 +209,7 @@ class Turns:
             send_timing=send_timing,
             decode=decode,
             waits=waits,
+            mcp=mcp,
         )
 
     def _timing_hook(

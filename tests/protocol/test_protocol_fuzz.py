@@ -171,9 +171,7 @@ other_calls = st.one_of(
         id=unset_or(ids),
         status=unset_or(item_status),
     ),
-    st.builds(
-        p.items.LocalShellCallOutput, output=texts, id=unset_or(ids), call_id=unset_or(ids)
-    ),
+    st.builds(p.items.LocalShellCallOutput, output=texts, id=unset_or(ids), call_id=unset_or(ids)),
     st.builds(
         p.items.ShellCall,
         call_id=ids,
@@ -217,12 +215,48 @@ other_calls = st.one_of(
         output=st.builds(p.items.ComputerScreenshot, image_url=unset_or(texts)),
     ),
 )
+mcp_items = st.one_of(
+    st.builds(
+        p.items.McpListTools,
+        server_label=ids,
+        tools=st.lists(
+            st.builds(
+                p.items.McpListedTool,
+                name=ids,
+                input_schema=json_objects,
+                description=unset_or(none_or(texts)),
+            ),
+            max_size=2,
+        ),
+        id=unset_or(ids),
+        error=unset_or(none_or(texts)),
+    ),
+    st.builds(
+        p.items.McpCall,
+        server_label=ids,
+        name=ids,
+        arguments=texts,
+        id=unset_or(ids),
+        output=unset_or(none_or(texts)),
+        error=unset_or(none_or(json_objects)),
+        status=unset_or(st.sampled_from(["in_progress", "completed", "calling", "failed"])),
+    ),
+    st.builds(p.items.McpApprovalRequest, id=ids, server_label=ids, name=ids, arguments=texts),
+    st.builds(
+        p.items.McpApprovalResponse,
+        approval_request_id=ids,
+        approve=st.booleans(),
+        id=unset_or(none_or(ids)),
+        reason=unset_or(none_or(texts)),
+    ),
+)
 items = st.one_of(
     messages,
     function_calls,
     function_call_outputs,
     other_calls,
     reasonings,
+    mcp_items,
     compactions,
     compaction_triggers,
 )
@@ -489,6 +523,26 @@ SERVER_EVENTS: dict[type[msgspec.Struct], st.SearchStrategy[Any]] = {
         output_index=st.integers(0, 99),
         delta=texts,
     ),
+    p.events.McpCallArgumentsDelta: item_event(
+        p.events.McpCallArgumentsDelta, item_id=ids, output_index=st.integers(0, 99), delta=texts
+    ),
+    p.events.McpCallArgumentsDone: item_event(
+        p.events.McpCallArgumentsDone,
+        item_id=ids,
+        output_index=st.integers(0, 99),
+        arguments=texts,
+    ),
+    **{
+        cls: item_event(cls, item_id=ids, output_index=st.integers(0, 99))
+        for cls in (
+            p.events.McpCallInProgress,
+            p.events.McpCallCompleted,
+            p.events.McpCallFailed,
+            p.events.McpListToolsInProgress,
+            p.events.McpListToolsCompleted,
+            p.events.McpListToolsFailed,
+        )
+    },
     p.events.CompactionCompacting: item_event(
         p.events.CompactionCompacting, item_id=ids, output_index=st.integers(0, 99)
     ),

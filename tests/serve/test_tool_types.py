@@ -58,13 +58,13 @@ CLIENT_KINDS: list[tuple[dict[str, Any], str]] = [
         "computer_call",
     ),
 ]
+#: The hosted kinds echoed and never run (``mcp`` is run: tests/hosted).
 HOSTED: list[dict[str, Any]] = [
     {"type": "web_search", "external_web_access": False},
     {"type": "web_search_2025_08_26"},
     {"type": "web_search_preview"},
     {"type": "web_search_preview_2025_03_11"},
     {"type": "file_search", "vector_store_ids": ["vs_1"]},
-    {"type": "mcp", "server_label": "deepwiki", "server_url": "https://mcp.example/"},
     {"type": "code_interpreter", "container": {"type": "auto"}},
     {"type": "image_generation"},
     {"type": "tool_search"},
@@ -182,9 +182,7 @@ async def test_append_mode_pauses_for_every_kind_at_once(server: Any) -> None:
         paused = events[-1]
         assert isinstance(paused, ResponseDone)
         assert paused.response.status == "requires_action"
-        calls = [
-            msgspec.to_builtins(e.item) for e in events if isinstance(e, OutputItemDone)
-        ]
+        calls = [msgspec.to_builtins(e.item) for e in events if isinstance(e, OutputItemDone)]
         kinds = sorted(kind for tool, kind in CLIENT_KINDS if tool in tools)
         assert sorted(c["type"] for c in calls) == kinds
         assert len(paused.response.required_action.call_ids) == len(tools)  # type: ignore[union-attr]

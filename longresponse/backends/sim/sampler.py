@@ -80,6 +80,11 @@ from protocol.items import (
     FunctionTool,
     Item,
     LocalShellTool,
+    McpApprovalRequest,
+    McpApprovalResponse,
+    McpCall,
+    McpListTools,
+    McpTool,
     Message,
     NamespaceTool,
     ShellTool,
@@ -222,9 +227,7 @@ def summarize(context: Sequence[Item]) -> list[Item]:
     with the request and the tool outputs' heads."""
     kept: list[Item] = []
     for item in context:
-        if isinstance(item, ClientCall) or (
-            isinstance(item, Message) and item.role != "assistant"
-        ):
+        if isinstance(item, ClientCall) or (isinstance(item, Message) and item.role != "assistant"):
             kept.append(item)
         elif isinstance(item, FunctionCallOutput | CustomToolCallOutput):
             head = item_text(item.output)[:QUOTE_CHARS]
@@ -246,8 +249,10 @@ def calls_made(context: Sequence[Item]) -> int:
         if isinstance(item, Message) and item.role == "user":
             handed = _HANDED_BACK.search(item_text(item.content))
             return made + (int(handed.group(1)) if handed else 0)
-        if isinstance(item, ClientCall):
+        if isinstance(item, ClientCall | McpApprovalRequest):
             made += 1
+        elif isinstance(item, McpCall) and not isinstance(item.approval_request_id, str):
+            made += 1  # an approved call was counted as its approval request
     return made
 
 
@@ -360,12 +365,23 @@ class _Offer:
     name: str
     namespace: str | None = None
     tool: FunctionTool | CustomTool | None = None
+    #: An MCP tool's input schema, from its server's listing.
+    schema: Any = None
 
 
-def _offers(tools: Sequence[Tool]) -> list[_Offer]:
+def _offers(tools: Sequence[Tool], context: Sequence[Item] = ()) -> list[_Offer]:
     """The client-executed tools, flattened (a namespace's tools each on their
-    own); hosted tools are never offered."""
+    own), then the tools of every ``mcp`` server listed in ``context`` (its
+    latest listing); the other hosted tools are never offered."""
     offers: list[_Offer] = []
+    servers = {tool.server_label for tool in tools if isinstance(tool, McpTool)}
+    listings: dict[str, McpListTools] = {}
+    for item in context:
+        if isinstance(item, McpListTools) and item.server_label in servers:
+            listings[item.server_label] = item
+    for label, listing in listings.items():
+        for listed in listing.tools:
+            offers.append(_Offer("mcp", listed.name, label, schema=listed.input_schema))
     for tool in tools:
         if isinstance(tool, FunctionTool):
             offers.append(_Offer("function", tool.name, tool=tool))
@@ -393,9 +409,7 @@ def _chosen(offers: list[_Offer], choice: ToolChoice) -> tuple[list[_Offer], boo
         return offers, choice == "required"
     if isinstance(choice, ToolChoiceAllowed):
         allowed = [
-            offer
-            for offer in offers
-            if any(_matches(offer, entry) for entry in choice.tools)
+            offer for offer in offers if any(_matches(offer, entry) for entry in choice.tools)
         ]
         return allowed, choice.mode == "required"
     if isinstance(choice, ToolChoiceFunction | ToolChoiceCustom):
@@ -433,6 +447,9 @@ def _call_input(offer: _Offer, seed: int) -> str:
     arguments, a custom tool's text (a regex grammar's example when one can be
     made), a harmless command, a small new file, a screenshot."""
     tool = offer.tool
+    if offer.kind == "mcp":
+        schema = offer.schema if isinstance(offer.schema, dict) else {"type": "object"}
+        return msgspec.json.encode(example_for_schema(schema, seed)).decode()
     if isinstance(tool, FunctionTool):
         schema = tool.parameters or {"type": "object"}
         return msgspec.json.encode(example_for_schema(schema, seed)).decode()
@@ -481,7 +498,7 @@ class SimSampler:
         server's ``--sim-call``; ``None``: made from the tool's schema or kind)."""
         if request.tool_choice == "none":
             return []
-        tools, forced = _chosen(_offers(request.tools), request.tool_choice)
+        tools, forced = _chosen(_offers(request.tools, request.context), request.tool_choice)
         if not tools:
             return []
         made = calls_made(request.context)
@@ -518,6 +535,13 @@ class SimSampler:
                 read += 1
                 text = output_text(item)
                 outputs.append(f"[{answered_call_id(item)}] «{_quote(text)}»")
+            elif isinstance(item, McpCall):
+                read += 1
+                text = item.output if isinstance(item.output, str) else "error"
+                outputs.append(f"[{item.server_label}.{item.name}] «{_quote(text)}»")
+            elif isinstance(item, McpApprovalResponse) and not item.approve:
+                read += 1
+                outputs.append(f"[{item.approval_request_id}] «not approved»")
         parts = ["You asked: " + " | ".join(f"«{a}»" for a in asked) + "."]
         if read:
             parts.append(_READ_OUTPUTS.format(count=read) + " ".join(outputs) + ".")

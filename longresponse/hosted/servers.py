@@ -1,0 +1,417 @@
+"""The ``mcp`` tool's client: the tenant's MCP servers, called by this server.
+
+Theory of operation
+-------------------
+A request's ``mcp`` tools are checked before anything is accepted
+(:func:`check_mcp_tools`: a ``server_url`` on a host the operator allowed,
+no ``connector_id``), then taken apart (:func:`redact_mcp_tools`): the
+request the engine, the Response, the store and every log line see keeps no
+``authorization`` and no ``headers``; those go into the request's
+:class:`McpServers`, the engine's ``McpHost``
+(``longresponse.engine.hosted``), which alone sends them, to the MCP server.
+
+Every listing and call opens its own MCP session with the official SDK
+(``mcp``): streamable HTTP, or the older SSE transport for a ``server_url``
+whose path ends in ``/sse``. So nothing of one tenant's session outlives the
+operation, a session is never shared between tasks, and a cancelled turn
+(``response.cancel``, a disconnect) cancels the one operation in flight.
+Each has the limits of :class:`McpLimits` (``--mcp-*`` flags): connecting and
+the initialize handshake within ``connect_timeout``, the operation within
+``call_timeout``, a listing or an output of at most so many bytes, so many
+calls per Response. A server that is down, slow, answers an error or
+garbage, or hangs fails that operation with :class:`McpFailure` and a
+message of this module's own (never the exception's text, which may quote a
+URL with credentials): the rollout goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Sequence
+from typing import Any, Final
+from urllib.parse import urlsplit
+
+import msgspec
+
+from protocol import ErrorCode, RemoteProtocolError
+from protocol.events import ResponseCreate
+from protocol.items import McpListedTool, McpTool, Tool
+
+from ..config import McpLimits
+from ..engine.hosted import McpFailure
+
+__all__ = ["McpLimits", "McpServers", "check_mcp_tools", "redact_mcp_tools"]
+
+log = logging.getLogger(__name__)
+
+#: The error codes of an ``mcp_call``'s ``http_error`` (HTTP statuses).
+BAD_GATEWAY: Final = 502
+GATEWAY_TIMEOUT: Final = 504
+#: JSON-RPC's "internal error": the server's answer could not be used.
+INTERNAL_ERROR: Final = -32603
+#: Our own code for a limit of this server's (JSON-RPC's implementation range).
+LIMIT_EXCEEDED: Final = -32001
+#: The code of a parameter the server knows but does not serve.
+UNSUPPORTED_PARAMETER: Final = "unsupported_parameter"
+
+
+def _host_key(url: str) -> tuple[str, str, str] | None:
+    """(scheme, host, host:port) of an http(s) URL; ``None`` if it is not one."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return None
+    port = port or (443 if parts.scheme == "https" else 80)
+    return parts.scheme, parts.hostname.lower(), f"{parts.hostname.lower()}:{port}"
+
+
+def check_mcp_tools(tools: Sequence[Tool], limits: McpLimits) -> None:
+    """Each ``mcp`` tool names a server this server may call. Raises
+    :class:`RemoteProtocolError` (nothing accepted): ``connector_id`` or
+    ``tunnel_id`` (OpenAI's hosted connectors and tunnels:
+    ``unsupported_parameter``), no ``server_url`` (``missing_required_parameter``),
+    a URL that is not http(s), a host not allowed (``--mcp-allow-host``) or a
+    ``server_label`` given twice (``invalid_value``)."""
+    labels: set[str] = set()
+    for index, tool in enumerate(tools):
+        if not isinstance(tool, McpTool):
+            continue
+        where = f"tools[{index}]"
+        for field in ("connector_id", "tunnel_id"):
+            if isinstance(getattr(tool, field), str):
+                raise RemoteProtocolError(
+                    f"Unsupported parameter: '{where}.{field}': this server calls MCP "
+                    "servers by server_url only (connectors and tunnels are OpenAI's).",
+                    code=UNSUPPORTED_PARAMETER,
+                    param=f"{where}.{field}",
+                )
+        if not isinstance(tool.server_url, str):
+            raise RemoteProtocolError(
+                f"Missing required parameter: '{where}.server_url'.",
+                code=ErrorCode.MISSING_REQUIRED_PARAMETER,
+                param=f"{where}.server_url",
+            )
+        key = _host_key(tool.server_url)
+        if key is None:
+            raise RemoteProtocolError(
+                f"Invalid '{where}.server_url': an http or https URL is expected.",
+                code=ErrorCode.INVALID_VALUE,
+                param=f"{where}.server_url",
+            )
+        if key[1] not in limits.allowed_hosts and key[2] not in limits.allowed_hosts:
+            raise RemoteProtocolError(
+                f"Invalid '{where}.server_url': this server may not call MCP servers on "
+                f"host {key[2]!r} (the operator allows hosts with --mcp-allow-host).",
+                code=ErrorCode.INVALID_VALUE,
+                param=f"{where}.server_url",
+            )
+        if tool.server_label in labels:
+            raise RemoteProtocolError(
+                f"Invalid '{where}.server_label': {tool.server_label!r} names two mcp tools.",
+                code=ErrorCode.INVALID_VALUE,
+                param=f"{where}.server_label",
+            )
+        labels.add(tool.server_label)
+
+
+def redact_mcp_tools(request: ResponseCreate) -> tuple[ResponseCreate, dict[str, McpTool]]:
+    """``request`` without its ``mcp`` tools' ``authorization`` and ``headers``,
+    and those tools whole, by ``server_label`` (what :class:`McpServers` sends)."""
+    whole: dict[str, McpTool] = {}
+    tools: list[Tool] = []
+    for tool in request.tools:
+        if isinstance(tool, McpTool):
+            whole[tool.server_label] = tool
+            tool = msgspec.structs.replace(tool, authorization=msgspec.UNSET, headers=msgspec.UNSET)
+        tools.append(tool)
+    if not whole:
+        return request, whole
+    return msgspec.structs.replace(request, tools=tools), whole
+
+
+def _names_filter(value: Any) -> tuple[set[str] | None, bool | None]:
+    """A tool filter (``allowed_tools``, ``require_approval.always`` /
+    ``.never``): its ``tool_names`` (``None``: any) and ``read_only``."""
+    if isinstance(value, list):
+        return {str(name) for name in value}, None
+    if isinstance(value, dict):
+        names = value.get("tool_names")
+        read_only = value.get("read_only")
+        return (
+            {str(name) for name in names} if isinstance(names, list) else None,
+            read_only if isinstance(read_only, bool) else None,
+        )
+    return None, None
+
+
+def _matches(value: Any, name: str, read_only: bool) -> bool:
+    names, wants_read_only = _names_filter(value)
+    if names is not None and name not in names:
+        return False
+    return wants_read_only is None or wants_read_only == read_only
+
+
+class McpServers:
+    """The ``mcp`` tools of one request, their secrets with them (the engine's
+    ``McpHost``; see the module docstring)."""
+
+    def __init__(self, tools: dict[str, McpTool], limits: McpLimits) -> None:
+        self._tools = tools
+        self.limits = limits
+        self.calls = 0
+        #: Tools each server listed read-only (``readOnlyHint``), for the filters.
+        self._read_only: dict[str, set[str]] = {}
+
+    def labels(self) -> Sequence[str]:
+        return list(self._tools)
+
+    def needs_approval(self, server_label: str, name: str) -> bool:
+        """``require_approval``: ``always`` (the default, as shipped), ``never``, or
+        ``{"always": filter, "never": filter}`` (a tool either names is decided
+        by it; any other needs approval)."""
+        tool = self._tools.get(server_label)
+        if tool is None:
+            return True
+        policy = tool.require_approval
+        if policy == "never":
+            return False
+        if isinstance(policy, dict):
+            read_only = name in self._read_only.get(server_label, set())
+            if "never" in policy and _matches(policy["never"], name, read_only):
+                return False
+            if "always" in policy and _matches(policy["always"], name, read_only):
+                return True
+        return True
+
+    async def list_tools(self, server_label: str) -> list[McpListedTool]:
+        tool = self._tools[server_label]
+        listed: list[McpListedTool] = []
+        size = 0
+        async with self._session(tool) as client:
+            cursor: str | None = None
+            async with self._deadline(tool, "listing"):
+                while True:
+                    page = await client.list_tools(cursor=cursor)
+                    for entry in page.tools:
+                        if tool.allowed_tools is not None and not isinstance(
+                            tool.allowed_tools, msgspec.UnsetType
+                        ):
+                            read_only = bool(entry.annotations and entry.annotations.read_only_hint)
+                            if not _matches(tool.allowed_tools, entry.name, read_only):
+                                continue
+                        item = McpListedTool(
+                            name=entry.name,
+                            input_schema=entry.input_schema,
+                            description=entry.description
+                            if entry.description is not None
+                            else msgspec.UNSET,
+                            annotations=entry.annotations.model_dump(exclude_none=True)
+                            if entry.annotations is not None
+                            else msgspec.UNSET,
+                        )
+                        size += len(msgspec.json.encode(item))
+                        if size > self.limits.max_listing_bytes:
+                            raise McpFailure(
+                                f"MCP server {server_label!r} lists more than "
+                                f"{self.limits.max_listing_bytes} bytes of tools "
+                                "(--mcp-max-listing-bytes).",
+                                code=LIMIT_EXCEEDED,
+                            )
+                        if entry.annotations and entry.annotations.read_only_hint:
+                            self._read_only.setdefault(server_label, set()).add(entry.name)
+                        listed.append(item)
+                    cursor = page.next_cursor
+                    if not cursor:
+                        break
+        return listed
+
+    async def call(self, server_label: str, name: str, arguments: str) -> str:
+        tool = self._tools.get(server_label)
+        if tool is None:
+            raise McpFailure(f"No mcp tool has server_label {server_label!r}.")
+        if self.calls >= self.limits.max_calls:
+            raise McpFailure(
+                f"This Response made {self.calls} MCP calls, the most allowed (--mcp-max-calls).",
+                code=LIMIT_EXCEEDED,
+            )
+        self.calls += 1
+        try:
+            parsed = msgspec.json.decode(arguments or "{}")
+        except msgspec.DecodeError:
+            raise McpFailure("The call's arguments are not JSON.", code=-32602) from None
+        if not isinstance(parsed, dict):
+            raise McpFailure("The call's arguments are not a JSON object.", code=-32602)
+        async with self._session(tool) as client, self._deadline(tool, "call"):
+            result = await client.call_tool(name, parsed)
+        texts = [part.text for part in result.content if getattr(part, "type", "") == "text"]
+        if texts:
+            output = "\n".join(texts)
+        elif result.structured_content is not None:
+            output = msgspec.json.encode(result.structured_content).decode()
+        else:
+            output = ""
+        if len(output.encode()) > self.limits.max_output_bytes:
+            raise McpFailure(
+                f"The output of {name!r} is larger than {self.limits.max_output_bytes} bytes "
+                "(--mcp-max-output-bytes).",
+                code=LIMIT_EXCEEDED,
+            )
+        if result.is_error:
+            raise McpFailure(output, kind="mcp_tool_execution_error")
+        return output
+
+    # --- one MCP session per operation -------------------------------------------
+
+    def _deadline(self, tool: McpTool, what: str) -> _Deadline:
+        return _Deadline(self.limits.call_timeout, tool.server_label, what)
+
+    def _session(self, tool: McpTool) -> _Session:
+        return _Session(tool, self.limits)
+
+
+class _Deadline:
+    """``call_timeout`` around an operation; its end is an ``http_error`` 504."""
+
+    def __init__(self, seconds: float, label: str, what: str) -> None:
+        self._timeout = asyncio.timeout(seconds if math.isfinite(seconds) else None)
+        self._seconds, self._label, self._what = seconds, label, what
+
+    async def __aenter__(self) -> None:
+        await self._timeout.__aenter__()
+
+    async def __aexit__(self, kind: Any, exc: Any, tb: Any) -> bool:
+        try:
+            await self._timeout.__aexit__(kind, exc, tb)
+        except TimeoutError:
+            raise McpFailure(
+                f"MCP server {self._label!r} did not finish the {self._what} within "
+                f"{self._seconds:g} s (--mcp-call-timeout).",
+                kind="http_error",
+                code=GATEWAY_TIMEOUT,
+            ) from None
+        return False
+
+
+class _Session:
+    """An MCP session with one server for one operation (see the module docstring).
+
+    Failures become :class:`McpFailure` with this module's own message: an HTTP
+    status as ``http_error``, a JSON-RPC error as ``mcp_protocol_error`` (its
+    code and message are the server's), anything else the server did as
+    ``mcp_protocol_error`` -32603.
+    """
+
+    def __init__(self, tool: McpTool, limits: McpLimits) -> None:
+        self._tool, self._limits = tool, limits
+        self._client: Any = None
+
+    def _transport(self) -> Any:
+        import httpx2
+        from mcp.client.sse import sse_client
+        from mcp.client.streamable_http import streamable_http_client
+
+        tool, limits = self._tool, self._limits
+        headers = dict(tool.headers) if isinstance(tool.headers, dict) else {}
+        if isinstance(tool.authorization, str):
+            headers["Authorization"] = f"Bearer {tool.authorization}"
+        url = tool.server_url
+        assert isinstance(url, str)
+        timeout = httpx2.Timeout(limits.call_timeout, connect=limits.connect_timeout)
+        if urlsplit(url).path.rstrip("/").endswith("/sse"):
+            return sse_client(
+                url,
+                headers=headers,
+                timeout=limits.connect_timeout,
+                sse_read_timeout=limits.call_timeout,
+            )
+        client = httpx2.AsyncClient(headers=headers, timeout=timeout)
+        return streamable_http_client(
+            url, http_client=client, max_sse_event_size=limits.max_output_bytes + 65536
+        ), client
+
+    async def __aenter__(self) -> Any:
+        from mcp import Client
+
+        transport = self._transport()
+        self._http = None
+        if isinstance(transport, tuple):
+            transport, self._http = transport
+        self._client = Client(transport, cache=None)
+        label, limits = self._tool.server_label, self._limits
+        try:
+            async with asyncio.timeout(limits.connect_timeout):
+                return await self._client.__aenter__()
+        except TimeoutError:
+            await self._close_http()
+            raise McpFailure(
+                f"MCP server {label!r} did not connect within {limits.connect_timeout:g} s "
+                "(--mcp-connect-timeout).",
+                kind="http_error",
+                code=GATEWAY_TIMEOUT,
+            ) from None
+        except McpFailure:
+            await self._close_http()
+            raise
+        except BaseException as exc:
+            await self._close_http()
+            if isinstance(exc, Exception):
+                raise _failure(label, exc, "connecting") from None
+            raise
+
+    async def __aexit__(self, kind: Any, exc: Any, tb: Any) -> bool:
+        label = self._tool.server_label
+        try:
+            await self._client.__aexit__(kind, exc, tb)
+        except McpFailure:
+            raise
+        except Exception as failure:
+            if isinstance(exc, McpFailure):
+                raise exc from None
+            raise _failure(label, failure, "the operation") from None
+        finally:
+            await self._close_http()
+        if isinstance(exc, Exception) and not isinstance(exc, McpFailure):
+            raise _failure(label, exc, "the operation") from None
+        return False
+
+    async def _close_http(self) -> None:
+        if self._http is not None:
+            await self._http.aclose()
+
+
+def _failure(label: str, exc: BaseException, when: str) -> McpFailure:
+    """Our own account of what went wrong with ``label``'s server (see :class:`_Session`)."""
+    import httpx2
+    from mcp.shared.exceptions import MCPError
+
+    found: BaseException | None = exc
+    while isinstance(found, BaseExceptionGroup) and found.exceptions:
+        found = found.exceptions[0]
+    if isinstance(found, MCPError):
+        return McpFailure(
+            f"MCP server {label!r} answered error {found.code}: {found.message[:500]}",
+            code=found.code,
+        )
+    if isinstance(found, httpx2.HTTPStatusError):
+        status = found.response.status_code
+        return McpFailure(
+            f"MCP server {label!r} answered HTTP {status} while {when}.",
+            kind="http_error",
+            code=status,
+        )
+    if isinstance(found, httpx2.TransportError):
+        return McpFailure(
+            f"MCP server {label!r} could not be reached while {when}.",
+            kind="http_error",
+            code=BAD_GATEWAY,
+        )
+    log.info("MCP server %r failed while %s: %s", label, when, type(found).__name__)
+    return McpFailure(
+        f"MCP server {label!r} sent an answer that could not be read while {when}.",
+        code=INTERNAL_ERROR,
+    )

@@ -1,0 +1,105 @@
+"""A real MCP server on loopback: the official SDK's own (``MCPServer``), served by
+uvicorn in a thread over streamable HTTP (``/mcp``) and the older SSE transport
+(``/sse``), with tools for the tests and a record of the headers it received."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import uvicorn
+
+#: The headers of every request the server received (the secrets' only destination).
+SEEN_HEADERS: list[dict[str, str]] = []
+
+
+def build_server() -> Any:
+    from mcp.server import MCPServer
+
+    server = MCPServer("loopback")
+
+    @server.tool()
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    @server.tool()
+    def shout(text: str) -> str:
+        """The text in capitals."""
+        return text.upper()
+
+    @server.tool()
+    def broken(reason: str) -> str:
+        """Always fails."""
+        raise ValueError(f"broken on purpose: {reason}")
+
+    @server.tool()
+    async def slow(seconds: float) -> str:
+        """Sleeps (a hanging tool, for the timeouts)."""
+        await asyncio.sleep(60)
+        return "late"
+
+    @server.tool()
+    def huge(count: int) -> str:
+        """A large output."""
+        return "x" * 200_000
+
+    return server
+
+
+class _Recorder:
+    """ASGI middleware keeping each HTTP request's headers."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            SEEN_HEADERS.append({k.decode(): v.decode() for k, v in scope["headers"]})
+        await self.app(scope, receive, send)
+
+
+class LoopbackMcp:
+    """Both transports of one MCP server, each on its own loopback port."""
+
+    def __init__(self) -> None:
+        server = build_server()
+        self._servers = [
+            self._start(_Recorder(server.streamable_http_app())),
+            self._start(_Recorder(server.sse_app())),
+        ]
+        self.http_url = f"http://127.0.0.1:{self._port(0)}/mcp"
+        self.sse_url = f"http://127.0.0.1:{self._port(1)}/sse"
+
+    @staticmethod
+    def _start(app: Any) -> uvicorn.Server:
+        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
+        running = uvicorn.Server(config)
+        threading.Thread(target=running.run, daemon=True).start()
+        deadline = time.monotonic() + 10
+        while not running.started:
+            if time.monotonic() > deadline:  # pragma: no cover
+                raise RuntimeError("the loopback MCP server did not start")
+            time.sleep(0.01)
+        return running
+
+    def _port(self, index: int) -> int:
+        server = self._servers[index]
+        return int(server.servers[0].sockets[0].getsockname()[1])
+
+    def stop(self) -> None:
+        for server in self._servers:
+            server.should_exit = True
+
+
+@contextlib.contextmanager
+def loopback_mcp() -> Iterator[LoopbackMcp]:
+    running = LoopbackMcp()
+    try:
+        yield running
+    finally:
+        running.stop()
