@@ -54,7 +54,8 @@ class Continuation:
 
 
 def check_continuation(new_items: list[Item], pending: dict[str, str]) -> None:
-    """Check tool outputs against the parent's pending calls (and the new input's own calls).
+    """Check tool outputs against the parent's pending calls (and the new input's own calls);
+    an MCP approval request (named ``mcp:...``) need not be answered.
 
     Raises :class:`RemoteProtocolError` (400, param ``input``/``input[i].call_id``).
     """
@@ -72,7 +73,12 @@ def check_continuation(new_items: list[Item], pending: dict[str, str]) -> None:
                     param=f"input[{index}].call_id",
                 )
             answered.add(call_id)
-    missing = [call_id for call_id in pending if call_id not in answered]
+    # An MCP approval request may stay unanswered (as shipped): it is no call.
+    missing = [
+        call_id
+        for call_id, name in pending.items()
+        if call_id not in answered and not name.startswith("mcp:")
+    ]
     if missing:
         raise RemoteProtocolError(
             f"No tool output found for function call {missing[0]!r}.",

@@ -3,28 +3,17 @@ against a real MCP server on loopback."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
+import json
 
-import pytest
-
-from tests.conftest import openai_client
-from tests.support.mcp_server import LoopbackMcp, loopback_mcp
+from tests.conftest import RunningServer, openai_client
+from tests.hosted.conftest import mcp_tool
+from tests.support.mcp_server import LoopbackMcp
 
 
-@pytest.fixture(scope="module")
-def mcp_server() -> Iterator[LoopbackMcp]:
-    with loopback_mcp() as running:
-        yield running
-
-
-def mcp_tool(url: str, **fields: Any) -> dict[str, Any]:
-    return {"type": "mcp", "server_label": "loop", "server_url": url, **fields}
-
-
-def test_listing_and_a_call_in_one_response(make_server: Any, mcp_server: LoopbackMcp) -> None:
-    server = make_server(mcp=_limits())
-    client = openai_client(server)
+def test_listing_and_a_call_in_one_response(
+    hosted_server: RunningServer, mcp_server: LoopbackMcp
+) -> None:
+    client = openai_client(hosted_server)
     tool = mcp_tool(mcp_server.http_url, allowed_tools=["add"], require_approval="never")
     response = client.responses.create(model="sim", input="add two numbers", tools=[tool])
     kinds = [item.type for item in response.output]
@@ -32,12 +21,41 @@ def test_listing_and_a_call_in_one_response(make_server: Any, mcp_server: Loopba
     listing, call, answer = response.output
     assert [t.name for t in listing.tools] == ["add"]
     assert call.error is None
-    args = __import__("json").loads(call.arguments)
+    args = json.loads(call.arguments)
     assert call.output == str(args["a"] + args["b"])
     assert call.output in answer.content[0].text
 
 
-def _limits(**fields: Any) -> Any:
-    from longresponse.config import McpLimits
-
-    return McpLimits(allowed_hosts=frozenset({"127.0.0.1"}), **fields)
+def test_approval_both_ways_over_http(
+    hosted_server: RunningServer, mcp_server: LoopbackMcp
+) -> None:
+    client = openai_client(hosted_server)
+    tool = mcp_tool(mcp_server.http_url, allowed_tools=["shout"])  # approval by default
+    first = client.responses.create(model="sim", input="shout", tools=[tool])
+    assert [item.type for item in first.output] == ["mcp_list_tools", "mcp_approval_request"]
+    request = first.output[1]
+    assert request.name == "shout"
+    approved = client.responses.create(
+        model="sim",
+        previous_response_id=first.id,
+        tools=[tool],
+        input=[
+            {"type": "mcp_approval_response", "approval_request_id": request.id, "approve": True}
+        ],
+    )
+    kinds = [item.type for item in approved.output]
+    assert kinds == ["mcp_call", "message"], kinds
+    call = approved.output[0]
+    assert call.approval_request_id == request.id
+    text = json.loads(request.arguments)["text"]
+    assert call.output == text.upper()
+    denied = client.responses.create(
+        model="sim",
+        previous_response_id=first.id,
+        tools=[tool],
+        input=[
+            {"type": "mcp_approval_response", "approval_request_id": request.id, "approve": False}
+        ],
+    )
+    assert [item.type for item in denied.output] == ["message"]
+    assert "not approved" in denied.output[0].content[0].text
