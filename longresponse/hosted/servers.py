@@ -22,6 +22,9 @@ calls per Response. A server that is down, slow, answers an error or
 garbage, or hangs fails that operation with :class:`McpFailure` and a
 message of this module's own (never the exception's text, which may quote a
 URL with credentials): the rollout goes on.
+
+The SDK is imported with this module, when the server starts: importing it
+takes seconds, which the event loop must not spend in the middle of a turn.
 """
 
 from __future__ import annotations
@@ -33,7 +36,12 @@ from collections.abc import Sequence
 from typing import Any, Final
 from urllib.parse import urlsplit
 
+import httpx2
 import msgspec
+from mcp import Client
+from mcp.client.sse import sse_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
 
 from protocol import ErrorCode, RemoteProtocolError
 from protocol.events import ResponseCreate
@@ -311,9 +319,6 @@ class _Session:
         self._client: Any = None
 
     def _transport(self) -> Any:
-        import httpx2
-        from mcp.client.sse import sse_client
-        from mcp.client.streamable_http import streamable_http_client
 
         tool, limits = self._tool, self._limits
         headers = dict(tool.headers) if isinstance(tool.headers, dict) else {}
@@ -335,7 +340,6 @@ class _Session:
         ), client
 
     async def __aenter__(self) -> Any:
-        from mcp import Client
 
         transport = self._transport()
         self._http = None
@@ -386,15 +390,14 @@ class _Session:
 
 def _failure(label: str, exc: BaseException, when: str) -> McpFailure:
     """Our own account of what went wrong with ``label``'s server (see :class:`_Session`)."""
-    import httpx2
-    from mcp.shared.exceptions import MCPError
 
     found: BaseException | None = exc
     while isinstance(found, BaseExceptionGroup) and found.exceptions:
         found = found.exceptions[0]
     if isinstance(found, MCPError):
         return McpFailure(
-            f"MCP server {label!r} answered error {found.code}: {found.message[:500]}",
+            f"MCP server {label!r} answered error {found.code}: "
+            f"{found.message.splitlines()[0][:200] if found.message else ''}",
             code=found.code,
         )
     if isinstance(found, httpx2.HTTPStatusError):

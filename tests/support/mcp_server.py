@@ -15,6 +15,8 @@ import uvicorn
 
 #: The headers of every request the server received (the secrets' only destination).
 SEEN_HEADERS: list[dict[str, str]] = []
+#: What became of each call of the ``slow`` tool: "started", then "cancelled".
+SLOW_CALLS: list[str] = []
 
 
 def build_server() -> Any:
@@ -39,8 +41,13 @@ def build_server() -> Any:
 
     @server.tool()
     async def slow(seconds: float) -> str:
-        """Sleeps (a hanging tool, for the timeouts)."""
-        await asyncio.sleep(60)
+        """Hangs (for the timeouts and cancellation)."""
+        SLOW_CALLS.append("started")
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            SLOW_CALLS.append("cancelled")
+            raise
         return "late"
 
     @server.tool()
@@ -63,6 +70,35 @@ class _Recorder:
         await self.app(scope, receive, send)
 
 
+async def garbage_app(scope: Any, receive: Any, send: Any) -> None:
+    """An HTTP server that answers every request with bytes that are not MCP."""
+    if scope["type"] != "http":
+        return
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [(b"content-type", b"application/json")],
+        }
+    )
+    await send({"type": "http.response.body", "body": b"<html>not json-rpc"})
+
+
+async def hanging_app(scope: Any, receive: Any, send: Any) -> None:
+    """An HTTP server that starts an event stream and never sends an event."""
+    if scope["type"] != "http":
+        return
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [(b"content-type", b"text/event-stream")],
+        }
+    )
+    await send({"type": "http.response.body", "body": b": hello\n\n", "more_body": True})
+    await asyncio.sleep(3600)
+
+
 class LoopbackMcp:
     """Both transports of one MCP server, each on its own loopback port."""
 
@@ -71,9 +107,14 @@ class LoopbackMcp:
         self._servers = [
             self._start(_Recorder(server.streamable_http_app())),
             self._start(_Recorder(server.sse_app())),
+            self._start(garbage_app),
+            self._start(hanging_app),
         ]
         self.http_url = f"http://127.0.0.1:{self._port(0)}/mcp"
         self.sse_url = f"http://127.0.0.1:{self._port(1)}/sse"
+        #: Not MCP: garbage, and a stream that hangs.
+        self.garbage_url = f"http://127.0.0.1:{self._port(2)}/mcp"
+        self.hanging_url = f"http://127.0.0.1:{self._port(3)}/mcp"
 
     @staticmethod
     def _start(app: Any) -> uvicorn.Server:
@@ -94,6 +135,7 @@ class LoopbackMcp:
     def stop(self) -> None:
         for server in self._servers:
             server.should_exit = True
+            server.force_exit = True
 
 
 @contextlib.contextmanager
