@@ -571,9 +571,12 @@ class Rollout:
         as the call's output is in its context, in the same turn: the rollout
         never pauses for the server's own calls.
         """
+        first = len(self.timings)
         while True:
             stop = await self._sample_turn(prefix_changed=prefix_changed)
             prefix_changed = False
+            if len(self.timings) > first + 1:  # one turn: one timing
+                self.timings[first].absorb(self.timings.pop())
             if (
                 not self._hosted_ran
                 or stop in INCOMPLETE_STOPS
@@ -640,6 +643,7 @@ class Rollout:
             spent=reply.builder.output_tokens,
         )
         sampling_started = self.clock()
+        hosted_before = timing.hosted  # listings and approved calls, before sampling
         timing.before_sampling(started, resolved, rendered, sampling_started)
         if self._resume_mark is not None:
             timing.resume = sampling_started - self._resume_mark
@@ -703,7 +707,7 @@ class Rollout:
             if keepalive is not None:
                 keepalive.stop()
             self._count_deferred(timing, cached)
-        timing.inference = self.clock() - sampling_started - timing.hosted
+        timing.inference = self.clock() - sampling_started - (timing.hosted - hosted_before)
         produced = kept(builder.output[first_output:])
         # The model's own output joins the context and the token cache; it is
         # not new input next turn (a real model already holds it).

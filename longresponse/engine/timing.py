@@ -1,6 +1,7 @@
 """TurnTiming: where one sampling turn's server time went, phase by phase.
 
-A rollout records one :class:`TurnTiming` per model turn. The serve layer
+A rollout records one :class:`TurnTiming` per model turn (the samplings of
+a turn whose model called hosted tools in one, :meth:`TurnTiming.absorb`). The serve layer
 exports them on ``/metrics`` (histograms by phase and transport), in the HTTP
 ``Server-Timing`` header, and as ``responsesapi.websocket_timing`` events to
 clients that asked for them.
@@ -47,6 +48,25 @@ class TurnTiming:
     cached_tokens: int = 0
     #: Input tokens the model read this turn (cached + uncached; the inspector's total).
     input_tokens: int = 0
+
+    def absorb(self, later: TurnTiming) -> None:
+        """Count a later sampling of the same turn in this one (a model that
+        called a hosted tool samples again at once: one turn, one row). Its
+        phases add up; of the tokens, the new ones add up and the last
+        sampling's cached and total stand."""
+        for field in (
+            "pre_inference",
+            "resolve",
+            "render",
+            "count",
+            "inference",
+            "encode",
+            "hosted",
+            "post_inference",
+        ):
+            setattr(self, field, getattr(self, field) + getattr(later, field))
+        self.new_tokens += later.new_tokens
+        self.cached_tokens, self.input_tokens = later.cached_tokens, later.input_tokens
 
     def before_sampling(self, started: float, resolved: float, rendered: float, now: float) -> None:
         """The pre-inference phases, from the clock readings of a turn up to sampling."""

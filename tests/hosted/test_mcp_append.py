@@ -6,8 +6,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 from longresponse.client import connect
+from protocol import LocalProtocolError
 from protocol.events import (
+    ErrorEvent,
     McpCallArgumentsDelta,
     McpCallArgumentsDone,
     McpCallCompleted,
@@ -71,6 +75,36 @@ async def test_approval_pauses_and_an_append_answers_it(
         request = done_items(first)[-1]
         assert isinstance(request, McpApprovalRequest)
         assert paused.response.required_action.call_ids == [request.id]  # type: ignore[union-attr]
+        with pytest.raises(LocalProtocolError) as unknown:  # the core refuses it before sending
+            await client.append(
+                [
+                    {
+                        "type": "mcp_approval_response",
+                        "approval_request_id": "mcpr_x",
+                        "approve": True,
+                    }
+                ]
+            )
+        assert unknown.value.code == "unknown_call_id"
+        assert unknown.value.param == "input[0].approval_request_id"
+        await client.send_raw(
+            json.dumps(
+                {
+                    "type": "response.append",
+                    "input": [
+                        {
+                            "type": "mcp_approval_response",
+                            "approval_request_id": "mcpr_x",
+                            "approve": True,
+                        }
+                    ],
+                }
+            )
+        )
+        refused = await client.next_event()
+        assert isinstance(refused, ErrorEvent)
+        assert refused.error.code == "unknown_call_id"
+        assert refused.error.param == "input[0].approval_request_id"
         await client.append(
             [{"type": "mcp_approval_response", "approval_request_id": request.id, "approve": True}]
         )

@@ -30,7 +30,8 @@ copied). Sending an event thus costs the unwatched path a clock read and a
 list append besides its size.
 
 Consecutive delta events of one item (``response.output_text.delta``,
-``response.function_call_arguments.delta``), numbered one after the other,
+``response.function_call_arguments.delta``, ``response.mcp_call_arguments.delta``),
+numbered one after the other,
 share one entry: the first one's time and ``sequence_number``, their bytes
 summed, their count. The run is kept in a few counters and written into its
 entry only when the next event ends it (:meth:`RolloutRecord.entries` reads
@@ -200,7 +201,13 @@ def _summary(event: Any) -> dict[str, Any] | None:
 #: filled as classes are met.
 _KINDS: dict[type, tuple[str, bool, bool]] = {}
 #: Events whose consecutive runs on one item share a ring entry.
-_DELTAS = frozenset({"response.output_text.delta", "response.function_call_arguments.delta"})
+_DELTAS = frozenset(
+    {
+        "response.output_text.delta",
+        "response.function_call_arguments.delta",
+        "response.mcp_call_arguments.delta",
+    }
+)
 #: Events summarised besides the lifecycle ones (those that carry a ``response``).
 _SUMMARISED = frozenset(
     {"response.output_item.added", "error", "response.create", "response.append"}
@@ -456,9 +463,10 @@ class RolloutRecord:
         """A turn is over: its phases, tokens and bytes become a timeline row."""
         now = time.perf_counter()
         # The turn began when its client message arrived (``resume`` runs from
-        # there to the sampler); before that, since the last turn ended, the
-        # rollout waited for the client: its tools, its network.
-        began = now - timing.resume - timing.inference - timing.post_inference
+        # there to the sampler; hosted tools run within the turn); before that,
+        # since the last turn ended, the rollout waited for the client: its
+        # tools, its network.
+        began = now - timing.resume - timing.inference - timing.hosted - timing.post_inference
         pause = 0.0 if self._turn_end is None else max(0.0, began - self._turn_end)
         self._turn_end = now
         self.turn_count += 1

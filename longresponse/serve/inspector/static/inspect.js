@@ -11,6 +11,7 @@ const PHASES = [
   ["ttft", "model: time to first token"],
   ["count", "counting the input, after the first output"],
   ["decode", "model: decode"],
+  ["hosted", "hosted tools, run by the server (MCP listings and calls)"],
   ["post", "post-inference"],
   ["pause", "paused for client tools"],
 ];
@@ -133,6 +134,7 @@ function phases(turn) {
     ttft: t.time_to_first_token_ms,
     count: count,
     decode: decode,
+    hosted: t.hosted_ms || 0,
     post: t.post_inference_ms,
     pause: document.getElementById("show-pauses").checked ? turn.pause_ms : 0,
   };
