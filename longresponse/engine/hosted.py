@@ -72,6 +72,10 @@ class McpHost(Protocol):
         """Run one call; its output as text. Raises :class:`McpFailure`."""
         ...
 
+    async def aclose(self) -> None:
+        """The turn is over: end what the listings and calls kept open for it."""
+        ...
+
 
 def unlisted(host: McpHost, context: Sequence[Item]) -> list[str]:
     """The servers to list before the model samples: those with no successful

@@ -572,18 +572,22 @@ class Rollout:
         never pauses for the server's own calls.
         """
         first = len(self.timings)
-        while True:
-            stop = await self._sample_turn(prefix_changed=prefix_changed)
-            prefix_changed = False
-            if len(self.timings) > first + 1:  # one turn: one timing
-                self.timings[first].absorb(self.timings.pop())
-            if (
-                not self._hosted_ran
-                or stop in INCOMPLETE_STOPS
-                or stop == "max_events"
-                or self._current().pending_calls
-            ):
-                return stop
+        try:
+            while True:
+                stop = await self._sample_turn(prefix_changed=prefix_changed)
+                prefix_changed = False
+                if len(self.timings) > first + 1:  # one turn: one timing
+                    self.timings[first].absorb(self.timings.pop())
+                if (
+                    not self._hosted_ran
+                    or stop in INCOMPLETE_STOPS
+                    or stop == "max_events"
+                    or self._current().pending_calls
+                ):
+                    return stop
+        finally:
+            if self.mcp is not None:  # no MCP session outlives its turn
+                await self.mcp.aclose()
 
     async def _sample_turn(self, *, prefix_changed: bool) -> str:
         """One sampling of the model (see :meth:`turn`)."""

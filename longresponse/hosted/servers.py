@@ -10,11 +10,15 @@ request the engine, the Response, the store and every log line see keeps no
 :class:`McpServers`, the engine's ``McpHost``
 (``longresponse.engine.hosted``), which alone sends them, to the MCP server.
 
-Every listing and call opens its own MCP session with the official SDK
-(``mcp``): streamable HTTP, or the older SSE transport for a ``server_url``
-whose path ends in ``/sse``. So nothing of one tenant's session outlives the
-operation, a session is never shared between tasks, and a cancelled turn
-(``response.cancel``, a disconnect) cancels the one operation in flight.
+The listings and calls of one model turn share one MCP session per server,
+made with the official SDK (``mcp``): streamable HTTP, or the older SSE
+transport for a ``server_url`` whose path ends in ``/sse``. The session is
+opened by the turn's first operation and ended by the rollout when the turn
+ends (:meth:`McpServers.aclose`, in the turn's own task: a session is never
+shared between tasks, and none is held while a rollout waits for its client);
+one that failed or was cancelled is ended at once and the next operation
+opens another. A cancelled turn (``response.cancel``, a disconnect) cancels
+the operation in flight.
 Each has the limits of :class:`McpLimits` (``--mcp-*`` flags): connecting and
 the initialize handshake within ``connect_timeout``, the operation within
 ``call_timeout``, a listing or an output of at most so many bytes, so many
@@ -30,9 +34,10 @@ takes seconds, which the event loop must not spend in the middle of a turn.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, Final
 from urllib.parse import urlsplit
 
@@ -53,6 +58,9 @@ from ..engine.hosted import McpFailure
 __all__ = ["McpLimits", "McpServers", "check_mcp_tools", "redact_mcp_tools"]
 
 log = logging.getLogger(__name__)
+# The SDK's HTTP client logs each request's URL at INFO: a line per MCP
+# message, with a tenant's URL in it. Its warnings are kept.
+logging.getLogger("httpx2").setLevel(logging.WARNING)
 
 #: The error codes of an ``mcp_call``'s ``http_error`` (HTTP statuses).
 BAD_GATEWAY: Final = 502
@@ -174,6 +182,8 @@ class McpServers:
         self.calls = 0
         #: Tools each server listed read-only (``readOnlyHint``), for the filters.
         self._read_only: dict[str, set[str]] = {}
+        #: The session open with each server for the turn: (its owner, the client).
+        self._open: dict[str, tuple[_Session, Any]] = {}
 
     def labels(self) -> Sequence[str]:
         return list(self._tools)
@@ -200,7 +210,7 @@ class McpServers:
         tool = self._tools[server_label]
         listed: list[McpListedTool] = []
         size = 0
-        async with self._session(tool) as client:
+        async with self._using(tool) as client:
             cursor: str | None = None
             async with self._deadline(tool, "listing"):
                 while True:
@@ -254,7 +264,7 @@ class McpServers:
             raise McpFailure("The call's arguments are not JSON.", code=-32602) from None
         if not isinstance(parsed, dict):
             raise McpFailure("The call's arguments are not a JSON object.", code=-32602)
-        async with self._session(tool) as client, self._deadline(tool, "call"):
+        async with self._using(tool) as client, self._deadline(tool, "call"):
             result = await client.call_tool(name, parsed)
         texts = [part.text for part in result.content if getattr(part, "type", "") == "text"]
         if texts:
@@ -273,13 +283,38 @@ class McpServers:
             raise McpFailure(output, kind="mcp_tool_execution_error")
         return output
 
-    # --- one MCP session per operation -------------------------------------------
+    async def aclose(self) -> None:
+        """End the MCP sessions kept open for the turn (see the module docstring)."""
+        for label in list(self._open):
+            await self._drop(label)
+
+    # --- one MCP session per server for a turn -------------------------------------
 
     def _deadline(self, tool: McpTool, what: str) -> _Deadline:
         return _Deadline(self.limits.call_timeout, tool.server_label, what)
 
-    def _session(self, tool: McpTool) -> _Session:
-        return _Session(tool, self.limits)
+    @contextlib.asynccontextmanager
+    async def _using(self, tool: McpTool) -> AsyncIterator[Any]:
+        """The session with ``tool``'s server, opened if none is; one that failed
+        (or was cancelled) is ended, never used again."""
+        label = tool.server_label
+        kept = self._open.get(label)
+        if kept is None:
+            session = _Session(tool, self.limits)
+            kept = self._open[label] = (session, await session.__aenter__())
+        try:
+            yield kept[1]
+        except BaseException as exc:
+            await self._drop(label)
+            if isinstance(exc, Exception) and not isinstance(exc, McpFailure):
+                raise _failure(label, exc, "the operation") from None
+            raise
+
+    async def _drop(self, label: str) -> None:
+        kept = self._open.pop(label, None)
+        if kept is not None:
+            with contextlib.suppress(Exception):
+                await kept[0].__aexit__(None, None, None)
 
 
 class _Deadline:
