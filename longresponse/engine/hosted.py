@@ -64,6 +64,11 @@ class McpHost(Protocol):
         """Whether a call of ``name`` waits for the client's approval (``require_approval``)."""
         ...
 
+    def can_call(self) -> bool:
+        """Whether another call may be made in this Response (``--mcp-max-calls``);
+        when not, the model samples on with ``tool_choice: none`` and answers."""
+        ...
+
     async def list_tools(self, server_label: str) -> list[McpListedTool]:
         """The server's tools, ``allowed_tools`` applied. Raises :class:`McpFailure`."""
         ...

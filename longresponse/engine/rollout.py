@@ -49,6 +49,8 @@ from array import array
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Final
 
+import msgspec
+
 from protocol import Mode, ResponseState
 from protocol.events import (
     ResponseCreate,
@@ -56,7 +58,7 @@ from protocol.events import (
     ResponseDone,
     ResponseInProgress,
 )
-from protocol.items import Item, McpCall, as_items
+from protocol.items import Item, McpCall, ToolChoice, ToolChoiceAllowed, as_items
 from protocol.response import Response, ResponseError
 
 from ..config import MAX_RESPONSE_EVENTS, MAX_RESPONSE_OUTPUT_TOKENS, Switches
@@ -573,9 +575,10 @@ class Rollout:
         """
         first = len(self.timings)
         try:
+            again = False
             while True:
-                stop = await self._sample_turn(prefix_changed=prefix_changed)
-                prefix_changed = False
+                stop = await self._sample_turn(prefix_changed=prefix_changed, again=again)
+                prefix_changed, again = False, True
                 if len(self.timings) > first + 1:  # one turn: one timing
                     self.timings[first].absorb(self.timings.pop())
                 if (
@@ -589,8 +592,10 @@ class Rollout:
             if self.mcp is not None:  # no MCP session outlives its turn
                 await self.mcp.aclose()
 
-    async def _sample_turn(self, *, prefix_changed: bool) -> str:
-        """One sampling of the model (see :meth:`turn`)."""
+    async def _sample_turn(self, *, prefix_changed: bool, again: bool) -> str:
+        """One sampling of the model (see :meth:`turn`); ``again``: after a hosted
+        call in the same turn, where a ``tool_choice`` that forces a call has had
+        its call and the model chooses freely (``auto``)."""
         reply = self._current()
         self._hosted_ran = False
         timing = TurnTiming(turn=len(self.timings) + 1)
@@ -646,6 +651,11 @@ class Rollout:
             cap=self.max_output_tokens,
             spent=reply.builder.output_tokens,
         )
+        if again:  # a model that may make no more hosted calls must answer
+            choice = _chosen_freely(sample_request.tool_choice)
+            if self.mcp is not None and not self.mcp.can_call():
+                choice = "none"
+            sample_request = dataclasses.replace(sample_request, tool_choice=choice)
         sampling_started = self.clock()
         hosted_before = timing.hosted  # listings and approved calls, before sampling
         timing.before_sampling(started, resolved, rendered, sampling_started)
@@ -968,6 +978,14 @@ class Rollout:
         if self.on_timing is not None:
             self.on_timing(self.timings[-1])
         await self._current().send_timing(self.timings[-1].as_metrics())
+
+
+def _chosen_freely(choice: ToolChoice) -> ToolChoice:
+    """``choice`` once its forced call was made: ``allowed_tools`` keeps its tools
+    (``auto``); a choice naming a tool, or ``required``, becomes ``auto``."""
+    if isinstance(choice, ToolChoiceAllowed):
+        return msgspec.structs.replace(choice, mode="auto")
+    return choice if choice in ("auto", "none") else "auto"
 
 
 class _Keepalive:

@@ -206,6 +206,9 @@ class McpServers:
                 return True
         return True
 
+    def can_call(self) -> bool:
+        return self.calls < self.limits.max_calls
+
     async def list_tools(self, server_label: str) -> list[McpListedTool]:
         tool = self._tools[server_label]
         listed: list[McpListedTool] = []

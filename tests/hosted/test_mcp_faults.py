@@ -105,12 +105,19 @@ def test_listing_size_and_calls_per_response(make_server: Any, mcp_server: Loopb
     capped = make_server(mcp=dataclasses.replace(LIMITS, max_calls=2))
     client = openai_client(capped)
     tool = mcp_tool(mcp_server.http_url, allowed_tools=["add"], require_approval="never")
-    response = client.responses.create(
-        model="sim", input="go", tools=[tool], metadata={"sim_tool_calls": "3"}
+    response = client.responses.create(  # three calls in one sampling: one too many
+        model="sim",
+        input="go",
+        tools=[tool],
+        metadata={"sim_tool_calls": "5", "sim_parallel_calls": "3"},
     )
     calls = [item for item in response.output if item.type == "mcp_call"]
     assert [call.status for call in calls] == ["completed", "completed", "failed"]
     assert "--mcp-max-calls" in calls[2].error.message
+    # No call can be made any more: the model answers (tool_choice none), the
+    # two sim_tool_calls it still had in mind are not attempted.
+    assert response.output[-1].type == "message"
+    assert response.status == "completed"
 
 
 def test_a_hanging_call_stalls_no_one_else(

@@ -59,3 +59,20 @@ def test_approval_both_ways_over_http(
     )
     assert [item.type for item in denied.output] == ["message"]
     assert "not approved" in denied.output[0].content[0].text
+
+
+def test_tool_choice_names_an_mcp_tool(
+    hosted_server: RunningServer, mcp_server: LoopbackMcp
+) -> None:
+    client = openai_client(hosted_server)
+    tool = mcp_tool(mcp_server.http_url, allowed_tools=["add", "shout"], require_approval="never")
+    for name in ("shout", "add"):
+        response = client.responses.create(
+            model="sim",
+            input="go",
+            tools=[tool],
+            tool_choice={"type": "mcp", "server_label": "loop", "name": name},
+        )
+        calls = [item for item in response.output if item.type == "mcp_call"]
+        assert calls
+        assert calls[0].name == name

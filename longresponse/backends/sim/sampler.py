@@ -97,6 +97,7 @@ from protocol.items import (
     ToolChoiceComputerUsePreview,
     ToolChoiceCustom,
     ToolChoiceFunction,
+    ToolChoiceMcp,
     ToolChoiceShell,
     answered_call_id,
     item_text,
@@ -412,6 +413,15 @@ def _chosen(offers: list[_Offer], choice: ToolChoice) -> tuple[list[_Offer], boo
             offer for offer in offers if any(_matches(offer, entry) for entry in choice.tools)
         ]
         return allowed, choice.mode == "required"
+    if isinstance(choice, ToolChoiceMcp):  # a listed tool of that server (or that one)
+        named = [
+            o
+            for o in offers
+            if o.kind == "mcp"
+            and o.namespace == choice.server_label
+            and choice.name in (None, msgspec.UNSET, o.name)
+        ]
+        return named, True
     if isinstance(choice, ToolChoiceFunction | ToolChoiceCustom):
         kind = "function" if isinstance(choice, ToolChoiceFunction) else "custom"
         named = [o for o in offers if o.kind == kind and choice.name in (o.name, _full(o))]
@@ -437,8 +447,17 @@ def _matches(offer: _Offer, entry: Mapping[str, Any]) -> bool:
         return offer.kind == kind and entry.get("name") in (None, offer.name, _full(offer))
     if kind in ("computer", "computer_use_preview", "computer_use"):
         return offer.kind == "computer"
+    if kind == "mcp":
+        label, name = entry.get("server_label"), entry.get("name")
+        return (
+            offer.kind == "mcp" and label in (None, offer.namespace) and name in (None, offer.name)
+        )
     if kind == "namespace":
-        return offer.namespace is not None and entry.get("name") in (None, offer.namespace)
+        return (
+            offer.kind != "mcp"
+            and offer.namespace is not None
+            and entry.get("name") in (None, offer.namespace)
+        )
     return offer.kind == kind
 
 
