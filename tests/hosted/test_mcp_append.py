@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import msgspec
 import pytest
 
 from longresponse.client import connect
@@ -116,3 +117,28 @@ async def test_approval_pauses_and_an_append_answers_it(
     assert call.approval_request_id == request.id
     assert call.output == json.loads(request.arguments)["text"].upper()
     assert f"«{call.output}»" in item_text(answer.content)
+
+
+async def test_append_mode_echoes_no_secret(
+    hosted_server: RunningServer, mcp_server: LoopbackMcp
+) -> None:
+    token, header = "tok-append-71c0-secret", "hdr-append-2be9-secret"
+    tool = mcp_tool(
+        mcp_server.http_url,
+        allowed_tools=["add"],
+        require_approval="never",
+        authorization=token,
+        headers={"X-Tenant-Key": header},
+    )
+    async with connect(hosted_server.url) as client:
+        await client.create(model="sim", input="add", tools=[tool])
+        events = await client.until_done()
+    wire = b"".join(msgspec.json.encode(event) for event in events)
+    assert b'"type":"mcp_call"' in wire
+    assert token.encode() not in wire
+    assert header.encode() not in wire
+    (done,) = [event for event in events if isinstance(event, ResponseDone)]
+    assert done.response.status == "completed"
+    echoed = msgspec.to_builtins(done.response.tools[0])
+    assert "authorization" not in echoed
+    assert "headers" not in echoed
