@@ -27,7 +27,14 @@ from collections.abc import Callable
 
 from protocol import ErrorCode, ProtocolError, RemoteProtocolError
 from protocol.codec import wire_type
-from protocol.items import CallOutput, ClientCall, Item, answered_call_id, call_name
+from protocol.items import (
+    CallOutput,
+    ClientCall,
+    Item,
+    McpApprovalResponse,
+    answered_call_id,
+    call_name,
+)
 
 from ..engine.rollout import Boundary, Rollout
 from ..storage.persistence import Persistence
@@ -64,6 +71,16 @@ def check_continuation(new_items: list[Item], pending: dict[str, str]) -> None:
     for index, item in enumerate(new_items):
         if isinstance(item, ClientCall):
             open_calls[item.call_id] = call_name(item)
+        elif isinstance(item, McpApprovalResponse):
+            request_id = item.approval_request_id
+            named = open_calls.get(request_id, "")
+            if not named.startswith("mcp:") or request_id in answered:
+                raise RemoteProtocolError(
+                    f"No MCP approval request {request_id!r} waits for an answer.",
+                    code=ErrorCode.UNKNOWN_CALL_ID,
+                    param=f"input[{index}].approval_request_id",
+                )
+            answered.add(request_id)
         elif isinstance(item, CallOutput):
             call_id = answered_call_id(item)
             if call_id not in open_calls or call_id in answered:

@@ -357,6 +357,12 @@ class Persistence:
             if isinstance(item, ClientCall)
             and item.call_id not in answered
         }
+        # An MCP approval request waits for an answer too (which need not come).
+        pending.update(
+            (item.id, f"mcp:{item.server_label}.{item.name}")
+            for item in last.response.output
+            if isinstance(item, McpApprovalRequest)
+        )
         return Conversation(items=items, last=last, pending=pending)
 
 

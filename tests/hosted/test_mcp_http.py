@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 
+import openai
+import pytest
+
 from tests.conftest import RunningServer, openai_client
 from tests.hosted.conftest import mcp_tool
 from tests.support.mcp_server import LoopbackMcp
@@ -49,6 +52,17 @@ def test_approval_both_ways_over_http(
     assert call.approval_request_id == request.id
     text = json.loads(request.arguments)["text"]
     assert call.output == text.upper()
+    with pytest.raises(openai.BadRequestError) as refused:  # no such request waits
+        client.responses.create(
+            model="sim",
+            previous_response_id=first.id,
+            tools=[tool],
+            input=[
+                {"type": "mcp_approval_response", "approval_request_id": "mcpr_x", "approve": True}
+            ],
+        )
+    assert refused.value.body["code"] == "unknown_call_id"
+    assert refused.value.body["param"] == "input[0].approval_request_id"
     denied = client.responses.create(
         model="sim",
         previous_response_id=first.id,
