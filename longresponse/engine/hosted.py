@@ -34,7 +34,7 @@ from protocol.items import (
     McpListTools,
 )
 
-__all__ = ["McpFailure", "McpHost", "approved_requests", "unlisted"]
+__all__ = ["McpFailure", "McpHost", "approved_requests", "listed_read_only", "unlisted"]
 
 
 class McpFailure(Exception):
@@ -60,8 +60,9 @@ class McpHost(Protocol):
         """The ``server_label`` of every ``mcp`` tool of the request, in order."""
         ...
 
-    def needs_approval(self, server_label: str, name: str) -> bool:
-        """Whether a call of ``name`` waits for the client's approval (``require_approval``)."""
+    def needs_approval(self, server_label: str, name: str, *, read_only: bool = False) -> bool:
+        """Whether a call of ``name`` waits for the client's approval
+        (``require_approval``); ``read_only``: its listing says ``readOnlyHint``."""
         ...
 
     def can_call(self) -> bool:
@@ -106,3 +107,15 @@ def approved_requests(
             if request is not None:
                 approved.append((request, item))
     return approved
+
+
+def listed_read_only(context: Sequence[Item], server_label: str, name: str) -> bool:
+    """Whether the latest listing of ``server_label`` in ``context`` marks the tool
+    ``name`` read-only (its MCP ``readOnlyHint`` annotation)."""
+    for item in reversed(context):
+        if isinstance(item, McpListTools) and item.server_label == server_label:
+            for tool in item.tools:
+                if tool.name == name and isinstance(tool.annotations, dict):
+                    return tool.annotations.get("readOnlyHint") is True
+            return False
+    return False

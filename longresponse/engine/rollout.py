@@ -69,7 +69,7 @@ from .classifier import Verdict
 from .compaction import Compactor, Drained, compact, compact_threshold, drain
 from .counting import may_defer
 from .failures import cut_to_window, failure, kept, upstream_error_event
-from .hosted import McpFailure, McpHost, approved_requests, unlisted
+from .hosted import McpFailure, McpHost, approved_requests, listed_read_only, unlisted
 from .render import TokenCache, render_prefix
 from .reply import Reply, TokenCounts
 from .sampling import (
@@ -694,7 +694,13 @@ class Rollout:
                         isinstance(chunk, ToolCallStart)
                         and chunk.kind == "mcp"
                         and self.mcp is not None
-                        and self.mcp.needs_approval(chunk.namespace or "", chunk.name)
+                        and self.mcp.needs_approval(
+                            chunk.namespace or "",
+                            chunk.name,
+                            read_only=listed_read_only(
+                                self.context, chunk.namespace or "", chunk.name
+                            ),
+                        )
                     ):
                         chunk = dataclasses.replace(chunk, kind="mcp_approval")
                     await sink.room()

@@ -180,15 +180,13 @@ class McpServers:
         self._tools = tools
         self.limits = limits
         self.calls = 0
-        #: Tools each server listed read-only (``readOnlyHint``), for the filters.
-        self._read_only: dict[str, set[str]] = {}
         #: The session open with each server for the turn: (its owner, the client).
         self._open: dict[str, tuple[_Session, Any]] = {}
 
     def labels(self) -> Sequence[str]:
         return list(self._tools)
 
-    def needs_approval(self, server_label: str, name: str) -> bool:
+    def needs_approval(self, server_label: str, name: str, *, read_only: bool = False) -> bool:
         """``require_approval``: ``always`` (the default, as shipped), ``never``, or
         ``{"always": filter, "never": filter}`` (a tool either names is decided
         by it; any other needs approval)."""
@@ -199,7 +197,6 @@ class McpServers:
         if policy == "never":
             return False
         if isinstance(policy, dict):
-            read_only = name in self._read_only.get(server_label, set())
             if "never" in policy and _matches(policy["never"], name, read_only):
                 return False
             if "always" in policy and _matches(policy["always"], name, read_only):
@@ -231,7 +228,9 @@ class McpServers:
                             description=entry.description
                             if entry.description is not None
                             else msgspec.UNSET,
-                            annotations=entry.annotations.model_dump(exclude_none=True)
+                            annotations=entry.annotations.model_dump(
+                                by_alias=True, exclude_none=True
+                            )
                             if entry.annotations is not None
                             else msgspec.UNSET,
                         )
@@ -243,8 +242,6 @@ class McpServers:
                                 "(--mcp-max-listing-bytes).",
                                 code=LIMIT_EXCEEDED,
                             )
-                        if entry.annotations and entry.annotations.read_only_hint:
-                            self._read_only.setdefault(server_label, set()).add(entry.name)
                         listed.append(item)
                     cursor = page.next_cursor
                     if not cursor:

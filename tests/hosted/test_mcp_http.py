@@ -90,3 +90,25 @@ def test_tool_choice_names_an_mcp_tool(
         calls = [item for item in response.output if item.type == "mcp_call"]
         assert calls
         assert calls[0].name == name
+
+
+def test_require_approval_filters_by_name_and_read_only(
+    hosted_server: RunningServer, mcp_server: LoopbackMcp
+) -> None:
+    client = openai_client(hosted_server)
+    policies: list[tuple[object, dict[str, str]]] = [
+        ({"never": {"read_only": True}}, {"shout": "mcp_call", "add": "mcp_approval_request"}),
+        ({"never": {"tool_names": ["add"]}}, {"shout": "mcp_approval_request", "add": "mcp_call"}),
+        (
+            {"always": {"tool_names": ["add"]}, "never": {"tool_names": ["shout"]}},
+            {"shout": "mcp_call", "add": "mcp_approval_request"},
+        ),
+    ]
+    for policy, expected in policies:
+        for name, kind in expected.items():
+            tool = mcp_tool(mcp_server.http_url, allowed_tools=[name], require_approval=policy)
+            response = client.responses.create(model="sim", input="go", tools=[tool])
+            listing = response.output[0]
+            if name == "shout":
+                assert listing.tools[0].annotations == {"readOnlyHint": True}
+            assert response.output[1].type == kind, (policy, name)

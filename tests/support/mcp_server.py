@@ -21,6 +21,7 @@ SLOW_CALLS: list[str] = []
 
 def build_server() -> Any:
     from mcp.server import MCPServer
+    from mcp_types import ToolAnnotations
 
     server = MCPServer("loopback")
 
@@ -29,7 +30,7 @@ def build_server() -> Any:
         """Add two integers."""
         return a + b
 
-    @server.tool()
+    @server.tool(annotations=ToolAnnotations(read_only_hint=True))
     def shout(text: str) -> str:
         """The text in capitals."""
         return text.upper()
