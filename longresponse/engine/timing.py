@@ -106,5 +106,6 @@ class TurnTiming:
         "time_to_first_token",
         "inference",
         "encode",
+        "hosted",
         "post_inference",
     )
