@@ -27,26 +27,26 @@ garbage, or hangs fails that operation with :class:`McpFailure` and a
 message of this module's own (never the exception's text, which may quote a
 URL with credentials): the rollout goes on.
 
-The SDK is imported with this module, when the server starts: importing it
-takes seconds, which the event loop must not spend in the middle of a turn.
+The SDK is imported when the server starts (:func:`load_sdk`, from the
+app), and only if the operator allowed an MCP host: importing it takes
+seconds (1.4 s of CPU measured), which the event loop must not spend in the
+middle of a turn, and which a server that can call no MCP server need not
+spend at all.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
+import types
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Final
 from urllib.parse import urlsplit
 
-import httpx2
 import msgspec
-from mcp import Client
-from mcp.client.sse import sse_client
-from mcp.client.streamable_http import streamable_http_client
-from mcp.shared.exceptions import MCPError
 
 from protocol import ErrorCode, RemoteProtocolError
 from protocol.events import ResponseCreate
@@ -55,7 +55,7 @@ from protocol.items import McpListedTool, McpTool, Tool
 from ..config import McpLimits
 from ..engine.hosted import McpFailure
 
-__all__ = ["McpLimits", "McpServers", "check_mcp_tools", "redact_mcp_tools"]
+__all__ = ["McpLimits", "McpServers", "check_mcp_tools", "load_sdk", "redact_mcp_tools"]
 
 log = logging.getLogger(__name__)
 # The SDK's HTTP client logs each request's URL at INFO: a line per MCP
@@ -71,6 +71,24 @@ INTERNAL_ERROR: Final = -32603
 LIMIT_EXCEEDED: Final = -32001
 #: The code of a parameter the server knows but does not serve.
 UNSUPPORTED_PARAMETER: Final = "unsupported_parameter"
+
+
+@functools.cache
+def load_sdk() -> Any:
+    """The ``mcp`` SDK and its HTTP client, imported once (see the module docstring)."""
+    import httpx2
+    import mcp
+    import mcp.client.sse
+    import mcp.client.streamable_http
+    import mcp.shared.exceptions
+
+    return types.SimpleNamespace(
+        httpx2=httpx2,
+        Client=mcp.Client,
+        sse_client=mcp.client.sse.sse_client,
+        streamable_http_client=mcp.client.streamable_http.streamable_http_client,
+        MCPError=mcp.shared.exceptions.MCPError,
+    )
 
 
 def _host_key(url: str) -> tuple[str, str, str] | None:
@@ -361,16 +379,20 @@ class _Session:
             headers["Authorization"] = f"Bearer {tool.authorization}"
         url = tool.server_url
         assert isinstance(url, str)
-        timeout = httpx2.Timeout(limits.call_timeout, connect=limits.connect_timeout)
+        sdk = load_sdk()
+        # The transport's own timeouts come after ours (_Deadline, the connect
+        # deadline), so a slow server always gets this module's precise error.
+        slack = limits.call_timeout + limits.connect_timeout + 1.0
+        timeout = sdk.httpx2.Timeout(slack, connect=limits.connect_timeout + 1.0)
         if urlsplit(url).path.rstrip("/").endswith("/sse"):
-            return sse_client(
+            return sdk.sse_client(
                 url,
                 headers=headers,
-                timeout=limits.connect_timeout,
-                sse_read_timeout=limits.call_timeout,
+                timeout=limits.connect_timeout + 1.0,
+                sse_read_timeout=slack,
             )
-        client = httpx2.AsyncClient(headers=headers, timeout=timeout)
-        return streamable_http_client(
+        client = sdk.httpx2.AsyncClient(headers=headers, timeout=timeout)
+        return sdk.streamable_http_client(
             url, http_client=client, max_sse_event_size=limits.max_output_bytes + 65536
         ), client
 
@@ -380,7 +402,7 @@ class _Session:
         self._http = None
         if isinstance(transport, tuple):
             transport, self._http = transport
-        self._client = Client(transport, cache=None)
+        self._client = load_sdk().Client(transport, cache=None)
         label, limits = self._tool.server_label, self._limits
         try:
             async with asyncio.timeout(limits.connect_timeout):
@@ -429,20 +451,21 @@ def _failure(label: str, exc: BaseException, when: str) -> McpFailure:
     found: BaseException | None = exc
     while isinstance(found, BaseExceptionGroup) and found.exceptions:
         found = found.exceptions[0]
-    if isinstance(found, MCPError):
+    sdk = load_sdk()
+    if isinstance(found, sdk.MCPError):
         return McpFailure(
             f"MCP server {label!r} answered error {found.code}: "
             f"{found.message.splitlines()[0][:200] if found.message else ''}",
             code=found.code,
         )
-    if isinstance(found, httpx2.HTTPStatusError):
+    if isinstance(found, sdk.httpx2.HTTPStatusError):
         status = found.response.status_code
         return McpFailure(
             f"MCP server {label!r} answered HTTP {status} while {when}.",
             kind="http_error",
             code=status,
         )
-    if isinstance(found, httpx2.TransportError):
+    if isinstance(found, sdk.httpx2.TransportError):
         return McpFailure(
             f"MCP server {label!r} could not be reached while {when}.",
             kind="http_error",

@@ -33,6 +33,7 @@ from ..engine.admission import HostedTools, Pipeline
 from ..engine.classifier import Policy
 from ..engine.compaction import CompactionKey
 from ..engine.render import encode
+from ..hosted import load_sdk
 from ..storage.backends import StoreError, open_store
 from ..storage.keys import ApiKeys
 from ..storage.persistence import Persistence
@@ -80,6 +81,8 @@ def create_app(config: ServerConfig | None = None) -> Seam:
     """The longresponse ASGI app for ``config`` (defaults: embedded sim model, SQLite)."""
     config = config or ServerConfig()
     encode("")  # load the tokenizer now, not inside the first request
+    if config.mcp.allowed_hosts:  # the hosted mcp tool's SDK: now, not in a turn
+        load_sdk()
     models = ModelRegistry(config.sim)
     backends = open_backends(config.backends)  # real engines (longresponse.backends)
     serve_backends(models, backends)
