@@ -120,18 +120,21 @@ def test_listing_size_and_calls_per_response(make_server: Any, mcp_server: Loopb
     assert response.status == "completed"
 
 
-def test_a_hanging_call_stalls_no_one_else(
-    hosted_server: RunningServer, mcp_server: LoopbackMcp
-) -> None:
+def test_a_hanging_call_stalls_no_one_else(make_server: Any, mcp_server: LoopbackMcp) -> None:
+    import dataclasses
+
+    # The hanging call is cut at 4 s: time enough for the other request, even
+    # on a loaded machine, to be over while it still hangs.
+    server = make_server(mcp=dataclasses.replace(LIMITS, call_timeout=4.0))
     slow: list[Any] = []
     waiting = threading.Thread(
-        target=lambda: slow.append(call_of(hosted_server, mcp_server.http_url, "slow"))
+        target=lambda: slow.append(call_of(server, mcp_server.http_url, "slow"))
     )
     started = len(SLOW_CALLS)
     waiting.start()
     while len(SLOW_CALLS) == started:  # the slow call is in flight
         threading.Event().wait(0.01)
-    quick = call_of(hosted_server, mcp_server.http_url, "add")
+    quick = call_of(server, mcp_server.http_url, "add")
     assert waiting.is_alive()  # the other call still hangs
     assert quick.output == str(sum(json.loads(quick.arguments).values()))
     waiting.join()
