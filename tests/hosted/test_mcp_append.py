@@ -142,3 +142,29 @@ async def test_append_mode_echoes_no_secret(
     echoed = msgspec.to_builtins(done.response.tools[0])
     assert "authorization" not in echoed
     assert "headers" not in echoed
+
+
+async def test_a_refused_approval_is_not_run(
+    hosted_server: RunningServer, mcp_server: LoopbackMcp
+) -> None:
+    tool = mcp_tool(mcp_server.http_url, allowed_tools=["shout"])  # always, by default
+    async with connect(hosted_server.url) as client:
+        await client.create(model="sim", input="shout", tools=[tool])
+        request = done_items(await client.until_done())[-1]
+        assert isinstance(request, McpApprovalRequest)
+        await client.append(
+            [
+                {
+                    "type": "mcp_approval_response",
+                    "approval_request_id": request.id,
+                    "approve": False,
+                    "reason": "not now",
+                }
+            ]
+        )
+        rest = await client.until_done()
+    (answer,) = done_items(rest)  # no mcp_call: the model answers
+    assert isinstance(answer, Message)
+    assert f"[{request.id}] «not approved»" in item_text(answer.content)
+    ended = [event for event in rest if isinstance(event, ResponseDone)]
+    assert [done.response.status for done in ended] == ["completed"]
