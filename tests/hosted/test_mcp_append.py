@@ -112,7 +112,7 @@ async def test_approval_pauses_and_an_append_answers_it(
         rest = await client.until_done()
     ended = [event for event in rest if isinstance(event, ResponseDone)]
     assert [done.response.status for done in ended] == ["completed"]
-    call, answer = done_items(rest)
+    call, answer = done_items(rest)  # listed once, before the pause: not again
     assert isinstance(call, McpCall)
     assert call.approval_request_id == request.id
     assert call.output == json.loads(request.arguments)["text"].upper()
