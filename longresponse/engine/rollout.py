@@ -65,7 +65,13 @@ from .admission import Pipeline
 from .classifier import Verdict
 from .compaction import Compactor, Drained, compact, compact_threshold, drain
 from .counting import may_defer
-from .failures import cut_to_window, failure, kept, upstream_error_event
+from .failures import (
+    cut_to_window,
+    failure,
+    kept,
+    log_upstream_failure,
+    upstream_error_event,
+)
 from .render import TokenCache, render_prefix
 from .reply import Reply, TokenCounts
 from .sampling import (
@@ -515,7 +521,9 @@ class Rollout:
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if self._cancel_requested and task is not None and task.uncancel() == 0:
-                # Our own client asked (response.cancel): report it.
+                # Our own client asked (response.cancel): what the turn streamed
+                # stays in the Response, its open item cut short, and is billed.
+                await self._cut_short(reply, None)
                 await self.finish(ResponseState.CANCELLED)
                 return
             reply.abandon()  # the connection is gone
@@ -601,6 +609,9 @@ class Rollout:
             cap=self.max_output_tokens,
             spent=reply.builder.output_tokens,
         )
+        limit = request.max_tool_calls
+        if limit is not None and reply.calls_made >= limit:  # the model answers now
+            sample_request = dataclasses.replace(sample_request, tool_choice="none")
         sampling_started = self.clock()
         timing.before_sampling(started, resolved, rendered, sampling_started)
         if self._resume_mark is not None:
@@ -650,6 +661,7 @@ class Rollout:
                         break
         except UpstreamError as exc:  # what the model wrote stays; the open item is cut
             failed = exc
+            log_upstream_failure(exc, model=self.model.name, response_id=reply.id)
             self._count_deferred(timing, cached)
             await self._cut_short(reply, None if not first else (len(self.tokens), cached))
         finally:  # no output at all, or cancelled
@@ -790,7 +802,8 @@ class Rollout:
             reply.sink.push(event)
 
     async def _cut_short(self, reply: Reply, unbilled: tuple[int, int] | None) -> None:
-        """A turn the engine broke off: the item being written ends ``incomplete``.
+        """A turn the engine broke off, or the client cancelled: the item being
+        written (if any) ends ``incomplete``, with the tokens it streamed counted.
 
         ``unbilled``: the turn's (input, cached) estimate, taken back when the
         engine produced nothing (a refused or unreachable request reads no tokens).
