@@ -35,6 +35,15 @@ from tests.llama.test_shapes import responses_kind
 
 #: A prompt the model answers at length: the turn would run to its budget.
 STORY = "Tell me a long story about a dragon who lives in a castle by the sea."
+#: A long answer's request: the tools are offered but not to be called, so the
+#: prompt begins as every loop's does and the engine finds that prefix cached.
+ANSWER: dict[str, Any] = {
+    "model": MODEL,
+    "input": STORY,
+    "tools": [WEATHER],
+    "tool_choice": "none",
+    "temperature": 0,
+}
 #: The budget of a turn that is meant to be stopped first (far longer than the
 #: seconds a stop may take, even at the 55-80 tokens/s this model decodes).
 LONG = 1000
@@ -82,7 +91,7 @@ async def test_an_append_cancel_closes_the_engines_stream_and_bills_what_streame
     gateway = front()
     before = cancels(llama)
     async with connect(gateway.url) as client:
-        await client.create(model=MODEL, input=STORY, max_output_tokens=LONG, temperature=0)
+        await client.create(**ANSWER, max_output_tokens=LONG)
         deltas: list[str] = []
         while len(deltas) < 3:
             event = await client.next_event(timeout=TURN)
@@ -113,7 +122,7 @@ def test_a_closed_shipped_websocket_closes_the_engines_stream(
     gateway = front()
     before = cancels(llama)
     with openai_client(gateway).responses.connect() as conn:
-        conn.response.create(model=MODEL, input=STORY, max_output_tokens=LONG, store=False)
+        conn.response.create(**ANSWER, max_output_tokens=LONG, store=False)
         seen = 0
         for event in conn:
             seen += event.type == "response.output_text.delta"
@@ -127,9 +136,7 @@ def test_an_sse_client_that_hangs_up_closes_the_engines_stream(
 ) -> None:
     gateway = front()
     before = cancels(llama)
-    stream = openai_client(gateway).responses.create(
-        model=MODEL, input=STORY, max_output_tokens=LONG, stream=True
-    )
+    stream = openai_client(gateway).responses.create(**ANSWER, max_output_tokens=LONG, stream=True)
     seen = 0
     for event in stream:
         seen += event.type == "response.output_text.delta"
@@ -145,7 +152,7 @@ def test_a_json_client_that_hangs_up_closes_the_engines_stream(
     """A raw socket sends the request, waits until the engine writes the answer, and closes."""
     gateway = front()
     before = cancels(llama)
-    body = json.dumps({"model": MODEL, "input": STORY, "max_output_tokens": LONG}).encode()
+    body = json.dumps({**ANSWER, "max_output_tokens": LONG}).encode()
     with socket.create_connection(("127.0.0.1", gateway.port)) as sock:
         sock.sendall(
             b"POST /v1/responses HTTP/1.1\r\nHost: 127.0.0.1\r\n"
@@ -164,7 +171,7 @@ async def test_the_engine_killed_mid_stream_pauses_append_mode_until_it_is_back(
     with LlamaServer(llama_engine) as engine:
         gateway = make_server(store="memory://", backends=gateway_backends(engine, tmp_path))
         async with connect(gateway.url) as client:
-            await client.create(model=MODEL, input=STORY, max_output_tokens=12, temperature=0)
+            await client.create(**ANSWER, max_output_tokens=12)
             seen = 0
             while seen < 3:
                 seen += isinstance(await client.next_event(timeout=TURN), OutputTextDelta)
