@@ -146,6 +146,29 @@ def test_an_sse_client_that_hangs_up_closes_the_engines_stream(
     assert_stops(llama, before)
 
 
+def test_a_chat_completions_stream_reader_that_hangs_up_closes_the_engines_stream(
+    front: Any, llama: LlamaServer
+) -> None:
+    gateway = front()
+    before = cancels(llama)
+    tool = {"type": "function", "function": {k: v for k, v in WEATHER.items() if k != "type"}}
+    stream = openai_client(gateway).chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": STORY}],
+        tools=[tool],  # type: ignore[list-item]
+        tool_choice="none",
+        max_tokens=LONG,
+        stream=True,
+    )
+    seen = 0
+    for chunk in stream:
+        seen += bool(chunk.choices and chunk.choices[0].delta.content)
+        if seen == 3:
+            break
+    stream.close()
+    assert_stops(llama, before)
+
+
 def test_a_json_client_that_hangs_up_closes_the_engines_stream(
     front: Any, llama: LlamaServer
 ) -> None:
