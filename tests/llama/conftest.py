@@ -32,6 +32,8 @@ WEATHER = {
     },
 }
 MODEL = SERVED_NAME
+#: Seconds one test here may take (pytest-timeout; the suite's default is 60).
+LOOP_TIMEOUT = 600
 #: Seconds an engine's counters may take to settle after a stream ended.
 SETTLE = 10.0
 

@@ -11,11 +11,17 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from longresponse.llama_server import LlamaServer
 from longresponse.server_process import ServerProcess
 from tests.conftest import openai_client
 from tests.docs.test_docs import ROOT
-from tests.llama.conftest import MODEL, WEATHER
+from tests.llama.conftest import LOOP_TIMEOUT, MODEL, WEATHER
+
+#: Real turns on two cores shared with other work: seconds on a quiet machine,
+#: minutes on a loaded one (the engine measured 13-28 times slower).
+pytestmark = pytest.mark.timeout(LOOP_TIMEOUT)
 
 #: The port the docs' commands use.
 DOCS_PORT = 8080

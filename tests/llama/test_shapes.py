@@ -13,15 +13,22 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from longresponse.backends.settings import load_toml
 from longresponse.client import connect
 from longresponse.llama_server import LlamaServer
 from protocol.events import FunctionCallArgumentsDelta, OutputItemDone, ResponseDone
 from protocol.items import FunctionCall, Message
 from tests.conftest import openai_client
-from tests.llama.conftest import MODEL, WEATHER, Counted
+from tests.llama.conftest import LOOP_TIMEOUT, MODEL, WEATHER, Counted
 
-CITIES = ("Paris", "Rome", "Oslo")
+#: Real turns on two cores shared with other work: seconds on a quiet machine,
+#: minutes on a loaded one (the engine measured 13-28 times slower).
+pytestmark = pytest.mark.timeout(LOOP_TIMEOUT)
+
+#: Seconds one turn may take on two busy cores.
+TURN = 180.0
 
 
 def forecast(call: Any) -> str:
@@ -48,7 +55,7 @@ async def test_append_mode_one_response_pauses_on_each_real_call(
         calls: list[FunctionCall] = []
         streamed: dict[str, str] = {}
         for _ in range(2):
-            events = await client.until_done()
+            events = await client.until_done(timeout=TURN)
             pause = events[-1]
             assert isinstance(pause, ResponseDone)
             assert pause.response.status == "requires_action", pause.response
@@ -76,7 +83,7 @@ async def test_append_mode_one_response_pauses_on_each_real_call(
                     }
                 ]
             )
-        events = await client.until_done()
+        events = await client.until_done(timeout=TURN)
     done = events[-1]
     assert isinstance(done, ResponseDone)
     assert done.response.status == "completed"
