@@ -372,6 +372,15 @@ class BackendConfig:
     #: Chat kind: count the context with the engine's ``POST /tokenize`` (vLLM's
     #: shape, at the API root's host) before each turn, for the window check.
     tokenize: bool = False
+    #: Chat kind: the ``tool_choice`` the engine gets when the client's is
+    #: ``auto``: ``auto``, or ``required`` for an engine whose template cannot
+    #: parse what its model writes under ``auto`` (its grammar then forces a call).
+    tool_choice_auto: str = "auto"
+    #: Chat kind: a llama.cpp grammar (GBNF, its ``grammar`` field) sent on a
+    #: turn that may not call a tool (``tool_choice: "none"``, or no tools), for
+    #: a template whose answers must begin with a marker its parser expects
+    #: (functionary v3.2: ``all`` and a newline). Empty: none is sent.
+    text_grammar: str = ""
 
     @property
     def model(self) -> str:

@@ -17,6 +17,7 @@ It is stdlib only, like :mod:`longresponse.server_process`.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import signal
 import subprocess
@@ -33,6 +34,7 @@ from .server_process import free_port
 __all__ = [
     "ENGINE_SCRIPT",
     "LLAMA_VERSION",
+    "SERVED_NAME",
     "LlamaEngine",
     "LlamaServer",
     "engine_cache",
@@ -45,6 +47,20 @@ ENGINE_SCRIPT: Final = "scripts/engine.sh"
 #: Seconds to wait for the model to load and ``/health`` to answer.
 STARTUP_TIMEOUT: Final = 60.0
 STOP_TIMEOUT: Final = 10.0
+#: The model name the gateway serves the engine's model under (docs/REAL_MODELS.md).
+SERVED_NAME: Final = "smollm2"
+#: The gateway's TOML for a llama-server at ``origin`` (:meth:`LlamaServer.gateway_config`).
+TOML_TEMPLATE: Final = """\
+[models.{name}]
+kind = "chat"
+base_url = "{origin}/v1"
+upstream_model = "{name}"
+context_window = {context}
+max_tokens_field = "max_tokens"
+tool_choice_auto = "required"
+text_grammar = 'root ::= "all\\n" [^\\x00]*'
+first_token_timeout = 60
+"""
 
 
 def engine_cache() -> Path:
@@ -115,7 +131,11 @@ class LlamaServer:
         return f"{self.origin}/v1"
 
     def command(self) -> list[str]:
-        """The command line; the README's llama.cpp command is this one."""
+        """The command line; the README's llama.cpp command is this one
+        (``tests/llama/test_docs_commands.py`` holds them together).
+
+        ``--metrics`` serves the Prometheus counters the tests read the
+        engine's own token counts from (:meth:`metrics`)."""
         # fmt: off
         return [
             str(self.engine.server),
@@ -123,10 +143,46 @@ class LlamaServer:
             "--host", "127.0.0.1", "--port", str(self.port),
             "--jinja", "--chat-template-file", str(self.engine.template),
             "--parallel", str(self.parallel), "--threads", str(self.threads),
-            "--ctx-size", str(self.context),
+            "--ctx-size", str(self.context), "--metrics",
             *self.extra,
         ]
         # fmt: on
+
+    def gateway_config(self, name: str = SERVED_NAME) -> str:
+        """The ``longresponse serve --config`` TOML for this server, as
+        docs/REAL_MODELS.md shows it (with its port): one chat backend.
+
+        ``max_tokens_field = "max_tokens"``: llama.cpp reads both names, the
+        older is the one every version knows. ``tool_choice_auto =
+        "required"``: with this template llama.cpp cannot parse what the model
+        writes under ``auto`` (HTTP 500), while ``required`` lets its grammar
+        force a call. ``text_grammar``: an answer (``tool_choice: "none"``, or
+        no tools) must begin ``all`` and a newline for the template's parser,
+        which the model does not write by itself (HTTP 500 again).
+        ``first_token_timeout`` leaves room for a prefill of a few thousand
+        tokens on two busy cores."""
+        window = self.context // self.parallel  # each slot's share (kv_unified off)
+        return TOML_TEMPLATE.format(name=name, origin=self.origin, context=window)
+
+    def metrics(self) -> dict[str, float]:
+        """The engine's own counters and gauges (``/metrics``, without the
+        ``llamacpp:`` prefix): ``prompt_tokens_total`` (prompt tokens
+        evaluated), ``prompt_tokens_cached_total``, ``tokens_predicted_total``,
+        ``requests_processing``..."""
+        with urllib.request.urlopen(f"{self.origin}/metrics", timeout=10) as answer:
+            text = answer.read().decode()
+        values: dict[str, float] = {}
+        for line in text.splitlines():
+            if line.startswith("llamacpp:"):
+                key, _, value = line.removeprefix("llamacpp:").partition(" ")
+                values[key] = float(value)
+        return values
+
+    def slots(self) -> list[dict[str, object]]:
+        """``GET /slots``: each slot's state (``is_processing``, its last task...)."""
+        with urllib.request.urlopen(f"{self.origin}/slots", timeout=10) as answer:
+            slots: list[dict[str, object]] = json.loads(answer.read())
+        return slots
 
     def log(self) -> str:
         """What the server has written so far (its log is where cancels show)."""

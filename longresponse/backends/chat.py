@@ -13,7 +13,11 @@ turned down to WARNING). Each rollout gets a
 holds the conversation; :func:`chat_body` maps the items to messages, the
 instructions to the leading system message, function tools, ``tool_choice``,
 ``parallel_tool_calls``, the turn's output budget, ``temperature``, ``top_p``
-and the metadata), with ``stream_options.include_usage``.
+and the metadata), with ``stream_options.include_usage``. Two settings fit
+an engine's template: ``tool_choice_auto`` sends ``required`` for the
+client's ``auto`` (an engine that cannot parse its model's free choice), and
+``text_grammar`` goes as llama.cpp's ``grammar`` on a turn that may not call
+a tool (an answer must begin with the marker the template's parser expects).
 
 **Affinity.** A resume sends the engine the same token prefix again. The
 sampler's random key goes in the configured header (default
@@ -28,7 +32,12 @@ connection; ``first_token_timeout`` from sending the request to the first
 stream record (retries included); ``idle_timeout`` between two records. Each
 ends the turn with ``upstream_unavailable``, naming the timeout.
 
-**Retries.** Before anything is produced, a connection that cannot be made
+**Retries.** A kept connection the engine closed meanwhile (llama.cpp's
+server closes one after each streamed answer while its headers say
+keep-alive, and the close can come just after the next turn took the
+connection from the pool) fails before any answer: the request is sent again
+at once, one time, on a fresh connection (:func:`send_kept_or_fresh`):
+nothing had reached the engine. Before anything is produced, a connection that cannot be made
 and an answer of 429, 502, 503 or 504 are retried up to ``max_retries``
 times, after ``retry_backoff * 2**n`` seconds (or the engine's
 ``Retry-After``, when it asks for at most :data:`MAX_RETRY_WAIT`). Once a
@@ -64,7 +73,7 @@ import contextlib
 import logging
 import os
 import secrets
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from typing import Any, Final
 from urllib.parse import urlsplit
 
@@ -80,12 +89,16 @@ from .chat_stream import ChunkReader, decode_chunk, refusal
 
 __all__ = [
     "MAX_RETRY_WAIT",
+    "STALE_CONNECTION",
     "ChatBackend",
     "ChatSampler",
     "chat_body",
+    "send_kept_or_fresh",
     "set_output_limit",
     "window_margin",
 ]
+
+log = logging.getLogger(__name__)
 
 #: The longest ``Retry-After`` a retry waits for; a longer one is the client's to honour.
 MAX_RETRY_WAIT: Final = 5.0
@@ -94,6 +107,9 @@ MAX_ERROR_BYTES: Final = 64 * 1024
 #: Connections to one engine at once (a turn holds one while it streams).
 MAX_CONNECTIONS: Final = 1024
 _RETRIED: Final = frozenset({429, 502, 503, 504})
+#: How a kept connection the engine had closed fails before any answer came:
+#: sent again once, at once, on a fresh connection.
+STALE_CONNECTION: Final = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
 #: How long, and for how many lines, a finished stream is read on to its end.
 DRAIN_SECONDS: Final = 0.25
 MAX_DRAIN_LINES: Final = 64
@@ -116,10 +132,16 @@ def chat_body(
         "stream_options": {"include_usage": True},
     }
     chat_tools = tools_to_chat(request.tools)  # function tools only
+    choice: object = tool_choice_to_chat(request.tool_choice)
     if chat_tools:
+        if choice == "auto":
+            choice = config.tool_choice_auto  # (checked: auto or required)
         body["tools"] = msgspec.to_builtins(chat_tools)
-        body["tool_choice"] = msgspec.to_builtins(tool_choice_to_chat(request.tool_choice))
+        body["tool_choice"] = msgspec.to_builtins(choice)
         body["parallel_tool_calls"] = request.parallel_tool_calls
+    formatted = request.text_format is not None and not isinstance(request.text_format, FormatText)
+    if config.text_grammar and (not chat_tools or choice == "none") and not formatted:
+        body["grammar"] = config.text_grammar
     set_output_limit(body, config, request, prompt_tokens)
     if request.temperature is not None:
         body["temperature"] = request.temperature
@@ -127,13 +149,63 @@ def chat_body(
         body["top_p"] = request.top_p
     if request.metadata:
         body["metadata"] = dict(request.metadata)
-    if request.text_format is not None and not isinstance(request.text_format, FormatText):
+    if formatted:
         body["response_format"] = msgspec.to_builtins(format_to_chat(request.text_format))
     if config.cache_prompt:
         body["cache_prompt"] = True
     if config.slots and affinity:
         body["id_slot"] = int(affinity[:8], 16) % config.slots
     return body
+
+
+class _Opened:
+    """httpcore's trace of one request: whether it opened a new connection
+    (else it went out on one the pool had kept)."""
+
+    __slots__ = ("opened",)
+
+    def __init__(self) -> None:
+        self.opened = False
+
+    async def __call__(self, name: str, info: Mapping[str, Any]) -> None:
+        if name.startswith(("connection.connect_tcp.", "connection.connect_unix_socket.")):
+            self.opened = True
+
+
+async def send_kept_or_fresh(
+    kept: httpx.AsyncClient,
+    fresh: httpx.AsyncClient,
+    url: str,
+    content: bytes,
+    headers: Mapping[str, str],
+    where: str,
+) -> httpx.Response:
+    """``POST`` ``content`` to ``url`` for a streaming answer, on a connection
+    ``kept`` holds if it has one. When that connection turns out to be one the
+    engine had closed meanwhile (:data:`STALE_CONNECTION` on a connection the
+    pool kept, not one opened for this request: nothing reached the engine),
+    the request goes once more, at once, on a new connection (``fresh`` keeps
+    none); a connection opened for the request that fails so is not retried
+    here (the engine may have read the request).
+
+    Raises what httpx raises; nothing is left open then.
+    """
+    trace = _Opened()
+    request = kept.build_request(
+        "POST", url, content=content, headers=headers, extensions={"trace": trace}
+    )
+    try:
+        return await kept.send(request, stream=True)
+    except STALE_CONNECTION as exc:
+        if trace.opened:
+            raise
+        log.info(
+            "the engine at %s had closed a kept connection (%s); sending again on a new one",
+            where,
+            type(exc).__name__,
+        )
+    request = fresh.build_request("POST", url, content=content, headers=headers)
+    return await fresh.send(request, stream=True)
 
 
 def window_margin(count: int) -> int:
@@ -186,12 +258,20 @@ class ChatBackend:
             timeout=timeout,
             limits=httpx.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=64),
         )
+        #: For the one retry after a stale kept connection: keeps none, so every
+        #: request it sends goes on a new connection.
+        self.fresh = httpx.AsyncClient(
+            headers=headers,
+            timeout=timeout,
+            limits=httpx.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=0),
+        )
 
     def make_sampler(self) -> ChatSampler:
         return ChatSampler(self)
 
     async def aclose(self) -> None:
         await self.client.aclose()
+        await self.fresh.aclose()
 
     def unreachable(self, why: str) -> UpstreamError:
         return UpstreamError(f"The upstream engine at {self.where} {why}.")
@@ -206,10 +286,11 @@ class ChatBackend:
         config, loop = self.config, asyncio.get_running_loop()
         attempt = 0
         while True:
-            request = self.client.build_request("POST", self.url, content=body, headers=headers)
             try:
                 async with asyncio.timeout_at(deadline):
-                    response = await self.client.send(request, stream=True)
+                    response = await send_kept_or_fresh(
+                        self.client, self.fresh, self.url, body, headers, self.where
+                    )
             except httpx.ConnectTimeout:
                 limit = config.connect_timeout
                 failed = self.unreachable(

@@ -26,9 +26,11 @@ open at a time, each closed by an ``ItemEnd``.
 - ``delta.reasoning_content`` (vLLM, DeepSeek; newer vLLM says ``reasoning``)
   is the engine's reasoning: kept, and sent whole as one reasoning item
   (:class:`ReasoningDone`) before the next item opens, or at the end.
-- ``finish_reason: "length"`` closes the open item ``incomplete`` and stops
-  with ``max_output_tokens``; ``tool_calls`` (or calls made) stops with
-  ``tool_calls``; anything else with ``stop``.
+- ``finish_reason: "length"`` stops with ``max_output_tokens`` and marks
+  ``incomplete`` only the item the engine was writing when the budget ran
+  out (the last to get a piece): calls it finished before stay whole;
+  ``tool_calls`` (or calls made) stops with ``tool_calls``; anything else
+  with ``stop``.
 - ``usage`` (sent on the last chunk with ``stream_options.include_usage``),
   ``prompt_tokens_details.cached_tokens`` included: one :class:`Usage`.
 
@@ -108,6 +110,9 @@ class ChunkReader:
         self._finish: str | None = None
         self._usage: ChatUsage | None = None
         self._reasoning: list[str] = []
+        #: What the latest piece went to: ``"text"``, ``"late"`` (text after a
+        #: call began) or a call's index; on ``length`` only it is cut short.
+        self._writing: str | int | None = None
         #: Whether anything the client sees has been produced.
         self.output_started = False
         #: Whether any record came (the first-token timeout is over).
@@ -131,10 +136,12 @@ class ChunkReader:
                 self._reasoning.append(delta.reasoning_content or delta.reasoning or "")
             if delta is not None and delta.content and self._live is not None:
                 self._late.append(delta.content)  # text after a call began: kept for the end
+                self._writing = "late"
             elif delta is not None and delta.content:
                 if not self._text_open:
                     self._flush_reasoning(out)
                 self._text_open = True
+                self._writing = "text"
                 out.append(TextDelta(delta.content))
             if delta is not None and delta.tool_calls:
                 for piece in delta.tool_calls:
@@ -155,7 +162,7 @@ class ChunkReader:
             index, call = max(self._calls) + 1, None
         if call is None:
             call = self._calls[index] = _Call()
-        self._last = index
+        self._last = self._writing = index
         if piece.id:
             call.call_id = piece.id
         function = piece.function or None  # (UNSET or null: no function piece)
@@ -175,18 +182,24 @@ class ChunkReader:
             call.arguments.clear()
 
     def end(self) -> list[SampleChunk]:
-        """The stream ended: close what is open, send the kept calls, usage, the stop."""
+        """The stream ended: close what is open, send the kept calls, usage, the stop.
+
+        On ``finish_reason: "length"`` only the item being written is
+        ``incomplete``; the calls finished before it are whole."""
         cut = self._finish == "length"
         out: list[SampleChunk] = []
-        if self._text_open or self._live is not None:
-            out.append(ItemEnd(incomplete=cut))
+        if self._text_open:
+            out.append(ItemEnd(incomplete=cut and self._writing == "text"))
+        elif self._live is not None:
+            out.append(ItemEnd(incomplete=cut and self._writing == self._live))
         self._flush_reasoning(out)
         for index in sorted(self._calls):
             call = self._calls[index]
             if index != self._live and call.name:
-                out.extend([*_start(call), ItemEnd(incomplete=cut)])
+                out.extend([*_start(call), ItemEnd(incomplete=cut and self._writing == index)])
         if self._late:
-            out.extend([TextDelta("".join(self._late)), ItemEnd(incomplete=cut)])
+            late = ItemEnd(incomplete=cut and self._writing == "late")
+            out.extend([TextDelta("".join(self._late)), late])
         if self._usage is not None:
             usage = self._usage
             prompt = usage.prompt_tokens_details

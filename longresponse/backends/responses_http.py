@@ -13,14 +13,19 @@ With ``upstream_store`` the upstream keeps every response, so a turn
 continues the last one with ``previous_response_id`` and only the items
 added since; without it each turn sends ``store: false`` and the whole
 context. An upstream that no longer has the previous response
-(``previous_response_not_found``) gets the full input at once.
+(``previous_response_not_found``) gets the full input at once; one that
+refuses ``previous_response_id`` altogether (llama.cpp's server keeps no
+responses) shows ``upstream_store`` wrongly set: a server error, never the
+client's ``invalid_request_error``, logged as such with the setting to change.
 
 Timeouts: connecting (``connect_timeout``, httpx's), the first event (any
 event: ``response.created`` comes first, and a long reasoning phase sends
 no visible output) within ``first_token_timeout`` of the request, then at
 most ``idle_timeout`` between two events; an error answer's body is read
 within the first deadline too, and at most :data:`MAX_ERROR_BYTES` of it.
-A request the upstream cannot have begun (the connection could not be made,
+A kept connection the upstream closed meanwhile is replaced by a fresh one
+once, at once (nothing reached the upstream; the chat backend's
+``send_kept_or_fresh``). A request the upstream cannot have begun (the connection could not be made,
 or it answered 429 or 5xx before any event) is sent again up to
 ``max_retries`` times with exponential backoff from ``retry_backoff`` (or
 the upstream's ``Retry-After`` if longer, up to :data:`MAX_RETRY_WAIT`).
@@ -42,12 +47,14 @@ import contextlib
 import os
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from typing import Any, Final
+from urllib.parse import urlsplit
 
 import httpx
 import msgspec
 
 from ..config import BackendConfig
 from ..engine.sampling import SampleChunk, SampleRequest, Stop, UpstreamError, Usage
+from .chat import send_kept_or_fresh
 from .registry import missing_keys
 from .responses_wire import (
     CHAIN_LOST,
@@ -110,21 +117,28 @@ class ResponsesBackend:
         self.config = config
         self.url = config.base_url.rstrip("/") + "/responses"
         self.key = api_key(config)
-        self.client = httpx.AsyncClient(
-            headers={**auth_headers(self.key), "Content-Type": "application/json"},
-            timeout=httpx.Timeout(
-                connect=config.connect_timeout,
-                read=None,  # the first-token and idle deadlines are the sampler's
-                write=config.idle_timeout,
-                pool=config.connect_timeout,
-            ),
+        headers = {**auth_headers(self.key), "Content-Type": "application/json"}
+        timeout = httpx.Timeout(
+            connect=config.connect_timeout,
+            read=None,  # the first-token and idle deadlines are the sampler's
+            write=config.idle_timeout,
+            pool=config.connect_timeout,
         )
+        self.client = httpx.AsyncClient(headers=headers, timeout=timeout)
+        #: Keeps no connection: the one retry after a stale kept one goes on a new one.
+        self.fresh = httpx.AsyncClient(
+            headers=headers, timeout=timeout, limits=httpx.Limits(max_keepalive_connections=0)
+        )
+        parts = urlsplit(config.base_url)
+        #: Where the upstream is, for the log (never the URL's credentials).
+        self.where = f"{parts.hostname}:{parts.port}" if parts.port else str(parts.hostname)
 
     def make_sampler(self) -> ResponsesSampler:
         return ResponsesSampler(self)
 
     async def aclose(self) -> None:
         await self.client.aclose()
+        await self.fresh.aclose()
 
 
 class ResponsesSampler(ChainedTurns):
@@ -160,6 +174,8 @@ class ResponsesSampler(ChainedTurns):
             except UpstreamError as exc:
                 if reader.begun:
                     raise  # the upstream may have begun it: never run it twice
+                if previous is not None and _refuses_chaining(exc):
+                    raise _misconfigured(config, exc) from None
                 if previous is not None and exc.code in CHAIN_LOST:  # (nothing started: not begun)
                     self.chain.forget()  # the upstream forgot it: send everything
                     continue
@@ -176,13 +192,7 @@ class ResponsesSampler(ChainedTurns):
         first_deadline = asyncio.get_running_loop().time() + config.first_token_timeout
         try:
             async with asyncio.timeout_at(first_deadline):
-                response = await self.backend.client.send(
-                    self.backend.client.build_request(
-                        "POST", self.backend.url, content=msgspec.json.encode(body),
-                        headers=self.headers,
-                    ),
-                    stream=True,
-                )  # fmt: skip
+                response = await self._send(msgspec.json.encode(body))
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
             # Nothing was sent: trying again is safe.
             raise UpstreamError(f"The upstream could not be reached ({_kind(exc)}).") from None
@@ -210,6 +220,14 @@ class ResponsesSampler(ChainedTurns):
                 await _drain(records)
         finally:
             await response.aclose()  # mid-stream: the connection is closed, not reused
+
+    async def _send(self, content: bytes) -> httpx.Response:
+        """The streaming answer, once more on a new connection if the kept one
+        turns out closed by the upstream (``send_kept_or_fresh``)."""
+        backend = self.backend
+        return await send_kept_or_fresh(
+            backend.client, backend.fresh, backend.url, content, self.headers, backend.where
+        )
 
     async def _next(
         self, records: AsyncGenerator[str, None], reader: TurnReader, first_deadline: float
@@ -242,6 +260,30 @@ class ResponsesSampler(ChainedTurns):
                 output_started=reader.started,
             )
         return data
+
+
+def _refuses_chaining(exc: UpstreamError) -> bool:
+    """The upstream refused ``previous_response_id`` itself (llama.cpp's server
+    keeps no responses): not the client's request, this server's settings."""
+    return (
+        exc.status == 400
+        and exc.code not in CHAIN_LOST
+        and (exc.param == "previous_response_id" or "previous_response_id" in exc.message)
+    )
+
+
+def _misconfigured(config: BackendConfig, exc: UpstreamError) -> UpstreamError:
+    """A server error for the client; for the operator (the log), what to change."""
+    return UpstreamError(
+        f"The server's upstream for model {config.name!r} is misconfigured.",
+        code="server_error",
+        status=500,
+        misconfigured=True,
+        cause=(
+            f"upstream_store = true, but the upstream refuses previous_response_id "
+            f"({exc.message!r}): set upstream_store = false in [models.{config.name}]"
+        ),
+    )
 
 
 async def _records(lines: AsyncIterator[str]) -> AsyncGenerator[str, None]:

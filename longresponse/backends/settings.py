@@ -55,6 +55,9 @@ ENV: Final[Mapping[str, str]] = {
     "upstream_context_window": "LONGRESPONSE_UPSTREAM_CONTEXT_WINDOW",
 }
 
+#: What ``tool_choice_auto`` may send the engine for a client's ``auto``.
+TOOL_CHOICE_AUTO: Final = ("auto", "required")
+
 #: (smallest, largest) of the numeric fields.
 _RANGES: Final[Mapping[str, tuple[float, float]]] = {
     "context_window": (1, 100_000_000),
@@ -163,6 +166,9 @@ def backend(name: str, table: Mapping[str, Any], *, where: str) -> BackendConfig
         if field is None or key == "name":
             raise SettingsError(f"{where}: unknown setting {key!r}")
         _check(where, key, value, str(field.type))
+    auto = table.get("tool_choice_auto", "auto")
+    if auto not in TOOL_CHOICE_AUTO:
+        raise SettingsError(f"{where}: tool_choice_auto must be auto or required, not {auto!r}")
     kind = table.get("kind")
     if kind not in BACKEND_KINDS:
         kinds = ", ".join(BACKEND_KINDS)

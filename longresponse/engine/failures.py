@@ -12,7 +12,9 @@ whose engine failed or refused. A turn it ends is cut short
 (``Rollout._cut_short``): the item being written ends ``incomplete`` and what
 the model wrote stays, all of it but a call cut short (:func:`kept`). In
 append mode the rollout then reports it with :func:`upstream_error_event` and
-pauses, resumable (SPEC §16).
+pauses, resumable (SPEC §16). Every such failure is logged in one line with
+its cause (:func:`log_upstream_failure`); the operator sees what the client
+was told and what lay under it, never a credential.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ __all__ = [
     "cut_to_window",
     "failure",
     "kept",
+    "log_upstream_failure",
     "upstream_error_event",
 ]
 
@@ -91,11 +94,7 @@ def kept(produced: list[Item]) -> list[Item]:
     """What a turn wrote that joins the rollout's context: all of it but a call
     cut short (``incomplete``), which never runs and gets no output; an
     engine given a call with no output refuses the context."""
-    return [
-        item
-        for item in produced
-        if not (isinstance(item, ClientCall) and is_cut(item))
-    ]
+    return [item for item in produced if not (isinstance(item, ClientCall) and is_cut(item))]
 
 
 def upstream_error_event(exc: UpstreamError, response_id: str) -> ErrorEvent:
@@ -105,4 +104,31 @@ def upstream_error_event(exc: UpstreamError, response_id: str) -> ErrorEvent:
         status=exc.status,
         response_id=response_id,
         retry_after=exc.retry_after if exc.retry_after is not None else msgspec.UNSET,
+    )
+
+
+def log_upstream_failure(exc: UpstreamError, *, model: str, response_id: str) -> None:
+    """One log line for an engine's failure of a turn: the model, the response,
+    the code and status the client gets, the message and the cause underneath.
+
+    A server-side failure (the engine down, broken off, failing, or the
+    server's settings wrong for it) is a WARNING, an ERROR when misconfigured;
+    an engine's refusal of the request (4xx, 429) is INFO: the client's to mend.
+    """
+    if exc.misconfigured:
+        level = logging.ERROR
+    elif exc.status >= 500:
+        level = logging.WARNING
+    else:
+        level = logging.INFO
+    cause = exc.cause
+    log.log(
+        level,
+        "upstream failed: model=%s response=%s code=%s status=%d: %s%s",
+        model,
+        response_id,
+        exc.code,
+        exc.status,
+        exc.message,
+        f" (cause: {cause})" if cause else "",
     )

@@ -41,6 +41,7 @@ from protocol.events import (
     ServerEvent,
     TimingEvent,
 )
+from protocol.items import ClientCall, is_cut
 from protocol.response import (
     ConversationRef,
     FormatText,
@@ -130,6 +131,12 @@ class Reply:
         return self.state in TERMINAL_STATES
 
     @property
+    def calls_made(self) -> int:
+        """Client tool calls this Response has made (a call cut short never ran)."""
+        output = self.builder.output
+        return sum(isinstance(item, ClientCall) and not is_cut(item) for item in output)
+
+    @property
     def pending_calls(self) -> dict[str, str]:
         """Client tool calls of this Response still waiting for their outputs."""
         track = self.builder.track
@@ -161,9 +168,7 @@ class Reply:
             error=self.error,
             frequency_penalty=_or(req.frequency_penalty, 0.0),
             incomplete_details=(
-                IncompleteDetails(reason=self.incomplete_reason)
-                if self.incomplete_reason
-                else None
+                IncompleteDetails(reason=self.incomplete_reason) if self.incomplete_reason else None
             ),
             instructions=req.instructions,
             max_output_tokens=req.max_output_tokens,

@@ -68,7 +68,13 @@ from .admission import Pipeline
 from .classifier import Verdict
 from .compaction import Compactor, Drained, compact, compact_threshold, drain
 from .counting import may_defer
-from .failures import cut_to_window, failure, kept, upstream_error_event
+from .failures import (
+    cut_to_window,
+    failure,
+    kept,
+    log_upstream_failure,
+    upstream_error_event,
+)
 from .hosted import McpFailure, McpHost, approved_requests, listed_read_only, unlisted
 from .render import TokenCache, render_prefix
 from .reply import Reply, TokenCounts
@@ -528,7 +534,9 @@ class Rollout:
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if self._cancel_requested and task is not None and task.uncancel() == 0:
-                # Our own client asked (response.cancel): report it.
+                # Our own client asked (response.cancel): what the turn streamed
+                # stays in the Response, its open item cut short, and is billed.
+                await self._cut_short(reply, None)
                 await self.finish(ResponseState.CANCELLED)
                 return
             reply.abandon()  # the connection is gone
@@ -656,6 +664,9 @@ class Rollout:
             if self.mcp is not None and not self.mcp.can_call():
                 choice = "none"
             sample_request = dataclasses.replace(sample_request, tool_choice=choice)
+        limit = request.max_tool_calls
+        if limit is not None and reply.calls_made >= limit:  # the model answers now
+            sample_request = dataclasses.replace(sample_request, tool_choice="none")
         sampling_started = self.clock()
         hosted_before = timing.hosted  # listings and approved calls, before sampling
         timing.before_sampling(started, resolved, rendered, sampling_started)
@@ -721,6 +732,7 @@ class Rollout:
                         break
         except UpstreamError as exc:  # what the model wrote stays; the open item is cut
             failed = exc
+            log_upstream_failure(exc, model=self.model.name, response_id=reply.id)
             self._count_deferred(timing, cached)
             await self._cut_short(reply, None if not first else (len(self.tokens), cached))
         finally:  # no output at all, or cancelled
@@ -923,7 +935,8 @@ class Rollout:
             reply.sink.push(event)
 
     async def _cut_short(self, reply: Reply, unbilled: tuple[int, int] | None) -> None:
-        """A turn the engine broke off: the item being written ends ``incomplete``.
+        """A turn the engine broke off, or the client cancelled: the item being
+        written (if any) ends ``incomplete``, with the tokens it streamed counted.
 
         ``unbilled``: the turn's (input, cached) estimate, taken back when the
         engine produced nothing (a refused or unreachable request reads no tokens).

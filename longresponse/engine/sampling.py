@@ -235,8 +235,10 @@ class UpstreamError(Exception):
     with ``retry_after`` seconds; ``context_length_exceeded`` or
     ``invalid_request_error`` codes 400 with ``param`` when it refused the
     request). ``output_started`` says whether any of the turn's output had
-    already been produced when it failed. It never carries the upstream's
-    credentials.
+    already been produced when it failed. ``cause`` is what went wrong
+    underneath, for the operator's log (:attr:`cause`); ``misconfigured``
+    says the server's own settings are wrong for its engine (a server error
+    no retry mends). It never carries the upstream's credentials.
     """
 
     def __init__(
@@ -248,6 +250,8 @@ class UpstreamError(Exception):
         param: str | None = None,
         retry_after: float | None = None,
         output_started: bool = False,
+        cause: str | None = None,
+        misconfigured: bool = False,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -256,12 +260,28 @@ class UpstreamError(Exception):
         self.param = param
         self.retry_after = retry_after
         self.output_started = output_started
+        self._cause = cause
+        self.misconfigured = misconfigured
+
+    @property
+    def cause(self) -> str:
+        """What went wrong underneath, in one line: the one given, else the
+        exception this one was raised while handling (its type and text; a
+        transport's errors carry no request headers), else ``""``."""
+        if self._cause is not None:
+            return self._cause
+        under = self.__context__
+        if under is None:
+            return ""
+        text = " ".join(str(under).split())[:300]
+        return f"{type(under).__name__}: {text}" if text else type(under).__name__
 
     @property
     def transient(self) -> bool:
         """The engine could not serve the turn now (unreachable, failed, rate
-        limited), rather than refusing the request: trying again may work."""
-        return self.status == 429 or self.status >= 500
+        limited), rather than refusing the request: trying again may work.
+        A misconfigured server is never transient."""
+        return not self.misconfigured and (self.status == 429 or self.status >= 500)
 
     @property
     def error_type(self) -> str:

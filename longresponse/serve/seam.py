@@ -20,6 +20,14 @@ Under uvicorn with ``LingeringWSProtocol`` a WebSocket scope also carries
 the protocol's ``send_texts`` (:data:`SEND_TEXTS_KEY`): several text messages
 in one transport write, which the outbox uses when events are queued.
 
+When the peer is gone, the task that was writing to it is stopped with
+:func:`stop_task`: cancelled once, and waited for without passing on the
+cancellations that keep coming to the waiter (Starlette's streaming response
+runs in an anyio task group, whose cancelled scope cancels its task again at
+every step; a task awaited by a cancelled one is cancelled with it, so each
+would reach the stopped task's cleanup and cut it short: an engine's stream
+left open, the engine generating for nobody).
+
 The scope also carries whether the peer is gone (:func:`peer_gone`: the
 transport is closing, e.g. after a reset). A stream checks it before each
 write: the server drops writes to a lost connection silently, but asyncio
@@ -29,13 +37,23 @@ stream whose queued records go out without a pause would write them all.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterable, AsyncIterator
 from typing import Any, Final
 
 from .types import Receive, Scope, Send
 
-__all__ = ["ABORT_KEY", "GONE_KEY", "SEND_TEXTS_KEY", "Seam", "abort", "peer_gone", "until_gone"]
+__all__ = [
+    "ABORT_KEY",
+    "GONE_KEY",
+    "SEND_TEXTS_KEY",
+    "Seam",
+    "abort",
+    "peer_gone",
+    "stop_task",
+    "until_gone",
+]
 
 log = logging.getLogger(__name__)
 
@@ -103,3 +121,23 @@ async def until_gone(scope: Scope, records: AsyncIterable[Any]) -> AsyncIterator
         close = getattr(iterator, "aclose", None)
         if close is not None:
             await close()
+
+
+async def stop_task(task: asyncio.Task[Any]) -> None:
+    """Cancel ``task`` once and wait until it is done, its cleanup whole.
+
+    The caller's own cancellations meanwhile are not passed on to ``task``
+    (it is awaited through :func:`asyncio.shield`); they are absorbed, as a
+    caller in a ``finally`` is already on its way out. Whatever ``task``
+    raised is left in it (retrieved, not raised).
+    """
+    task.cancel()
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            continue  # the caller cancelled again, or the task ended cancelled
+        except Exception:
+            break  # the task failed: its exception stays in it
+    if not task.cancelled():
+        task.exception()  # retrieved: asyncio does not log it as never retrieved

@@ -162,6 +162,24 @@ def test_finish_reason_length_cuts_the_open_item_incomplete() -> None:
     assert reader.end() == [ItemEnd(incomplete=True), Stop("max_output_tokens")]
 
 
+def test_finish_reason_length_keeps_the_calls_finished_before_the_cut() -> None:
+    """Only the call being written when the budget ran out is incomplete (issue 22:
+    every call of the turn was, 13 finished ones included)."""
+    reader = ChunkReader()
+    out = []
+    for piece in (
+        call_piece(0, id="call_a", name="add", args='{"a": 1, "b": 2}'),
+        call_piece(1, id="call_b", name="add", args='{"a": 3, "b": 4}'),
+        call_piece(2, id="call_c", name="add", args='{"a": 5,'),
+    ):
+        out.extend(reader.feed(piece))
+    reader.feed(chunk(choices=[{"delta": {}, "finish_reason": "length"}]))
+    out.extend(reader.end())
+    ends = [c for c in out if isinstance(c, ItemEnd)]
+    assert ends == [ItemEnd(), ItemEnd(), ItemEnd(incomplete=True)]
+    assert out[-1] == Stop("max_output_tokens")
+
+
 @pytest.mark.parametrize(
     ("status", "body", "code", "http", "param"),
     [

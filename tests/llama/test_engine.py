@@ -6,8 +6,14 @@ from __future__ import annotations
 import json
 
 import httpx
+import pytest
 
 from longresponse.llama_server import LlamaServer
+from tests.llama.conftest import LOOP_TIMEOUT
+
+#: Real turns on two cores shared with other work: seconds on a quiet machine,
+#: minutes on a loaded one (the engine measured 13-28 times slower).
+pytestmark = pytest.mark.timeout(LOOP_TIMEOUT)
 
 WEATHER = {
     "type": "function",

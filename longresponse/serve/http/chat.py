@@ -48,8 +48,10 @@ An engine behind a real backend that fails or refuses
 (:class:`~longresponse.engine.sampling.UpstreamError`) keeps its own code,
 status, ``param`` and type (429 ``rate_limit_exceeded`` with
 ``Retry-After``, 400 ``context_length_exceeded``, 502
-``upstream_unavailable``), in the envelope or the stream's last record, and
-is not logged as a fault of this server.
+``upstream_unavailable``), in the envelope or the stream's last record; it
+is logged in one line with its cause
+(:func:`~longresponse.engine.failures.log_upstream_failure`), not as a fault
+of this server.
 
 Headers such as ``x-longresponse-affinity`` (a gateway's per-rollout pin)
 and the body's ``cache_prompt`` / ``id_slot`` / ``prompt_cache_key`` are
@@ -97,11 +99,12 @@ from ...chat.wire import (
 )
 from ...config import WRITE_SLICE_SECONDS, ServerConfig
 from ...engine.admission import Pipeline
+from ...engine.failures import log_upstream_failure
 from ...engine.render import encode, render_item
 from ...engine.sampling import ModelSpec, SampleRequest, UpstreamError
 from ...ids import new_id
 from ..errors import error_body, http_error, upstream_http_error
-from ..seam import abort, peer_gone
+from ..seam import abort, peer_gone, stop_task
 from ..types import Scope
 from .responses import ResponsesHTTP
 from .sinks import SSE_QUEUE_DEPTH
@@ -279,6 +282,7 @@ class ChatCompletions:
                 async for _ in turn.chunks():
                     pass
             except UpstreamError as exc:  # the engine behind failed or refused: its error
+                log_upstream_failure(exc, model=turn.model, response_id=turn.completion_id)
                 return exc
             except Exception as exc:  # the model failed: the envelope, not a bare 500
                 return _server_error(exc)
@@ -338,6 +342,8 @@ class ChatCompletions:
                             return
                     await self._remember(turn, prompt)
                 except Exception as exc:  # the model failed: say so, then end the stream
+                    if isinstance(exc, UpstreamError):
+                        log_upstream_failure(exc, model=turn.model, response_id=turn.completion_id)
                     error = _upstream(exc) if isinstance(exc, UpstreamError) else _server_error(exc)
                     if not await put(b"data: " + _encoder.encode(error_body(error)) + b"\n\n"):
                         return
@@ -387,9 +393,7 @@ class ChatCompletions:
             self.running -= 1
             if turn.finish_reason is None or dropped:
                 self.stopped += 1
-            producer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await producer
+            await stop_task(producer)  # its cleanup closes the engine's stream
 
     # --- POST /tokenize -----------------------------------------------------------
 

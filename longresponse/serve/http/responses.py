@@ -13,7 +13,6 @@ shapes avoid, and what the benchmark compares them against.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -42,7 +41,7 @@ from ..continuation import Continuation, continue_from
 from ..errors import http_error, upstream_http_error
 from ..gate import owner_of
 from ..request_ids import request_id
-from ..seam import abort, peer_gone, until_gone
+from ..seam import abort, peer_gone, stop_task, until_gone
 from ..turns import Turns
 from ..types import Scope
 from .background import BackgroundResponses, check_cancellable
@@ -204,7 +203,7 @@ class ResponsesHTTP:
             return http_error(error)
         if body.stream:
             return StreamingResponse(run.sse(), media_type="text/event-stream")
-        return await run.json()
+        return await run.json(request)
 
     async def stored_continuation(
         self, body: ResponseCreate, new_items: list[Item], owner: str
@@ -407,9 +406,30 @@ class _Run:
             cache.put(self.owner, boundary.segment_id, tokens.tokens[tokens.prefix_length :])
         return True
 
-    async def json(self) -> Response:
+    async def _segment_while_connected(self, request: Request) -> bool | None:
+        """:meth:`_segment`, stopped (the engine's stream closed with it) when the
+        client hangs up first; None then. Its ``http.disconnect`` is watched meanwhile."""
+
+        async def hung_up() -> None:
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+
+        work = asyncio.ensure_future(self._segment())
+        watch = asyncio.ensure_future(hung_up())
+        try:
+            await asyncio.wait((work, watch), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            await stop_task(watch)
+            if not work.done():
+                await stop_task(work)  # its cleanup closes the engine's stream
+        return None if work.cancelled() else work.result()
+
+    async def json(self, request: Request) -> Response:
         assert self.started is not None
-        if not await self._segment() or self.final is None:
+        finished = await self._segment_while_connected(request)
+        if finished is None:  # the client is gone: nobody reads this
+            return Response(status_code=499)
+        if not finished or self.final is None:
             failure = self.started.reply.error
             segment = self.started.segment
             if segment is not None and isinstance(segment.exception, UpstreamError):
@@ -476,9 +496,7 @@ class _Run:
                     await asyncio.sleep(0)
                     turn = time.monotonic()
         finally:
-            producer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await producer
+            await stop_task(producer)  # its cleanup closes the engine's stream
 
 
 def _while_connected(response: Response, scope: Scope) -> Response:
