@@ -33,8 +33,10 @@ Every stage adds to :class:`Counters` and to the turn's stage times.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
+import hashlib
 import logging
 import re
 import time
@@ -84,6 +86,7 @@ from .compaction import Compactor, refused
 from .structured import check_format, schema_limits
 
 __all__ = [
+    "MAX_VERDICTS",
     "TOOL_NAME_PATTERN",
     "Admission",
     "Counters",
@@ -103,6 +106,9 @@ class HostedTools(enum.StrEnum):
     ACCEPT = "accept"
     REFUSE = "refuse"
 
+
+#: Tool lists and formats whose verdicts one pipeline keeps (16-byte digests).
+MAX_VERDICTS: Final = 4096
 
 #: Function tool names, as the shipped API accepts them.
 TOOL_NAME_PATTERN: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -152,33 +158,75 @@ class Pipeline:
         self.policy = policy
         self.hosted_tools = hosted_tools
         self.counters = Counters()
-        self._checked_tools: dict[bytes, None] = {}
+        #: The verdicts of tool lists and formats checked (None: admitted; else
+        #: the refusal), by digest of their encoding; at most MAX_VERDICTS.
+        self._verdicts: dict[bytes, RemoteProtocolError | None] = {}
         self._last_tools: tuple[Sequence[Tool], bytes] | None = None
 
     def tools_key(self, tools: Sequence[Tool]) -> bytes:
-        """The tool list's encoding, computed once per request (admission and the
-        prefix check of the turn both need it, for the same list object)."""
+        """A digest of the tool list's encoding (16 bytes, however large the list),
+        computed once per request (admission and the prefix check of the turn both
+        need it, for the same list object)."""
         last = self._last_tools
         if last is not None and last[0] is tools:
             return last[1]
-        key = msgspec.json.encode(list(tools))
+        key = _digest(b"tools:", msgspec.json.encode(list(tools)))
         self._last_tools = (tools, key)
         return key
 
+    # --- verdicts kept ----------------------------------------------------------
+
+    def settled(self, tools: Sequence[Tool], text_format: TextFormat | None) -> bool:
+        """Whether admitting ``tools`` and ``text_format`` runs no check whose cost
+        grows with them: nothing to check, their verdicts are kept, or there are
+        more tools than allowed (refused at once). With incremental validation
+        off, always (the checks then run in place, every time)."""
+        if not self.switches.incremental_validation or _offered(tools) > self.limits.max_tools:
+            return True
+        if tools and self.tools_key(tools) not in self._verdicts:
+            return False
+        return (
+            not isinstance(text_format, FormatJSONSchema)
+            or _format_key(text_format) in self._verdicts
+        )
+
+    def settle(self, tools: Sequence[Tool], text_format: TextFormat | None) -> None:
+        """Check ``tools`` and ``text_format`` now and keep both verdicts, a
+        refusal included, for :meth:`admit` to find. Never raises. Made to run
+        in a worker thread, off the event loop: it only adds whole entries to
+        the kept verdicts."""
+        with contextlib.suppress(RemoteProtocolError):
+            self.check_tools(tools)
+        with contextlib.suppress(RemoteProtocolError):
+            self.check_text_format(text_format)
+
+    def _kept(self, key: bytes) -> bool:
+        """True when ``key``'s verdict is kept and admits; raises a copy of a kept refusal."""
+        if not self.switches.incremental_validation or key not in self._verdicts:
+            return False
+        refusal = self._verdicts.get(key)
+        if refusal is not None:
+            raise refusal.with_()
+        return True
+
+    def _keep(self, key: bytes, refusal: RemoteProtocolError | None) -> None:
+        if len(self._verdicts) >= MAX_VERDICTS:
+            self._verdicts.clear()
+        self._verdicts[key] = refusal
+
     # --- validation -----------------------------------------------------------
 
-    def check_tools(self, tools: Sequence[Tool], *, cached: bool = True) -> None:
+    def check_tools(self, tools: Sequence[Tool]) -> None:
         """Tool names (unique among the tools the model is offered, and within a
         namespace), parameter schemas (JSON Schema metaschema, an object schema
         at the root, within ``structured.schema_limits``), at most one of each
         built-in kind, and hosted tools under :attr:`hosted_tools`.
 
-        A tool list already checked is not checked again when ``cached`` and
-        incremental validation is on. Raises :class:`RemoteProtocolError`.
+        A tool list whose verdict is kept (with incremental validation on) is
+        not checked again: the verdict is the same whoever sends it, on any
+        transport. Raises :class:`RemoteProtocolError`.
         """
-        offered = len(tools) + sum(
-            len(tool.tools) for tool in tools if isinstance(tool, NamespaceTool)
-        )
+        offered = _offered(tools)
         if offered > self.limits.max_tools:
             raise RemoteProtocolError(
                 f"Invalid 'tools': {offered} tools offered; the limit is "
@@ -186,9 +234,19 @@ class Pipeline:
                 code=ErrorCode.INVALID_VALUE,
                 param="tools",
             )
-        key = self.tools_key(tools)
-        if cached and self.switches.incremental_validation and key in self._checked_tools:
+        if not tools:
             return
+        key = self.tools_key(tools)
+        if self._kept(key):
+            return
+        try:
+            self._check_tool_list(tools)
+        except RemoteProtocolError as refusal:
+            self._keep(key, refusal.with_())
+            raise
+        self._keep(key, None)
+
+    def _check_tool_list(self, tools: Sequence[Tool]) -> None:
         names: set[str] = set()
         kinds: set[str] = set()
         hosted: list[str] = []
@@ -223,9 +281,6 @@ class Pipeline:
                 "hosted tools accepted, echoed and not offered to the model: %s",
                 ", ".join(hosted),
             )
-        if len(self._checked_tools) > 1024:
-            self._checked_tools.clear()
-        self._checked_tools[key] = None
 
     def _check_named(
         self, tool: FunctionTool | CustomTool | NamespaceTool, where: str, names: set[str]
@@ -248,21 +303,23 @@ class Pipeline:
         if isinstance(tool, FunctionTool) and tool.parameters is not None:
             _check_parameters(tool.name, tool.parameters, f"{where}.parameters", self.limits)
 
-    def check_text_format(self, text_format: TextFormat | None, *, cached: bool = True) -> None:
+    def check_text_format(self, text_format: TextFormat | None) -> None:
         """A ``json_schema`` format's name and schema (strict rules when ``strict``).
 
-        Like the tools, a schema already checked is not checked again when
-        ``cached`` and incremental validation is on. Raises :class:`RemoteProtocolError`.
+        Like the tools, a format whose verdict is kept is not checked again.
+        Raises :class:`RemoteProtocolError`.
         """
         if not isinstance(text_format, FormatJSONSchema):
             return
-        key = b"format:" + msgspec.json.encode(text_format)
-        if cached and self.switches.incremental_validation and key in self._checked_tools:
+        key = _format_key(text_format)
+        if self._kept(key):
             return
-        check_format(text_format, self.limits)
-        if len(self._checked_tools) > 1024:
-            self._checked_tools.clear()
-        self._checked_tools[key] = None
+        try:
+            check_format(text_format, self.limits)
+        except RemoteProtocolError as refusal:
+            self._keep(key, refusal.with_())
+            raise
+        self._keep(key, None)
 
     def validate_items(
         self, items: Sequence[Item], *, offset: int = 0, compactor: Compactor | None = None
@@ -362,8 +419,8 @@ class Pipeline:
         :class:`RemoteProtocolError`; nothing is accepted then.
         """
         started = time.perf_counter()
-        self.check_tools(tools, cached=cached)
-        self.check_text_format(text_format, cached=cached)
+        self.check_tools(tools)
+        self.check_text_format(text_format)
         if not (cached and self.switches.incremental_validation):
             try:
                 self.validate_items(history, compactor=compactor)
@@ -400,6 +457,19 @@ class Pipeline:
             return {}
         count = sum(len(found) for found in verdicts)
         return {"secrets_flagged": str(count), "secrets_kinds": ",".join(kinds)[:512]}
+
+
+def _offered(tools: Sequence[Tool]) -> int:
+    """The tools offered to the model: a namespace's count, not the namespace."""
+    return len(tools) + sum(len(tool.tools) for tool in tools if isinstance(tool, NamespaceTool))
+
+
+def _digest(kind: bytes, encoding: bytes) -> bytes:
+    return hashlib.blake2b(kind + encoding, digest_size=16).digest()
+
+
+def _format_key(text_format: FormatJSONSchema) -> bytes:
+    return _digest(b"format:", msgspec.json.encode(text_format))
 
 
 def _check_call(item: ClientCall, where: str) -> None:

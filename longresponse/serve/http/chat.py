@@ -222,6 +222,7 @@ class ChatCompletions:
             model.check_request(metadata)
         tools = tools_from_chat(body.tools)
         text_format = format_from_chat(body.response_format)
+        await self.http.turns.settle_checks(tools, text_format)  # off the loop
         try:
             self.pipeline.check_tools(tools)
             self.pipeline.check_text_format(text_format)

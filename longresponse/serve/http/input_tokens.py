@@ -54,7 +54,6 @@ COUNT_PARAMETERS: Final = frozenset(
 _keys_decoder: Final = msgspec.json.Decoder(dict[str, msgspec.Raw])
 
 
-
 class InputTokens:
     """The counting endpoint; shares the HTTP API's keys, body limit and store."""
 
@@ -81,6 +80,7 @@ class InputTokens:
             new_items = as_items(body.input)
             continuation = await http.stored_continuation(body, new_items, owner)
             compactor = http.turns.compactor(owner)
+            await http.turns.settle(body)  # the tools' and format's checks, off the loop
             admission = http.turns.pipeline.admit(
                 new_items,
                 history=continuation.history,

@@ -173,6 +173,7 @@ class ResponsesHTTP:
             decoded = time.perf_counter()
             new_items = as_items(body.input)
             continuation = await self.stored_continuation(body, new_items, owner)
+            await self.turns.settle(body)  # the tools' and format's checks, off the loop
             if body.background:  # owned by the server from here on
                 created = await self.background.create(
                     body,

@@ -510,6 +510,7 @@ class ShippedShape:
         )
         self.hydrations += continuation.hydrated
         self.forks += continuation.forked
+        await self.turns.settle(request)  # kept since it was read, unless pushed out
         started = self.turns.start_turn(
             request,
             transport=Transport.WS,
