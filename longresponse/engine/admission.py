@@ -39,6 +39,7 @@ import enum
 import hashlib
 import logging
 import re
+import threading
 import time
 from collections.abc import Sequence
 from typing import Final
@@ -87,6 +88,8 @@ from .structured import check_format, schema_limits
 
 __all__ = [
     "MAX_VERDICTS",
+    "PRESCAN_CHARS",
+    "PRESCAN_KEPT_CHARS",
     "TOOL_NAME_PATTERN",
     "Admission",
     "Counters",
@@ -109,6 +112,13 @@ class HostedTools(enum.StrEnum):
 
 #: Tool lists and formats whose verdicts one pipeline keeps (16-byte digests).
 MAX_VERDICTS: Final = 4096
+
+#: Texts at least this long are read by the secrets classifier in
+#: :meth:`Pipeline.settle` (a worker thread), not on the event loop.
+PRESCAN_CHARS: Final = 65_536
+#: Characters of texts read ahead and not admitted yet that a pipeline keeps
+#: (the oldest go first; a text pushed out is read again when admitted).
+PRESCAN_KEPT_CHARS: Final = 64 << 20
 
 #: Function tool names, as the shipped API accepts them.
 TOOL_NAME_PATTERN: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -162,6 +172,11 @@ class Pipeline:
         #: the refusal), by digest of their encoding; at most MAX_VERDICTS.
         self._verdicts: dict[bytes, RemoteProtocolError | None] = {}
         self._last_tools: tuple[Sequence[Tool], bytes] | None = None
+        #: Long texts read ahead by :meth:`settle`, by ``id``, with their findings
+        #: (the text is kept too: its id names it only while it lives).
+        self._prescanned: dict[int, tuple[str, tuple[Finding, ...]]] = {}
+        self._prescanned_chars = 0
+        self._prescan_lock = threading.Lock()
 
     def tools_key(self, tools: Sequence[Tool]) -> bytes:
         """A digest of the tool list's encoding (16 bytes, however large the list),
@@ -176,11 +191,17 @@ class Pipeline:
 
     # --- verdicts kept ----------------------------------------------------------
 
-    def settled(self, tools: Sequence[Tool], text_format: TextFormat | None) -> bool:
-        """Whether admitting ``tools`` and ``text_format`` runs no check whose cost
-        grows with them: nothing to check, their verdicts are kept, or there are
-        more tools than allowed (refused at once). With incremental validation
-        off, always (the checks then run in place, every time)."""
+    def settled(
+        self, tools: Sequence[Tool], text_format: TextFormat | None, items: Sequence[Item] = ()
+    ) -> bool:
+        """Whether admitting ``tools``, ``text_format`` and ``items`` runs no check
+        whose cost grows with them: their verdicts are kept, or there is nothing
+        costly (no tools or format, more tools than allowed: refused at once, no
+        text of :data:`PRESCAN_CHARS` or more that was not read ahead). With
+        incremental validation off, tools and format always count as settled
+        (their checks then run in place, every time)."""
+        if self._unread(items):
+            return False
         if not self.switches.incremental_validation or _offered(tools) > self.limits.max_tools:
             return True
         if tools and self.tools_key(tools) not in self._verdicts:
@@ -190,15 +211,58 @@ class Pipeline:
             or _format_key(text_format) in self._verdicts
         )
 
-    def settle(self, tools: Sequence[Tool], text_format: TextFormat | None) -> None:
+    def settle(
+        self, tools: Sequence[Tool], text_format: TextFormat | None, items: Sequence[Item] = ()
+    ) -> None:
         """Check ``tools`` and ``text_format`` now and keep both verdicts, a
-        refusal included, for :meth:`admit` to find. Never raises. Made to run
-        in a worker thread, off the event loop: it only adds whole entries to
-        the kept verdicts."""
+        refusal included, for :meth:`admit` to find; read the long texts of
+        ``items`` with the secrets classifier and keep the findings for
+        :meth:`classify` (at most :data:`PRESCAN_KEPT_CHARS` of them). Never
+        raises. Made to run in a worker thread, off the event loop: it only
+        adds whole entries to what is kept."""
         with contextlib.suppress(RemoteProtocolError):
             self.check_tools(tools)
         with contextlib.suppress(RemoteProtocolError):
             self.check_text_format(text_format)
+        for text in self._unread(items):
+            found = tuple(scan(text))
+            with self._prescan_lock:
+                self._prescanned[id(text)] = (text, found)
+                self._prescanned_chars += len(text)
+                while self._prescanned_chars > PRESCAN_KEPT_CHARS:
+                    oldest, _ = self._prescanned.pop(next(iter(self._prescanned)))
+                    self._prescanned_chars -= len(oldest)
+
+    def forget(self, items: Sequence[Item]) -> None:
+        """Drop what :meth:`settle` read ahead of ``items`` and admission did not
+        take (a request refused before admission): nothing outlives its request."""
+        texts = [_classified_text(item) for item in items]
+        with self._prescan_lock:
+            for text in texts:
+                kept = self._prescanned.get(id(text))
+                if kept is not None and kept[0] is text:
+                    del self._prescanned[id(text)]
+                    self._prescanned_chars -= len(text)
+
+    def _unread(self, items: Sequence[Item]) -> list[str]:
+        """The texts of ``items`` long enough to read ahead that were not."""
+        texts = (_classified_text(item) for item in items)
+        with self._prescan_lock:
+            return [
+                text
+                for text in texts
+                if len(text) >= PRESCAN_CHARS and id(text) not in self._prescanned
+            ]
+
+    def _read_ahead(self, text: str) -> tuple[Finding, ...] | None:
+        """The findings :meth:`settle` kept for ``text`` (then forgotten), or None."""
+        with self._prescan_lock:
+            kept = self._prescanned.get(id(text))
+            if kept is None or kept[0] is not text:
+                return None
+            del self._prescanned[id(text)]
+            self._prescanned_chars -= len(text)
+        return kept[1]
 
     def _kept(self, key: bytes) -> bool:
         """True when ``key``'s verdict is kept and admits; raises a copy of a kept refusal."""
@@ -369,7 +433,9 @@ class Pipeline:
         verdicts: list[tuple[Finding, ...]] = []
         for item in items:
             text = _classified_text(item)
-            found = tuple(scan(text)) if text else ()
+            found = self._read_ahead(text) if len(text) >= PRESCAN_CHARS else None
+            if found is None:
+                found = tuple(scan(text)) if text else ()
             self.counters.secrets_found += len(found)
             verdicts.append(found)
         return verdicts

@@ -17,8 +17,9 @@ under the transport's label.
 
 Admission's checks whose cost grows with what the client sent (a tool's
 ``parameters`` and a ``text.format`` schema against the JSON Schema
-metaschema: about 0.4 ms a property, in pure Python) run in a worker thread
-before the turn starts: :meth:`Turns.settle` hands them to a pool of
+metaschema: about 0.4 ms a property, in pure Python; the secrets
+classifier over a long text: 12 ms a MB of plain text) run in a worker
+thread before the turn starts: :meth:`Turns.settled` hands them to a pool of
 :data:`CHECK_WORKERS` threads and the pipeline keeps their verdicts (a
 refusal too), which admission then finds decided. The interpreter hands
 itself to a waiting thread every :data:`SWITCH_INTERVAL`, so the event loop,
@@ -33,8 +34,9 @@ that failed is billed and counted too, and never stored.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Final
 
@@ -104,20 +106,33 @@ class Turns:
         """Stop the check workers (a check still waiting for one is dropped)."""
         self._checker.shutdown(wait=False, cancel_futures=True)
 
-    async def settle(self, request: ResponseCreate) -> None:
-        """:meth:`settle_checks` for a create's tools and ``text.format``."""
+    def settled(
+        self, request: ResponseCreate, items: Sequence[Item] = ()
+    ) -> contextlib.AbstractAsyncContextManager[None]:
+        """:meth:`settled_checks` for a create's tools and ``text.format``, and the
+        ``items`` it will admit (its input, and the history it validates again)."""
         text_format = request.text.format if request.text is not None else None
-        await self.settle_checks(request.tools, text_format)
+        return self.settled_checks(request.tools, text_format, items)
 
-    async def settle_checks(self, tools: Sequence[Tool], text_format: TextFormat | None) -> None:
-        """Check ``tools`` and ``text_format`` in a worker thread, unless their
-        verdicts are kept already, so that admission finds them decided and
-        runs nothing costly on the event loop. Never raises: a refusal is kept
-        and raised by admission, where each transport turns it into its error."""
-        if self.pipeline.settled(tools, text_format):
-            return
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._checker, self.pipeline.settle, tools, text_format)
+    @contextlib.asynccontextmanager
+    async def settled_checks(
+        self, tools: Sequence[Tool], text_format: TextFormat | None, items: Sequence[Item] = ()
+    ) -> AsyncIterator[None]:
+        """Check ``tools`` and ``text_format``, and read the long texts of ``items``
+        with the secrets classifier, in a worker thread, unless the pipeline
+        keeps their verdicts already (``Pipeline.settle``): admission inside
+        the block finds them decided and runs nothing costly on the event loop.
+        Never raises: a refusal is kept and raised by admission, where each
+        transport turns it into its error. What was read ahead of ``items`` and
+        not admitted is dropped when the block ends."""
+        if not self.pipeline.settled(tools, text_format, items):
+            loop = asyncio.get_running_loop()
+            settle = self.pipeline.settle
+            await loop.run_in_executor(self._checker, settle, tools, text_format, items)
+        try:
+            yield
+        finally:
+            self.pipeline.forget(items)
 
     @property
     def persistence(self) -> Persistence | None:

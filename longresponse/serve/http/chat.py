@@ -222,10 +222,10 @@ class ChatCompletions:
             model.check_request(metadata)
         tools = tools_from_chat(body.tools)
         text_format = format_from_chat(body.response_format)
-        await self.http.turns.settle_checks(tools, text_format)  # off the loop
         try:
-            self.pipeline.check_tools(tools)
-            self.pipeline.check_text_format(text_format)
+            async with self.http.turns.settled_checks(tools, text_format):  # off the loop
+                self.pipeline.check_tools(tools)
+                self.pipeline.check_text_format(text_format)
         except RemoteProtocolError as error:
             raise _rename(error) from None
         tool_choice = tool_choice_from_chat(body.tool_choice, tools)

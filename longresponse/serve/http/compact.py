@@ -46,7 +46,8 @@ from protocol.items import InputText, Item, Message, as_items
 from protocol.response import InputTokensDetails, OutputTokensDetails, ResponseCompaction, Usage
 
 from ...engine.compaction import compact, drain
-from ...engine.render import render_item, render_prefix
+from ...engine.counting import token_lengths
+from ...engine.render import render_prefix
 from ...ids import new_id
 from ..errors import http_error
 from .responses import ResponsesHTTP
@@ -84,16 +85,17 @@ class CompactHTTP:
             items = as_items(body.input)
             self._check_count(items)  # before the chain is read or anything checked
             history = await self._history(body.previous_response_id, owner)
-            admission = self.turns.pipeline.admit(
-                items, history=history, cached=False, compactor=compactor
-            )
+            async with self.turns.settled_checks([], None, [*history, *items]):  # off the loop
+                admission = self.turns.pipeline.admit(
+                    items, history=history, cached=False, compactor=compactor
+                )
             context = drain([*history, *admission.items], compactor).items
             item, window = compact(context, compactor, model.summarize)
         except ProtocolError as error:
             return http_error(error)
         self.compactions += 1
-        read = len(render_prefix(body.instructions, [])) + _rendered(context)
-        written = _rendered(window)
+        read = len(render_prefix(body.instructions, [])) + sum(await token_lengths(context))
+        written = sum(await token_lengths(window))
         answer = ResponseCompaction(
             id=new_id("resp"),
             created_at=int(time.time()),
@@ -172,10 +174,6 @@ def _decode(data: bytes) -> ResponseCreate:
             param="input",
         )
     return body
-
-
-def _rendered(items: Sequence[Item]) -> int:
-    return sum(len(render_item(item)) for item in items)
 
 
 def _user_messages(context: Sequence[Item]) -> list[Item]:

@@ -173,32 +173,33 @@ class ResponsesHTTP:
             decoded = time.perf_counter()
             new_items = as_items(body.input)
             continuation = await self.stored_continuation(body, new_items, owner)
-            await self.turns.settle(body)  # the tools' and format's checks, off the loop
-            if body.background:  # owned by the server from here on
-                created = await self.background.create(
+            # The costly checks, off the loop (HTTP validates its history again).
+            async with self.turns.settled(body, [*continuation.history, *new_items]):
+                if body.background:  # owned by the server from here on
+                    created = await self.background.create(
+                        body,
+                        owner=owner,
+                        new_items=new_items,
+                        history=continuation.history,
+                        model=model,
+                        received_at=received_at,
+                        decode=decoded - received_at,
+                    )
+                    return _while_connected(created, request.scope)
+                run = _Run(self, body, owner, continuation.history, received_at, request.scope)
+                # Stateless: the whole history is validated and classified again.
+                run.started = self.turns.start_turn(
                     body,
-                    owner=owner,
+                    transport=Transport.HTTP,
+                    response_id=new_id("resp"),
+                    sink=run.sink,
                     new_items=new_items,
                     history=continuation.history,
+                    cached=False,
                     model=model,
-                    received_at=received_at,
                     decode=decoded - received_at,
+                    owner=owner,
                 )
-                return _while_connected(created, request.scope)
-            run = _Run(self, body, owner, continuation.history, received_at, request.scope)
-            # Stateless: the whole history is validated and classified again.
-            run.started = self.turns.start_turn(
-                body,
-                transport=Transport.HTTP,
-                response_id=new_id("resp"),
-                sink=run.sink,
-                new_items=new_items,
-                history=continuation.history,
-                cached=False,
-                model=model,
-                decode=decoded - received_at,
-                owner=owner,
-            )
             run.seed_from_token_cache()
         except ProtocolError as error:
             self.turns.inspector.http.refused(body)

@@ -59,6 +59,7 @@ from protocol import (
     ResponseTrack,
 )
 from protocol.events import ClientEvent, ResponseCreate
+from protocol.items import as_items
 
 from ...config import ServerConfig
 from ...engine.stream import StreamClosed
@@ -236,8 +237,8 @@ class Session:
     async def handle_message(self, data: str | bytes, received_at: float) -> None:
         """Decode, check, admit and act on one client message; errors become error events.
 
-        A create's tools and format are checked in a worker thread first
-        (:meth:`Turns.settle`). Once the session is closing (draining, or
+        An append-mode create's costly checks run in a worker thread first
+        (:meth:`Turns.settled`). Once the session is closing (draining, or
         closed for a bad inject), messages are dropped unread; on a 1012 the
         client resends them on its next connection.
         """
@@ -251,11 +252,14 @@ class Session:
             if self.seen is not None:
                 self.seen.client(event, len(data))  # type: ignore[arg-type]
             decode = self._decoded_at - received_at
-            if isinstance(event, ResponseCreate):
-                await self.turns.settle(event)  # returns at once when nothing is costly
-                if self.outbox.closing is not None:
-                    return  # closed meanwhile: nothing more is sent
-            self.shape.handle(event, received_at, decode)  # type: ignore[arg-type]
+            if self.append is None or not isinstance(event, ResponseCreate):
+                self.shape.handle(event, received_at, decode)  # type: ignore[arg-type]
+                return
+            # An append-mode create is admitted now: its costly checks first, off
+            # the loop (the shipped shape's lanes do so when they run a create).
+            async with self.turns.settled(event, as_items(event.input)):
+                if self.outbox.closing is None:  # else closed meanwhile: nothing is sent
+                    self.shape.handle(event, received_at, decode)
         except ProtocolError as error:
             lane = error.stream_id
             if error.code == ErrorCode.INVALID_STREAM_ID:
