@@ -509,7 +509,7 @@ class Connection:
         track = self._responses.get(response_id)
         if track is None:
             raise LocalProtocolError(
-                f"Response {response_id!r} not found on this connection.",
+                f"Response {LocalProtocolError.clip(response_id)!r} not found on this connection.",
                 code=ErrorCode.RESPONSE_NOT_FOUND,
                 param="response_id",
                 status=404,
@@ -640,8 +640,7 @@ def _check_steer_item(item: Item, index: int) -> None:
         )
     if item.role != "user":
         raise LocalProtocolError(
-            f"Invalid 'input[{index}].role': steering takes user messages only, not "
-            f"{item.role!r}.",
+            f"Invalid 'input[{index}].role': steering takes user messages only, not {item.role!r}.",
             code=ErrorCode.INVALID_INPUT,
             param=f"input[{index}].role",
         )

@@ -65,7 +65,7 @@ _encoder = msgspec.json.Encoder()
 
 def _not_found(response_id: str) -> RemoteProtocolError:
     return RemoteProtocolError(
-        f"Response with id '{response_id}' not found.",
+        f"Response with id '{RemoteProtocolError.clip(response_id)}' not found.",
         code=ErrorCode.RESPONSE_NOT_FOUND,
         param="response_id",
         status=404,
@@ -299,7 +299,8 @@ class ResponsesHTTP:
                 ids = [_item_id(item) for item in items]
                 if after not in ids:
                     raise RemoteProtocolError(
-                        f"No input item with id '{after}' in response '{response_id}'.",
+                        f"No input item with id '{RemoteProtocolError.clip(after)}' in response "
+                        f"'{RemoteProtocolError.clip(response_id)}'.",
                         code=ErrorCode.INVALID_VALUE,
                         param="after",
                     )

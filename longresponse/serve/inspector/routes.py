@@ -212,8 +212,8 @@ class InspectRoutes:
         record = self.inspector.visible(rollout_id, self._viewer(request))
         if record is None:
             raise RemoteProtocolError(
-                f"No rollout {rollout_id!r} is kept by the inspector (it keeps "
-                f"{self.inspector.max_rollouts}; finished ones are forgotten first).",
+                f"No rollout {RemoteProtocolError.clip(rollout_id)!r} is kept by the inspector "
+                f"(it keeps {self.inspector.max_rollouts}; finished ones are forgotten first).",
                 code="not_found",
                 param="rollout_id",
                 status=404,
