@@ -89,6 +89,7 @@ from .structured import check_format, schema_limits
 __all__ = [
     "MAX_VERDICTS",
     "PRESCAN_CHARS",
+    "PRESCAN_ITEMS",
     "PRESCAN_KEPT_CHARS",
     "TOOL_NAME_PATTERN",
     "Admission",
@@ -113,9 +114,11 @@ class HostedTools(enum.StrEnum):
 #: Tool lists and formats whose verdicts one pipeline keeps (16-byte digests).
 MAX_VERDICTS: Final = 4096
 
-#: Texts at least this long are read by the secrets classifier in
-#: :meth:`Pipeline.settle` (a worker thread), not on the event loop.
+#: A request's texts are read by the secrets classifier in
+#: :meth:`Pipeline.settle` (a worker thread), not on the event loop, when they
+#: hold this many characters, or are this many, in all.
 PRESCAN_CHARS: Final = 65_536
+PRESCAN_ITEMS: Final = 64
 #: Characters of texts read ahead and not admitted yet that a pipeline keeps
 #: (the oldest go first; a text pushed out is read again when admitted).
 PRESCAN_KEPT_CHARS: Final = 64 << 20
@@ -197,7 +200,7 @@ class Pipeline:
         """Whether admitting ``tools``, ``text_format`` and ``items`` runs no check
         whose cost grows with them: their verdicts are kept, or there is nothing
         costly (no tools or format, more tools than allowed: refused at once, no
-        text of :data:`PRESCAN_CHARS` or more that was not read ahead). With
+        texts to read ahead that were not: :meth:`_unread`). With
         incremental validation off, tools and format always count as settled
         (their checks then run in place, every time)."""
         if self._unread(items):
@@ -215,9 +218,10 @@ class Pipeline:
         self, tools: Sequence[Tool], text_format: TextFormat | None, items: Sequence[Item] = ()
     ) -> None:
         """Check ``tools`` and ``text_format`` now and keep both verdicts, a
-        refusal included, for :meth:`admit` to find; read the long texts of
-        ``items`` with the secrets classifier and keep the findings for
-        :meth:`classify` (at most :data:`PRESCAN_KEPT_CHARS` of them). Never
+        refusal included, for :meth:`admit` to find; read the texts of
+        ``items`` with the secrets classifier (when there are enough of them)
+        and keep the findings for :meth:`classify` until :meth:`forget` (at
+        most :data:`PRESCAN_KEPT_CHARS` characters of them). Never
         raises. Made to run in a worker thread, off the event loop: it only
         adds whole entries to what is kept."""
         with contextlib.suppress(RemoteProtocolError):
@@ -227,8 +231,9 @@ class Pipeline:
         for text in self._unread(items):
             found = tuple(scan(text))
             with self._prescan_lock:
-                self._prescanned[id(text)] = (text, found)
-                self._prescanned_chars += len(text)
+                if id(text) not in self._prescanned:  # else read by another meanwhile
+                    self._prescanned[id(text)] = (text, found)
+                    self._prescanned_chars += len(text)
                 while self._prescanned_chars > PRESCAN_KEPT_CHARS:
                     oldest, _ = self._prescanned.pop(next(iter(self._prescanned)))
                     self._prescanned_chars -= len(oldest)
@@ -245,23 +250,21 @@ class Pipeline:
                     self._prescanned_chars -= len(text)
 
     def _unread(self, items: Sequence[Item]) -> list[str]:
-        """The texts of ``items`` long enough to read ahead that were not."""
-        texts = (_classified_text(item) for item in items)
+        """The texts of ``items`` not read ahead, when there is enough to read
+        (:data:`PRESCAN_CHARS` characters or :data:`PRESCAN_ITEMS` texts in all);
+        else none (they are read in place, at once)."""
+        texts = [text for text in map(_classified_text, items) if text]
+        if len(texts) < PRESCAN_ITEMS and sum(map(len, texts)) < PRESCAN_CHARS:
+            return []
         with self._prescan_lock:
-            return [
-                text
-                for text in texts
-                if len(text) >= PRESCAN_CHARS and id(text) not in self._prescanned
-            ]
+            unread = {id(text): text for text in texts if id(text) not in self._prescanned}
+        return list(unread.values())
 
     def _read_ahead(self, text: str) -> tuple[Finding, ...] | None:
-        """The findings :meth:`settle` kept for ``text`` (then forgotten), or None."""
-        with self._prescan_lock:
-            kept = self._prescanned.get(id(text))
-            if kept is None or kept[0] is not text:
-                return None
-            del self._prescanned[id(text)]
-            self._prescanned_chars -= len(text)
+        """The findings :meth:`settle` kept for ``text``, or None."""
+        kept = self._prescanned.get(id(text))
+        if kept is None or kept[0] is not text:
+            return None
         return kept[1]
 
     def _kept(self, key: bytes) -> bool:
@@ -433,7 +436,7 @@ class Pipeline:
         verdicts: list[tuple[Finding, ...]] = []
         for item in items:
             text = _classified_text(item)
-            found = self._read_ahead(text) if len(text) >= PRESCAN_CHARS else None
+            found = self._read_ahead(text) if self._prescanned else None
             if found is None:
                 found = tuple(scan(text)) if text else ()
             self.counters.secrets_found += len(found)

@@ -202,6 +202,13 @@ class ChatCompletions:
     async def _start(self, body: ChatRequest, owner: str) -> tuple[ChatTurn, ChatPrompt]:
         """Check ``body`` and make its turn (its cache blocks ``owner``'s).
         Raises :class:`RemoteProtocolError`."""
+        limit = self.config.max_items_per_event  # a create's item limit, on messages
+        if len(body.messages) > limit:
+            raise RemoteProtocolError(
+                f"The request carries {len(body.messages)} messages; the limit is {limit}.",
+                code=ErrorCode.TOO_MANY_ITEMS,
+                param="messages",
+            )
         model = self.models.resolve(body.model)
         if (unsupported := unsupported_field(body)) is not None:
             raise unsupported

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Final
 
 import msgspec
 from starlette.requests import Request
@@ -62,6 +62,9 @@ COMPACT_PARAMETERS: Final = frozenset(
 _IGNORED: Final = ("image", "prompt_cache_options", "prompt_cache_retention")
 
 _encoder: Final = msgspec.json.Encoder()
+#: A body's members, each value left as its JSON text (no recursion into it).
+_members: Final = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_NULL: Final = msgspec.Raw(b"null")
 
 
 class CompactHTTP:
@@ -133,7 +136,7 @@ class CompactHTTP:
         conversation = await self.http.persistence.conversation(parent_id, owner=owner)
         if conversation is None:
             raise RemoteProtocolError(
-                f"Previous response with id {parent_id!r} not found.",
+                f"Previous response with id {RemoteProtocolError.clip(parent_id)!r} not found.",
                 code=ErrorCode.PREVIOUS_RESPONSE_NOT_FOUND,
                 param="previous_response_id",
             )
@@ -147,13 +150,14 @@ def _decode(data: bytes) -> ResponseCreate:
     ``missing_required_parameter`` on ``model``, ``unknown_parameter``, and
     whatever the create decoder finds).
     """
-    try:
-        raw: Any = msgspec.json.decode(data)
-    except msgspec.DecodeError:
-        raw = None
-    if not isinstance(raw, dict):
-        return decode_create_body(data)  # its error for a body that is not an object
-    if raw.get("model") is None:
+    try:  # the top level only: a value is kept as its JSON text
+        raw = _members.decode(data)
+    except (msgspec.DecodeError, RecursionError):  # not an object, or nested too deeply
+        decode_create_body(data)  # raises its precise error, where the value is refused
+        raise RemoteProtocolError(
+            "We could not parse the JSON body of your request.", code=ErrorCode.INVALID_JSON
+        ) from None
+    if raw.get("model", _NULL) == _NULL:
         raise RemoteProtocolError(
             "Missing required parameter: 'model'.",
             code=ErrorCode.MISSING_REQUIRED_PARAMETER,

@@ -148,7 +148,10 @@ class InspectRoutes:
         if media_type is None:
             return http_error(
                 RemoteProtocolError(
-                    f"No inspector file {name!r}.", code="unknown_url", param=None, status=404
+                    f"No inspector file {RemoteProtocolError.clip(name)!r}.",
+                    code="unknown_url",
+                    param=None,
+                    status=404,
                 )
             )
         return Response(_static(name), media_type=media_type)
