@@ -18,8 +18,10 @@ inputs (:class:`Case`) apply, with the precise answer each must get:
 While each case runs (sent by a child process, so that its work is not in
 the timed client's interpreter), a well-behaved client's ``GET /healthz``
 is timed again and again; its worst wait must stay within
-:data:`ALLOWED_DELAY` of its worst wait alone (a case is tried twice before
-that fails: a real hold repeats, a loaded machine's hiccup does not). After
+:data:`ALLOWED_DELAY` of its worst wait alone, measured again before each
+surface (the machine's load changes during the run), and a case is tried
+:data:`ATTEMPTS` times before that fails: a real hold repeats, a loaded
+machine's hiccup does not. After
 every surface, the server's RSS must be back within 10% of its warm idle
 value. A new surface joins by adding its line to :data:`SURFACES`.
 """
@@ -49,6 +51,9 @@ from tests.support.raw_ws import handshake
 
 #: How much later than alone the well-behaved client's worst ``/healthz`` may be.
 ALLOWED_DELAY: Final = 0.050
+#: Tries of a case before a delay fails it: a real hold repeats every time, a
+#: loaded machine's hiccup (another process on the core) rarely three times.
+ATTEMPTS: Final = 3
 #: The server's body and frame limit here (small, so the largest body is cheap).
 MESSAGE_BYTES: Final = 1 << 20
 #: The slow-reader timeout here.
@@ -80,6 +85,11 @@ class Case:
     name: str
     send: Callable[[Servers], Outcome]
     expect: Outcome
+    #: Whether the probe's wait is bounded while it runs. A reader that never
+    #: reads makes the server stream at full speed until it is cut off: that
+    #: load is what tests/serve/test_loop_lag.py times (median and p90 of a
+    #: client's turns), not a hold of the loop.
+    timed: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -246,9 +256,9 @@ def never_read(
 
 
 def traffic(servers: Servers) -> None:
-    """A streamed answer of 2,000 tokens, read at once (for a feed to tell of)."""
+    """A streamed answer of 300 tokens, read at once (for a feed to tell of)."""
     body = {"model": "sim", "input": "x", "store": False, "stream": True}
-    body["metadata"] = {"sim_output_tokens": "2000"}
+    body["metadata"] = {"sim_output_tokens": "300"}
     with httpx.stream("POST", servers.http_url + "/v1/responses", json=body, timeout=60) as answer:
         for _ in answer.iter_bytes():
             pass
@@ -297,11 +307,10 @@ BACKGROUND: list[str] = []
 
 def background_follower(servers: Servers) -> str:
     """A long background response: the path that streams it."""
-    created = httpx.post(
-        servers.http_url + "/v1/responses",
-        json={**LONG_ANSWER, "background": True, "store": True},
-        timeout=60,
-    )
+    # Long enough to fill every buffer on the way, short enough to store cheaply.
+    body = {**LONG_ANSWER, "background": True, "store": True}
+    body["metadata"] = {"sim_output_tokens": "200000"}
+    created = httpx.post(servers.http_url + "/v1/responses", json=body, timeout=60)
     assert created.status_code == 200, created.text
     BACKGROUND.append(created.json()["id"])
     return f"/v1/responses/{BACKGROUND[-1]}?stream=true"
@@ -315,9 +324,9 @@ def cancelling(send: Callable[[Servers], Outcome]) -> Callable[[Servers], Outcom
         try:
             return send(servers)
         finally:
-            while BACKGROUND:
+            while BACKGROUND:  # (one that ended meanwhile answers 400: nothing to cancel)
                 path = f"/v1/responses/{BACKGROUND.pop()}/cancel"
-                assert httpx.post(servers.http_url + path, timeout=60).status_code == 200
+                assert httpx.post(servers.http_url + path, timeout=60).status_code in (200, 400)
 
     return run
 
@@ -460,7 +469,14 @@ def ws_create(*, append: bool) -> list[Case]:
         *cases,
         Case("hang-up mid-frame", hang_up_ws(append=append), Outcome(0)),
         *(
-            [Case("never reads", never_read(ws_stream(create)), Outcome(0, ended="cut"))]
+            [
+                Case(
+                    "never reads",
+                    never_read(ws_stream(create)),
+                    Outcome(0, ended="cut"),
+                    timed=False,
+                )
+            ]
             if append
             else []
         ),
@@ -545,6 +561,7 @@ def chat_cases() -> list[Case]:
                 )
             ),
             Outcome(0, ended="cut"),
+            timed=False,
         ),
     ]
 
@@ -611,6 +628,7 @@ def resource_cases(method: str, suffix: str = "") -> list[Case]:
                 "never reads",
                 cancelling(never_read(http_stream("GET", background_follower))),
                 Outcome(0, ended="cut"),
+                timed=False,
             ),
         ]
     return cases
@@ -633,6 +651,7 @@ def inspector_cases() -> list[Case]:
             "never reads",
             never_read(http_stream("GET", "/inspect/api/feed"), no_feed, endings=()),
             Outcome(0, ended="cut"),
+            timed=False,
         ),
     ]
 
@@ -659,6 +678,7 @@ SURFACES: Final[dict[str, Callable[[], list[Case]]]] = {
                 )
             ),
             Outcome(0, ended="cut"),
+            timed=False,
         ),
     ],
     "POST /v1/responses/input_tokens": lambda: http_create(
@@ -684,9 +704,9 @@ def abuser(servers: Servers, commands: Any, results: Any) -> None:
     while (command := commands.get()) is not None:
         surface, name = command
         try:
-            results.put(tables[surface][name].send(servers))
+            results.put((command, tables[surface][name].send(servers)))
         except Exception as exc:  # reported to the test, which fails with it
-            results.put(f"{type(exc).__name__}: {exc}")
+            results.put((command, f"{type(exc).__name__}: {exc}"))
 
 
 # --- the well-behaved client ------------------------------------------------------
@@ -741,13 +761,23 @@ class Harness:
     figures: dict[str, float] = dataclasses.field(default_factory=dict)
     seconds: dict[str, float] = dataclasses.field(default_factory=dict)
 
+    def quiet(self) -> float:
+        """The probe's worst wait over half a second with nothing else sent: the
+        machine's own noise right now (other processes share its two cores)."""
+        with self.probe:
+            time.sleep(0.5)
+        return max(self.probe.waits)
+
     def run(self, surface: str, case: Case) -> tuple[Outcome | str, float]:
         """The case's outcome and the probe's worst wait while it ran."""
         started = time.perf_counter()
         with self.probe:
             time.sleep(0.02)
             self.commands.put((surface, case.name))
-            outcome = self.results.get(timeout=120)
+            while True:  # (an answer to a case of a test that timed out is dropped)
+                command, outcome = self.results.get(timeout=120)
+                if command == (surface, case.name):
+                    break
             time.sleep(0.02)
         self.seconds[f"{surface}: {case.name}"] = time.perf_counter() - started
         return outcome, max(self.probe.waits)
@@ -777,7 +807,7 @@ def harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
                 ("POST /v1/chat/completions", "body at the limit"),
             ):
                 commands.put((surface, case))
-                assert isinstance(results.get(timeout=120), Outcome)
+                assert isinstance(results.get(timeout=120)[1], Outcome)
             idle = rss(server.http_url)
             with probe:
                 time.sleep(1.0)
@@ -791,19 +821,21 @@ def harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
             probe.client.close()
 
 
+@pytest.mark.timeout(300)  # a surface takes 1-8 s; a loaded machine, more
 @pytest.mark.parametrize("surface", list(SURFACES))
 def test_every_hostile_input_is_answered_without_delaying_anyone(
     harness: Harness, surface: str
 ) -> None:
     failures = []
+    alone = max(harness.alone, harness.quiet())
     for case in SURFACES[surface]():
-        for attempt in range(2):
+        for attempt in range(ATTEMPTS):
             outcome, worst = harness.run(surface, case)
             if not isinstance(outcome, Outcome):
                 failures.append(f"{case.name}: {outcome}")
                 break
-            delayed = worst - harness.alone > ALLOWED_DELAY
-            if not delayed or attempt == 1:
+            delayed = case.timed and worst - alone > ALLOWED_DELAY
+            if not delayed or attempt == ATTEMPTS - 1:
                 break
         harness.figures[f"{surface}: {case.name}"] = worst
         if not isinstance(outcome, Outcome):
@@ -816,8 +848,7 @@ def test_every_hostile_input_is_answered_without_delaying_anyone(
             failures.append(f"{case.name}: a message of {outcome.message} characters")
         if delayed:
             failures.append(
-                f"{case.name}: /healthz waited {worst * 1000:.0f} ms "
-                f"(alone {harness.alone * 1000:.0f} ms)"
+                f"{case.name}: /healthz waited {worst * 1000:.0f} ms (alone {alone * 1000:.0f} ms)"
             )
     assert not failures, "\n".join(failures)
 
