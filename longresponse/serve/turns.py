@@ -38,7 +38,7 @@ import contextlib
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Final
+from typing import Final, TypeVar
 
 from protocol import ErrorCode, RemoteProtocolError, ResponseState
 from protocol.events import ResponseCreate
@@ -62,6 +62,8 @@ from .inspector.records import RolloutRecord
 from .metrics import ServerMetrics
 
 __all__ = ["CHECK_WORKERS", "SWITCH_INTERVAL", "Turns"]
+
+_T = TypeVar("_T")
 
 #: Worker threads that run admission's costly checks off the event loop.
 CHECK_WORKERS: Final = 2
@@ -105,6 +107,11 @@ class Turns:
     def close(self) -> None:
         """Stop the check workers (a check still waiting for one is dropped)."""
         self._checker.shutdown(wait=False, cancel_futures=True)
+
+    async def in_worker(self, work: Callable[..., _T], *args: object) -> _T:
+        """``work(*args)`` in a check worker, off the event loop (pure work only:
+        it must touch nothing the loop changes meanwhile). Raises what it raises."""
+        return await asyncio.get_running_loop().run_in_executor(self._checker, work, *args)
 
     def settled(
         self, request: ResponseCreate, items: Sequence[Item] = ()

@@ -93,7 +93,8 @@ class CompactHTTP:
                     items, history=history, cached=False, compactor=compactor
                 )
             context = drain([*history, *admission.items], compactor).items
-            item, window = compact(context, compactor, model.summarize)
+            # Summarizing and sealing grow with the context: in a check worker.
+            item, window = await self.turns.in_worker(compact, context, compactor, model.summarize)
         except ProtocolError as error:
             return http_error(error)
         self.compactions += 1
