@@ -137,15 +137,16 @@ def check_append_items(items: list[Item], track: ResponseTrack) -> list[str]:
                 _check_names_call(item, index, response_id)
             if call_id in track.answered_calls or call_id in seen:
                 raise LocalProtocolError(
-                    f"Tool call {call_id!r} of response {response_id!r} already has an output.",
+                    f"Tool call {LocalProtocolError.clip(call_id)!r} of response "
+                    f"{response_id!r} already has an output.",
                     code=ErrorCode.DUPLICATE_CALL_ID,
                     param=f"input[{index}].{named_by}",
                     response_id=response_id,
                 )
             if call_id not in track.pending_calls:
                 raise LocalProtocolError(
-                    f"No tool call with call_id {call_id!r} is pending in response "
-                    f"{response_id!r}.",
+                    f"No tool call with call_id {LocalProtocolError.clip(call_id)!r} is pending "
+                    f"in response {response_id!r}.",
                     code=ErrorCode.UNKNOWN_CALL_ID,
                     param=f"input[{index}].{named_by}",
                     response_id=response_id,

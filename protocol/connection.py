@@ -510,7 +510,7 @@ class Connection:
         track = self._responses.get(response_id)
         if track is None:
             raise LocalProtocolError(
-                f"Response {response_id!r} not found on this connection.",
+                f"Response {LocalProtocolError.clip(response_id)!r} not found on this connection.",
                 code=ErrorCode.RESPONSE_NOT_FOUND,
                 param="response_id",
                 status=404,

@@ -125,8 +125,21 @@ class ProtocolError(Exception):
     closes with once the answer is sent.
 
     An error is complete when raised and never changed after: a caller that
-    knows more (the lane, the reply) raises a copy made by :meth:`with_`.
+    knows more (the lane, the reply) raises a copy made by :meth:`with_`. A
+    message quotes a peer's string (an id, a name) through :meth:`clip`.
     """
+
+    #: Characters of a peer's string that a message quotes.
+    MAX_QUOTED: Final = 128
+
+    @classmethod
+    def clip(cls, value: str) -> str:
+        """``value`` as a message may quote it: whole up to :attr:`MAX_QUOTED`
+        characters, else cut there with its length said (a refused id of
+        megabytes is not sent back whole)."""
+        if len(value) <= cls.MAX_QUOTED:
+            return value
+        return f"{value[: cls.MAX_QUOTED]}... ({len(value)} characters)"
 
     def __init__(
         self,

@@ -167,7 +167,7 @@ def items_from_messages(messages: Sequence[ChatMessage], *, answered: bool = Tru
             if message.tool_call_id not in seen:
                 raise RemoteProtocolError(
                     f"Invalid '{where}.tool_call_id': no earlier assistant message made a "
-                    f"call with id {message.tool_call_id!r}.",
+                    f"call with id {RemoteProtocolError.clip(message.tool_call_id)!r}.",
                     code=ErrorCode.UNKNOWN_CALL_ID,
                     param=f"{where}.tool_call_id",
                 )
@@ -203,7 +203,8 @@ def _assistant_items(
         param = f"{where}.tool_calls[{number}].id"
         if call.id in seen:
             raise RemoteProtocolError(
-                f"Invalid '{param}': the call id {call.id!r} is used twice.",
+                f"Invalid '{param}': the call id {RemoteProtocolError.clip(call.id)!r} is "
+                "used twice.",
                 code=ErrorCode.DUPLICATE_CALL_ID,
                 param=param,
             )
@@ -221,7 +222,7 @@ def _unanswered(open_calls: dict[str, str]) -> None:
     call_id, param = next(iter(open_calls.items()))
     raise RemoteProtocolError(
         "An assistant message with 'tool_calls' must be followed by tool messages "
-        f"responding to each 'tool_call_id'; {call_id!r} has none.",
+        f"responding to each 'tool_call_id'; {RemoteProtocolError.clip(call_id)!r} has none.",
         code=ErrorCode.MISSING_TOOL_OUTPUT,
         param=param,
     )

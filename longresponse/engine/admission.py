@@ -33,10 +33,13 @@ Every stage adds to :class:`Counters` and to the turn's stage times.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
+import hashlib
 import logging
 import re
+import threading
 import time
 from collections.abc import Sequence
 from typing import Final
@@ -85,6 +88,10 @@ from .compaction import Compactor, refused
 from .structured import check_format, schema_limits
 
 __all__ = [
+    "MAX_VERDICTS",
+    "PRESCAN_CHARS",
+    "PRESCAN_ITEMS",
+    "PRESCAN_KEPT_CHARS",
     "TOOL_NAME_PATTERN",
     "Admission",
     "Counters",
@@ -104,6 +111,18 @@ class HostedTools(enum.StrEnum):
     ACCEPT = "accept"
     REFUSE = "refuse"
 
+
+#: Tool lists and formats whose verdicts one pipeline keeps (16-byte digests).
+MAX_VERDICTS: Final = 4096
+
+#: A request's texts are read by the secrets classifier in
+#: :meth:`Pipeline.settle` (a worker thread), not on the event loop, when they
+#: hold this many characters, or are this many, in all.
+PRESCAN_CHARS: Final = 65_536
+PRESCAN_ITEMS: Final = 64
+#: Characters of texts read ahead and not admitted yet that a pipeline keeps
+#: (the oldest go first; a text pushed out is read again when admitted).
+PRESCAN_KEPT_CHARS: Final = 64 << 20
 
 #: Function tool names, as the shipped API accepts them.
 TOOL_NAME_PATTERN: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -153,33 +172,129 @@ class Pipeline:
         self.policy = policy
         self.hosted_tools = hosted_tools
         self.counters = Counters()
-        self._checked_tools: dict[bytes, None] = {}
+        #: The verdicts of tool lists and formats checked (None: admitted; else
+        #: the refusal), by digest of their encoding; at most MAX_VERDICTS.
+        self._verdicts: dict[bytes, RemoteProtocolError | None] = {}
         self._last_tools: tuple[Sequence[Tool], bytes] | None = None
+        #: Long texts read ahead by :meth:`settle`, by ``id``, with their findings
+        #: (the text is kept too: its id names it only while it lives).
+        self._prescanned: dict[int, tuple[str, tuple[Finding, ...]]] = {}
+        self._prescanned_chars = 0
+        self._prescan_lock = threading.Lock()
 
     def tools_key(self, tools: Sequence[Tool]) -> bytes:
-        """The tool list's encoding, computed once per request (admission and the
-        prefix check of the turn both need it, for the same list object)."""
+        """A digest of the tool list's encoding (16 bytes, however large the list),
+        computed once per request (admission and the prefix check of the turn both
+        need it, for the same list object)."""
         last = self._last_tools
         if last is not None and last[0] is tools:
             return last[1]
-        key = msgspec.json.encode(list(tools))
+        key = _digest(b"tools:", msgspec.json.encode(list(tools)))
         self._last_tools = (tools, key)
         return key
 
+    # --- verdicts kept ----------------------------------------------------------
+
+    def settled(
+        self, tools: Sequence[Tool], text_format: TextFormat | None, items: Sequence[Item] = ()
+    ) -> bool:
+        """Whether admitting ``tools``, ``text_format`` and ``items`` runs no check
+        whose cost grows with them: their verdicts are kept, or there is nothing
+        costly (no tools or format, more tools than allowed: refused at once, no
+        texts to read ahead that were not: :meth:`_unread`). With
+        incremental validation off, tools and format always count as settled
+        (their checks then run in place, every time)."""
+        if self._unread(items):
+            return False
+        if not self.switches.incremental_validation or _offered(tools) > self.limits.max_tools:
+            return True
+        if tools and self.tools_key(tools) not in self._verdicts:
+            return False
+        return (
+            not isinstance(text_format, FormatJSONSchema)
+            or _format_key(text_format) in self._verdicts
+        )
+
+    def settle(
+        self, tools: Sequence[Tool], text_format: TextFormat | None, items: Sequence[Item] = ()
+    ) -> None:
+        """Check ``tools`` and ``text_format`` now and keep both verdicts, a
+        refusal included, for :meth:`admit` to find; read the texts of
+        ``items`` with the secrets classifier (when there are enough of them)
+        and keep the findings for :meth:`classify` until :meth:`forget` (at
+        most :data:`PRESCAN_KEPT_CHARS` characters of them). Never
+        raises. Made to run in a worker thread, off the event loop: it only
+        adds whole entries to what is kept."""
+        with contextlib.suppress(RemoteProtocolError):
+            self.check_tools(tools)
+        with contextlib.suppress(RemoteProtocolError):
+            self.check_text_format(text_format)
+        for text in self._unread(items):
+            found = tuple(scan(text))
+            with self._prescan_lock:
+                if id(text) not in self._prescanned:  # else read by another meanwhile
+                    self._prescanned[id(text)] = (text, found)
+                    self._prescanned_chars += len(text)
+                while self._prescanned_chars > PRESCAN_KEPT_CHARS:
+                    oldest, _ = self._prescanned.pop(next(iter(self._prescanned)))
+                    self._prescanned_chars -= len(oldest)
+
+    def forget(self, items: Sequence[Item]) -> None:
+        """Drop what :meth:`settle` read ahead of ``items`` and admission did not
+        take (a request refused before admission): nothing outlives its request."""
+        texts = [_classified_text(item) for item in items]
+        with self._prescan_lock:
+            for text in texts:
+                kept = self._prescanned.get(id(text))
+                if kept is not None and kept[0] is text:
+                    del self._prescanned[id(text)]
+                    self._prescanned_chars -= len(text)
+
+    def _unread(self, items: Sequence[Item]) -> list[str]:
+        """The texts of ``items`` not read ahead, when there is enough to read
+        (:data:`PRESCAN_CHARS` characters or :data:`PRESCAN_ITEMS` texts in all);
+        else none (they are read in place, at once)."""
+        texts = [text for text in map(_classified_text, items) if text]
+        if len(texts) < PRESCAN_ITEMS and sum(map(len, texts)) < PRESCAN_CHARS:
+            return []
+        with self._prescan_lock:
+            unread = {id(text): text for text in texts if id(text) not in self._prescanned}
+        return list(unread.values())
+
+    def _read_ahead(self, text: str) -> tuple[Finding, ...] | None:
+        """The findings :meth:`settle` kept for ``text``, or None."""
+        kept = self._prescanned.get(id(text))
+        if kept is None or kept[0] is not text:
+            return None
+        return kept[1]
+
+    def _kept(self, key: bytes) -> bool:
+        """True when ``key``'s verdict is kept and admits; raises a copy of a kept refusal."""
+        if not self.switches.incremental_validation or key not in self._verdicts:
+            return False
+        refusal = self._verdicts.get(key)
+        if refusal is not None:
+            raise refusal.with_()
+        return True
+
+    def _keep(self, key: bytes, refusal: RemoteProtocolError | None) -> None:
+        if len(self._verdicts) >= MAX_VERDICTS:
+            self._verdicts.clear()
+        self._verdicts[key] = refusal
+
     # --- validation -----------------------------------------------------------
 
-    def check_tools(self, tools: Sequence[Tool], *, cached: bool = True) -> None:
+    def check_tools(self, tools: Sequence[Tool]) -> None:
         """Tool names (unique among the tools the model is offered, and within a
         namespace), parameter schemas (JSON Schema metaschema, an object schema
         at the root, within ``structured.schema_limits``), at most one of each
         built-in kind, and hosted tools under :attr:`hosted_tools`.
 
-        A tool list already checked is not checked again when ``cached`` and
-        incremental validation is on. Raises :class:`RemoteProtocolError`.
+        A tool list whose verdict is kept (with incremental validation on) is
+        not checked again: the verdict is the same whoever sends it, on any
+        transport. Raises :class:`RemoteProtocolError`.
         """
-        offered = len(tools) + sum(
-            len(tool.tools) for tool in tools if isinstance(tool, NamespaceTool)
-        )
+        offered = _offered(tools)
         if offered > self.limits.max_tools:
             raise RemoteProtocolError(
                 f"Invalid 'tools': {offered} tools offered; the limit is "
@@ -187,9 +302,19 @@ class Pipeline:
                 code=ErrorCode.INVALID_VALUE,
                 param="tools",
             )
-        key = self.tools_key(tools)
-        if cached and self.switches.incremental_validation and key in self._checked_tools:
+        if not tools:
             return
+        key = self.tools_key(tools)
+        if self._kept(key):
+            return
+        try:
+            self._check_tool_list(tools)
+        except RemoteProtocolError as refusal:
+            self._keep(key, refusal.with_())
+            raise
+        self._keep(key, None)
+
+    def _check_tool_list(self, tools: Sequence[Tool]) -> None:
         names: set[str] = set()
         kinds: set[str] = set()
         hosted: list[str] = []
@@ -225,9 +350,6 @@ class Pipeline:
                 "hosted tools accepted, echoed and not offered to the model: %s",
                 ", ".join(hosted),
             )
-        if len(self._checked_tools) > 1024:
-            self._checked_tools.clear()
-        self._checked_tools[key] = None
 
     def _check_named(
         self, tool: FunctionTool | CustomTool | NamespaceTool, where: str, names: set[str]
@@ -250,21 +372,23 @@ class Pipeline:
         if isinstance(tool, FunctionTool) and tool.parameters is not None:
             _check_parameters(tool.name, tool.parameters, f"{where}.parameters", self.limits)
 
-    def check_text_format(self, text_format: TextFormat | None, *, cached: bool = True) -> None:
+    def check_text_format(self, text_format: TextFormat | None) -> None:
         """A ``json_schema`` format's name and schema (strict rules when ``strict``).
 
-        Like the tools, a schema already checked is not checked again when
-        ``cached`` and incremental validation is on. Raises :class:`RemoteProtocolError`.
+        Like the tools, a format whose verdict is kept is not checked again.
+        Raises :class:`RemoteProtocolError`.
         """
         if not isinstance(text_format, FormatJSONSchema):
             return
-        key = b"format:" + msgspec.json.encode(text_format)
-        if cached and self.switches.incremental_validation and key in self._checked_tools:
+        key = _format_key(text_format)
+        if self._kept(key):
             return
-        check_format(text_format, self.limits)
-        if len(self._checked_tools) > 1024:
-            self._checked_tools.clear()
-        self._checked_tools[key] = None
+        try:
+            check_format(text_format, self.limits)
+        except RemoteProtocolError as refusal:
+            self._keep(key, refusal.with_())
+            raise
+        self._keep(key, None)
 
     def validate_items(
         self, items: Sequence[Item], *, offset: int = 0, compactor: Compactor | None = None
@@ -314,7 +438,9 @@ class Pipeline:
         verdicts: list[tuple[Finding, ...]] = []
         for item in items:
             text = _classified_text(item)
-            found = tuple(scan(text)) if text else ()
+            found = self._read_ahead(text) if self._prescanned else None
+            if found is None:
+                found = tuple(scan(text)) if text else ()
             self.counters.secrets_found += len(found)
             verdicts.append(found)
         return verdicts
@@ -364,8 +490,8 @@ class Pipeline:
         :class:`RemoteProtocolError`; nothing is accepted then.
         """
         started = time.perf_counter()
-        self.check_tools(tools, cached=cached)
-        self.check_text_format(text_format, cached=cached)
+        self.check_tools(tools)
+        self.check_text_format(text_format)
         if not (cached and self.switches.incremental_validation):
             try:
                 self.validate_items(history, compactor=compactor)
@@ -402,6 +528,19 @@ class Pipeline:
             return {}
         count = sum(len(found) for found in verdicts)
         return {"secrets_flagged": str(count), "secrets_kinds": ",".join(kinds)[:512]}
+
+
+def _offered(tools: Sequence[Tool]) -> int:
+    """The tools offered to the model: a namespace's count, not the namespace."""
+    return len(tools) + sum(len(tool.tools) for tool in tools if isinstance(tool, NamespaceTool))
+
+
+def _digest(kind: bytes, encoding: bytes) -> bytes:
+    return hashlib.blake2b(kind + encoding, digest_size=16).digest()
+
+
+def _format_key(text_format: FormatJSONSchema) -> bytes:
+    return _digest(b"format:", msgspec.json.encode(text_format))
 
 
 def _check_call(item: ClientCall, where: str) -> None:

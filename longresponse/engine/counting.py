@@ -31,12 +31,36 @@ Nothing else changes: the same tokens, in the same order (the cache tokenizes
 what it holds before anything reads it), the same usage, the same refusals.
 The counting itself is the rollout's (``Rollout._hold_input``,
 ``_count_deferred``: only the rollout changes its tokens and counts); this
-module keeps the decision, a pure function.
+module keeps the decision, a pure function, and :func:`token_lengths`, the
+count of items outside a rollout, which lets the event loop run between
+pieces of a long text.
 """
 
 from __future__ import annotations
 
-__all__ = ["may_defer"]
+import asyncio
+from collections.abc import Iterable
+
+from protocol.items import Item
+
+from .render import TokenCache
+
+__all__ = ["may_defer", "token_lengths"]
+
+
+async def token_lengths(items: Iterable[Item]) -> list[int]:
+    """The tokens of each item's segment, as :func:`~longresponse.engine.render.render_item`
+    counts them, tokenized a piece of text at a time with the event loop
+    given a turn between two (``TokenCache.tokenizing``): what counts a
+    request's input without a rollout (``/input_tokens``, ``/compact``)."""
+    lengths = []
+    for item in items:
+        cache = TokenCache()
+        cache.defer([item])
+        for _ in cache.tokenizing():
+            await asyncio.sleep(0)
+        lengths.append(len(cache))
+    return lengths
 
 
 def may_defer(sampler: object, bound: int, context_window: int, threshold: int | None) -> bool:

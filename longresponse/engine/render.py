@@ -54,7 +54,7 @@ import json
 import re
 import warnings
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Final
 
 import msgspec
@@ -96,6 +96,7 @@ __all__ = [
     "START",
     "TokenCache",
     "encode",
+    "encode_pieces",
     "items_to_drop",
     "render_item",
     "render_prefix",
@@ -148,22 +149,30 @@ def encode(text: str) -> list[int]:
 
     Texts longer than :data:`ENCODE_CHUNK_CHARS` are cut just before a space
     (where the o200k pre-tokenizer starts a new piece anyway) and encoded piece
-    by piece; only a run of that many characters without a space is cut hard.
+    by piece (:func:`encode_pieces`); only a run of that many characters
+    without a space is cut hard.
     """
-    encoding = _encoding()
     if len(text) <= ENCODE_CHUNK_CHARS:
-        tokens: list[int] = encoding.encode_ordinary(text)
+        tokens: list[int] = _encoding().encode_ordinary(text)
         return tokens
     tokens = []
+    for piece in encode_pieces(text):
+        tokens.extend(piece)
+    return tokens
+
+
+def encode_pieces(text: str) -> Iterator[list[int]]:
+    """The tokens of :func:`encode`, a piece of at most :data:`ENCODE_CHUNK_CHARS`
+    characters at a time (about 2 ms each): a caller can let others run between two."""
+    encoding = _encoding()
     start = 0
     while start < len(text):
         end = min(start + ENCODE_CHUNK_CHARS, len(text))
         if end < len(text):
             cut = text.rfind(" ", start + 1, end)
             end = cut if cut > start else end
-        tokens.extend(encoding.encode_ordinary(text[start:end]))
+        yield encoding.encode_ordinary(text[start:end])
         start = end
-    return tokens
 
 
 # --- segments --------------------------------------------------------------
@@ -392,8 +401,30 @@ class TokenCache:
         rendered = array(_TOKEN_TYPECODE)
         for header, body in self._pending:  # all of them, or (raising) none
             rendered.fromlist(_encode_segment(header, body))  # 3x faster than extend()
+        return self._commit(self._pending, rendered)
+
+    def tokenizing(self) -> Iterator[None]:
+        """:meth:`tokenize_deferred` in steps, for a caller that lets others run
+        between two: yields after each piece of at most :data:`ENCODE_CHUNK_CHARS`
+        characters, and the tokens join the cache at the end, all at once (a
+        raise leaves the cache unchanged). Whatever reads the cache between two
+        steps tokenizes the rest itself; this then adds nothing."""
+        pending = self._pending
+        rendered = array(_TOKEN_TYPECODE)
+        for header, body in pending:  # defer() may add to it meanwhile: all are taken
+            rendered.append(START)
+            rendered.fromlist(encode(header))
+            rendered.append(MESSAGE)
+            for piece in encode_pieces(body):
+                rendered.fromlist(piece)
+                yield
+            rendered.append(END)
+        if self._pending is pending and pending:
+            self._commit(pending, rendered)
+
+    def _commit(self, pending: list[tuple[str, str]], rendered: array[int]) -> int:
         self._tokens.extend(rendered)
-        self.items_rendered += len(self._pending)
+        self.items_rendered += len(pending)
         self._pending = []
         self.tokens_rendered += len(rendered)
         return len(rendered)

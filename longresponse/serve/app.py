@@ -149,6 +149,7 @@ def create_app(config: ServerConfig | None = None) -> Seam:
             await persistence.drain()  # a clean stop loses no queued write
             await store.aclose()
             await close_backends(backends)
+            turns.close()
             services.persistence = None
             services.compaction_key = None
 

@@ -85,7 +85,8 @@ def check_continuation(new_items: list[Item], pending: dict[str, str]) -> None:
             call_id = answered_call_id(item)
             if call_id not in open_calls or call_id in answered:
                 raise RemoteProtocolError(
-                    f"No tool call found for {wire_type(item)} with call_id {call_id!r}.",
+                    f"No tool call found for {wire_type(item)} with call_id "
+                    f"{RemoteProtocolError.clip(call_id)!r}.",
                     code=ErrorCode.UNKNOWN_CALL_ID,
                     param=f"input[{index}].call_id",
                 )
@@ -119,7 +120,7 @@ async def stored_history(
         conversation = await persistence.conversation(parent_id, owner=owner)
     if conversation is None:
         raise RemoteProtocolError(
-            f"Previous response with id {parent_id!r} not found.",
+            f"Previous response with id {RemoteProtocolError.clip(parent_id)!r} not found.",
             code=ErrorCode.PREVIOUS_RESPONSE_NOT_FOUND,
             param="previous_response_id",
         )

@@ -11,7 +11,9 @@ import pytest
 import protocol
 from protocol import (
     ErrorCode,
+    LocalProtocolError,
     Mode,
+    ProtocolError,
     Role,
 )
 from protocol.events import (
@@ -35,6 +37,20 @@ def test_unknown_call_id(paused: ConnectionPair) -> None:
         Role.CLIENT, event, code=ErrorCode.UNKNOWN_CALL_ID, param="input[1].call_id"
     )
     paused.append(output("c1"))  # still usable
+
+
+def test_a_refused_id_is_quoted_clipped(paused: ConnectionPair) -> None:
+    """An error quotes at most MAX_QUOTED characters of a peer's id, and says its length."""
+    call_id = "c" * 1_000_000
+    event = ResponseAppend(input=[output(call_id)])
+    paused.assert_rejected(
+        Role.CLIENT, event, code=ErrorCode.UNKNOWN_CALL_ID, param="input[0].call_id"
+    )
+    with pytest.raises(LocalProtocolError) as refused:
+        paused.client.send(event)
+    assert len(refused.value.message) < ProtocolError.MAX_QUOTED + 200
+    assert "c" * ProtocolError.MAX_QUOTED + "... (1000000 characters)" in refused.value.message
+    assert ProtocolError.clip("c" * ProtocolError.MAX_QUOTED) == "c" * ProtocolError.MAX_QUOTED
 
 
 def test_duplicate_call_id_across_appends(paused: ConnectionPair) -> None:

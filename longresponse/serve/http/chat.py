@@ -205,6 +205,13 @@ class ChatCompletions:
     async def _start(self, body: ChatRequest, owner: str) -> tuple[ChatTurn, ChatPrompt]:
         """Check ``body`` and make its turn (its cache blocks ``owner``'s).
         Raises :class:`RemoteProtocolError`."""
+        limit = self.config.max_items_per_event  # a create's item limit, on messages
+        if len(body.messages) > limit:
+            raise RemoteProtocolError(
+                f"The request carries {len(body.messages)} messages; the limit is {limit}.",
+                code=ErrorCode.TOO_MANY_ITEMS,
+                param="messages",
+            )
         model = self.models.resolve(body.model)
         if (unsupported := unsupported_field(body)) is not None:
             raise unsupported
@@ -226,8 +233,9 @@ class ChatCompletions:
         tools = tools_from_chat(body.tools)
         text_format = format_from_chat(body.response_format)
         try:
-            self.pipeline.check_tools(tools)
-            self.pipeline.check_text_format(text_format)
+            async with self.http.turns.settled_checks(tools, text_format):  # off the loop
+                self.pipeline.check_tools(tools)
+                self.pipeline.check_text_format(text_format)
         except RemoteProtocolError as error:
             raise _rename(error) from None
         tool_choice = tool_choice_from_chat(body.tool_choice, tools)

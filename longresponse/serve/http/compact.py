@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Final
 
 import msgspec
 from starlette.requests import Request
@@ -46,7 +46,8 @@ from protocol.items import InputText, Item, Message, as_items
 from protocol.response import InputTokensDetails, OutputTokensDetails, ResponseCompaction, Usage
 
 from ...engine.compaction import compact, drain
-from ...engine.render import render_item, render_prefix
+from ...engine.counting import token_lengths
+from ...engine.render import render_prefix
 from ...ids import new_id
 from ..errors import http_error
 from .responses import ResponsesHTTP
@@ -61,6 +62,9 @@ COMPACT_PARAMETERS: Final = frozenset(
 _IGNORED: Final = ("image", "prompt_cache_options", "prompt_cache_retention")
 
 _encoder: Final = msgspec.json.Encoder()
+#: A body's members, each value left as its JSON text (no recursion into it).
+_members: Final = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_NULL: Final = msgspec.Raw(b"null")
 
 
 class CompactHTTP:
@@ -84,16 +88,18 @@ class CompactHTTP:
             items = as_items(body.input)
             self._check_count(items)  # before the chain is read or anything checked
             history = await self._history(body.previous_response_id, owner)
-            admission = self.turns.pipeline.admit(
-                items, history=history, cached=False, compactor=compactor
-            )
+            async with self.turns.settled_checks([], None, [*history, *items]):  # off the loop
+                admission = self.turns.pipeline.admit(
+                    items, history=history, cached=False, compactor=compactor
+                )
             context = drain([*history, *admission.items], compactor).items
-            item, window = compact(context, compactor, model.summarize)
+            # Summarizing and sealing grow with the context: in a check worker.
+            item, window = await self.turns.in_worker(compact, context, compactor, model.summarize)
         except ProtocolError as error:
             return http_error(error)
         self.compactions += 1
-        read = len(render_prefix(body.instructions, [])) + _rendered(context)
-        written = _rendered(window)
+        read = len(render_prefix(body.instructions, [])) + sum(await token_lengths(context))
+        written = sum(await token_lengths(window))
         answer = ResponseCompaction(
             id=new_id("resp"),
             created_at=int(time.time()),
@@ -131,7 +137,7 @@ class CompactHTTP:
         conversation = await self.http.persistence.conversation(parent_id, owner=owner)
         if conversation is None:
             raise RemoteProtocolError(
-                f"Previous response with id {parent_id!r} not found.",
+                f"Previous response with id {RemoteProtocolError.clip(parent_id)!r} not found.",
                 code=ErrorCode.PREVIOUS_RESPONSE_NOT_FOUND,
                 param="previous_response_id",
             )
@@ -145,13 +151,14 @@ def _decode(data: bytes) -> ResponseCreate:
     ``missing_required_parameter`` on ``model``, ``unknown_parameter``, and
     whatever the create decoder finds).
     """
-    try:
-        raw: Any = msgspec.json.decode(data)
-    except msgspec.DecodeError:
-        raw = None
-    if not isinstance(raw, dict):
-        return decode_create_body(data)  # its error for a body that is not an object
-    if raw.get("model") is None:
+    try:  # the top level only: a value is kept as its JSON text
+        raw = _members.decode(data)
+    except (msgspec.DecodeError, RecursionError):  # not an object, or nested too deeply
+        decode_create_body(data)  # raises its precise error, where the value is refused
+        raise RemoteProtocolError(
+            "We could not parse the JSON body of your request.", code=ErrorCode.INVALID_JSON
+        ) from None
+    if raw.get("model", _NULL) == _NULL:
         raise RemoteProtocolError(
             "Missing required parameter: 'model'.",
             code=ErrorCode.MISSING_REQUIRED_PARAMETER,
@@ -172,10 +179,6 @@ def _decode(data: bytes) -> ResponseCreate:
             param="input",
         )
     return body
-
-
-def _rendered(items: Sequence[Item]) -> int:
-    return sum(len(render_item(item)) for item in items)
 
 
 def _user_messages(context: Sequence[Item]) -> list[Item]:

@@ -35,7 +35,8 @@ from protocol import ErrorCode, ProtocolError, RemoteProtocolError, decode_creat
 from protocol.items import as_items
 
 from ...engine.compaction import drain
-from ...engine.render import items_to_drop, render_item, render_prefix
+from ...engine.counting import token_lengths
+from ...engine.render import items_to_drop, render_prefix
 from ..errors import http_error
 from .responses import ResponsesHTTP
 
@@ -52,7 +53,6 @@ COUNT_PARAMETERS: Final = frozenset(
 
 #: Reads just the top-level keys (the create decoder has checked the values).
 _keys_decoder: Final = msgspec.json.Decoder(dict[str, msgspec.Raw])
-
 
 
 class InputTokens:
@@ -81,19 +81,21 @@ class InputTokens:
             new_items = as_items(body.input)
             continuation = await http.stored_continuation(body, new_items, owner)
             compactor = http.turns.compactor(owner)
-            admission = http.turns.pipeline.admit(
-                new_items,
-                history=continuation.history,
-                tools=body.tools,
-                text_format=body.text.format if body.text is not None else None,
-                cached=False,
-                compactor=compactor,
-            )
+            # The costly checks, off the loop.
+            async with http.turns.settled(body, [*continuation.history, *new_items]):
+                admission = http.turns.pipeline.admit(
+                    new_items,
+                    history=continuation.history,
+                    tools=body.tools,
+                    text_format=body.text.format if body.text is not None else None,
+                    cached=False,
+                    compactor=compactor,
+                )
             # As a turn takes them in: a compaction item's window replaces what
             # came before it, and a trailing compaction_trigger is no item.
             taken = drain([*continuation.history, *admission.items], compactor).items
             prefix = len(render_prefix(body.instructions, body.tools))
-            lengths = [len(render_item(item)) for item in taken]
+            lengths = await token_lengths(taken)  # the loop runs between pieces
             total = prefix + sum(lengths)
             window = model.context_window
             if total > window:

@@ -64,7 +64,7 @@ _encoder = msgspec.json.Encoder()
 
 def _not_found(response_id: str) -> RemoteProtocolError:
     return RemoteProtocolError(
-        f"Response with id '{response_id}' not found.",
+        f"Response with id '{RemoteProtocolError.clip(response_id)}' not found.",
         code=ErrorCode.RESPONSE_NOT_FOUND,
         param="response_id",
         status=404,
@@ -172,31 +172,33 @@ class ResponsesHTTP:
             decoded = time.perf_counter()
             new_items = as_items(body.input)
             continuation = await self.stored_continuation(body, new_items, owner)
-            if body.background:  # owned by the server from here on
-                created = await self.background.create(
+            # The costly checks, off the loop (HTTP validates its history again).
+            async with self.turns.settled(body, [*continuation.history, *new_items]):
+                if body.background:  # owned by the server from here on
+                    created = await self.background.create(
+                        body,
+                        owner=owner,
+                        new_items=new_items,
+                        history=continuation.history,
+                        model=model,
+                        received_at=received_at,
+                        decode=decoded - received_at,
+                    )
+                    return _while_connected(created, request.scope)
+                run = _Run(self, body, owner, continuation.history, received_at, request.scope)
+                # Stateless: the whole history is validated and classified again.
+                run.started = self.turns.start_turn(
                     body,
-                    owner=owner,
+                    transport=Transport.HTTP,
+                    response_id=new_id("resp"),
+                    sink=run.sink,
                     new_items=new_items,
                     history=continuation.history,
+                    cached=False,
                     model=model,
-                    received_at=received_at,
                     decode=decoded - received_at,
+                    owner=owner,
                 )
-                return _while_connected(created, request.scope)
-            run = _Run(self, body, owner, continuation.history, received_at, request.scope)
-            # Stateless: the whole history is validated and classified again.
-            run.started = self.turns.start_turn(
-                body,
-                transport=Transport.HTTP,
-                response_id=new_id("resp"),
-                sink=run.sink,
-                new_items=new_items,
-                history=continuation.history,
-                cached=False,
-                model=model,
-                decode=decoded - received_at,
-                owner=owner,
-            )
             run.seed_from_token_cache()
         except ProtocolError as error:
             self.turns.inspector.http.refused(body)
@@ -296,7 +298,8 @@ class ResponsesHTTP:
                 ids = [_item_id(item) for item in items]
                 if after not in ids:
                     raise RemoteProtocolError(
-                        f"No input item with id '{after}' in response '{response_id}'.",
+                        f"No input item with id '{RemoteProtocolError.clip(after)}' in response "
+                        f"'{RemoteProtocolError.clip(response_id)}'.",
                         code=ErrorCode.INVALID_VALUE,
                         param="after",
                     )

@@ -148,7 +148,10 @@ class InspectRoutes:
         if media_type is None:
             return http_error(
                 RemoteProtocolError(
-                    f"No inspector file {name!r}.", code="unknown_url", param=None, status=404
+                    f"No inspector file {RemoteProtocolError.clip(name)!r}.",
+                    code="unknown_url",
+                    param=None,
+                    status=404,
                 )
             )
         return Response(_static(name), media_type=media_type)
@@ -212,8 +215,8 @@ class InspectRoutes:
         record = self.inspector.visible(rollout_id, self._viewer(request))
         if record is None:
             raise RemoteProtocolError(
-                f"No rollout {rollout_id!r} is kept by the inspector (it keeps "
-                f"{self.inspector.max_rollouts}; finished ones are forgotten first).",
+                f"No rollout {RemoteProtocolError.clip(rollout_id)!r} is kept by the inspector "
+                f"(it keeps {self.inspector.max_rollouts}; finished ones are forgotten first).",
                 code="not_found",
                 param="rollout_id",
                 status=404,

@@ -59,6 +59,7 @@ from protocol import (
     ResponseTrack,
 )
 from protocol.events import ClientEvent, ResponseCreate
+from protocol.items import as_items
 
 from ...config import ServerConfig
 from ...engine.stream import StreamClosed
@@ -124,6 +125,7 @@ class Session:
         multi_agent: bool = False,
     ) -> None:
         self.config = config
+        self.turns = turns
         self.outbox = Outbox(config, transport.mode, multi_agent=multi_agent)
         self._tasks: asyncio.TaskGroup | None = None
         #: The shipped shape's lanes and segment cache (shipped mode only).
@@ -225,19 +227,20 @@ class Session:
             data = message.get("text")
             if data is None:
                 data = message.get("bytes") or b""
-            self.handle_message(data, received_at)
+            await self.handle_message(data, received_at)
             # Not held while the next one is awaited: a closed session waits in
             # a reference cycle (its task group's exceptions, their tracebacks'
             # frames) for a full collection, which the tuned collector runs
             # rarely, and this frame is one of those kept (issue 20).
             del message, data
 
-    def handle_message(self, data: str | bytes, received_at: float) -> None:
+    async def handle_message(self, data: str | bytes, received_at: float) -> None:
         """Decode, check, admit and act on one client message; errors become error events.
 
-        Once the session is closing (draining, or closed for a bad inject),
-        messages are dropped unread; on a 1012 the client resends them on its
-        next connection.
+        An append-mode create's costly checks run in a worker thread first
+        (:meth:`Turns.settled`). Once the session is closing (draining, or
+        closed for a bad inject), messages are dropped unread; on a 1012 the
+        client resends them on its next connection.
         """
         if self.draining or self.outbox.closing is not None:
             return
@@ -249,7 +252,14 @@ class Session:
             if self.seen is not None:
                 self.seen.client(event, len(data))  # type: ignore[arg-type]
             decode = self._decoded_at - received_at
-            self.shape.handle(event, received_at, decode)  # type: ignore[arg-type]
+            if self.append is None or not isinstance(event, ResponseCreate):
+                self.shape.handle(event, received_at, decode)  # type: ignore[arg-type]
+                return
+            # An append-mode create is admitted now: its costly checks first, off
+            # the loop (the shipped shape's lanes do so when they run a create).
+            async with self.turns.settled(event, as_items(event.input)):
+                if self.outbox.closing is None:  # else closed meanwhile: nothing is sent
+                    self.shape.handle(event, received_at, decode)
         except ProtocolError as error:
             lane = error.stream_id
             if error.code == ErrorCode.INVALID_STREAM_ID:

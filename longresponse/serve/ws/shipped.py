@@ -510,22 +510,27 @@ class ShippedShape:
         )
         self.hydrations += continuation.hydrated
         self.forks += continuation.forked
-        started = self.turns.start_turn(
-            request,
-            transport=Transport.WS,
-            response_id=new_id("resp"),
-            sink=self.sink,
-            new_items=new_items,
-            history=continuation.checked,
-            cached=continuation.cached,
-            rollout=continuation.rollout,
-            parent=continuation.parent,
-            stream_id=lane,
-            send_timing=self.send_timing,
-            decode=decode,
-            owner=self.owner,
-            waits=self.turns.waits_in_place(request, beta=self.multi_agent, transport=Transport.WS),
-        )
+        # The costly checks, off the loop (the history's too when checked again).
+        checked = continuation.checked if not continuation.cached else []
+        async with self.turns.settled(request, [*checked, *new_items]):
+            started = self.turns.start_turn(
+                request,
+                transport=Transport.WS,
+                response_id=new_id("resp"),
+                sink=self.sink,
+                new_items=new_items,
+                history=continuation.checked,
+                cached=continuation.cached,
+                rollout=continuation.rollout,
+                parent=continuation.parent,
+                stream_id=lane,
+                send_timing=self.send_timing,
+                decode=decode,
+                owner=self.owner,
+                waits=self.turns.waits_in_place(
+                    request, beta=self.multi_agent, transport=Transport.WS
+                ),
+            )
         self.segments_run += 1
         assert started.segment is not None
         segment_id = started.reply.id
