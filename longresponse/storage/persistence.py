@@ -144,6 +144,8 @@ class Conversation(msgspec.Struct, frozen=True, kw_only=True):
     last: StoredResponse
     #: Client tool calls of the last response that have no output yet.
     pending: dict[str, str]
+    #: The id of the chain's first response (the conversation's affinity key's source).
+    root_id: str = ""
 
 
 class Persistence:
@@ -349,7 +351,7 @@ class Persistence:
             if isinstance(item, ClientCall)
             and item.call_id not in answered
         }
-        return Conversation(items=items, last=last, pending=pending)
+        return Conversation(items=items, last=last, pending=pending, root_id=chain[-1].response.id)
 
 
 def _usage_record(response: Response, *, owner: str, transport: str) -> UsageRecord:
