@@ -1,0 +1,170 @@
+"""The engine's prompt cache stays warm behind the gateway, with more
+concurrent rollouts than the engine has slots, on the configuration
+docs/REAL_MODELS.md recommends for llama.cpp (``cache_prompt = true``,
+``slots`` = its ``--parallel``).
+
+Pinning every turn to a slot (``id_slot``) made llama-server re-evaluate
+about half of each continuation's prefix with six rollouts over two slots,
+and an HTTP chain, which sent a new affinity key with every request, jumped
+between slots. The figures are the engine's own (its usage, billed as it
+came): a continuation's prefix is the previous turn's prompt, and the engine
+must find it cached. ``longresponse bench-engine`` measures the same at
+length (docs/BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import trio
+
+from longresponse.bench.engine import INSTRUCTIONS, TOOLS, tool_output
+from longresponse.client import connect
+from longresponse.config import BackendConfig
+from longresponse.llama_server import LlamaServer
+from protocol.events import ErrorEvent, ResponseDone
+from protocol.items import FunctionCall
+from tests.conftest import openai_client
+
+TURNS = 4
+WORDS = 90
+ROLLOUTS = 3  # over the session engine's two slots
+#: The share of each continuation's prefix the engine must find cached. The
+#: engine keeps all of it (its slot, or its host-memory prompt cache);
+#: pinned to busy slots it kept about half.
+REUSED = 0.9
+
+
+def gateway(make_server: Any, llama: LlamaServer) -> Any:
+    backend = BackendConfig(
+        name="smollm2",
+        kind="chat",
+        base_url=llama.base_url,
+        context_window=llama.context,
+        max_output_tokens=32,
+        cache_prompt=True,
+        slots=llama.parallel,
+    )
+    return make_server(store="memory://", backends=(backend,))
+
+
+def check_reuse(prompts: list[tuple[int, int]]) -> None:
+    """(prompt, cached) per turn of one rollout: each continuation found its prefix."""
+    assert len(prompts) == TURNS
+    for (before, _), (prompt, cached) in itertools.pairwise(prompts):
+        assert prompt > before
+        assert cached >= REUSED * before, prompts
+
+
+async def append_rollout(url: str, number: int) -> list[tuple[int, int]]:
+    """One append-mode rollout of real tool calls: (prompt, cached) per turn."""
+    turns: list[tuple[int, int]] = []
+    seen = (0, 0)
+    answered: set[str] = set()
+    async with connect(url) as client:
+        await client.create(
+            model="smollm2",
+            instructions=INSTRUCTIONS,
+            input=f"Task {number}: find where the cache is kept.",
+            tools=TOOLS,
+            tool_choice="required",
+            temperature=0,
+        )
+        for turn in range(1, TURNS + 1):
+            events = await client.until_done(timeout=60)
+            done = events[-1]
+            assert not any(isinstance(e, ErrorEvent) for e in events), events
+            assert isinstance(done, ResponseDone)
+            response = done.response
+            assert response.status == "requires_action"
+            usage = response.usage
+            assert usage is not None
+            total = (usage.input_tokens, usage.input_tokens_details.cached_tokens)
+            turns.append((total[0] - seen[0], total[1] - seen[1]))
+            seen = total
+            calls = [
+                item
+                for item in response.output
+                if isinstance(item, FunctionCall) and item.call_id not in answered
+            ]
+            assert calls
+            answered.update(call.call_id for call in calls)
+            if turn < TURNS:
+                await client.append(
+                    [
+                        {
+                            "type": "function_call_output",
+                            "call_id": call.call_id,
+                            "output": tool_output(number, turn, WORDS),
+                        }
+                        for call in calls
+                    ]
+                )
+        await client.cancel()
+    return turns
+
+
+async def test_more_rollouts_than_slots_keep_their_prefix_cached(
+    make_server: Any, llama: LlamaServer
+) -> None:
+    front = gateway(make_server, llama)
+    results: dict[int, list[tuple[int, int]]] = {}
+
+    async def one(number: int) -> None:
+        results[number] = await append_rollout(front.url, number)
+
+    async with trio.open_nursery() as nursery:
+        for number in range(ROLLOUTS):
+            nursery.start_soon(one, number)
+    for number in range(ROLLOUTS):
+        check_reuse(results[number])
+
+
+def http_chain(client: Any, number: int) -> list[tuple[int, int]]:
+    turns: list[tuple[int, int]] = []
+    previous = None
+    new_input: Any = f"Task {number}: find where the cache is kept."
+    for turn in range(1, TURNS + 1):
+        response = client.responses.create(
+            model="smollm2",
+            instructions=INSTRUCTIONS,
+            input=new_input,
+            tools=TOOLS,
+            tool_choice="required",
+            temperature=0,
+            previous_response_id=previous,
+            store=True,
+        )
+        assert response.status == "completed"
+        usage = response.usage
+        turns.append((usage.input_tokens, usage.input_tokens_details.cached_tokens))
+        calls = [item for item in response.output if item.type == "function_call"]
+        assert calls
+        previous = response.id
+        new_input = [
+            {
+                "type": "function_call_output",
+                "call_id": call.call_id,
+                "output": tool_output(number, turn, WORDS),
+            }
+            for call in calls
+        ]
+    return turns
+
+
+async def test_an_http_chain_stays_on_its_cache(make_server: Any, llama: LlamaServer) -> None:
+    """Each request of a stored chain is a new rollout in the gateway; with one
+    key for the chain it is pinned to one slot, which holds its prefix, while a
+    second chain runs beside it."""
+    client = openai_client(gateway(make_server, llama))
+    results: dict[int, list[tuple[int, int]]] = {}
+
+    async def one(number: int) -> None:
+        results[number] = await trio.to_thread.run_sync(http_chain, client, number)
+
+    async with trio.open_nursery() as nursery:
+        for number in (100, 101):
+            nursery.start_soon(one, number)
+    for turns in results.values():
+        check_reuse(turns)
