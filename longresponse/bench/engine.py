@@ -137,7 +137,7 @@ _WORDS: Final = (
     "request record store chain queue lane segment reply sampler backend config "
     "def return class import async await yield self value index length count"
 ).split()
-_TIMING: Final = re.compile(r"^\s*total time\s*=\s*([\d.]+) ms", re.MULTILINE)
+_TIMING: Final = re.compile(r"\btotal time\s*=\s*([\d.]+) ms")
 
 
 def tool_output(rollout: int, turn: int, words: int) -> str:
@@ -756,6 +756,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also run each config's gateway from this checkout (labelled CONFIG@before), "
         "side by side with this one's",
     )
+    parser.add_argument(
+        "--baseline-configs",
+        default=",".join(CONFIGS),
+        help="the configs --baseline runs (comma-separated)",
+    )
 
 
 @contextlib.contextmanager
@@ -804,6 +809,8 @@ def run_engine_bench(args: argparse.Namespace) -> str:
             toml = folder / f"{config}.toml"
             toml.write_text(gateway_toml(engine.base_url, settings, args.max_tokens))
             for suffix, checkout in checkouts:
+                if checkout is not None and config not in args.baseline_configs.split(","):
+                    continue
                 gateway = stack.enter_context(_gateway(toml, checkout))
                 for path in paths:
                     if path != "direct":
