@@ -67,6 +67,7 @@ import platform
 import random
 import re
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -587,6 +588,8 @@ def run_one(
             for record, ms in zip(made, times[-len(made) :], strict=False):
                 record.engine_ms = ms
             records.extend(made)
+            print(f"one: round {round_ + 1} {target.path}/{target.config}",
+                  file=sys.stderr, flush=True)  # fmt: skip
     return records, cpu
 
 
@@ -613,6 +616,8 @@ def run_many(
             for future in futures:
                 records.extend(future.result())
         walls[(target.path, target.config)] = time.perf_counter() - started
+        print(f"many: {target.path}/{target.config} {walls[(target.path, target.config)]:.1f} s",
+              file=sys.stderr, flush=True)  # fmt: skip
     return records, walls
 
 

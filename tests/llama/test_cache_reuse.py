@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+import pytest
 import trio
 
 from longresponse.bench.engine import INSTRUCTIONS, TOOLS, tool_output
@@ -28,12 +29,14 @@ from protocol.items import FunctionCall
 from tests.conftest import openai_client
 
 TURNS = 4
-WORDS = 90
+WORDS = 60
 ROLLOUTS = 3  # over the session engine's two slots
 #: The share of each continuation's prefix the engine must find cached. The
 #: engine keeps all of it (its slot, or its host-memory prompt cache);
 #: pinned to busy slots it kept about half.
 REUSED = 0.9
+#: About 20 s on a quiet machine; a loaded one prefills ten times slower.
+pytestmark = pytest.mark.timeout(300)
 
 
 def gateway(make_server: Any, llama: LlamaServer) -> Any:
