@@ -23,6 +23,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+import openai
 import pytest
 import trio
 
@@ -39,6 +40,8 @@ WORDS = 60
 ROLLOUTS = 3  # over the session engine's two slots
 #: A chain's turns: with a random slot every turn, 1 in 32 would find its own.
 CHAIN_TURNS = 6
+#: Tries of a turn sent on a connection the engine had closed (:func:`stale`).
+STALE_RETRIES = 3
 #: The share of each continuation's prefix the engine must find cached. The
 #: engine keeps all of it (its slot, or its host-memory prompt cache);
 #: pinned to busy slots it kept about half.
@@ -58,6 +61,14 @@ def gateway(make_server: Any, llama: LlamaServer) -> Any:
         slots=llama.parallel,
     )
     return make_server(store="memory://", backends=(backend,))
+
+
+def stale(message: str) -> bool:
+    """llama-server closes the connection after a streamed answer while it says
+    keep-alive; a turn sent on it fails before reaching the engine (issue 22,
+    defect 1, mended apart). Such a turn is sent again: what is checked here
+    is the cache, which it never touched."""
+    return "closed the connection before answering" in message
 
 
 def task(number: int) -> str:
@@ -88,9 +99,19 @@ async def append_rollout(url: str, number: int) -> list[tuple[int, int]]:
             temperature=0,
         )
         for turn in range(1, TURNS + 1):
-            events = await client.until_done(timeout=None)
+            for _ in range(STALE_RETRIES):
+                events = await client.until_done(timeout=None)
+                errors = [e for e in events if isinstance(e, ErrorEvent)]
+                if not errors:
+                    break
+                assert all(stale(e.error.message) for e in errors), errors
+                pause = (await client.until_done(timeout=None))[-1]  # resumable
+                assert isinstance(pause, ResponseDone)
+                usage = pause.response.usage
+                assert usage is not None
+                seen = (usage.input_tokens, usage.input_tokens_details.cached_tokens)
+                await client.append([])
             done = events[-1]
-            assert not any(isinstance(e, ErrorEvent) for e in events), events
             assert isinstance(done, ResponseDone)
             response = done.response
             assert response.status == "requires_action"
@@ -142,16 +163,23 @@ def http_chain(client: Any, number: int) -> list[tuple[int, int]]:
     previous = None
     new_input: Any = task(number)
     for turn in range(1, CHAIN_TURNS + 1):
-        response = client.responses.create(
-            model="smollm2",
-            instructions=INSTRUCTIONS,
-            input=new_input,
-            tools=TOOLS,
-            tool_choice="required",
-            temperature=0,
-            previous_response_id=previous,
-            store=True,
-        )
+        for _ in range(STALE_RETRIES):
+            try:
+                response = client.responses.create(
+                    model="smollm2",
+                    instructions=INSTRUCTIONS,
+                    input=new_input,
+                    tools=TOOLS,
+                    tool_choice="required",
+                    temperature=0,
+                    previous_response_id=previous,
+                    store=True,
+                )
+            except openai.APIStatusError as exc:
+                if exc.status_code != 502 or not stale(str(exc)):
+                    raise
+            else:
+                break
         assert response.status == "completed"
         usage = response.usage
         turns.append((usage.input_tokens, usage.input_tokens_details.cached_tokens))
