@@ -143,7 +143,7 @@ _TIMING: Final = re.compile(r"\btotal time\s*=\s*([\d.]+) ms")
 
 def tool_output(rollout: int, turn: int, words: int) -> str:
     """A tool's answer of ``words`` words, deterministic per ``rollout`` and ``turn``,
-    shaped as numbered lines of code (about 1.3 tokens a word with SmolLM2's
+    shaped as numbered lines of code (about 1.8 tokens a word with SmolLM2's
     tokenizer)."""
     rng = random.Random(rollout * 1000 + turn)
     lines: list[str] = []
@@ -736,7 +736,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--turns", type=int, default=10, help="model turns per rollout")
     parser.add_argument(
         "--tool-output-words", type=int, default=220,
-        help="words per tool output (about 1.3 tokens each)",
+        help="words per tool output (about 1.8 tokens each with SmolLM2's tokenizer)",
     )  # fmt: skip
     parser.add_argument("--max-tokens", type=int, default=48, help="output cap per turn")
     parser.add_argument("--slots", type=int, default=2, help="the engine's --parallel")
