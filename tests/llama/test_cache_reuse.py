@@ -56,7 +56,7 @@ def gateway(make_server: Any, llama: LlamaServer) -> Any:
         kind="chat",
         base_url=llama.base_url,
         context_window=llama.context,
-        max_output_tokens=32,
+        max_output_tokens=64,  # a call writes its arguments whole (else: incomplete)
         cache_prompt=True,
         slots=llama.parallel,
     )
