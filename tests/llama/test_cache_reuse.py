@@ -2,20 +2,22 @@
 configuration docs/REAL_MODELS.md recommends for llama.cpp
 (``cache_prompt = true``, ``slots`` = its ``--parallel``).
 
-Pinning every turn to its key's slot (``id_slot``) hurt twice: an HTTP chain,
-whose requests each carried a new random key, was pinned to a slot at random
-every turn, and llama-server, given a slot holding an older state of the
-same chain, continued from that (70-78% of the prefix reused, issue 22); and
-more rollouts than slots queued behind their busy slots. The figures are the
-engine's own (its usage, billed as it came): a continuation's prefix is the
-previous turn's prompt, and the engine must find it cached.
-``longresponse bench-engine`` measures the same at length (docs/BENCHMARKS.md).
+Issue 22 saw pinning every turn to its key's slot (``id_slot``) hurt: an
+HTTP chain, whose requests each carried a new random key, landed on a slot
+at random every turn (70-78% of the prefix reused), and six rollouts over
+two slots re-evaluated about half of theirs. Now a chain keeps one key and a
+turn is pinned only while its slot is free. The figures are the engine's own
+(its usage, billed as it came): a continuation's prefix is the previous
+turn's prompt. ``longresponse bench-engine`` measures the same at length
+(docs/BENCHMARKS.md).
 
 llama-server itself drops a slot's context without saving it when the next
 prompt shares more than half of it: rollouts whose context is mostly a
 shared prefix (instructions and tools) overwrite each other's in their first
-turns, with or without the gateway. Each rollout here has a task of its own
-long enough that the engine saves a slot's context before reusing it.
+turns, with or without the gateway. So more rollouts than slots are held to
+what the same rollouts cost the engine when their clients talk to it
+directly, and the HTTP chain has a task of its own long enough that the
+engine saves a slot's context before reusing it.
 """
 
 from __future__ import annotations
@@ -27,16 +29,23 @@ import openai
 import pytest
 import trio
 
-from longresponse.bench.engine import INSTRUCTIONS, TOOLS, tool_output
-from longresponse.client import connect
+from longresponse.bench.engine import (
+    INSTRUCTIONS,
+    TOOLS,
+    Loop,
+    TurnRecord,
+    append_rollout,
+    continuations,
+    direct_rollout,
+    tool_output,
+)
 from longresponse.config import BackendConfig
 from longresponse.llama_server import LlamaServer
-from protocol.events import ErrorEvent, ResponseDone
-from protocol.items import FunctionCall
 from tests.conftest import openai_client
 
-TURNS = 4
+TURNS = 5
 WORDS = 60
+MAX_TOKENS = 48
 ROLLOUTS = 3  # over the session engine's two slots
 #: A chain's turns: with a random slot every turn, 1 in 32 would find its own.
 CHAIN_TURNS = 6
@@ -56,7 +65,7 @@ def gateway(make_server: Any, llama: LlamaServer) -> Any:
         kind="chat",
         base_url=llama.base_url,
         context_window=llama.context,
-        max_output_tokens=64,  # a call writes its arguments whole (else: incomplete)
+        max_output_tokens=MAX_TOKENS,
         cache_prompt=True,
         slots=llama.parallel,
     )
@@ -84,78 +93,44 @@ def check_reuse(prompts: list[tuple[int, int]], turns: int) -> None:
         assert cached >= REUSED * before, prompts
 
 
-async def append_rollout(url: str, number: int) -> list[tuple[int, int]]:
-    """One append-mode rollout of real tool calls: (prompt, cached) per turn."""
-    turns: list[tuple[int, int]] = []
-    seen = (0, 0)
-    answered: set[str] = set()
-    async with connect(url) as client:
-        await client.create(
-            model="smollm2",
-            instructions=INSTRUCTIONS,
-            input=task(number),
-            tools=TOOLS,
-            tool_choice="required",
-            temperature=0,
-        )
-        for turn in range(1, TURNS + 1):
-            for _ in range(STALE_RETRIES):
-                events = await client.until_done(timeout=None)
-                errors = [e for e in events if isinstance(e, ErrorEvent)]
-                if not errors:
-                    break
-                assert all(stale(e.error.message) for e in errors), errors
-                pause = (await client.until_done(timeout=None))[-1]  # resumable
-                assert isinstance(pause, ResponseDone)
-                usage = pause.response.usage
-                assert usage is not None
-                seen = (usage.input_tokens, usage.input_tokens_details.cached_tokens)
-                await client.append([])
-            done = events[-1]
-            assert isinstance(done, ResponseDone)
-            response = done.response
-            assert response.status == "requires_action"
-            usage = response.usage
-            assert usage is not None
-            total = (usage.input_tokens, usage.input_tokens_details.cached_tokens)
-            turns.append((total[0] - seen[0], total[1] - seen[1]))
-            seen = total
-            calls = [
-                item
-                for item in response.output
-                if isinstance(item, FunctionCall) and item.call_id not in answered
-            ]
-            assert calls
-            answered.update(call.call_id for call in calls)
-            if turn < TURNS:
-                await client.append(
-                    [
-                        {
-                            "type": "function_call_output",
-                            "call_id": call.call_id,
-                            "output": tool_output(number, turn, WORDS),
-                        }
-                        for call in calls
-                    ]
-                )
-        await client.cancel()
-    return turns
-
-
-async def test_more_rollouts_than_slots_keep_their_prefix_cached(
-    make_server: Any, llama: LlamaServer
-) -> None:
-    front = gateway(make_server, llama)
-    results: dict[int, list[tuple[int, int]]] = {}
+async def rollouts(run: Any, address: str, first: int) -> list[TurnRecord]:
+    """:data:`ROLLOUTS` rollouts of the benchmark's loop at once, each in a thread."""
+    loop = Loop(turns=TURNS, words=WORDS, max_tokens=MAX_TOKENS)
+    records: list[TurnRecord] = []
 
     async def one(number: int) -> None:
-        results[number] = await append_rollout(front.url, number)
+        records.extend(await trio.to_thread.run_sync(run, address, loop, number, ("test", "-")))
 
     async with trio.open_nursery() as nursery:
-        for number in range(ROLLOUTS):
+        for number in range(first, first + ROLLOUTS):
             nursery.start_soon(one, number)
-    for number in range(ROLLOUTS):
-        check_reuse(results[number], TURNS)
+    return records
+
+
+def evaluated(records: list[TurnRecord]) -> int:
+    """Prompt tokens the engine evaluated over every continuation."""
+    return sum(record.evaluated for record in records if record.turn > 1)
+
+
+async def test_more_rollouts_than_slots_cost_the_engine_what_direct_clients_do(
+    make_server: Any, llama: LlamaServer
+) -> None:
+    """Three rollouts over two slots, first talking Chat Completions to the
+    engine directly, then in append mode through the gateway: the engine
+    evaluates no more through the gateway. (It loses some prefix either way:
+    see the module's docstring.)"""
+    direct = await rollouts(direct_rollout, llama.base_url, 0)
+    front = gateway(make_server, llama)
+    through = await rollouts(append_rollout, front.url, 100)
+    assert len(direct) == len(through) == ROLLOUTS * TURNS
+    alone, gated = evaluated(direct), evaluated(through)
+    assert alone > 0
+    assert gated <= alone * 1.1 + 10, (alone, gated)
+    # Each continuation at least evaluates its new tool output, and the last
+    # ones (contexts past twice the shared prefix) reuse their whole prefix.
+    last = [pair for pair in continuations(through) if pair[1].turn == TURNS]
+    assert len(last) == ROLLOUTS
+    assert all(turn.cached_tokens >= REUSED * before.prompt_tokens for before, turn in last)
 
 
 def http_chain(client: Any, number: int) -> list[tuple[int, int]]:
