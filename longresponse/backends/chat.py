@@ -30,8 +30,8 @@ is left to the engine. A pinned request waits for its slot even while others
 are idle, and llama.cpp saves and restores prompts on it as it goes; left to
 choose, llama.cpp takes the idle slot whose cache is most like the prompt and
 restores the rest from its host-memory prompt cache (``--cache-ram``).
-Six rollouts over two slots pinned always re-evaluated half their prefix
-(46-51% reused), left to the engine 1.3% (docs/BENCHMARKS.md).
+Issue 22 measured pinning always at 46-51% of the prefix reused with six
+rollouts over two slots; docs/BENCHMARKS.md has the figures since.
 
 **Timeouts** (the backend's configuration): ``connect_timeout`` to open a
 connection; ``first_token_timeout`` from sending the request to the first

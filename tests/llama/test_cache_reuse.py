@@ -43,7 +43,7 @@ from longresponse.config import BackendConfig
 from longresponse.llama_server import LlamaServer
 from tests.conftest import openai_client
 
-TURNS = 5
+TURNS = 4
 WORDS = 60
 MAX_TOKENS = 48
 ROLLOUTS = 3  # over the session engine's two slots
