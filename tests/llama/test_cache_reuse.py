@@ -125,7 +125,11 @@ async def test_more_rollouts_than_slots_cost_the_engine_what_direct_clients_do(
     assert len(direct) == len(through) == ROLLOUTS * TURNS
     alone, gated = evaluated(direct), evaluated(through)
     assert alone > 0
-    assert gated <= alone * 1.1 + 10, (alone, gated)
+    shown = {
+        name: sorted((r.rollout, r.turn, r.prompt_tokens, r.cached_tokens) for r in records)
+        for name, records in (("direct", direct), ("gateway", through))
+    }
+    assert gated <= alone * 1.1 + 10, (alone, gated, shown)
     # Each continuation at least evaluates its new tool output, and the last
     # ones (contexts past twice the shared prefix) reuse their whole prefix.
     last = [pair for pair in continuations(through) if pair[1].turn == TURNS]
