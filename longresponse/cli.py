@@ -29,6 +29,7 @@ BENCH_COMMANDS: Final = {
     "bench": ("compare", "compare every transport and reuse switch on simulated rollouts"),
     "bench-throughput": ("throughput", "stream throughput of one connection"),
     "bench-scale": ("scale", "many concurrent paused rollouts: memory and resume latency"),
+    "bench-engine": ("engine", "the two-hop benchmark on llama.cpp: direct vs each gateway path"),
     "soak": ("soak", "connections of mixed shapes for minutes: errors, latency, memory"),
 }
 #: What the benchmark commands import beyond the server: the ``[bench]`` extra.

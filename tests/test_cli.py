@@ -72,7 +72,9 @@ def without_bench_extra(tmp_path: Any) -> dict[str, str]:
     return env
 
 
-@pytest.mark.parametrize("command", ["bench", "bench-throughput", "bench-scale", "soak"])
+@pytest.mark.parametrize(
+    "command", ["bench", "bench-throughput", "bench-scale", "bench-engine", "soak"]
+)
 def test_a_bench_command_without_the_extra_names_it_in_one_line(
     without_bench_extra: dict[str, str], command: str
 ) -> None:

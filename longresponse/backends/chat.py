@@ -20,12 +20,22 @@ client's ``auto`` (an engine that cannot parse its model's free choice), and
 a tool (an answer must begin with the marker the template's parser expects).
 
 **Affinity.** A resume sends the engine the same token prefix again. The
-sampler's random key goes in the configured header (default
+conversation's key (``SampleRequest.affinity``: from the client's
+``prompt_cache_key``, else from the chain's first response id, so an HTTP
+chain keeps one key for its whole life; the sampler's own random key where
+there is neither) goes in the configured header (default
 ``x-longresponse-affinity``) on every turn, so a router in front of several
-engines can keep the rollout on one, whose prefix cache then holds the
-prefix; with ``cache_prompt`` the body asks llama.cpp to keep it too, and
-with ``slots`` it pins the rollout to one of llama.cpp's slots (``id_slot``,
-from the affinity key).
+engines can keep the conversation on one, whose prefix cache then holds the
+prefix; with ``cache_prompt`` the body asks llama.cpp to keep it too.
+With ``slots`` (llama.cpp's ``--parallel``) a turn is pinned to its key's home
+slot (``id_slot``) only while that slot is free: while the backend's own
+turns fill as many slots as there are, or one holds the home slot, the slot
+is left to the engine. A pinned request waits for its slot even while others
+are idle, and llama.cpp saves and restores prompts on it as it goes; left to
+choose, llama.cpp takes the idle slot whose cache is most like the prompt and
+restores the rest from its host-memory prompt cache (``--cache-ram``).
+Issue 22 measured pinning always at 46-51% of the prefix reused with six
+rollouts over two slots; docs/BENCHMARKS.md has the figures since.
 
 **Timeouts** (the backend's configuration): ``connect_timeout`` to open a
 connection; ``first_token_timeout`` from sending the request to the first
@@ -93,6 +103,7 @@ __all__ = [
     "ChatBackend",
     "ChatSampler",
     "chat_body",
+    "home_slot",
     "send_kept_or_fresh",
     "set_output_limit",
     "window_margin",
@@ -153,8 +164,9 @@ def chat_body(
         body["response_format"] = msgspec.to_builtins(format_to_chat(request.text_format))
     if config.cache_prompt:
         body["cache_prompt"] = True
-    if config.slots and affinity:
-        body["id_slot"] = int(affinity[:8], 16) % config.slots
+    slot = home_slot(config, affinity)
+    if slot is not None:
+        body["id_slot"] = slot
     return body
 
 
@@ -206,6 +218,12 @@ async def send_kept_or_fresh(
         )
     request = fresh.build_request("POST", url, content=content, headers=headers)
     return await fresh.send(request, stream=True)
+def home_slot(config: BackendConfig, affinity: str) -> int | None:
+    """The llama.cpp slot a conversation with key ``affinity`` (hex) is pinned to
+    while it is free (``slots``), or None."""
+    if not config.slots or not affinity:
+        return None
+    return int(affinity[:8], 16) % config.slots
 
 
 def window_margin(count: int) -> int:
@@ -265,6 +283,10 @@ class ChatBackend:
             timeout=timeout,
             limits=httpx.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=0),
         )
+        #: This backend's turns talking to the engine now, and the slots pinned
+        #: among them (``slots``: a turn is pinned only while its slot is free).
+        self.in_flight = 0
+        self.pinned: set[int] = set()
 
     def make_sampler(self) -> ChatSampler:
         return ChatSampler(self)
@@ -272,6 +294,25 @@ class ChatBackend:
     async def aclose(self) -> None:
         await self.client.aclose()
         await self.fresh.aclose()
+
+    def claim_slot(self, body: dict[str, Any]) -> int | None:
+        """Keep the body's ``id_slot`` while the slot is free (the module's rule) and
+        note it taken, else drop it: the engine picks. Call before the turn is
+        counted in :attr:`in_flight`; :meth:`release_slot` gives it back."""
+        slot = body.get("id_slot")
+        if slot is None:
+            return None
+        if self.in_flight >= self.config.slots or slot in self.pinned:
+            del body["id_slot"]
+            return None
+        self.pinned.add(slot)
+        return int(slot)
+
+    def release_slot(self, slot: int | None) -> None:
+        """A turn no longer talks to the engine: its slot (if pinned) is free."""
+        self.in_flight -= 1
+        if slot is not None:
+            self.pinned.discard(slot)
 
     def unreachable(self, why: str) -> UpstreamError:
         return UpstreamError(f"The upstream engine at {self.where} {why}.")
@@ -371,12 +412,22 @@ class ChatSampler:
         if request.max_output_tokens == 0:  # the budget is spent: nothing to ask for
             yield Stop("max_output_tokens")
             return
-        body = chat_body(config, request, self.affinity)
+        affinity = request.affinity or self.affinity
+        headers = self._headers
+        if config.affinity_header and affinity != self.affinity:
+            headers = {**headers, config.affinity_header: affinity}
+        body = chat_body(config, request, affinity)
         estimated = request.cached_tokens + request.uncached_tokens
         set_output_limit(body, config, request, await self._check_window(body, estimated))
+        slot = backend.claim_slot(body)
+        backend.in_flight += 1
         loop = asyncio.get_running_loop()
         deadline = loop.time() + config.first_token_timeout
-        response = await backend.open_stream(msgspec.json.encode(body), self._headers, deadline)
+        try:
+            response = await backend.open_stream(msgspec.json.encode(body), headers, deadline)
+        except BaseException:
+            backend.release_slot(slot)
+            raise
         reader = ChunkReader(secret=backend._key)
         lines = response.aiter_lines()
         try:
@@ -419,6 +470,7 @@ class ChatSampler:
                 output_started=reader.output_started,
             ) from None
         finally:
+            backend.release_slot(slot)
             await response.aclose()
 
     async def _check_window(self, body: dict[str, Any], estimated: int) -> int | None:

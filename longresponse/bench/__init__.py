@@ -6,6 +6,8 @@
 ``longresponse bench-throughput``  :mod:`.throughput`: one connection, model unthrottled.
 ``longresponse bench-scale``       :mod:`.scale`: many concurrent paused rollouts.
 ``longresponse soak``              :mod:`.soak`: mixed shapes for minutes, RSS over time.
+``longresponse bench-engine``      :mod:`.engine`: llama.cpp behind the gateway, side by
+                                   side with the client talking to it directly.
 
 Under :mod:`.compare`, each module importing only those before it:
 :mod:`.options` (transports, workload, flags), :mod:`.conversation` (request
@@ -25,6 +27,7 @@ __all__ = [
     "compare",
     "conversation",
     "echo",
+    "engine",
     "measure",
     "options",
     "plots",

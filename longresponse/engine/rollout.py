@@ -221,6 +221,10 @@ class Rollout:
         self.mcp: McpHost | None = None
         #: The model's last sampling ran a hosted call: it samples again at once.
         self._hosted_ran = False
+        #: The id of the conversation's first response: its affinity key's source
+        #: (``longresponse.engine.sampling.affinity_key``), kept by forks and set
+        #: by the serve layer for a chain hydrated from the store (:meth:`join_chain`).
+        self.chain = ""
 
     def open_reply(
         self,
@@ -232,6 +236,8 @@ class Rollout:
         send_timing: bool = False,
     ) -> Reply:
         """Start writing a new Response; the rollout's counts so far are not its usage."""
+        if not self.chain:  # the conversation's first response
+            self.chain = response_id
         self.reply = Reply(
             response_id,
             self.request,
@@ -243,6 +249,12 @@ class Rollout:
             send_timing=send_timing,
         )
         return self.reply
+
+    def join_chain(self, root: str) -> None:
+        """This rollout continues the stored chain whose first response is ``root``
+        (hydrated from the store): its turns keep that chain's affinity key."""
+        if root:
+            self.chain = root
 
     def attach(
         self,
@@ -477,6 +489,7 @@ class Rollout:
             keepalive_interval=self.keepalive_interval,
         )
         child.context = self.context[: boundary.items]
+        child.chain = self.chain
         child.tokens = self.tokens.fork_items(boundary.prefix, boundary.item_tokens)
         child._prefix_key = (None, b"")  # unknown: the next segment compares the tokens
         index = self.boundaries.index(boundary)
@@ -658,6 +671,7 @@ class Rollout:
             uncached_tokens=uncached,
             cap=self.max_output_tokens,
             spent=reply.builder.output_tokens,
+            chain=self.chain,
         )
         if again:  # a model that may make no more hosted calls must answer
             choice = _chosen_freely(sample_request.tool_choice)

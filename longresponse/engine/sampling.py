@@ -20,6 +20,7 @@ engine behind it fails or refuses.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from typing import Literal, Protocol
 
@@ -44,6 +45,7 @@ __all__ = [
     "ToolCallStart",
     "UpstreamError",
     "Usage",
+    "affinity_key",
     "encode",
     "release",
 ]
@@ -141,6 +143,9 @@ class SampleRequest:
     instructions: str | None = None
     temperature: float | None = None
     top_p: float | None = None
+    #: The conversation's affinity key (:func:`affinity_key`), the same on every
+    #: turn of it; empty: the sampler's own.
+    affinity: str = ""
 
     @classmethod
     def for_turn(
@@ -152,11 +157,14 @@ class SampleRequest:
         uncached_tokens: int,
         cap: int,
         spent: int,
+        chain: str = "",
     ) -> SampleRequest:
         """What a turn of ``request``'s rollout over ``context`` asks of the sampler.
 
         Its budget is the Response's ``max_output_tokens`` (the server's
-        ``cap`` if smaller) less what earlier turns ``spent``.
+        ``cap`` if smaller) less what earlier turns ``spent``; its affinity key
+        comes from the request's ``prompt_cache_key``, else from ``chain``
+        (the id of the conversation's first response).
         """
         budget = min(request.max_output_tokens or cap, cap) - spent
         return cls(
@@ -172,7 +180,24 @@ class SampleRequest:
             instructions=request.instructions,
             temperature=request.temperature,
             top_p=request.top_p,
+            affinity=affinity_key(request.prompt_cache_key, chain),
         )
+
+
+def affinity_key(prompt_cache_key: str | None, chain: str) -> str:
+    """The key that keeps a conversation on one engine and its prompt cache
+    warm, as 32 hex digits: from the client's ``prompt_cache_key`` when it sends
+    one (conversations sharing it share a prefix, by the client's word), else
+    from ``chain``, the id of the conversation's first response, which every
+    continuation of it shares (a fork, a chain hydrated from the store in
+    another request or process). Empty when there is neither."""
+    if prompt_cache_key:
+        source = f"prompt_cache_key:{prompt_cache_key}"
+    elif chain:
+        source = f"chain:{chain}"
+    else:
+        return ""
+    return hashlib.sha256(source.encode()).hexdigest()[:32]
 
 
 class Sampler(Protocol):

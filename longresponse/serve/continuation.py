@@ -58,6 +58,8 @@ class Continuation:
     cached: bool = True
     forked: bool = False
     hydrated: bool = False
+    #: A hydrated chain's first response id (``Rollout.join_chain``).
+    chain: str = ""
 
 
 def check_continuation(new_items: list[Item], pending: dict[str, str]) -> None:
@@ -107,8 +109,8 @@ def check_continuation(new_items: list[Item], pending: dict[str, str]) -> None:
 
 async def stored_history(
     persistence: Persistence | None, parent_id: str, *, owner: str, new_items: list[Item]
-) -> list[Item]:
-    """The conversation of a stored response, to continue from (the slow path).
+) -> Continuation:
+    """The hydrated continuation of a stored response (the slow path).
 
     The chain is read back from the store; ``new_items`` must answer its last
     response's pending calls. Raises :class:`RemoteProtocolError`
@@ -125,7 +127,10 @@ async def stored_history(
             param="previous_response_id",
         )
     check_continuation(new_items, conversation.pending)
-    return conversation.items
+    history = conversation.items
+    return Continuation(
+        history=history, checked=history, cached=False, hydrated=True, chain=conversation.root_id
+    )
 
 
 async def continue_from(
@@ -150,14 +155,12 @@ async def continue_from(
     if found is None:
         # Not on this connection: a stored response hydrates (the slow path:
         # the whole chain is read and rendered again).
-        history = await stored_history(persistence, parent_id, owner=owner, new_items=new_items)
-        return Continuation(history=history, checked=history, cached=False, hydrated=True)
+        return await stored_history(persistence, parent_id, owner=owner, new_items=new_items)
     parent, boundary = found
     if not any(kept is boundary for kept in parent.boundaries):
         # The rollout compacted since: the context this segment ended in is
         # gone from memory, so the segment continues from the store.
-        history = await stored_history(persistence, parent_id, owner=owner, new_items=new_items)
-        return Continuation(history=history, checked=history, cached=False, hydrated=True)
+        return await stored_history(persistence, parent_id, owner=owner, new_items=new_items)
     try:
         check_continuation(new_items, boundary.pending)
     except ProtocolError:

@@ -230,11 +230,14 @@ class Turns:
         owner: str = "",
         waits: bool = False,
         on_terminal: Callable[[Response], Awaitable[None]] | None = None,
+        chain: str = "",
     ) -> Started:
         """The engine's two steps with this server's pipeline, limits, models and
         ``owner``'s compactor; once admitted, the turn writes to ``sink`` as the
         inspector wraps it, and its timing goes to ``/metrics`` under ``transport``.
-        Raises :class:`RemoteProtocolError`; nothing is accepted then.
+        ``chain``: the first response id of the stored chain the turn continues
+        (its affinity key's source). Raises :class:`RemoteProtocolError`; nothing
+        is accepted then.
         """
         mode = transport.mode
         mcp: McpServers | None = None
@@ -258,6 +261,7 @@ class Turns:
             parent=parent,
             model=model,
         )
+        admitted.rollout.join_chain(chain)
         watched, seen = self.inspector.watch(admitted.rollout, request, response_id, sink, owner)
         on_timing = None
         if self.metrics is not None or seen is not None:

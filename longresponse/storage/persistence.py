@@ -152,6 +152,8 @@ class Conversation(msgspec.Struct, frozen=True, kw_only=True):
     last: StoredResponse
     #: Client tool calls of the last response that have no output yet.
     pending: dict[str, str]
+    #: The id of the chain's first response (the conversation's affinity key's source).
+    root_id: str = ""
 
 
 class Persistence:
@@ -363,7 +365,7 @@ class Persistence:
             for item in last.response.output
             if isinstance(item, McpApprovalRequest)
         )
-        return Conversation(items=items, last=last, pending=pending)
+        return Conversation(items=items, last=last, pending=pending, root_id=chain[-1].response.id)
 
 
 def _usage_record(response: Response, *, owner: str, transport: str) -> UsageRecord:

@@ -339,10 +339,12 @@ class BackgroundResponses:
         model: ModelSpec,
         received_at: float,
         decode: float,
+        chain: str = "",
     ) -> HTTPResponse:
         """Admit a checked ``background: true`` create, start it (:meth:`start`) and
         answer it: the Response ``response.created`` carried (status ``queued``),
-        or, with ``stream: true``, its events as they come.
+        or, with ``stream: true``, its events as they come. ``chain``: the first
+        response id of the stored chain it continues.
 
         Raises :class:`RemoteProtocolError` (nothing started): admission's
         errors, 429 beyond the limit; 500 when it failed before ``response.created``.
@@ -360,6 +362,7 @@ class BackgroundResponses:
             model=model,
             decode=decode,
             owner=owner,
+            chain=chain,
         )
         entry = self.start(started, owner=owner, history=history, received_at=received_at)
         await entry.log.opened.wait()

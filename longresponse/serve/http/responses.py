@@ -183,6 +183,7 @@ class ResponsesHTTP:
                         model=model,
                         received_at=received_at,
                         decode=decoded - received_at,
+                        chain=continuation.chain,
                     )
                     return _while_connected(created, request.scope)
                 run = _Run(self, body, owner, continuation.history, received_at, request.scope)
@@ -198,6 +199,7 @@ class ResponsesHTTP:
                     model=model,
                     decode=decoded - received_at,
                     owner=owner,
+                    chain=continuation.chain,
                 )
             run.seed_from_token_cache()
         except ProtocolError as error:

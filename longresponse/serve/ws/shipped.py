@@ -530,6 +530,7 @@ class ShippedShape:
                 waits=self.turns.waits_in_place(
                     request, beta=self.multi_agent, transport=Transport.WS
                 ),
+                chain=continuation.chain,
             )
         self.segments_run += 1
         assert started.segment is not None
