@@ -37,10 +37,12 @@ fi
 if [[ ! -x $SERVER ]]; then
     log "building llama-server (about 20 minutes on two cores)"
     build=$SRC/build-$LLAMA_VERSION
-    cmake -S "$tree" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    generator=Ninja
+    command -v ninja >/dev/null || generator="Unix Makefiles"  # make is always there
+    cmake -S "$tree" -B "$build" -G "$generator" -DCMAKE_BUILD_TYPE=Release \
         -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
         -DBUILD_SHARED_LIBS=OFF >&2
-    cmake --build "$build" --target llama-server >&2
+    cmake --build "$build" --target llama-server --parallel "$(nproc)" >&2
     mkdir -p "$(dirname "$SERVER")"
     cp "$build/bin/llama-server" "$SERVER.tmp" && mv "$SERVER.tmp" "$SERVER"
 fi
