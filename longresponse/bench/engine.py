@@ -195,6 +195,26 @@ def _function_calls(output: Sequence[Any]) -> list[Any]:
     return [item for item in output if getattr(item, "type", None) == "function_call"]
 
 
+def _call_outputs(calls: Sequence[Any], loop: Loop, number: int, turn: int) -> list[Any]:
+    """The next input of a Responses path: an output for each of the turn's calls."""
+    return [
+        {
+            "type": "function_call_output",
+            "call_id": call.call_id,
+            "output": tool_output(number, turn, loop.words),
+        }
+        for call in calls
+    ]
+
+
+def _sdk_next_input(path: str, response: Any, loop: Loop, number: int, turn: int) -> list[Any]:
+    """A completed SDK turn's calls answered; ``RuntimeError`` if it made none."""
+    calls = _function_calls(response.output)
+    if response.status != "completed" or not calls:
+        raise RuntimeError(f"{path} turn {turn}: {response.status}, no call")
+    return _call_outputs(calls, loop, number, turn)
+
+
 def direct_rollout(
     base_url: str, loop: Loop, number: int, label: tuple[str, str]
 ) -> list[TurnRecord]:
@@ -355,14 +375,7 @@ def append_rollout(
                 if turn == loop.turns:
                     await client.cancel()
                     break
-                outputs = [
-                    {
-                        "type": "function_call_output",
-                        "call_id": call.call_id,
-                        "output": tool_output(number, turn, loop.words),
-                    }
-                    for call in pending
-                ]
+                outputs = _call_outputs(pending, loop, number, turn)
                 started = time.perf_counter()
                 await client.append(outputs)
         return records
@@ -424,15 +437,8 @@ def ws_rollout(http_url: str, loop: Loop, number: int, label: tuple[str, str]) -
                 made, retries = _retrying("ws", turn, attempt)
                 records.append(_sdk_record("ws", label, number, turn, made, retries))
                 response = made[0]
-                calls = _function_calls(response.output)
-                if response.status != "completed" or not calls:
-                    raise RuntimeError(f"ws turn {turn}: {response.status}, no call")
+                new_input = _sdk_next_input("ws", response, loop, number, turn)
                 previous = response.id
-                new_input = [
-                    {"type": "function_call_output", "call_id": c.call_id,
-                     "output": tool_output(number, turn, loop.words)}
-                    for c in calls
-                ]  # fmt: skip
     finally:
         client.close()
     return records
@@ -474,15 +480,8 @@ def http_rollout(
             made, retries = _retrying("http", turn, attempt)
             records.append(_sdk_record("http", label, number, turn, made, retries))
             response = made[0]
-            calls = _function_calls(response.output)
-            if response.status != "completed" or not calls:
-                raise RuntimeError(f"http turn {turn}: {response.status}, no call")
+            new_input = _sdk_next_input("http", response, loop, number, turn)
             previous = response.id
-            new_input = [
-                {"type": "function_call_output", "call_id": c.call_id,
-                 "output": tool_output(number, turn, loop.words)}
-                for c in calls
-            ]  # fmt: skip
     finally:
         client.close()
     return records
