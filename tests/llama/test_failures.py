@@ -13,6 +13,7 @@ error, logged for the operator.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import socket
@@ -32,6 +33,7 @@ from protocol.items import Message
 from tests.conftest import openai_client
 from tests.llama.conftest import LOOP_TIMEOUT, MODEL, WEATHER, gateway_backends
 from tests.llama.test_shapes import responses_kind
+from tests.support.late_close_relay import LateCloseRelay
 
 #: Real turns on two cores shared with other work: seconds on a quiet machine,
 #: minutes on a loaded one (the engine measured 13-28 times slower).
@@ -249,9 +251,11 @@ def test_a_kept_connection_the_engine_closed_is_sent_again_on_a_new_one(
     llama: LlamaServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """llama-server closes the connection after each streamed answer while its
-    headers say keep-alive; a turn that starts right after the last one ended
-    sometimes takes the connection before the close arrives. Turns run back to
-    back until that happened: none of them fails (a failure raises UpstreamError)."""
+    headers say keep-alive; a turn that starts before that close arrives goes
+    out on the dead connection. On loopback the close nearly always arrives
+    first, so a relay holds it back until the next turn is sent (the race lost
+    every time): the second turn is cut on the kept connection, sent again on a
+    new one, and answered (a failure would raise UpstreamError)."""
     caplog.set_level(logging.INFO, logger="longresponse.backends.chat")
     (config,) = gateway_backends(llama, tmp_path)
     request = SampleRequest(
@@ -265,23 +269,26 @@ def test_a_kept_connection_the_engine_closed_is_sent_again_on_a_new_one(
         max_output_tokens=1,
     )
 
-    def retried() -> bool:
-        return any("had closed a kept connection" in r.getMessage() for r in caplog.records)
+    async def two_turns() -> tuple[LateCloseRelay, list[int]]:
+        async with LateCloseRelay("127.0.0.1", llama.port) as relay:
+            relayed = dataclasses.replace(config, base_url=f"http://127.0.0.1:{relay.port}/v1")
+            backend = ChatBackend(relayed)
+            sampler = backend.make_sampler()
+            answered = []
+            try:
+                for _ in range(2):
+                    answered.append(sum([1 async for _ in sampler.sample(request)]))
+            finally:
+                await backend.aclose()
+            return relay, answered
 
-    async def back_to_back() -> int:
-        backend = ChatBackend(config)
-        sampler = backend.make_sampler()
-        try:
-            for turn in range(1, 301):
-                async for _ in sampler.sample(request):
-                    pass
-                if retried():
-                    return turn
-        finally:
-            await backend.aclose()
-        raise AssertionError("no turn took a connection the engine had closed")
-
-    assert asyncio.run(back_to_back()) >= 2  # (the first turn has no kept connection)
+    relay, answered = asyncio.run(two_turns())
+    assert relay.held >= 1, "the engine kept the connection open: nothing to retry"
+    assert relay.cut == 1  # the second turn went out on the closed connection...
+    assert relay.accepted == 2  # ...and once more on a new one
+    assert all(answered), answered
+    retries = [r for r in caplog.records if "had closed a kept connection" in r.getMessage()]
+    assert len(retries) == 1
 
 
 async def test_a_misconfigured_upstream_is_a_server_error_logged_for_the_operator(
