@@ -9,6 +9,7 @@ everything. ``/metrics`` is the operator's.
 from __future__ import annotations
 
 import json
+import time
 import tracemalloc
 from collections.abc import Iterator
 from typing import Any
@@ -205,12 +206,22 @@ def test_refused_websocket_creates_keep_no_body(make_server: Any) -> None:
                 assert event["type"] == "error"
                 assert event["error"]["code"] == "previous_response_not_found"
 
+    def server_closed_them() -> None:
+        """The server has ended every connection (it may see a close after the
+        client has left)."""
+        deadline = time.monotonic() + 10
+        while inspector.connections:
+            assert time.monotonic() < deadline, "the server did not end the connections"
+            time.sleep(0.01)
+
     refused_creates(1)  # warm
+    server_closed_them()
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]
         for _ in range(3):
             refused_creates(4)
+        server_closed_them()
         kept = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()
