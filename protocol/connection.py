@@ -280,17 +280,8 @@ class Connection:
         event, or breaks the protocol, and lets what ``admit`` raises through;
         the connection is then unchanged and stays usable.
         """
-        if self._closed:
-            raise LocalProtocolError("receive_message() after receive_closed()", code="closed")
-        size = _byte_size(data, self.max_message_bytes)
-        if size > self.max_message_bytes:
-            raise RemoteProtocolError(
-                f"The message is {size} bytes; the limit is {self.max_message_bytes}.",
-                code=ErrorCode.MESSAGE_TOO_LARGE,
-                status=413,
-                stream_id=lane_hint(data) if self.their_role is Role.CLIENT else None,
-            )
         if self.their_role is Role.SERVER:
+            self._check_size(data)
             server_event = decode_server_event(data)
             try:
                 self._apply_server(server_event)
@@ -298,7 +289,29 @@ class Connection:
                 raise _as_remote(exc, None) from exc
             self._events.append(server_event)
             return
-        event = self._decode_client(data)
+        self.receive_event(self.decode_message(data), admit=admit)
+
+    def decode_message(self, data: bytes | str) -> ClientEvent:
+        """The client event one whole message holds, not yet taken in (the
+        server's side): the first step of :meth:`receive_message`, for a
+        server that has work to do between the two, such as settling an
+        event's costly checks before its admission. Nothing changes here.
+
+        Raises :class:`RemoteProtocolError` if the message is too large or not
+        an event (a steer or an inject answered as :meth:`receive_message`
+        answers it).
+        """
+        if self.their_role is not Role.CLIENT:
+            raise LocalProtocolError("decode_message() is the server's side", code="role")
+        self._check_size(data)
+        return self._decode_client(data)
+
+    def receive_event(self, event: ClientEvent, *, admit: Admit | None = None) -> None:
+        """Take in a client event :meth:`decode_message` returned: the second
+        step of :meth:`receive_message` (check, ``admit``, record and queue),
+        checked against the connection's state as it is now."""
+        if self._closed:
+            raise LocalProtocolError("receive_event() after receive_closed()", code="closed")
         lane = (
             event.stream_id
             if isinstance(event, ResponseCreate) and isinstance(event.stream_id, str)
@@ -316,6 +329,18 @@ class Connection:
                 raise self._answer(event, error.with_(stream_id=lane)) from error.__cause__
         commit()
         self._events.append(event)
+
+    def _check_size(self, data: bytes | str) -> None:
+        if self._closed:
+            raise LocalProtocolError("receive_message() after receive_closed()", code="closed")
+        size = _byte_size(data, self.max_message_bytes)
+        if size > self.max_message_bytes:
+            raise RemoteProtocolError(
+                f"The message is {size} bytes; the limit is {self.max_message_bytes}.",
+                code=ErrorCode.MESSAGE_TOO_LARGE,
+                status=413,
+                stream_id=lane_hint(data) if self.their_role is Role.CLIENT else None,
+            )
 
     def receive_closed(self) -> None:
         """The peer's input has ended (the socket closed); no more messages come."""

@@ -41,7 +41,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Final
 
 import jsonschema
@@ -216,21 +216,26 @@ class Pipeline:
         )
 
     def settle(
-        self, tools: Sequence[Tool], text_format: TextFormat | None, items: Sequence[Item] = ()
+        self,
+        tools: Sequence[Tool],
+        text_format: TextFormat | None,
+        items: Sequence[Item] = (),
+        read: Callable[[str], Sequence[Finding]] = scan,
     ) -> None:
         """Check ``tools`` and ``text_format`` now and keep both verdicts, a
         refusal included, for :meth:`admit` to find; read the texts of
-        ``items`` with the secrets classifier (when there are enough of them)
-        and keep the findings for :meth:`classify` until :meth:`forget` (at
-        most :data:`PRESCAN_KEPT_CHARS` characters of them). Never
-        raises. Made to run in a worker thread, off the event loop: it only
-        adds whole entries to what is kept."""
+        ``items`` with the secrets classifier (``read``: :func:`scan`, or the
+        same run elsewhere) when there are enough of them, and keep the
+        findings for :meth:`classify` until :meth:`forget` (at most
+        :data:`PRESCAN_KEPT_CHARS` characters of them). Never raises. Made to
+        run in a worker thread, off the event loop: it only adds whole
+        entries to what is kept."""
         with contextlib.suppress(RemoteProtocolError):
             self.check_tools(tools)
         with contextlib.suppress(RemoteProtocolError):
             self.check_text_format(text_format)
         for text in self._unread(items):
-            found = tuple(scan(text))
+            found = tuple(read(text))
             with self._prescan_lock:
                 if id(text) not in self._prescanned:  # else read by another meanwhile
                     self._prescanned[id(text)] = (text, found)

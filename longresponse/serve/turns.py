@@ -18,7 +18,8 @@ under the transport's label.
 Admission's checks whose cost grows with what the client sent (a tool's
 ``parameters`` and a ``text.format`` schema against the JSON Schema
 metaschema: about 0.4 ms a property, in pure Python; the secrets
-classifier over a long text: 12 ms a MB of plain text) run in a worker
+classifier over a long text: 12 ms a MB of plain text, read in a child
+process from 256 Ki characters on, ``scan_process``) run in a worker
 thread before the turn starts: :meth:`Turns.settled` hands them to a pool of
 :data:`CHECK_WORKERS` threads and the pipeline keeps their verdicts (a
 refusal too), which admission then finds decided. The interpreter hands
@@ -61,6 +62,7 @@ from ..storage.persistence import Persistence, StoreWriteFailed
 from .inspector.observer import Inspector
 from .inspector.records import RolloutRecord
 from .metrics import ServerMetrics
+from .scan_process import ScanProcess
 
 __all__ = ["CHECK_WORKERS", "SWITCH_INTERVAL", "Turns"]
 
@@ -102,12 +104,15 @@ class Turns:
         self._persistence = persistence
         self._compaction_key = compaction_key
         self._checker = ThreadPoolExecutor(CHECK_WORKERS, thread_name_prefix="longresponse-check")
+        #: Where the workers read very long texts with the secrets classifier.
+        self._scanner = ScanProcess()
         # A worker holds the interpreter at most this long while the loop waits.
         sys.setswitchinterval(SWITCH_INTERVAL)
 
     def close(self) -> None:
         """Stop the check workers (a check still waiting for one is dropped)."""
         self._checker.shutdown(wait=False, cancel_futures=True)
+        self._scanner.close()
 
     async def in_worker(self, work: Callable[..., _T], *args: object) -> _T:
         """``work(*args)`` in a check worker, off the event loop (pure work only:
@@ -135,8 +140,8 @@ class Turns:
         not admitted is dropped when the block ends."""
         if not self.pipeline.settled(tools, text_format, items):
             loop = asyncio.get_running_loop()
-            settle = self.pipeline.settle
-            await loop.run_in_executor(self._checker, settle, tools, text_format, items)
+            settle, read = self.pipeline.settle, self._scanner.scan
+            await loop.run_in_executor(self._checker, settle, tools, text_format, items, read)
         try:
             yield
         finally:

@@ -58,7 +58,13 @@ from protocol import (
     RemoteProtocolError,
     ResponseTrack,
 )
-from protocol.events import ClientEvent, ResponseCreate
+from protocol.events import (
+    ClientEvent,
+    ResponseAppend,
+    ResponseCreate,
+    ResponseInject,
+    ResponseSteer,
+)
 from protocol.items import as_items
 
 from ...config import ServerConfig
@@ -247,7 +253,16 @@ class Session:
         self._decoded_at = received_at
         event: object = None
         try:
-            self.connection.receive_message(data, admit=self._admit)
+            event = self.connection.decode_message(data)
+            if isinstance(event, ResponseAppend | ResponseInject | ResponseSteer):
+                # Input into a live response: its costly checks first, off the
+                # loop (the secrets classifier on long texts), then admission.
+                async with self.turns.settled_checks((), None, as_items(event.input)):
+                    if self.outbox.closing is not None:  # closed meanwhile: dropped
+                        return
+                    self.connection.receive_event(event, admit=self._admit)
+            else:
+                self.connection.receive_event(event, admit=self._admit)
             event = self.connection.next_event()
             if self.seen is not None:
                 self.seen.client(event, len(data))  # type: ignore[arg-type]

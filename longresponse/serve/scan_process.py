@@ -1,0 +1,88 @@
+"""The secrets classifier over very long texts, in a child process.
+
+A worker thread keeps the event loop free only while it runs Python code: the
+interpreter hands itself over between bytecodes, never inside a call into C.
+The classifier's regular expressions are such calls, each scanning as far as
+it must: on 15 MB of ``sk-sk-…`` one search ran 2.3 s in one piece, and with
+the whole scan in a worker thread another client's ``GET /healthz`` still
+waited up to 98 ms at a time (issue 20). :class:`ScanProcess` reads texts of
+:data:`FAR_CHARS` characters or more in a child process instead (one, started
+on first use), where nothing it holds is the server's; shorter texts, whose
+longest search is a few milliseconds, are read in the calling thread. The
+findings are the same either way: it is the same function.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import threading
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import Final
+
+from ..engine.classifier import Finding, scan
+
+__all__ = ["FAR_CHARS", "ScanProcess"]
+
+log = logging.getLogger(__name__)
+
+#: Texts this long or longer are read in the child process (a search over
+#: 256 Ki characters of the worst text measured holds the interpreter about
+#: 2 ms; the hop to the child costs about 1 ms).
+FAR_CHARS: Final = 256 * 1024
+
+
+class ScanProcess:
+    """:func:`~longresponse.engine.classifier.scan`, in a child process for long
+    texts. Thread-safe; :meth:`close` stops the child."""
+
+    def __init__(self, far_chars: int = FAR_CHARS) -> None:
+        self.far_chars = far_chars
+        self._pool: ProcessPoolExecutor | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+        #: The process id of the child that read the last long text (None before).
+        self.child_pid: int | None = None
+
+    def scan(self, text: str) -> list[Finding]:
+        """The findings in ``text``, as :func:`scan` returns them. Blocks the
+        calling thread (never the event loop's) while the child reads; if the
+        child cannot (it died, or the server is closing), the text is read here."""
+        if len(text) < self.far_chars:
+            return scan(text)
+        pool = self._started()
+        if pool is not None:
+            try:
+                self.child_pid, found = pool.submit(_scan_in_child, text).result()
+                return found
+            except (BrokenProcessPool, RuntimeError) as exc:  # died, or shut down
+                log.warning("the classifier's child process failed (%r); reading in place", exc)
+                with self._lock:
+                    if self._pool is pool:
+                        self._pool = None
+        return scan(text)
+
+    def close(self) -> None:
+        """Stop the child (a read in it ends, its caller reads in place)."""
+        with self._lock:
+            self._closed = True
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def _started(self) -> ProcessPoolExecutor | None:
+        with self._lock:
+            if self._pool is None and not self._closed:
+                # forkserver: the child does not inherit the server's threads,
+                # sockets or memory, only what the classifier imports.
+                context = multiprocessing.get_context("forkserver")
+                self._pool = ProcessPoolExecutor(1, mp_context=context)
+            return self._pool
+
+
+def _scan_in_child(text: str) -> tuple[int, list[Finding]]:
+    """What the child runs: its process id and the findings."""
+    return os.getpid(), scan(text)
+
