@@ -10,11 +10,13 @@ the memory of the large messages it carried (issue 20).
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import logging
 import socket
 import threading
 import time
+import weakref
 from typing import Any
 
 import httpx
@@ -293,3 +295,40 @@ def test_closed_connections_give_back_their_large_messages() -> None:
             _until_no_live_session(server)  # the server has finished each close
             growth.append(round(_rss_mib(pid) - idle, 1))
     assert max(growth) < idle * 0.10, f"idle {idle:.1f} MiB; after each 8 closed: +{growth} MiB"
+
+
+@pytest.mark.parametrize("append", [True, False], ids=["append", "shipped"])
+def test_a_closed_session_is_freed_without_a_collection(make_server: Any, append: bool) -> None:
+    """When its connection ends, a session is freed at once: nothing it made
+    (its task group's exception, its shape's way to start tasks) keeps it in
+    a reference cycle that only a full collection would free (issue 20; the
+    server's collector runs those rarely)."""
+    server = make_server()
+    endpoint = server.app.state.endpoint
+    protocols = [APPEND_SUBPROTOCOL] if append else None
+    done = "response.done" if append else "response.completed"
+
+    def one_rollout() -> None:
+        with ws_connect(server.url, subprotocols=protocols) as socket:
+            socket.send(json.dumps({"type": "response.create", "model": "sim", "input": "hi"}))
+            while json.loads(socket.recv(timeout=10))["type"] != done:
+                pass
+
+    gc.collect()
+    gc.disable()  # (the server's thread too: only reference counting frees now)
+    try:
+        one_rollout()
+        wait_until_true(lambda: endpoint.live_sessions == 0)
+        closed = weakref.ref(endpoint.last_session)
+        one_rollout()  # the endpoint's last_session is the next one's
+        wait_until_true(lambda: endpoint.live_sessions == 0)
+        assert closed() is None, gc.get_referrers(closed())
+    finally:
+        gc.enable()
+
+
+def wait_until_true(condition: Any, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)

@@ -113,8 +113,31 @@ class Shape(Protocol):
     def stop_intake(self) -> None: ...
 
 
-class _SessionOver(Exception):
-    """Raised inside the session's task group to end every task it holds."""
+class _Tasks:
+    """A session's running tasks, in its task group while it serves; called
+    with a coroutine, starts it there."""
+
+    __slots__ = ("group", "running")
+
+    def __init__(self) -> None:
+        self.group: asyncio.TaskGroup | None = None
+        #: The group's tasks not yet done (the group keeps no public list).
+        self.running: set[asyncio.Task[None]] = set()
+
+    def __call__(self, coroutine: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        if self.group is None:  # as the group refuses once it is shutting down
+            coroutine.close()
+            raise RuntimeError("the session is not serving")
+        task = self.group.create_task(coroutine)
+        self.running.add(task)
+        task.add_done_callback(self.running.discard)
+        return task
+
+    def cancel(self) -> None:
+        """Cancel every task, and start no more."""
+        self.group = None
+        for task in list(self.running):
+            task.cancel()
 
 
 class Session:
@@ -133,7 +156,9 @@ class Session:
         self.config = config
         self.turns = turns
         self.outbox = Outbox(config, transport.mode, multi_agent=multi_agent)
-        self._tasks: asyncio.TaskGroup | None = None
+        #: The session's tasks; the shapes start theirs there too (not through a
+        #: method of the session, which would make a reference cycle with it).
+        self._tasks = _Tasks()
         #: The shipped shape's lanes and segment cache (shipped mode only).
         self.shipped: ShippedShape | None = None
         #: Append mode's rollouts (append mode only).
@@ -144,14 +169,14 @@ class Session:
                 config,
                 turns,
                 self.outbox,
-                spawn=self.spawn,
+                spawn=self._tasks,
                 send_timing=send_timing,
                 owner=owner,
                 multi_agent=multi_agent,
             )
         else:
             self.shape = self.append = AppendShape(
-                config, turns, self.outbox, spawn=self.spawn, send_timing=send_timing, owner=owner
+                config, turns, self.outbox, spawn=self._tasks, send_timing=send_timing, owner=owner
             )
         self._decoded_at = 0.0
         #: This connection's record in the inspector (None with the inspector off).
@@ -179,23 +204,26 @@ class Session:
 
     def spawn(self, coroutine: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """Start a task owned by this session (it ends when the session does)."""
-        if self._tasks is None:  # pragma: no cover - only called while serving
-            raise RuntimeError("the session is not serving")
-        return self._tasks.create_task(coroutine)
+        return self._tasks(coroutine)
 
     async def serve(self, receive: Receive, send: Send) -> None:
         """Run the session until the peer leaves or we close it."""
         try:
-            async with asyncio.TaskGroup() as tasks:
-                self._tasks = tasks
-                writer = self.outbox.writer = tasks.create_task(self.outbox.write_to(send))
-                reader = tasks.create_task(self._read_loop(receive))
-                tasks.create_task(self._expire())
+            async with asyncio.TaskGroup() as group:
+                self._tasks.group = group
+                writer = self.outbox.writer = self.spawn(self.outbox.write_to(send))
+                reader = self.spawn(self._read_loop(receive))
+                self.spawn(self._expire())
                 await asyncio.wait({writer, reader}, return_when=asyncio.FIRST_COMPLETED)
-                raise _SessionOver  # cancels every task the group still holds
-        except* (StreamClosed, _SessionOver):
+                # Every task the group still holds is cancelled, and the group
+                # ends without an exception: one raised through it would stay
+                # in a reference cycle (the group's exception group, its
+                # traceback, its frame) with this session until a full collection.
+                self._tasks.cancel()
+        except* StreamClosed:
             pass
         finally:
+            self._tasks.group = None
             if self.append is not None:
                 self.append.release()
             if self.shipped is not None:  # its rollouts end with the connection
@@ -234,10 +262,8 @@ class Session:
             if data is None:
                 data = message.get("bytes") or b""
             await self.handle_message(data, received_at)
-            # Not held while the next one is awaited: a closed session waits in
-            # a reference cycle (its task group's exceptions, their tracebacks'
-            # frames) for a full collection, which the tuned collector runs
-            # rarely, and this frame is one of those kept (issue 20).
+            # Not held while the next one is awaited: a large message would
+            # live as long as the connection waits for the next (issue 20).
             del message, data
 
     async def handle_message(self, data: str | bytes, received_at: float) -> None:
