@@ -45,10 +45,11 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Mapping
+from collections.abc import Generator, Mapping
 from typing import Any, Final
 
 import jsonschema
+import msgspec
 
 from protocol import ErrorCode, RemoteProtocolError
 from protocol.response import FormatJSONSchema, TextFormat
@@ -64,7 +65,10 @@ __all__ = [
     "STRICT_KEYWORDS",
     "SchemaFault",
     "check_format",
+    "format_name_refusal",
+    "format_schema_refusal",
     "schema_limits",
+    "schema_walk",
 ]
 
 #: What ``text.format.name`` may be.
@@ -136,6 +140,26 @@ def schema_limits(schema: Any, limits: SchemaLimits = _DEFAULT_LIMITS) -> Schema
     docstring (depth, node count, width, counts, a pattern RE2 cannot run);
     None when it keeps them. A cheap walk without recursion, so any depth and
     any size are safe to ask about: it stops at the first fault."""
+    walk = schema_walk(schema, limits)
+    while True:
+        try:
+            next(walk)
+        except StopIteration as end:
+            fault: SchemaFault | None = end.value
+            return fault
+
+
+def schema_walk(
+    schema: Any, limits: SchemaLimits = _DEFAULT_LIMITS
+) -> Generator[None, None, SchemaFault | None]:
+    """:func:`schema_limits` one object or array at a time: the generator
+    stops after each, and returns the first fault (or None) when done.
+
+    ``schema`` is a decoded schema, or its JSON text as a ``msgspec.Raw``:
+    then each object or array is decoded alone as it is reached, its members
+    left as their JSON text, so a schema far past the limits is refused
+    without being built (the walk stops at the first fault, the same fault
+    in the same place as on the decoded schema)."""
     stack: list[tuple[Any, tuple[str | int, ...]]] = [(schema, ())]
     nodes = 0
     while stack:
@@ -146,19 +170,59 @@ def schema_limits(schema: Any, limits: SchemaLimits = _DEFAULT_LIMITS) -> Schema
         if nodes > limits.max_nodes:
             why = f"more than {limits.max_nodes} objects and arrays in the schema"
             return SchemaFault(path, why)
+        if isinstance(node, msgspec.Raw):
+            node = _opened.decode(node)
         if len(node) > limits.max_width:
             why = f"{len(node)} members in one object or array; the limit is {limits.max_width}"
             return SchemaFault(path, why)
         children = node.items() if isinstance(node, Mapping) else enumerate(node)
         for key, sub in children:
+            nested = _nests(sub)
+            if isinstance(sub, msgspec.Raw) and not nested:
+                if key not in _COUNT_KEYWORDS and key != "pattern":
+                    continue  # a value the walk does not read
+                sub = msgspec.json.decode(sub)
             if key in _COUNT_KEYWORDS and isinstance(sub, int) and sub > MAX_SCHEMA_COUNT:
                 return SchemaFault(path, f"'{key}' above {MAX_SCHEMA_COUNT} ({sub})")
             if key == "pattern" and isinstance(sub, str) and (bad := pattern_error(sub)):
                 why = f"'pattern' is not a regular expression this server runs (RE2: {bad})"
                 return SchemaFault((*path, key), why, precise=True)
-            if isinstance(sub, Mapping | list) and key not in _DATA_KEYWORDS:
+            if nested and key not in _DATA_KEYWORDS:
                 stack.append((sub, (*path, key)))
+        yield
     return None
+
+
+#: One object or array of a schema given as JSON text, its members left as text.
+_opened: Final = msgspec.json.Decoder(dict[str, msgspec.Raw] | list[msgspec.Raw])
+
+
+def _nests(value: Any) -> bool:
+    """Whether ``value`` (decoded, or JSON text) is an object or an array."""
+    if isinstance(value, msgspec.Raw):
+        return len(value) > 0 and memoryview(value)[0] in _OPENERS
+    return isinstance(value, Mapping | list)
+
+
+_OPENERS: Final = frozenset(b"{[")
+
+
+def format_name_refusal() -> RemoteProtocolError:
+    """The refusal of a ``text.format.name`` outside :data:`FORMAT_NAME_PATTERN`."""
+    return RemoteProtocolError(
+        "Invalid 'text.format.name': use 1-64 characters from [A-Za-z0-9_-].",
+        code=ErrorCode.INVALID_VALUE,
+        param="text.format.name",
+    )
+
+
+def format_schema_refusal(fault: SchemaFault) -> RemoteProtocolError:
+    """The refusal of a ``text.format`` schema that breaks a limit at ``fault``."""
+    return RemoteProtocolError(
+        f"Invalid schema for response format {fault.message}.",
+        code=ErrorCode.INVALID_VALUE,
+        param=fault.param(_SCHEMA_PARAM),
+    )
 
 
 def check_format(text_format: TextFormat | None, limits: SchemaLimits = _DEFAULT_LIMITS) -> None:
@@ -170,19 +234,11 @@ def check_format(text_format: TextFormat | None, limits: SchemaLimits = _DEFAULT
     if not isinstance(text_format, FormatJSONSchema):
         return
     if not FORMAT_NAME_PATTERN.fullmatch(text_format.name):
-        raise RemoteProtocolError(
-            "Invalid 'text.format.name': use 1-64 characters from [A-Za-z0-9_-].",
-            code=ErrorCode.INVALID_VALUE,
-            param="text.format.name",
-        )
+        raise format_name_refusal()
     schema = text_format.schema
     fault = schema_limits(schema, limits)
     if fault is not None:
-        raise RemoteProtocolError(
-            f"Invalid schema for response format {fault.message}.",
-            code=ErrorCode.INVALID_VALUE,
-            param=fault.param(_SCHEMA_PARAM),
-        )
+        raise format_schema_refusal(fault)
     try:
         jsonschema.Draft202012Validator.check_schema(schema)
     except jsonschema.SchemaError as exc:
