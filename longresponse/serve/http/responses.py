@@ -42,13 +42,14 @@ from ..errors import http_error, upstream_http_error
 from ..gate import owner_of
 from ..request_ids import request_id
 from ..seam import abort, peer_gone, stop_task, until_gone
+from ..skeleton import check_create_skeleton
 from ..turns import Turns
 from ..types import Scope
 from .background import BackgroundResponses, check_cancellable
 from .sinks import SSE_QUEUE_DEPTH, RecordingSink, SSESink
 from .token_cache import HTTPTokenCache
 
-__all__ = ["HTTPTokenCache", "ResponsesHTTP", "hung_up"]
+__all__ = ["HTTPTokenCache", "ResponsesHTTP", "hung_up", "too_many_items"]
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,16 @@ async def hung_up(request: Request, exc: Exception) -> Response:
 
 
 _encoder = msgspec.json.Encoder()
+
+
+def too_many_items(count: int, limit: int) -> RemoteProtocolError:
+    """The refusal of a request carrying ``count`` input items, past ``limit``
+    (``--max-items-per-event``, a create's limit on every endpoint)."""
+    return RemoteProtocolError(
+        f"The request carries {count} input items; the limit is {limit}.",
+        code=ErrorCode.TOO_MANY_ITEMS,
+        param="input",
+    )
 
 
 def _not_found(response_id: str) -> RemoteProtocolError:
@@ -157,6 +168,7 @@ class ResponsesHTTP:
         try:
             owner = self.owner(request)
             raw = await self.read_body(request)
+            await self.check_skeleton(raw)
             body = decode_create_body(raw)
             self.turns.inspector.http.client(body, len(raw))
             if body.stream_id is not msgspec.UNSET:
@@ -209,6 +221,18 @@ class ResponsesHTTP:
             return StreamingResponse(run.sse(), media_type="text/event-stream")
         return await run.json(request)
 
+    async def check_skeleton(self, raw: bytes) -> None:
+        """A create body's item, tool and schema limits, checked before it is
+        decoded (``longresponse.serve.skeleton``). Raises their
+        :class:`RemoteProtocolError`."""
+        await check_create_skeleton(raw, self.turns.pipeline.limits, self.check_item_count)
+
+    def check_item_count(self, count: int) -> None:
+        """Refuse ``count`` input items past ``--max-items-per-event`` (raises
+        :class:`RemoteProtocolError` ``too_many_items``)."""
+        if count > self.config.max_items_per_event:
+            raise too_many_items(count, self.config.max_items_per_event)
+
     async def stored_continuation(
         self, body: ResponseCreate, new_items: list[Item], owner: str
     ) -> Continuation:
@@ -217,13 +241,7 @@ class ResponsesHTTP:
         Raises :class:`RemoteProtocolError`: too many input items, or the
         continuation rules (``longresponse.serve.continuation``).
         """
-        if len(new_items) > self.config.max_items_per_event:
-            raise RemoteProtocolError(
-                f"The request carries {len(new_items)} input items; the limit is "
-                f"{self.config.max_items_per_event}.",
-                code=ErrorCode.TOO_MANY_ITEMS,
-                param="input",
-            )
+        self.check_item_count(len(new_items))
         return await continue_from(
             body.previous_response_id,
             new_items,

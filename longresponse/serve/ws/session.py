@@ -69,6 +69,7 @@ from ..errors import error_body, log_refusal
 from ..inspector.records import ConnectionRecord
 from ..request_ids import request_id
 from ..seam import SEND_TEXTS_KEY, abort
+from ..skeleton import check_create_skeleton
 from ..turns import Turns
 from ..types import Receive, Scope, Send
 from .append import AppendShape
@@ -247,6 +248,9 @@ class Session:
         self._decoded_at = received_at
         event: object = None
         try:
+            if len(data) <= self.connection.max_message_bytes:  # else refused unread
+                limits, count = self.turns.pipeline.limits, self.connection.check_item_count
+                await check_create_skeleton(data, limits, count, frame=True)
             self.connection.receive_message(data, admit=self._admit)
             event = self.connection.next_event()
             if self.seen is not None:
