@@ -96,13 +96,18 @@ class _Tool(msgspec.Struct):
 
 
 class _Format(msgspec.Struct):
-    """``text`` (its ``format``), a format, or chat's ``json_schema``."""
+    """A format (``text.format``), chat's ``response_format`` or its ``json_schema``."""
 
-    format: _Raw = _NULL
     type: _Raw = _NULL
     name: _Raw = _NULL
     schema: _Raw = _NULL
     json_schema: _Raw = _NULL
+
+
+class _Text(msgspec.Struct):
+    """``text``: its format read in the same pass (not an object: left to the decoder)."""
+
+    format: _Format | None = None
 
 
 #: Refuses ``count`` items (or messages) when past their limit (raises its error).
@@ -143,8 +148,8 @@ async def _check_create(create: _Create, limits: SchemaLimits, check_count: _Cou
         if offered > limits.max_tools:
             raise too_many_tools(offered, limits.max_tools)
         await _check_tools(tools, limits)
-    text = await _read(create.text, _Format)
-    text_format = None if text is None else await _read(text.format, _Format)
+    text = await _read(create.text, _Text)
+    text_format = None if text is None else text.format
     if text_format is not None and _text(text_format.type) == "json_schema":
         await _check_format(text_format, limits)
 
