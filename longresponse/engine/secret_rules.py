@@ -152,6 +152,26 @@ def _mixed_token(m: re.Match[str], text: str) -> bool:
 
 _CHARACTER_CLASSES = (re.compile(r"[0-9]"), re.compile(r"[A-Z]"), re.compile(r"[a-z]"))
 
+#: Characters one search for a character class reads at a time. ``re`` holds
+#: the interpreter for a whole search: one over 15 MB without a hit took
+#: 60 ms, in a worker thread, and the event loop waited for all of it.
+_CLASS_WINDOW = 1 << 18
+
+
+def _search_class(
+    klass: re.Pattern[str], text: str, start: int, end: int | None = None
+) -> re.Match[str] | None:
+    """``klass.search(text, start, end)`` for a pattern of one character (a
+    match cannot straddle two windows), :data:`_CLASS_WINDOW` characters at a
+    time so that other threads run between two windows."""
+    end = len(text) if end is None else min(end, len(text))
+    while start < end:
+        stop = min(start + _CLASS_WINDOW, end)
+        if (m := klass.search(text, start, stop)) is not None:
+            return m
+        start = stop
+    return None
+
 
 def _skip_unmixed(longest: int) -> _Skip:
     """The ``skip`` of a :func:`_mixed_token` rule whose matches are at most
@@ -168,7 +188,7 @@ def _skip_unmixed(longest: int) -> _Skip:
         far = start + 1
         for klass in _CHARACTER_CLASSES:
             if klass.search(text, start, end) is None:
-                after = klass.search(text, end)
+                after = _search_class(klass, text, end)
                 far = max(far, len(text) if after is None else after.start() - longest + 1)
         return far
 
@@ -469,7 +489,7 @@ def entropy_spans(text: str, found: list[tuple[int, int, str]]) -> Iterator[tupl
     first = image.find(_CANDIDATE_HEAD)
     for run in _CANDIDATE.finditer(image, first) if first != -1 else ():
         start, end = run.span()
-        if _HAS_DIGIT.search(text, start, end) is None:  # nor has any piece of it
+        if _search_class(_HAS_DIGIT, text, start, end) is None:  # nor has any piece of it
             continue
         if public and any(a <= start < b for a, b in public):
             continue
