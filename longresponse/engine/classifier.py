@@ -238,14 +238,27 @@ def _scan_once(text: str) -> list[tuple[int, int, str]]:
 _NEEDED = frozenset("".join(rule.needs for rule in RULES))
 
 
+#: Characters one ``str.find`` reads at a time: a find holds the interpreter
+#: for the whole search (8-20 ms for a word absent from 15 MB), and this runs
+#: in a worker thread beside the event loop.
+_FIND_WINDOW = 1 << 18
+
+
 def _occurrences(word: str, lowered: str, found: dict[str, list[int]]) -> list[int]:
-    """Where ``word`` occurs in ``lowered``, found once per scan and shared by the rules."""
+    """Where ``word`` occurs in ``lowered``, found once per scan and shared by the rules
+    (a window of :data:`_FIND_WINDOW` characters at a time; two windows overlap by
+    the word's length less one, so no occurrence falls between them)."""
     if (where := found.get(word)) is None:
         where = found[word] = []
-        at = lowered.find(word)
-        while at != -1:
-            where.append(at)
-            at = lowered.find(word, at + 1)
+        at, size = 0, len(lowered)
+        while at < size:
+            stop = min(at + _FIND_WINDOW + len(word) - 1, size)
+            hit = lowered.find(word, at, stop)
+            if hit == -1:
+                at = stop - len(word) + 1 if stop < size else size
+            else:
+                where.append(hit)
+                at = hit + 1
     return where
 
 
