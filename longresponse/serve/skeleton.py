@@ -115,7 +115,7 @@ _Count = Callable[[int], None]
 
 
 async def check_create_skeleton(
-    data: bytes | str,
+    data: bytes | bytearray | str,
     limits: SchemaLimits,
     check_count: _Count,
     *,
@@ -154,7 +154,9 @@ async def _check_create(create: _Create, limits: SchemaLimits, check_count: _Cou
         await _check_format(text_format, limits)
 
 
-async def check_chat_skeleton(data: bytes, limits: SchemaLimits, check_count: _Count) -> None:
+async def check_chat_skeleton(
+    data: bytes | bytearray, limits: SchemaLimits, check_count: _Count
+) -> None:
     """:func:`check_create_skeleton` for a chat body: its messages, tools (each
     ``function``) and ``response_format.json_schema``. The errors name the
     Responses fields (``tools[0].parameters``, ``text.format.schema``) as
@@ -177,7 +179,7 @@ async def check_chat_skeleton(data: bytes, limits: SchemaLimits, check_count: _C
         await _check_format(await _read(response_format.json_schema, _Format), limits)
 
 
-def _decode(raw: bytes | str | _Raw, kind: Any) -> Any:
+def _decode(raw: bytes | bytearray | str | _Raw, kind: Any) -> Any:
     """``raw`` as the skeleton ``kind``, or None where it is not one."""
     try:
         return msgspec.json.decode(raw, type=kind)
@@ -185,7 +187,7 @@ def _decode(raw: bytes | str | _Raw, kind: Any) -> Any:
         return None
 
 
-async def _read(raw: bytes | str | _Raw, kind: Any) -> Any:
+async def _read(raw: bytes | bytearray | str | _Raw, kind: Any) -> Any:
     """:func:`_decode`, then a turn for the loop when ``raw`` was long."""
     value = _decode(raw, kind)
     if len(raw) > _LONG:

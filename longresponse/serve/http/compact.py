@@ -142,7 +142,7 @@ class CompactHTTP:
         return conversation.items
 
 
-def _decode(data: bytes, max_items: int) -> ResponseCreate:
+def _decode(data: bytes | bytearray, max_items: int) -> ResponseCreate:
     """The compaction body, checked by the protocol's create decoder; its
     items are counted first, on their text (a create's limit, ``max_items``:
     100,000 items are not built to be refused).
