@@ -26,7 +26,10 @@ stay inside two limits that keep the checks and the answer bounded
 objects and arrays, and no ``minItems`` / ``minLength`` / ``minProperties``
 / ``minContains`` above :data:`MAX_SCHEMA_COUNT`, at most
 ``SchemaLimits.max_nodes`` JSON objects and arrays in all and at most
-``SchemaLimits.max_width`` members in any one of them
+``SchemaLimits.max_width`` members in any one of them (one of more than
+twice that many is refused as having "more than" twice the limit, its
+exact count not taken: on a schema given as JSON text, members as written,
+a key given twice counted twice)
 (``longresponse.config``: ``--max-schema-nodes``, ``--max-schema-width``),
 and every ``pattern`` must be a regular expression RE2 runs (no back
 references, no lookarounds): patterns are matched in linear time, never by a
@@ -44,6 +47,7 @@ the message says where in the schema (a JSON pointer) and why.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from collections.abc import Generator, Mapping
 from typing import Any, Final
@@ -54,7 +58,7 @@ import msgspec
 from protocol import ErrorCode, RemoteProtocolError
 from protocol.response import FormatJSONSchema, TextFormat
 
-from ..config import SchemaLimits
+from ..config import MAX_SCHEMA_WIDTH, SchemaLimits
 from ..json_schema import pattern_error, resolve_ref, schema_types
 
 __all__ = [
@@ -171,10 +175,11 @@ def schema_walk(
             why = f"more than {limits.max_nodes} objects and arrays in the schema"
             return SchemaFault(path, why)
         if isinstance(node, msgspec.Raw):
+            if _far_past(node, _FAR_PAST * limits.max_width):
+                return SchemaFault(path, _too_wide(_FAR_PAST * limits.max_width + 1, limits))
             node = _opened.decode(node)
         if len(node) > limits.max_width:
-            why = f"{len(node)} members in one object or array; the limit is {limits.max_width}"
-            return SchemaFault(path, why)
+            return SchemaFault(path, _too_wide(len(node), limits))
         children = node.items() if isinstance(node, Mapping) else enumerate(node)
         for key, sub in children:
             nested = _nests(sub)
@@ -195,6 +200,51 @@ def schema_walk(
 
 #: One object or array of a schema given as JSON text, its members left as text.
 _opened: Final = msgspec.json.Decoder(dict[str, msgspec.Raw] | list[msgspec.Raw])
+
+#: An object or array of more than this many times ``max_width`` members is
+#: refused as having "more than" that many: one given as JSON text is then
+#: refused without being opened (counting 120,000 members exactly meant
+#: building their keys, 25-50 ms holding the interpreter).
+_FAR_PAST: Final = 2
+#: The largest count :func:`_far_past` decides without opening the object.
+_MOST_DECIDED: Final = 1 << 15
+#: ``{``, ``}`` and ``:`` read as ``[``, ``]`` and ``,``: an object of n members
+#: becomes an array of 2n elements (no string is cut: only quotes and
+#: backslashes delimit strings), the keys and values in turn.
+_AS_ARRAY: Final = bytes.maketrans(b"{}:", b"[],")
+
+
+def _too_wide(count: int, limits: SchemaLimits) -> str:
+    far = _FAR_PAST * limits.max_width
+    many = f"more than {far}" if count > far else f"{count}"
+    return f"{many} members in one object or array; the limit is {limits.max_width}"
+
+
+def _far_past(node: msgspec.Raw, count: int) -> bool:
+    """Whether ``node``, an object as JSON text, has more than ``count``
+    members as written (a key given twice counts twice), decided without
+    building them: read as an array (:data:`_AS_ARRAY`), its elements are
+    checked by a decoder that stops at element ``2 * count + 1``, in about
+    1 ms a MB. Text too short to hold that many is not read."""
+    if len(node) <= 5 * count or 2 * count > _MOST_DECIDED or memoryview(node)[0] != ord("{"):
+        return False
+    try:
+        _at_most(2 * count).decode(bytes(node).translate(_AS_ARRAY))
+    except msgspec.ValidationError:
+        return True
+    return False
+
+
+@functools.cache
+def _at_most(count: int) -> msgspec.json.Decoder[Any]:
+    """A decoder of JSON arrays of at most ``count`` elements (left as text) that
+    refuses a longer one as soon as it reads one element more."""
+    fields = [(f"e{i}", msgspec.Raw, msgspec.Raw(b"null")) for i in range(count)]
+    shape = msgspec.defstruct("_AtMost", fields, array_like=True, forbid_unknown_fields=True)
+    return msgspec.json.Decoder(shape)
+
+
+_at_most(2 * _FAR_PAST * MAX_SCHEMA_WIDTH)  # made once, at import, for the default limit
 
 
 def _nests(value: Any) -> bool:

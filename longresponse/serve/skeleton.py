@@ -20,10 +20,11 @@ that is validated and not built (about 0.6 ms a MB). On the skeleton:
   object or array at a time, the loop given a turn every
   :data:`SLICE_SECONDS`; the walk stops at the first fault.
 
-Opening an object costs about 0.2 µs a member (its keys are built): the
-widest object is counted in one piece, 25-30 ms for 120,000 members, since
-its count is in the refusal. ``/compact`` counts its items on the text of
-its members the same way (``serve/http/compact.py``).
+Opening an object costs about 0.2 µs a member (its keys are built), so an
+object far wider than allowed is refused without being opened (more than
+twice ``--max-schema-width`` members as written: ``structured._far_past``).
+``/compact`` counts its items on the text of its members the same way
+(``serve/http/compact.py``).
 
 Only then is the body decoded, what it builds now bounded by the limits. A refusal
 here is the error the decoded body would get (the same code, param and

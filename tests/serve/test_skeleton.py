@@ -240,3 +240,19 @@ def test_the_walk_on_text_finds_the_fault_of_the_decoded_walk(
     limits = SchemaLimits(max_nodes=nodes, max_width=width)
     text = msgspec.Raw(json.dumps(schema).encode())
     assert walked(text, limits) == schema_limits(json.loads(bytes(text)), limits)
+
+
+def test_far_too_wide_an_object_is_counted_as_written() -> None:
+    """Past twice the width limit an object given as text is refused unopened,
+    its members counted as written: a key given twice counts twice (the one
+    difference from the decoded schema, where the later value replaces the
+    earlier)."""
+    limits = SchemaLimits(max_width=3)
+    members = ",".join(['"a": {}'] * 7)
+    text = msgspec.Raw(f'{{"properties": {{{members}}}}}'.encode())
+    fault = walked(text, limits)
+    assert fault is not None
+    assert fault.message == (
+        "at '#/properties': more than 6 members in one object or array; the limit is 3"
+    )
+    assert schema_limits(json.loads(bytes(text)), limits) is None
