@@ -311,7 +311,8 @@ _BASE64_PIECE: Final = 3 << 16
 
 def _base64url(blob: bytes) -> str:
     """``urlsafe_b64encode(blob)`` as text, :data:`_BASE64_PIECE` bytes at a time."""
-    return "".join(
+    pieces = [
         base64.urlsafe_b64encode(blob[at : at + _BASE64_PIECE]).decode("ascii")
         for at in range(0, len(blob), _BASE64_PIECE)
-    )
+    ]
+    return "".join(pieces)
