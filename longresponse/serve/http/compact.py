@@ -164,8 +164,7 @@ def _decode(data: bytes | bytearray, max_items: int) -> ResponseCreate:
             code=ErrorCode.MISSING_REQUIRED_PARAMETER,
             param="model",
         )
-    for name in _IGNORED:
-        raw.pop(name, None)
+    ignored = [name for name in _IGNORED if raw.pop(name, None) is not None]
     for name in raw:
         if name not in COMPACT_PARAMETERS:
             raise RemoteProtocolError(
@@ -177,7 +176,8 @@ def _decode(data: bytes | bytearray, max_items: int) -> ResponseCreate:
         count = 0
     if count > max_items:
         raise too_many_items(count, max_items)
-    body = decode_create_body(_encoder.encode(raw))
+    # Encoded again only without what is ignored (15 MB: 14-17 ms on the loop).
+    body = decode_create_body(_encoder.encode(raw) if ignored else data)
     if body.previous_response_id is None and not body.input:
         raise RemoteProtocolError(
             "Nothing to compact: give 'input', 'previous_response_id', or both.",
