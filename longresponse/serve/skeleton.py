@@ -246,7 +246,7 @@ async def _check_tools(
 
 async def _check_parameters(tool: _Tool, where: str, limits: SchemaLimits) -> None:
     """A function's ``parameters``, its name first (as admission checks them)."""
-    name = _text(tool.name)
+    name = _decode(tool.name, str)  # any length: a long name is refused, not skipped
     if name is None:
         return  # not a string: the decoder's error
     fault = await _walked(tool.parameters, limits)
@@ -264,7 +264,7 @@ async def _check_format(text_format: _Format | None, limits: SchemaLimits) -> No
     fault = await _walked(text_format.schema, limits)
     if fault is None:
         return
-    name = _text(text_format.name)
+    name = _decode(text_format.name, str)
     if name is None:
         return  # absent or not a string: the decoder's error
     if not FORMAT_NAME_PATTERN.fullmatch(name):

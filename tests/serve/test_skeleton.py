@@ -111,6 +111,7 @@ BODIES = {
         ]
     },
     "a wide format": {"text": {"format": {"type": "json_schema", "name": "f", "schema": wide(40)}}},
+    "a wide tool schema with a long name": {"tools": [function("n" * 300, wide(40))]},
     "a wide format with a bad name": {
         "text": {"format": {"type": "json_schema", "name": "f f", "schema": wide(40)}}
     },
