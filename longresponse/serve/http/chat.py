@@ -180,7 +180,7 @@ class ChatCompletions:
             except RemoteProtocolError as error:
                 raise _rename(error) from None
             body = decode_chat_request(data)
-            del data
+            del data  # not held while the answer streams
             turn, prompt = await self._start(body, owner)
         except ProtocolError as error:
             response = http_error(error)

@@ -238,6 +238,9 @@ class Session:
     async def handle_message(self, data: str | bytes, received_at: float) -> None:
         """Decode, check, admit and act on one client message; errors become error events.
 
+        A ``response.create``'s item, tool and schema limits are checked on its
+        skeleton first, before it is decoded (``longresponse/serve/skeleton.py``).
+
         An append-mode create's costly checks run in a worker thread first
         (:meth:`Turns.settled`). Once the session is closing (draining, or
         closed for a bad inject), messages are dropped unread; on a 1012 the
