@@ -135,7 +135,7 @@ def _invalid_json(exc: Exception) -> RemoteProtocolError:
     return RemoteProtocolError(f"The frame {reason}.", code=ErrorCode.INVALID_JSON)
 
 
-def _fill_message_tags(data: bytes | str) -> Any:
+def _fill_message_tags(data: bytes | bytearray | str) -> Any:
     raw = msgspec.json.decode(data)
     if isinstance(raw, dict) and isinstance(raw.get("input"), list):
         for item in raw["input"]:
@@ -237,7 +237,7 @@ class _ResponseCreateBody(ResponseCreate, frozen=True, kw_only=True, forbid_unkn
 _body_decoder: Final = msgspec.json.Decoder(_ResponseCreateBody)
 
 
-def decode_create_body(data: bytes | str) -> ResponseCreate:
+def decode_create_body(data: bytes | bytearray | str) -> ResponseCreate:
     """Decode an HTTP create body. Raises :class:`RemoteProtocolError` on bad input."""
     try:
         try:

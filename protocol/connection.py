@@ -346,6 +346,13 @@ class Connection:
         """The peer's input has ended (the socket closed); no more messages come."""
         self._closed = True
 
+    def check_item_count(self, count: int) -> None:
+        """Refuse an event of ``count`` input items past ``max_items_per_event``
+        as :meth:`receive_message` would, for a caller that counts them before
+        the event is decoded. Raises :class:`RemoteProtocolError`; nothing changes."""
+        if count > self.max_items_per_event:
+            raise _as_remote(_too_many_items(count, self.max_items_per_event), None)
+
     def next_event(self) -> ClientEvent | ServerEvent | _Sentinel:
         """The next received event, :data:`NEED_DATA`, or :data:`CLOSED` at the end."""
         if self._events:

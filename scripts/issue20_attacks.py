@@ -54,6 +54,16 @@ def rss(url):
     return float(re.search(r"^process_resident_memory_bytes (\S+)$", page, re.M).group(1)) / 2**20
 
 
+def alone(url):
+    stop, waits = threading.Event(), []
+    th = threading.Thread(target=probe, args=(url, stop, waits))
+    th.start()
+    time.sleep(1.5)
+    stop.set()
+    th.join()
+    return max(waits)
+
+
 def fmt(rows):
     return ", ".join(f"{s} {w * 1000:.0f} ms" for s, _, w in rows)
 
@@ -91,6 +101,7 @@ with ServerProcess("--store", "memory://") as s:
     u = s.http_url
     httpx.post(u + "/v1/responses", json={"model": "sim", "input": "hi", "store": False})
     only = sys.argv[1:]
+    print(f"/healthz alone: {alone(u) * 1000:.0f} ms", flush=True)
     cases = {
         "pattern (x+)+y, 26 x": ("/v1/responses", pattern(26)),
         "40,000 tools /v1/responses": (
@@ -134,6 +145,18 @@ with ServerProcess("--store", "memory://") as s:
                 "tools": [{"type": "function", "name": "a", "parameters": wide(120_000)}],
             },
         ),
+        "120,000-property text.format": (
+            "/v1/responses",
+            {
+                "model": "sim",
+                "input": "x",
+                "text": {"format": {"type": "json_schema", "name": "a", "schema": wide(120_000)}},
+            },
+        ),
+        "create 100,000 items": (
+            "/v1/responses",
+            {"model": "sim", "input": [{"role": "user", "content": "x"}] * 100_000},
+        ),
         "15 MB sk-sk create": (
             "/v1/responses",
             {"model": "sim", "input": "sk-" * 5_000_000, "store": False, "max_output_tokens": 16},
@@ -159,6 +182,24 @@ with ServerProcess("--store", "memory://") as s:
         if only and not any(o in name for o in only):
             continue
         print(f"{name}: {fmt(stall(u, path, body, reps=2))}", flush=True)
+    if not only or any(o in "40,000 tools websocket" for o in only):
+        frame = json.dumps(
+            {"type": "response.create", "model": "sim", "input": "x", "tools": tools(40_000)}
+        )
+        rows = []
+        for _ in range(2):
+            stop, waits = threading.Event(), []
+            th = threading.Thread(target=probe, args=(u, stop, waits))
+            th.start()
+            time.sleep(0.1)
+            with ws_connect(s.url, max_size=None) as c:
+                c.send(frame)
+                answer = json.loads(c.recv(timeout=120))
+            time.sleep(0.05)
+            stop.set()
+            th.join()
+            rows.append((answer.get("error", {}).get("code", answer["type"]), 0, max(waits)))
+        print(f"40,000 tools websocket: {fmt(rows)}", flush=True)
     if not only or "memory" in only:
         big = "k" * 15_000_000
 

@@ -466,7 +466,7 @@ def _refusal(exc: msgspec.ValidationError) -> RemoteProtocolError:
     )
 
 
-def _decode(decoder: msgspec.json.Decoder[Any], data: bytes) -> Any:
+def _decode(decoder: msgspec.json.Decoder[Any], data: bytes | bytearray) -> Any:
     try:
         return decoder.decode(data)
     except msgspec.ValidationError as exc:
@@ -477,7 +477,7 @@ def _decode(decoder: msgspec.json.Decoder[Any], data: bytes) -> Any:
         ) from exc
 
 
-def decode_chat_request(data: bytes) -> ChatRequest:
+def decode_chat_request(data: bytes | bytearray) -> ChatRequest:
     """Decode a chat completions body. Raises :class:`RemoteProtocolError`."""
     request: ChatRequest = _decode(_request_decoder, data)
     return request
@@ -497,7 +497,7 @@ def decode_chat_chunk(data: bytes | str) -> ChatCompletionChunk:
     return _chunk_decoder.decode(data)
 
 
-def decode_tokenize_request(data: bytes) -> TokenizeRequest:
+def decode_tokenize_request(data: bytes | bytearray) -> TokenizeRequest:
     """Decode a ``/tokenize`` body. Raises :class:`RemoteProtocolError`."""
     request: TokenizeRequest = _decode(_tokenize_decoder, data)
     return request

@@ -85,7 +85,7 @@ from protocol.response import FormatJSONSchema, TextFormat
 from ..config import SchemaLimits, Switches
 from .classifier import Finding, Policy, redact, scan
 from .compaction import Compactor, refused
-from .structured import check_format, schema_limits
+from .structured import SchemaFault, check_format, schema_limits
 
 __all__ = [
     "MAX_VERDICTS",
@@ -98,6 +98,9 @@ __all__ = [
     "HostedTools",
     "Pipeline",
     "Switches",
+    "name_refusal",
+    "parameters_refusal",
+    "too_many_tools",
 ]
 
 log = logging.getLogger(__name__)
@@ -301,12 +304,7 @@ class Pipeline:
         """
         offered = _offered(tools)
         if offered > self.limits.max_tools:
-            raise RemoteProtocolError(
-                f"Invalid 'tools': {offered} tools offered; the limit is "
-                f"{self.limits.max_tools} (--max-tools).",
-                code=ErrorCode.INVALID_VALUE,
-                param="tools",
-            )
+            raise too_many_tools(offered, self.limits.max_tools)
         if not tools:
             return
         key = self.tools_key(tools)
@@ -362,11 +360,7 @@ class Pipeline:
         """One named tool: its name's spelling, unique in ``names``, its schema."""
         self.counters.tool_schemas_checked += 1
         if not TOOL_NAME_PATTERN.fullmatch(tool.name):
-            raise RemoteProtocolError(
-                f"Invalid '{where}.name': use 1-64 characters from [A-Za-z0-9_-].",
-                code=ErrorCode.INVALID_VALUE,
-                param=f"{where}.name",
-            )
+            raise name_refusal(where)
         if tool.name in names:
             raise RemoteProtocolError(
                 f"Duplicate tool name {tool.name!r}.",
@@ -607,6 +601,36 @@ def _redacted(item: Item, found: Sequence[Finding]) -> Item:
     return item  # pragma: no cover - a screenshot has no text to classify
 
 
+def name_refusal(where: str) -> RemoteProtocolError:
+    """The refusal of the tool at ``where`` (``tools[0]``) whose name is outside
+    :data:`TOOL_NAME_PATTERN`."""
+    return RemoteProtocolError(
+        f"Invalid '{where}.name': use 1-64 characters from [A-Za-z0-9_-].",
+        code=ErrorCode.INVALID_VALUE,
+        param=f"{where}.name",
+    )
+
+
+def too_many_tools(offered: int, limit: int) -> RemoteProtocolError:
+    """The refusal of a request that offers the model more than ``limit`` tools
+    (``--max-tools``; a namespace's tools are counted, not the namespace)."""
+    return RemoteProtocolError(
+        f"Invalid 'tools': {offered} tools offered; the limit is {limit} (--max-tools).",
+        code=ErrorCode.INVALID_VALUE,
+        param="tools",
+    )
+
+
+def parameters_refusal(name: str, fault: SchemaFault, param: str) -> RemoteProtocolError:
+    """The refusal of function ``name``, whose ``parameters`` (at ``param``)
+    break a schema limit at ``fault``."""
+    return RemoteProtocolError(
+        f"Invalid schema for function '{name}': {fault.message}.",
+        code=ErrorCode.INVALID_VALUE,
+        param=fault.param(param),
+    )
+
+
 def _check_parameters(
     name: str, schema: dict[str, object], param: str, limits: SchemaLimits
 ) -> None:
@@ -614,14 +638,14 @@ def _check_parameters(
     requires), within the size limits (a cheap walk, first), valid under the
     metaschema."""
     fault = schema_limits(schema, limits)
-    why = None if fault is None else fault.message
     if fault is not None:
-        param = fault.param(param)
+        raise parameters_refusal(name, fault, param)
+    why = None
     kind = schema.get("type", "object")
-    if why is None and kind != "object":
+    if kind != "object":
         got = msgspec.json.encode(kind).decode()
         why = f"""schema must be a JSON Schema of 'type: "object"', got 'type: {got}'"""
-    if why is None:
+    else:
         try:
             jsonschema.Draft202012Validator.check_schema(schema)
         except jsonschema.SchemaError as exc:

@@ -26,7 +26,10 @@ stay inside two limits that keep the checks and the answer bounded
 objects and arrays, and no ``minItems`` / ``minLength`` / ``minProperties``
 / ``minContains`` above :data:`MAX_SCHEMA_COUNT`, at most
 ``SchemaLimits.max_nodes`` JSON objects and arrays in all and at most
-``SchemaLimits.max_width`` members in any one of them
+``SchemaLimits.max_width`` members in any one of them (one of more than
+twice that many is refused as having "more than" twice the limit, its
+exact count not taken: on a schema given as JSON text, members as written,
+a key given twice counted twice)
 (``longresponse.config``: ``--max-schema-nodes``, ``--max-schema-width``),
 and every ``pattern`` must be a regular expression RE2 runs (no back
 references, no lookarounds): patterns are matched in linear time, never by a
@@ -44,16 +47,18 @@ the message says where in the schema (a JSON pointer) and why.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
-from collections.abc import Mapping
+from collections.abc import Generator, Mapping
 from typing import Any, Final
 
 import jsonschema
+import msgspec
 
 from protocol import ErrorCode, RemoteProtocolError
 from protocol.response import FormatJSONSchema, TextFormat
 
-from ..config import SchemaLimits
+from ..config import MAX_SCHEMA_WIDTH, SchemaLimits
 from ..json_schema import pattern_error, resolve_ref, schema_types
 
 __all__ = [
@@ -64,7 +69,10 @@ __all__ = [
     "STRICT_KEYWORDS",
     "SchemaFault",
     "check_format",
+    "format_name_refusal",
+    "format_schema_refusal",
     "schema_limits",
+    "schema_walk",
 ]
 
 #: What ``text.format.name`` may be.
@@ -136,6 +144,26 @@ def schema_limits(schema: Any, limits: SchemaLimits = _DEFAULT_LIMITS) -> Schema
     docstring (depth, node count, width, counts, a pattern RE2 cannot run);
     None when it keeps them. A cheap walk without recursion, so any depth and
     any size are safe to ask about: it stops at the first fault."""
+    walk = schema_walk(schema, limits)
+    while True:
+        try:
+            next(walk)
+        except StopIteration as end:
+            fault: SchemaFault | None = end.value
+            return fault
+
+
+def schema_walk(
+    schema: Any, limits: SchemaLimits = _DEFAULT_LIMITS
+) -> Generator[None, None, SchemaFault | None]:
+    """:func:`schema_limits` one object or array at a time: the generator
+    stops after each, and returns the first fault (or None) when done.
+
+    ``schema`` is a decoded schema, or its JSON text as a ``msgspec.Raw``:
+    then each object or array is decoded alone as it is reached, its members
+    left as their JSON text, so a schema far past the limits is refused
+    without being built (the walk stops at the first fault, the same fault
+    in the same place as on the decoded schema)."""
     stack: list[tuple[Any, tuple[str | int, ...]]] = [(schema, ())]
     nodes = 0
     while stack:
@@ -146,19 +174,105 @@ def schema_limits(schema: Any, limits: SchemaLimits = _DEFAULT_LIMITS) -> Schema
         if nodes > limits.max_nodes:
             why = f"more than {limits.max_nodes} objects and arrays in the schema"
             return SchemaFault(path, why)
+        if isinstance(node, msgspec.Raw):
+            if _far_past(node, _FAR_PAST * limits.max_width):
+                return SchemaFault(path, _too_wide(_FAR_PAST * limits.max_width + 1, limits))
+            node = _opened.decode(node)
         if len(node) > limits.max_width:
-            why = f"{len(node)} members in one object or array; the limit is {limits.max_width}"
-            return SchemaFault(path, why)
+            return SchemaFault(path, _too_wide(len(node), limits))
         children = node.items() if isinstance(node, Mapping) else enumerate(node)
         for key, sub in children:
+            nested = _nests(sub)
+            if isinstance(sub, msgspec.Raw) and not nested:
+                if key not in _COUNT_KEYWORDS and key != "pattern":
+                    continue  # a value the walk does not read
+                sub = msgspec.json.decode(sub)
             if key in _COUNT_KEYWORDS and isinstance(sub, int) and sub > MAX_SCHEMA_COUNT:
                 return SchemaFault(path, f"'{key}' above {MAX_SCHEMA_COUNT} ({sub})")
             if key == "pattern" and isinstance(sub, str) and (bad := pattern_error(sub)):
                 why = f"'pattern' is not a regular expression this server runs (RE2: {bad})"
                 return SchemaFault((*path, key), why, precise=True)
-            if isinstance(sub, Mapping | list) and key not in _DATA_KEYWORDS:
+            if nested and key not in _DATA_KEYWORDS:
                 stack.append((sub, (*path, key)))
+        yield
     return None
+
+
+#: One object or array of a schema given as JSON text, its members left as text.
+_opened: Final = msgspec.json.Decoder(dict[str, msgspec.Raw] | list[msgspec.Raw])
+
+#: An object or array of more than this many times ``max_width`` members is
+#: refused as having "more than" that many: one given as JSON text is then
+#: refused without being opened (counting 120,000 members exactly meant
+#: building their keys, 25-50 ms holding the interpreter).
+_FAR_PAST: Final = 2
+#: The largest count :func:`_far_past` decides without opening the object.
+_MOST_DECIDED: Final = 1 << 15
+#: ``{``, ``}`` and ``:`` read as ``[``, ``]`` and ``,``: an object of n members
+#: becomes an array of 2n elements (no string is cut: only quotes and
+#: backslashes delimit strings), the keys and values in turn.
+_AS_ARRAY: Final = bytes.maketrans(b"{}:", b"[],")
+
+
+def _too_wide(count: int, limits: SchemaLimits) -> str:
+    far = _FAR_PAST * limits.max_width
+    many = f"more than {far}" if count > far else f"{count}"
+    return f"{many} members in one object or array; the limit is {limits.max_width}"
+
+
+def _far_past(node: msgspec.Raw, count: int) -> bool:
+    """Whether ``node``, an object as JSON text, has more than ``count``
+    members as written (a key given twice counts twice), decided without
+    building them: read as an array (:data:`_AS_ARRAY`), its elements are
+    checked by a decoder that stops at element ``2 * count + 1``, in about
+    1 ms a MB. Text too short to hold that many is not read."""
+    if len(node) <= 5 * count or 2 * count > _MOST_DECIDED or memoryview(node)[0] != ord("{"):
+        return False
+    try:
+        _at_most(2 * count).decode(bytes(node).translate(_AS_ARRAY))
+    except msgspec.ValidationError:
+        return True
+    return False
+
+
+@functools.cache
+def _at_most(count: int) -> msgspec.json.Decoder[Any]:
+    """A decoder of JSON arrays of at most ``count`` elements (left as text) that
+    refuses a longer one as soon as it reads one element more."""
+    fields = [(f"e{i}", msgspec.Raw, msgspec.Raw(b"null")) for i in range(count)]
+    shape = msgspec.defstruct("_AtMost", fields, array_like=True, forbid_unknown_fields=True)
+    return msgspec.json.Decoder(shape)
+
+
+_at_most(2 * _FAR_PAST * MAX_SCHEMA_WIDTH)  # made once, at import, for the default limit
+
+
+def _nests(value: Any) -> bool:
+    """Whether ``value`` (decoded, or JSON text) is an object or an array."""
+    if isinstance(value, msgspec.Raw):
+        return len(value) > 0 and memoryview(value)[0] in _OPENERS
+    return isinstance(value, Mapping | list)
+
+
+_OPENERS: Final = frozenset(b"{[")
+
+
+def format_name_refusal() -> RemoteProtocolError:
+    """The refusal of a ``text.format.name`` outside :data:`FORMAT_NAME_PATTERN`."""
+    return RemoteProtocolError(
+        "Invalid 'text.format.name': use 1-64 characters from [A-Za-z0-9_-].",
+        code=ErrorCode.INVALID_VALUE,
+        param="text.format.name",
+    )
+
+
+def format_schema_refusal(fault: SchemaFault) -> RemoteProtocolError:
+    """The refusal of a ``text.format`` schema that breaks a limit at ``fault``."""
+    return RemoteProtocolError(
+        f"Invalid schema for response format {fault.message}.",
+        code=ErrorCode.INVALID_VALUE,
+        param=fault.param(_SCHEMA_PARAM),
+    )
 
 
 def check_format(text_format: TextFormat | None, limits: SchemaLimits = _DEFAULT_LIMITS) -> None:
@@ -170,19 +284,11 @@ def check_format(text_format: TextFormat | None, limits: SchemaLimits = _DEFAULT
     if not isinstance(text_format, FormatJSONSchema):
         return
     if not FORMAT_NAME_PATTERN.fullmatch(text_format.name):
-        raise RemoteProtocolError(
-            "Invalid 'text.format.name': use 1-64 characters from [A-Za-z0-9_-].",
-            code=ErrorCode.INVALID_VALUE,
-            param="text.format.name",
-        )
+        raise format_name_refusal()
     schema = text_format.schema
     fault = schema_limits(schema, limits)
     if fault is not None:
-        raise RemoteProtocolError(
-            f"Invalid schema for response format {fault.message}.",
-            code=ErrorCode.INVALID_VALUE,
-            param=fault.param(_SCHEMA_PARAM),
-        )
+        raise format_schema_refusal(fault)
     try:
         jsonschema.Draft202012Validator.check_schema(schema)
     except jsonschema.SchemaError as exc:

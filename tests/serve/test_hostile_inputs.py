@@ -24,6 +24,11 @@ surface (the machine's load changes during the run), and a case is tried
 machine's hiccup does not. After
 every surface, the server's RSS must be back within 10% of its warm idle
 value. A new surface joins by adding its line to :data:`SURFACES`.
+
+A second server, with the default 16 MiB body limit, gets issue 20's
+multi-megabyte bodies far past a limit (40,000 tools, a schema of 120,000
+properties, 100,000 items; :func:`multi_megabyte_cases`): each refused with
+its precise error, and within the same delay.
 """
 
 from __future__ import annotations
@@ -695,12 +700,96 @@ SURFACES: Final[dict[str, Callable[[], list[Case]]]] = {
 }
 
 
+#: Issue 20's multi-megabyte bodies, far past a limit, against a server with
+#: the default 16 MiB body limit: each refused with its precise error, and
+#: quickly (the limits are checked on the body's skeleton, before it is
+#: decoded: ``longresponse/serve/skeleton.py``).
+TOOLS_FAR_PAST: Final = 40_000
+WIDTH_FAR_PAST: Final = 120_000
+ITEMS_FAR_PAST: Final = 100_000
+
+
+def multi_megabyte_cases() -> list[Case]:
+    refused_tools = Outcome(400, "invalid_value", "tools")
+    body = Responses().body
+    items = [{"role": "user", "content": "x"}] * ITEMS_FAR_PAST
+    chat = {"model": "sim", "messages": [{"role": "user", "content": "x"}]}
+    json_schema = {"name": "a", "schema": schema(WIDTH_FAR_PAST)}
+    create = {"type": "response.create", "model": "sim", "input": "x"}
+    return [
+        Case(
+            "40,000 tools, /v1/responses",
+            lambda s: post("/v1/responses", body(tools=tools(TOOLS_FAR_PAST)))(s),
+            refused_tools,
+        ),
+        Case(
+            "40,000 tools, /input_tokens",
+            lambda s: post(
+                "/v1/responses/input_tokens",
+                Responses(counting=True).body(tools=tools(TOOLS_FAR_PAST)),
+            )(s),
+            refused_tools,
+        ),
+        Case(
+            "40,000 tools, chat",
+            lambda s: post("/v1/chat/completions", {**chat, "tools": chat_tools(TOOLS_FAR_PAST)})(
+                s
+            ),
+            refused_tools,
+        ),
+        Case(
+            "40,000 tools, a shipped WebSocket create",
+            lambda s: frame({**create, "tools": tools(TOOLS_FAR_PAST)}, append=False)(s),
+            refused_tools,
+        ),
+        Case(
+            "120,000 properties, text.format.schema",
+            lambda s: post("/v1/responses", body(text=Responses().format(WIDTH_FAR_PAST)))(s),
+            Outcome(400, "invalid_value", "text.format.schema"),
+        ),
+        Case(
+            "120,000 properties, chat response_format",
+            lambda s: post(
+                "/v1/chat/completions",
+                {**chat, "response_format": {"type": "json_schema", "json_schema": json_schema}},
+            )(s),
+            Outcome(400, "invalid_value", "response_format.json_schema.schema"),
+        ),
+        Case(
+            "120,000 properties, a tool's parameters",
+            lambda s: post(
+                "/v1/responses",
+                body(
+                    tools=[{"type": "function", "name": "a", "parameters": schema(WIDTH_FAR_PAST)}]
+                ),
+            )(s),
+            Outcome(400, "invalid_value", "tools[0].parameters"),
+        ),
+        Case(
+            "100,000 items, /v1/responses",
+            post("/v1/responses", body(input=items)),
+            Outcome(400, "too_many_items", "input"),
+        ),
+        Case(
+            "100,000 items, /compact",
+            post("/v1/responses/compact", {"model": "sim", "input": items}),
+            Outcome(400, "too_many_items", "input"),
+        ),
+    ]
+
+
 # --- the child process that sends the cases -------------------------------------
+
+#: The cases the child sends, by table name: every surface, and the multi-megabyte bodies.
+TABLES: Final[dict[str, Callable[[], list[Case]]]] = {
+    **SURFACES,
+    "multi-megabyte bodies": multi_megabyte_cases,
+}
 
 
 def abuser(servers: Servers, commands: Any, results: Any) -> None:
     """Run each ``(surface, case)`` it is sent; put back the outcome (or the error)."""
-    tables = {name: {case.name: case for case in build()} for name, build in SURFACES.items()}
+    tables = {name: {case.name: case for case in build()} for name, build in TABLES.items()}
     while (command := commands.get()) is not None:
         surface, name = command
         try:
@@ -791,6 +880,17 @@ def harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
         "--max-message-bytes", str(MESSAGE_BYTES),
         "--slow-reader-timeout", str(SLOW_READER_TIMEOUT),
     )  # fmt: skip
+    yield from running_harness(flags)
+
+
+@pytest.fixture(scope="module")
+def large_harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
+    """A server with the default body limit (16 MiB), for the multi-megabyte bodies."""
+    store = tmp_path_factory.mktemp("hostile-large") / "responses.db"
+    yield from running_harness(("--store", f"sqlite:///{store}"))
+
+
+def running_harness(flags: tuple[str, ...]) -> Iterator[Harness]:
     context = multiprocessing.get_context("spawn")
     with ServerProcess(*flags) as server:
         servers = Servers(server.http_url, server.port)
@@ -847,6 +947,32 @@ def test_every_hostile_input_is_answered_without_delaying_anyone(
         if outcome.message > MAX_MESSAGE:
             failures.append(f"{case.name}: a message of {outcome.message} characters")
         if delayed:
+            failures.append(
+                f"{case.name}: /healthz waited {worst * 1000:.0f} ms (alone {alone * 1000:.0f} ms)"
+            )
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.timeout(300)
+def test_multi_megabyte_bodies_are_refused_without_delaying_anyone(
+    large_harness: Harness,
+) -> None:
+    """40,000 tools, a schema of 120,000 properties and 100,000 items, on each
+    endpoint that takes them (5-7 MB each): refused with their precise
+    error, and another client's /healthz within 50 ms of its wait alone."""
+    harness, failures = large_harness, []
+    alone = max(harness.alone, harness.quiet())
+    for case in multi_megabyte_cases():
+        for _ in range(ATTEMPTS):
+            outcome, worst = harness.run("multi-megabyte bodies", case)
+            if not isinstance(outcome, Outcome) or worst - alone <= ALLOWED_DELAY:
+                break
+        if not isinstance(outcome, Outcome):
+            failures.append(f"{case.name}: {outcome}")
+            continue
+        if dataclasses.replace(outcome, message=0) != case.expect:
+            failures.append(f"{case.name}: got {outcome}, expected {case.expect}")
+        if worst - alone > ALLOWED_DELAY:
             failures.append(
                 f"{case.name}: /healthz waited {worst * 1000:.0f} ms (alone {alone * 1000:.0f} ms)"
             )

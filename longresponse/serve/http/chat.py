@@ -105,6 +105,7 @@ from ...engine.sampling import ModelSpec, SampleRequest, UpstreamError
 from ...ids import new_id
 from ..errors import error_body, http_error, upstream_http_error
 from ..seam import abort, peer_gone, stop_task
+from ..skeleton import check_chat_skeleton
 from ..types import Scope
 from .responses import ResponsesHTTP
 from .sinks import SSE_QUEUE_DEPTH
@@ -173,7 +174,13 @@ class ChatCompletions:
         try:
             owner = self.http.owner(request)
             self._check_room()
-            body = decode_chat_request(await self.http.read_body(request))
+            data = await self.http.read_body(request)
+            try:  # the limits first, on the body's skeleton (``serve/skeleton.py``)
+                await check_chat_skeleton(data, self.pipeline.limits, self._check_messages)
+            except RemoteProtocolError as error:
+                raise _rename(error) from None
+            body = decode_chat_request(data)
+            del data  # not held while the answer streams
             turn, prompt = await self._start(body, owner)
         except ProtocolError as error:
             response = http_error(error)
@@ -185,6 +192,16 @@ class ChatCompletions:
                 self._sse(turn, prompt, request.scope), media_type="text/event-stream"
             )
         return await self._json(turn, prompt, request)
+
+    def _check_messages(self, count: int) -> None:
+        """A create's item limit, on the messages. Raises :class:`RemoteProtocolError`."""
+        limit = self.config.max_items_per_event
+        if count > limit:
+            raise RemoteProtocolError(
+                f"The request carries {count} messages; the limit is {limit}.",
+                code=ErrorCode.TOO_MANY_ITEMS,
+                param="messages",
+            )
 
     def _check_room(self) -> None:
         """Refuse a completion beyond ``--chat-max-in-flight`` (429, retry in a second)."""
@@ -205,13 +222,7 @@ class ChatCompletions:
     async def _start(self, body: ChatRequest, owner: str) -> tuple[ChatTurn, ChatPrompt]:
         """Check ``body`` and make its turn (its cache blocks ``owner``'s).
         Raises :class:`RemoteProtocolError`."""
-        limit = self.config.max_items_per_event  # a create's item limit, on messages
-        if len(body.messages) > limit:
-            raise RemoteProtocolError(
-                f"The request carries {len(body.messages)} messages; the limit is {limit}.",
-                code=ErrorCode.TOO_MANY_ITEMS,
-                param="messages",
-            )
+        self._check_messages(len(body.messages))
         model = self.models.resolve(body.model)
         if (unsupported := unsupported_field(body)) is not None:
             raise unsupported

@@ -50,7 +50,7 @@ from ...engine.counting import token_lengths
 from ...engine.render import render_prefix
 from ...ids import new_id
 from ..errors import http_error
-from .responses import ResponsesHTTP
+from .responses import ResponsesHTTP, too_many_items
 
 __all__ = ["COMPACT_PARAMETERS", "CompactHTTP"]
 
@@ -65,6 +65,8 @@ _encoder: Final = msgspec.json.Encoder()
 #: A body's members, each value left as its JSON text (no recursion into it).
 _members: Final = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _NULL: Final = msgspec.Raw(b"null")
+#: The items of a list ``input``, each left as its JSON text.
+_items: Final = msgspec.json.Decoder(list[msgspec.Raw])
 
 
 class CompactHTTP:
@@ -81,7 +83,7 @@ class CompactHTTP:
     async def compact(self, request: Request) -> Response:
         try:
             owner = self.http.owner(request)
-            body = _decode(await self.http.read_body(request))
+            body = _decode(await self.http.read_body(request), self.http.config.max_items_per_event)
             model = self.turns.resolve(body)  # refuses an unknown model
             compactor = self.turns.compactor(owner)
             assert compactor is not None  # the lifespan loaded the key
@@ -121,11 +123,7 @@ class CompactHTTP:
         """
         limit = self.http.config.max_items_per_event
         if len(items) > limit:
-            raise RemoteProtocolError(
-                f"The request carries {len(items)} input items; the limit is {limit}.",
-                code=ErrorCode.TOO_MANY_ITEMS,
-                param="input",
-            )
+            raise too_many_items(len(items), limit)
 
     async def _history(self, parent_id: str | None, owner: str) -> list[Item]:
         """The stored chain ending at ``parent_id`` (none: nothing).
@@ -144,12 +142,14 @@ class CompactHTTP:
         return conversation.items
 
 
-def _decode(data: bytes) -> ResponseCreate:
-    """The compaction body, checked by the protocol's create decoder.
+def _decode(data: bytes | bytearray, max_items: int) -> ResponseCreate:
+    """The compaction body, checked by the protocol's create decoder; its
+    items are counted first, on their text (a create's limit, ``max_items``:
+    100,000 items are not built to be refused).
 
     Raises :class:`RemoteProtocolError` (``invalid_json``,
-    ``missing_required_parameter`` on ``model``, ``unknown_parameter``, and
-    whatever the create decoder finds).
+    ``missing_required_parameter`` on ``model``, ``unknown_parameter``,
+    ``too_many_items`` on ``input``, and whatever the create decoder finds).
     """
     try:  # the top level only: a value is kept as its JSON text
         raw = _members.decode(data)
@@ -164,14 +164,20 @@ def _decode(data: bytes) -> ResponseCreate:
             code=ErrorCode.MISSING_REQUIRED_PARAMETER,
             param="model",
         )
-    for name in _IGNORED:
-        raw.pop(name, None)
+    ignored = [name for name in _IGNORED if raw.pop(name, None) is not None]
     for name in raw:
         if name not in COMPACT_PARAMETERS:
             raise RemoteProtocolError(
                 f"Unknown parameter: '{name}'.", code=ErrorCode.UNKNOWN_PARAMETER, param=name
             )
-    body = decode_create_body(_encoder.encode(raw))
+    try:
+        count = len(_items.decode(raw.get("input", _NULL)))
+    except msgspec.ValidationError:  # a string (one item), or the create decoder's error
+        count = 0
+    if count > max_items:
+        raise too_many_items(count, max_items)
+    # Encoded again only without what is ignored (15 MB: 14-17 ms on the loop).
+    body = decode_create_body(_encoder.encode(raw) if ignored else data)
     if body.previous_response_id is None and not body.input:
         raise RemoteProtocolError(
             "Nothing to compact: give 'input', 'previous_response_id', or both.",

@@ -69,6 +69,7 @@ class InputTokens:
         try:
             owner = http.owner(request)
             raw = await http.read_body(request)
+            await http.check_skeleton(raw)
             body = decode_create_body(raw)  # JSON, types, unknown create parameters
             for key in _keys_decoder.decode(raw):
                 if key not in COUNT_PARAMETERS:

@@ -75,6 +75,7 @@ from ..errors import error_body, log_refusal
 from ..inspector.records import ConnectionRecord
 from ..request_ids import request_id
 from ..seam import SEND_TEXTS_KEY, abort
+from ..skeleton import check_create_skeleton
 from ..turns import Turns
 from ..types import Receive, Scope, Send
 from .append import AppendShape
@@ -269,6 +270,9 @@ class Session:
     async def handle_message(self, data: str | bytes, received_at: float) -> None:
         """Decode, check, admit and act on one client message; errors become error events.
 
+        A ``response.create``'s item, tool and schema limits are checked on its
+        skeleton first, before it is decoded (``longresponse/serve/skeleton.py``).
+
         An append-mode create's costly checks run in a worker thread first
         (:meth:`Turns.settled`). Once the session is closing (draining, or
         closed for a bad inject), messages are dropped unread; on a 1012 the
@@ -279,6 +283,9 @@ class Session:
         self._decoded_at = received_at
         event: object = None
         try:
+            if len(data) <= self.connection.max_message_bytes:  # else refused unread
+                limits, count = self.turns.pipeline.limits, self.connection.check_item_count
+                await check_create_skeleton(data, limits, count, frame=True)
             event = self.connection.decode_message(data)
             if isinstance(event, ResponseAppend | ResponseInject | ResponseSteer):
                 # Input into a live response: its costly checks first, off the
