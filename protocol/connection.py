@@ -642,8 +642,10 @@ class Connection:
 
 def _byte_size(data: bytes | str, limit: int) -> int:
     """The UTF-8 size of ``data``, computed only when it could exceed ``limit``."""
-    if isinstance(data, bytes) or len(data) * 4 <= limit:
-        return len(data)  # for str: at most 4 bytes a character, so within the limit
+    if isinstance(data, bytes) or len(data) * 4 <= limit or data.isascii():
+        # For str: at most 4 bytes a character, so within the limit; or ASCII
+        # (a flag of the string, read at once), a byte a character.
+        return len(data)
     return len(data.encode("utf-8", "surrogatepass"))
 
 

@@ -78,6 +78,9 @@ class ScanProcess:
                 # forkserver: the child does not inherit the server's threads,
                 # sockets or memory, only what the classifier imports.
                 context = multiprocessing.get_context("forkserver")
+                # What the fork server loads first: the classifier, not the
+                # server's __main__ (which a script may run unguarded).
+                context.set_forkserver_preload([scan.__module__])
                 self._pool = ProcessPoolExecutor(1, mp_context=context)
             return self._pool
 

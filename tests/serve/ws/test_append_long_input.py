@@ -20,6 +20,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, Final
 
 import httpx
@@ -130,10 +131,29 @@ def test_a_15_mb_append_delays_no_other_client(server: ServerProcess, kind: str)
             "failed",
             "context_length_exceeded",
         )
+        # The classifier read the text in the server's child process.
+        assert any("forkserver" in command for command in children(server)), children(server)
         waits.append((round(baseline, 3), round(during, 3)))
         if during <= baseline + ALLOWED_DELAY:
             return
     pytest.fail(f"another client waited longer than {ALLOWED_DELAY} s over alone: {waits}")
+
+
+def children(server: ServerProcess) -> list[str]:
+    """The command lines of the server process's children."""
+    assert server.process is not None
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            command = Path(f"/proc/{entry}/cmdline").read_text().replace("\0", " ")
+        except OSError:
+            continue  # ended meanwhile
+        if int(stat.rsplit(")", 1)[1].split()[1]) == server.process.pid:
+            found.append(command)
+    return found
 
 
 def worst_wait_until(http_url: str, stop: threading.Event, sender: Any) -> float:
