@@ -427,7 +427,10 @@ class TokenCache:
             self._commit(pending, rendered)
 
     def _commit(self, pending: list[tuple[str, str]], rendered: array[int]) -> int:
-        self._tokens.extend(rendered)
+        if self._tokens:
+            self._tokens.extend(rendered)
+        else:  # nothing to join: taken as it is (a copy of 5 M tokens held the loop 18 ms)
+            self._tokens = rendered
         self.items_rendered += len(pending)
         self._pending = []
         self.tokens_rendered += len(rendered)
