@@ -26,7 +26,9 @@ conversation's user messages, then the compaction item; passed unchanged as
 the ``input`` of a create without ``previous_response_id`` (over HTTP or
 either WebSocket shape) it continues the conversation from that window. Its
 ``usage`` counts what the model read (the instructions and the conversation,
-rendered) and wrote (the window, rendered).
+rendered) and wrote (the window, rendered). An answer with a string of
+:data:`LONG_TEXT` characters or more is written a piece at a time
+(:func:`answer_pieces`), the event loop given a turn between two.
 """
 
 from __future__ import annotations
