@@ -92,7 +92,14 @@ import msgspec
 
 from protocol.response import FormatText
 
-from ..chat.mapping import format_to_chat, messages_from_items, tool_choice_to_chat, tools_to_chat
+from ..chat.mapping import (
+    McpFunction,
+    format_to_chat,
+    mcp_functions,
+    messages_from_items,
+    tool_choice_to_chat,
+    tools_to_chat,
+)
 from ..config import BackendConfig
 from ..engine.sampling import SampleChunk, SampleRequest, Stop, UpstreamError, Usage
 from .chat_stream import ChunkReader, decode_chunk, refusal
@@ -131,18 +138,23 @@ def chat_body(
     request: SampleRequest,
     affinity: str = "",
     prompt_tokens: int | None = None,
+    mcp: Mapping[str, McpFunction] | None = None,
 ) -> dict[str, Any]:
     """The ``POST /chat/completions`` body of one turn of the rollout whose
     affinity key (hex) is ``affinity``; ``prompt_tokens`` is the engine's count
-    of the prompt, where known (:func:`set_output_limit`)."""
+    of the prompt, where known (:func:`set_output_limit`); ``mcp`` the MCP
+    tools offered as functions (:func:`mcp_functions` of the request)."""
     messages = messages_from_items(request.context, request.instructions)
+    if mcp is None:
+        mcp = mcp_functions(request.tools, request.context)
     body: dict[str, Any] = {
         "model": config.model,
         "messages": msgspec.to_builtins(messages),
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    chat_tools = tools_to_chat(request.tools)  # function tools only
+    # Function tools, then the listed tools of the request's MCP servers.
+    chat_tools = [*tools_to_chat(request.tools), *(f.tool for f in mcp.values())]
     choice: object = tool_choice_to_chat(request.tool_choice)
     if chat_tools:
         if choice == "auto":
@@ -218,6 +230,8 @@ async def send_kept_or_fresh(
         )
     request = fresh.build_request("POST", url, content=content, headers=headers)
     return await fresh.send(request, stream=True)
+
+
 def home_slot(config: BackendConfig, affinity: str) -> int | None:
     """The llama.cpp slot a conversation with key ``affinity`` (hex) is pinned to
     while it is free (``slots``), or None."""
@@ -416,7 +430,8 @@ class ChatSampler:
         headers = self._headers
         if config.affinity_header and affinity != self.affinity:
             headers = {**headers, config.affinity_header: affinity}
-        body = chat_body(config, request, affinity)
+        mcp = mcp_functions(request.tools, request.context)
+        body = chat_body(config, request, affinity, mcp=mcp)
         estimated = request.cached_tokens + request.uncached_tokens
         set_output_limit(body, config, request, await self._check_window(body, estimated))
         slot = backend.claim_slot(body)
@@ -428,7 +443,7 @@ class ChatSampler:
         except BaseException:
             backend.release_slot(slot)
             raise
-        reader = ChunkReader(secret=backend._key)
+        reader = ChunkReader(secret=backend._key, mcp=mcp)
         lines = response.aiter_lines()
         try:
             while True:

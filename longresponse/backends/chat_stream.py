@@ -49,10 +49,12 @@ from __future__ import annotations
 
 import re
 import secrets
+from collections.abc import Mapping
 from typing import Final
 
 import msgspec
 
+from ..chat.mapping import McpFunction
 from ..chat.upstream import ChatError, ChunkRecord, decode_chat_error, decode_chunk_record
 from ..chat.wire import ChatUsage, ToolCallDelta
 from ..engine.sampling import (
@@ -100,8 +102,12 @@ class _Call:
 class ChunkReader:
     """Turns one turn's chunks into sampler chunks (see the module docstring)."""
 
-    def __init__(self, secret: str | None = None) -> None:
+    def __init__(
+        self, secret: str | None = None, mcp: Mapping[str, McpFunction] | None = None
+    ) -> None:
         self._secret = secret  # the API key: never quoted from the engine
+        #: The MCP tools offered as functions, by chat name: a call of one is hosted.
+        self._mcp = mcp or {}
         self._text_open = False
         self._calls: dict[int, _Call] = {}
         self._live: int | None = None  # the call streamed as it comes
@@ -176,7 +182,7 @@ class ChunkReader:
                 self._text_open = False
             self._flush_reasoning(out)
             self._live = index
-            out.extend(_start(call))
+            out.extend(_start(call, self._mcp))
         elif self._live == index and call.arguments:
             out.extend(ArgumentsDelta(part) for part in call.arguments)
             call.arguments.clear()
@@ -196,7 +202,8 @@ class ChunkReader:
         for index in sorted(self._calls):
             call = self._calls[index]
             if index != self._live and call.name:
-                out.extend([*_start(call), ItemEnd(incomplete=cut and self._writing == index)])
+                out.extend(_start(call, self._mcp))
+                out.append(ItemEnd(incomplete=cut and self._writing == index))
         if self._late:
             late = ItemEnd(incomplete=cut and self._writing == "late")
             out.extend([TextDelta("".join(self._late)), late])
@@ -226,9 +233,15 @@ class ChunkReader:
             self._reasoning.clear()
 
 
-def _start(call: _Call) -> list[SampleChunk]:
+def _start(call: _Call, mcp: Mapping[str, McpFunction]) -> list[SampleChunk]:
     call_id = call.call_id or f"call_{secrets.token_hex(12)}"
-    out: list[SampleChunk] = [ToolCallStart(call_id=call_id, name=call.name)]
+    hosted = mcp.get(call.name)
+    start = (
+        ToolCallStart(call_id, hosted.name, kind="mcp", namespace=hosted.server_label)
+        if hosted is not None
+        else ToolCallStart(call_id=call_id, name=call.name)
+    )
+    out: list[SampleChunk] = [start]
     out.extend(ArgumentsDelta(part) for part in call.arguments)
     call.arguments.clear()
     return out

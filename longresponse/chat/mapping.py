@@ -31,6 +31,8 @@ Tools, ``tool_choice`` and ``response_format`` map onto ``FunctionTool``,
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from collections.abc import Sequence
 from typing import Final, Literal
 
@@ -47,6 +49,9 @@ from protocol.items import (
     InputFile,
     InputImage,
     Item,
+    McpCall,
+    McpListTools,
+    McpTool,
     Message,
     OutputText,
     Reasoning,
@@ -55,6 +60,7 @@ from protocol.items import (
     ToolChoice,
     ToolChoiceAllowed,
     ToolChoiceFunction,
+    ToolChoiceMcp,
     item_text,
 )
 from protocol.response import FormatJSONObject, FormatJSONSchema, FormatText, TextFormat
@@ -89,9 +95,12 @@ from .wire import (
 )
 
 __all__ = [
+    "McpFunction",
     "format_from_chat",
     "format_to_chat",
     "items_from_messages",
+    "mcp_chat_name",
+    "mcp_functions",
     "message_text",
     "messages_from_items",
     "tool_choice_from_chat",
@@ -238,7 +247,11 @@ def messages_from_items(
     message, then the items (the reverse of :func:`items_from_messages`).
 
     Reasoning rides on the next assistant message as ``reasoning_content``;
-    a compaction (opaque to an engine) and a compaction trigger are left out.
+    a compaction (opaque to an engine) and a compaction trigger are left out;
+    a hosted MCP call that ran is the engine's call of its function
+    (:func:`mcp_chat_name`) and the call's output (or error) as its result;
+    listings and approvals are left out (the listed tools are the request's
+    ``tools``: :func:`mcp_functions`).
     """
     messages: list[ChatMessage] = []
     if instructions:
@@ -279,6 +292,20 @@ def messages_from_items(
             flush()
             content = chat_content(item.output)
             messages.append(ToolMessage(tool_call_id=item.call_id, content=content))
+        elif isinstance(item, McpCall) and item.status in ("completed", "failed"):
+            # A hosted call the server made: the engine's call and its result.
+            call_id = item.id if isinstance(item.id, str) else f"mcp_{len(messages)}"
+            call = ToolCall(
+                id=call_id,
+                type="function",
+                function=ToolCallFunction(
+                    name=mcp_chat_name(item.server_label, item.name), arguments=item.arguments
+                ),
+            )
+            flush()
+            messages.append(AssistantMessage(tool_calls=[call], reasoning_content=_pop(reasoning)))
+            result = item.output if isinstance(item.output, str) else _mcp_error(item.error)
+            messages.append(ToolMessage(tool_call_id=call_id, content=result))
         elif isinstance(item, Message):
             flush()
             text = chat_content(item.content)
@@ -391,6 +418,63 @@ def tool_choice_from_chat(
     return choice
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class McpFunction:
+    """A listed tool of an MCP server, as a chat engine is offered it."""
+
+    server_label: str
+    name: str
+    tool: ChatTool
+
+
+#: What a chat function's name may be (the shipped Chat Completions rule).
+_CHAT_NAME: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def mcp_chat_name(server_label: str, name: str) -> str:
+    """The function name a chat engine knows a listed MCP tool by."""
+    return f"{server_label}__{name}"
+
+
+def mcp_functions(tools: Sequence[Tool], context: Sequence[Item]) -> dict[str, McpFunction]:
+    """The tools of every ``mcp`` server of ``tools`` that ``context`` lists
+    (its latest listing), by their chat name (:func:`mcp_chat_name`); a tool
+    whose chat name a Chat Completions API would refuse, or which a function
+    tool's name already takes, is not offered."""
+    servers = {tool.server_label for tool in tools if isinstance(tool, McpTool)}
+    if not servers:
+        return {}
+    listings: dict[str, McpListTools] = {}
+    for item in context:
+        if isinstance(item, McpListTools) and item.server_label in servers:
+            listings[item.server_label] = item
+    taken = {tool.name for tool in tools if isinstance(tool, FunctionTool)}
+    offered: dict[str, McpFunction] = {}
+    for label, listing in listings.items():
+        for listed in listing.tools:
+            name = mcp_chat_name(label, listed.name)
+            if name in taken or name in offered or not _CHAT_NAME.fullmatch(name):
+                continue
+            schema = listed.input_schema if isinstance(listed.input_schema, dict) else None
+            description = listed.description if isinstance(listed.description, str) else None
+            definition = FunctionDefinition(
+                name=name, description=description, parameters=schema or {"type": "object"}
+            )
+            offered[name] = McpFunction(label, listed.name, ChatTool(function=definition))
+    return offered
+
+
+def _mcp_error(error: object) -> str:
+    """What a failed hosted call's result says to the engine."""
+    if isinstance(error, dict):
+        if isinstance(error.get("message"), str):
+            return f"Error: {error['message']}"
+        texts = [part.get("text") for part in error.get("content") or [] if isinstance(part, dict)]
+        if texts:
+            return "Error: " + " ".join(str(text) for text in texts)
+    return "Error: the tool call failed."
+
+
 def tool_choice_to_chat(choice: ToolChoice) -> ChatToolChoice:
     """A ``tool_choice`` a chat engine can take: one naming another kind of tool
     than a function is ``auto`` there (``required`` for ``allowed_tools`` in
@@ -400,6 +484,11 @@ def tool_choice_to_chat(choice: ToolChoice) -> ChatToolChoice:
     if isinstance(choice, str):
         return choice
     if isinstance(choice, ToolChoiceAllowed) and choice.mode == "required":
+        return "required"
+    if isinstance(choice, ToolChoiceMcp):  # a listed tool of that server, or any
+        if isinstance(choice.name, str):
+            name = mcp_chat_name(choice.server_label, choice.name)
+            return NamedToolChoice(type="function", function=FunctionName(name=name))
         return "required"
     return "auto"
 

@@ -24,13 +24,25 @@ import pytest
 from longresponse.backends.chat import ChatBackend, window_margin
 from longresponse.backends.chat_stream import ChunkReader
 from longresponse.backends.settings import SettingsError, load_toml, shown_url
-from longresponse.chat.mapping import messages_from_items
+from longresponse.chat.mapping import mcp_functions, messages_from_items, tool_choice_to_chat
 from longresponse.chat.upstream import ChunkRecord as StreamChunk
 from longresponse.client import connect
 from longresponse.engine.sampling import ToolCallStart, UpstreamError
 from longresponse.engine.stream import StreamBuilder
 from protocol.events import ErrorEvent, OutputItemDone, ResponseDone
-from protocol.items import FunctionCall, InputImage, InputText, Message, item_text
+from protocol.items import (
+    FunctionCall,
+    FunctionTool,
+    InputImage,
+    InputText,
+    McpCall,
+    McpListedTool,
+    McpListTools,
+    McpTool,
+    Message,
+    ToolChoiceMcp,
+    item_text,
+)
 from tests.backends.test_backend_chat import ADD, chat_backend, gateway
 from tests.conftest import openai_client
 from tests.support.engine_peer import StandIn, answer, choice, cut, record
@@ -522,3 +534,97 @@ async def test_sim_metadata_is_not_checked_for_a_real_backends_model(
     with pytest.raises(openai.BadRequestError) as refused:
         http.responses.create(model="sim", input="hi", metadata=odd)
     assert refused.value.code == "invalid_value"
+
+
+def test_listed_mcp_tools_are_offered_as_functions_and_their_calls_are_hosted() -> None:
+    """The chat backend's side of a hosted MCP tool, without an engine: the
+    latest listing of each ``mcp`` server of the request becomes functions
+    named ``<server_label>__<tool>`` (none whose name a chat API would refuse,
+    or a function tool's name takes); a call of one starts a hosted (``mcp``)
+    call; a call that ran goes back to the engine as its call and result."""
+    tools = [
+        McpTool(server_label="loop", server_url="http://127.0.0.1:1/mcp"),
+        FunctionTool(name="loop__add", parameters={"type": "object"}),
+    ]
+    schema = {"type": "object", "properties": {"text": {"type": "string"}}}
+    context = [
+        McpListTools(server_label="loop", tools=[McpListedTool(name="old", input_schema={})]),
+        McpListTools(
+            server_label="loop",
+            tools=[
+                McpListedTool(name="shout", input_schema=schema, description="Capitals."),
+                McpListedTool(name="add", input_schema={}),  # taken by the function tool
+                McpListedTool(name="has space", input_schema={}),  # not a chat name
+            ],
+        ),
+        McpListTools(server_label="other", tools=[McpListedTool(name="x", input_schema={})]),
+    ]
+    offered = mcp_functions(tools, context)
+    assert list(offered) == ["loop__shout"]  # the latest listing only; "other" is no tool
+    function = offered["loop__shout"].tool.function
+    assert (function.name, function.parameters, function.description) == (
+        "loop__shout",
+        schema,
+        "Capitals.",
+    )
+    reader = ChunkReader(mcp=offered)
+    out = []
+    for piece in pieces(
+        {"index": 0, "id": "call_m", "function": {"name": "loop__shout", "arguments": "{}"}},
+        {"index": 1, "id": "call_f", "function": {"name": "loop__add", "arguments": "{}"}},
+    ):
+        out.extend(reader.feed(piece))
+    out.extend(reader.end())
+    assert [c for c in out if isinstance(c, ToolCallStart)] == [
+        ToolCallStart("call_m", "shout", kind="mcp", namespace="loop"),
+        ToolCallStart("call_f", "loop__add"),
+    ]
+    ran = McpCall(
+        id="mcp_1",
+        server_label="loop",
+        name="shout",
+        arguments='{"text":"hi"}',
+        status="completed",
+        output="HI",
+    )
+    failed = msgspec.structs.replace(
+        ran,
+        id="mcp_2",
+        output=None,
+        status="failed",
+        error={"type": "http_error", "code": 504, "message": "timed out"},
+    )
+    messages = msgspec.to_builtins(messages_from_items([ran, failed]))
+    assert messages == [
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "mcp_1",
+                    "type": "function",
+                    "function": {"name": "loop__shout", "arguments": '{"text":"hi"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "mcp_1", "content": "HI"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "mcp_2",
+                    "type": "function",
+                    "function": {"name": "loop__shout", "arguments": '{"text":"hi"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "mcp_2", "content": "Error: timed out"},
+    ]
+    assert msgspec.to_builtins(
+        tool_choice_to_chat(ToolChoiceMcp(server_label="loop", name="shout"))
+    ) == {
+        "type": "function",
+        "function": {"name": "loop__shout"},
+    }
+    assert tool_choice_to_chat(ToolChoiceMcp(server_label="loop")) == "required"
