@@ -171,3 +171,44 @@ async def test_cancel_and_disconnect_cancel_the_call_in_flight(
         # the socket is gone: so is the call, and the session
         await wait_until(lambda: "cancelled" in SLOW_CALLS[started:])
         await wait_until(lambda: not patient.live_sessions)
+
+
+def test_an_http_client_that_hangs_up_or_cancels_ends_the_call_in_flight(
+    make_server: Any, mcp_server: LoopbackMcp
+) -> None:
+    """Over HTTP too: an SSE reader that hangs up during a hosted call, and a
+    background response cancelled by ``POST /v1/responses/{id}/cancel``
+    during one, end the call at the MCP server."""
+    import dataclasses
+
+    import httpx
+
+    patient = make_server(mcp=dataclasses.replace(LIMITS, call_timeout=30.0))
+    tool = mcp_tool(mcp_server.http_url, allowed_tools=["slow"], require_approval="never")
+    body = {"model": "sim", "input": "wait", "tools": [tool]}
+    with httpx.Client(base_url=patient.http_url, timeout=10) as client:
+        started = len(SLOW_CALLS)
+        with client.stream("POST", "/v1/responses", json={**body, "stream": True}) as stream:
+            for line in stream.iter_lines():
+                if "response.mcp_call.in_progress" in line:
+                    break
+            wait_until_sync(lambda: "started" in SLOW_CALLS[started:])
+        wait_until_sync(lambda: "cancelled" in SLOW_CALLS[started:])  # hung up: cancelled
+
+        started = len(SLOW_CALLS)
+        created = client.post("/v1/responses", json={**body, "background": True, "store": True})
+        assert created.status_code == 200, created.text
+        wait_until_sync(lambda: "started" in SLOW_CALLS[started:])
+        cancelled = client.post(f"/v1/responses/{created.json()['id']}/cancel")
+        assert cancelled.status_code == 200, cancelled.text
+        assert cancelled.json()["status"] == "cancelled"
+        wait_until_sync(lambda: "cancelled" in SLOW_CALLS[started:])
+
+
+def wait_until_sync(condition: Any, timeout: float = 10.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
