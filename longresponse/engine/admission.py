@@ -179,9 +179,10 @@ class Pipeline:
         #: the refusal), by digest of their encoding; at most MAX_VERDICTS.
         self._verdicts: dict[bytes, RemoteProtocolError | None] = {}
         self._last_tools: tuple[Sequence[Tool], bytes] | None = None
-        #: Long texts read ahead by :meth:`settle`, by ``id``, with their findings
-        #: (the text is kept too: its id names it only while it lives).
-        self._prescanned: dict[int, tuple[str, tuple[Finding, ...]]] = {}
+        #: Long texts read ahead by :meth:`settle`, by the ``id`` of what each is
+        #: made from (:func:`_text_source`: kept too, its id names it only while
+        #: it lives), with the text's length and its findings.
+        self._prescanned: dict[int, tuple[object, int, tuple[Finding, ...]]] = {}
         self._prescanned_chars = 0
         self._prescan_lock = threading.Lock()
 
@@ -237,44 +238,47 @@ class Pipeline:
             self.check_tools(tools)
         with contextlib.suppress(RemoteProtocolError):
             self.check_text_format(text_format)
-        for text in self._unread(items):
+        for source, text in self._unread(items):
             found = tuple(read(text))
             with self._prescan_lock:
-                if id(text) not in self._prescanned:  # else read by another meanwhile
-                    self._prescanned[id(text)] = (text, found)
+                if id(source) not in self._prescanned:  # else read by another meanwhile
+                    self._prescanned[id(source)] = (source, len(text), found)
                     self._prescanned_chars += len(text)
                 while self._prescanned_chars > PRESCAN_KEPT_CHARS:
-                    oldest, _ = self._prescanned.pop(next(iter(self._prescanned)))
-                    self._prescanned_chars -= len(oldest)
+                    _, chars, _ = self._prescanned.pop(next(iter(self._prescanned)))
+                    self._prescanned_chars -= chars
 
     def forget(self, items: Sequence[Item]) -> None:
         """Drop what :meth:`settle` read ahead of ``items`` and admission did not
         take (a request refused before admission): nothing outlives its request."""
-        texts = [_classified_text(item) for item in items]
+        sources = [_text_source(item) for item in items]
         with self._prescan_lock:
-            for text in texts:
-                kept = self._prescanned.get(id(text))
-                if kept is not None and kept[0] is text:
-                    del self._prescanned[id(text)]
-                    self._prescanned_chars -= len(text)
+            for source in sources:
+                kept = self._prescanned.get(id(source))
+                if kept is not None and kept[0] is source:
+                    del self._prescanned[id(source)]
+                    self._prescanned_chars -= kept[1]
 
-    def _unread(self, items: Sequence[Item]) -> list[str]:
-        """The texts of ``items`` not read ahead, when there is enough to read
+    def _unread(self, items: Sequence[Item]) -> list[tuple[object, str]]:
+        """The texts of ``items`` not read ahead, with what each is made from
+        (:func:`_text_source`), when there is enough to read
         (:data:`PRESCAN_CHARS` characters or :data:`PRESCAN_ITEMS` texts in all);
         else none (they are read in place, at once)."""
-        texts = [text for text in map(_classified_text, items) if text]
-        if len(texts) < PRESCAN_ITEMS and sum(map(len, texts)) < PRESCAN_CHARS:
+        texts = [(_text_source(item), _classified_text(item)) for item in items]
+        texts = [(source, text) for source, text in texts if text]
+        if len(texts) < PRESCAN_ITEMS and sum(len(text) for _, text in texts) < PRESCAN_CHARS:
             return []
         with self._prescan_lock:
-            unread = {id(text): text for text in texts if id(text) not in self._prescanned}
+            unread = {id(s): (s, text) for s, text in texts if id(s) not in self._prescanned}
         return list(unread.values())
 
-    def _read_ahead(self, text: str) -> tuple[Finding, ...] | None:
-        """The findings :meth:`settle` kept for ``text``, or None."""
-        kept = self._prescanned.get(id(text))
-        if kept is None or kept[0] is not text:
+    def _read_ahead(self, item: Item) -> tuple[Finding, ...] | None:
+        """The findings :meth:`settle` kept for ``item``'s text, or None."""
+        source = _text_source(item)
+        kept = self._prescanned.get(id(source))
+        if kept is None or kept[0] is not source:
             return None
-        return kept[1]
+        return kept[2]
 
     def _kept(self, key: bytes) -> bool:
         """True when ``key``'s verdict is kept and admits; raises a copy of a kept refusal."""
@@ -436,9 +440,9 @@ class Pipeline:
         self.counters.items_classified += len(items)
         verdicts: list[tuple[Finding, ...]] = []
         for item in items:
-            text = _classified_text(item)
-            found = self._read_ahead(text) if self._prescanned else None
+            found = self._read_ahead(item) if self._prescanned else None
             if found is None:
+                text = _classified_text(item)
                 found = tuple(scan(text)) if text else ()
             self.counters.secrets_found += len(found)
             verdicts.append(found)
@@ -576,6 +580,14 @@ def _check_output(item: CallOutput, where: str) -> None:
             code=ErrorCode.INVALID_VALUE,
             param=f"{where}.call_id",
         )
+
+
+def _text_source(item: Item) -> object:
+    """What ``item``'s classified text is made from, an object that lives as
+    long as the request's items: a text of several parts is joined anew at
+    every call, so read-ahead findings are kept by this object's identity."""
+    source = item.content if isinstance(item, Message) else getattr(item, "output", None)
+    return source if isinstance(source, str | list) else item
 
 
 def _classified_text(item: Item) -> str:

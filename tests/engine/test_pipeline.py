@@ -20,10 +20,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from longresponse.client import connect
 from longresponse.config import ServerConfig, SimConfig, Switches
+from longresponse.engine.admission import Pipeline
+from longresponse.engine.classifier import Finding
 from longresponse.storage.backends import SQLiteStore
 from protocol import ResponseState
 from protocol.events import ErrorEvent, OutputItemDone, OutputTextDelta, ResponseDone, TimingEvent
-from protocol.items import FunctionCall
+from protocol.items import FunctionCall, InputText, Item, Message
 from tests.conftest import RunningServer, openai_client
 
 TOOL = {
@@ -419,3 +421,26 @@ async def test_a_rollout_cut_off_by_a_disconnect_is_still_billed(make_server: An
     (record,) = [r for r in records if r.response_id == rid]
     assert record.transport == "append"
     assert record.input_tokens > 0
+
+
+def test_a_text_read_ahead_is_found_again_when_it_is_joined_from_parts() -> None:
+    """``settle`` keeps its findings for the text of a message of several parts
+    (joined anew at every call); admission finds them, and ``forget`` drops them."""
+    pipeline = Pipeline(Switches())
+    parts = [InputText(text="a" * 40_000), InputText(text="b" * 40_000)]
+    items: list[Item] = [Message(role="user", content=parts)]
+    marked = Finding("marked", 0, 1)  # what only the read ahead can have found
+    reads: list[int] = []
+
+    def read(text: str) -> list[Finding]:
+        reads.append(len(text))
+        return [marked]
+
+    assert not pipeline.settled([], None, items)
+    pipeline.settle([], None, items, read)
+    assert reads == [80_000]
+    assert pipeline.settled([], None, items)
+    assert pipeline.classify(items) == [(marked,)]
+    pipeline.forget(items)
+    assert not pipeline.settled([], None, items)
+    assert pipeline.classify(items) == [()]  # read in place now: nothing there
