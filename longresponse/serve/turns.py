@@ -123,7 +123,10 @@ class Turns:
         self, request: ResponseCreate, items: Sequence[Item] = ()
     ) -> contextlib.AbstractAsyncContextManager[None]:
         """:meth:`settled_checks` for a create's tools and ``text.format``, and the
-        ``items`` it will admit (its input, and the history it validates again)."""
+        ``items`` it will admit (its input, and the history it validates again).
+        The tools are those admission checks: the ``mcp`` tools without their
+        secrets (:meth:`start_turn`), so that it finds their verdict kept."""
+        request, _ = redact_mcp_tools(request)
         text_format = request.text.format if request.text is not None else None
         return self.settled_checks(request.tools, text_format, items)
 

@@ -112,3 +112,21 @@ def test_require_approval_filters_by_name_and_read_only(
             if name == "shout":
                 assert listing.tools[0].annotations == {"readOnlyHint": True}
             assert response.output[1].type == kind, (policy, name)
+
+
+def test_tools_beside_an_mcp_tool_with_secrets_are_checked_once(
+    hosted_server: RunningServer, mcp_server: LoopbackMcp
+) -> None:
+    """The off-loop check settles the tools admission checks (the ``mcp`` tool
+    without its secrets): admission finds their verdict and checks nothing again."""
+    pipeline = hosted_server.app.state.pipeline
+    tools = [
+        mcp_tool(mcp_server.http_url, allowed_tools=["add"], authorization="token-xyz"),
+        {"type": "function", "name": "checked_once", "parameters": {"type": "object"}},
+    ]
+    before = pipeline.counters.tool_schemas_checked
+    response = openai_client(hosted_server).responses.create(
+        model="sim", input="add two numbers", tools=tools, tool_choice="auto"
+    )
+    assert response.status == "completed"
+    assert pipeline.counters.tool_schemas_checked - before == 1  # the function tool, once
