@@ -38,6 +38,7 @@ schema limit before a fault the decoder or an earlier check would name.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Final
@@ -127,6 +128,8 @@ async def check_create_skeleton(
     :class:`ProtocolError`; returns when the body keeps them or is left to
     its decoder. ``frame``: ``data`` is a WebSocket message, checked only
     when it is a ``response.create``, and refused on its lane (``stream_id``)."""
+    if frame and _leads_with_other_type(data):
+        return  # an append, a cancel...: not read twice
     create = await _read(data, _Create)
     if create is None or (frame and _text(create.type) != "response.create"):
         return
@@ -137,6 +140,19 @@ async def check_create_skeleton(
         await _check_create(create, limits, check_count)
     except ProtocolError as error:
         raise error.with_(stream_id=_decode(create.stream_id, str | None)) from None
+
+
+#: A frame that begins with its ``type``, as clients write them.
+_TYPE_FIRST: Final = re.compile(r'\s*\{\s*"type"\s*:\s*"([a-z._]*)"')
+_TYPE_FIRST_BYTES: Final = re.compile(_TYPE_FIRST.pattern.encode())
+
+
+def _leads_with_other_type(data: bytes | bytearray | str) -> bool:
+    """Whether ``data`` begins with a ``type`` other than ``response.create``
+    (read on its first bytes; anything else is read as a whole)."""
+    head = data[:128]
+    found = _TYPE_FIRST.match(head) if isinstance(head, str) else _TYPE_FIRST_BYTES.match(head)
+    return found is not None and found.group(1) not in ("response.create", b"response.create")
 
 
 async def _check_create(create: _Create, limits: SchemaLimits, check_count: _Count) -> None:
