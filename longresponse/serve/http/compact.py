@@ -36,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Final
 
 import msgspec
@@ -96,7 +96,7 @@ class CompactHTTP:
             compactor = self.turns.compactor(owner)
             assert compactor is not None  # the lifespan loaded the key
             items = as_items(body.input)
-            self._check_count(items)  # before the chain is read or anything checked
+            self.http.check_item_count(len(items))  # before the chain is read or anything checked
             history = await self._history(body.previous_response_id, owner)
             async with self.turns.settled_checks([], None, [*history, *items]):  # off the loop
                 admission = self.turns.pipeline.admit(
@@ -122,18 +122,10 @@ class CompactHTTP:
                 total_tokens=read + written,
             ),
         )
-        if not any(_long(text) for text in _texts(answer)):
+        marked, longs = _marked(answer)
+        if not longs:
             return Response(_encoder.encode(answer), media_type="application/json")
-        return StreamingResponse(answer_pieces(answer), media_type="application/json")
-
-    def _check_count(self, items: Sequence[Item]) -> None:
-        """A create's item limit (``--max-items-per-event``) applies here too.
-
-        Raises :class:`RemoteProtocolError` ``too_many_items`` on ``input``.
-        """
-        limit = self.http.config.max_items_per_event
-        if len(items) > limit:
-            raise too_many_items(len(items), limit)
+        return StreamingResponse(_pieces(marked, longs), media_type="application/json")
 
     async def _history(self, parent_id: str | None, owner: str) -> list[Item]:
         """The stored chain ending at ``parent_id`` (none: nothing).
@@ -208,31 +200,21 @@ def _user_messages(context: Sequence[Item]) -> list[Item]:
     return kept
 
 
-def _long(text: str) -> bool:
-    return len(text) >= LONG_TEXT
-
-
-def _texts(answer: ResponseCompaction) -> Iterator[str]:
-    """The strings of ``answer`` that can be long: its user messages' texts and
-    the compaction item's window."""
-    for item in answer.output:
-        if isinstance(item, Compaction):
-            yield item.encrypted_content
-        elif isinstance(item, Message) and not isinstance(item.content, str):
-            for part in item.content:
-                if isinstance(part, InputText):
-                    yield part.text
-
-
 async def answer_pieces(answer: ResponseCompaction) -> AsyncIterator[bytes]:
-    """``answer``'s JSON, its long strings a piece at a time: the answer is
-    encoded with each long string replaced by a random marker, and each
-    marker's place is filled with the string, encoded a piece at a time (JSON
-    escapes each character alone, so the pieces join into its encoding)."""
+    """``answer``'s JSON, its long strings a piece at a time (:func:`_marked`)."""
+    marked, longs = _marked(answer)
+    async for piece in _pieces(marked, longs):
+        yield piece
+
+
+def _marked(answer: ResponseCompaction) -> tuple[bytes, dict[bytes, str]]:
+    """``answer`` encoded with each string of :data:`LONG_TEXT` characters or
+    more (a user message's text, the window) replaced by a random marker, and
+    those strings by their marker's encoding (none: the answer as it is)."""
     longs: dict[bytes, str] = {}
 
     def marked(text: str) -> str:
-        if not _long(text):
+        if len(text) < LONG_TEXT:
             return text
         marker = f"longresponse-{secrets.token_hex(16)}"
         longs[_encoder.encode(marker)] = text
@@ -251,7 +233,15 @@ async def answer_pieces(answer: ResponseCompaction) -> AsyncIterator[bytes]:
             ]
             item = msgspec.structs.replace(item, content=parts)
         output.append(item)
-    rest = _encoder.encode(msgspec.structs.replace(answer, output=output))
+    if not longs:
+        return b"", longs
+    return _encoder.encode(msgspec.structs.replace(answer, output=output)), longs
+
+
+async def _pieces(rest: bytes, longs: dict[bytes, str]) -> AsyncIterator[bytes]:
+    """Each marker's place in ``rest`` filled with its string, encoded a piece
+    at a time (JSON escapes each character alone, so the pieces join into its
+    encoding), the loop given a turn between two."""
     for marker, text in longs.items():
         head, rest = rest.split(marker, 1)
         yield head + b'"'
