@@ -77,7 +77,7 @@ from typing import Any, Final
 import httpx
 import trio
 
-from longresponse.llama_server import LlamaEngine, LlamaServer
+from longresponse.llama_server import SERVED_NAME, LlamaEngine, LlamaServer
 from longresponse.server_process import ServerProcess
 
 from .scrape import unlabelled_samples
@@ -102,7 +102,7 @@ CONFIGS: Final = {
     "default": {},
     "slots": {"cache_prompt": True, "slots": -1},
 }
-MODEL: Final = "smollm2"
+MODEL: Final = SERVED_NAME
 INSTRUCTIONS: Final = (
     "You are a coding agent. Use the tools to read the files of the project, "
     "one call at a time, and keep going until you understand it."

@@ -184,7 +184,12 @@ def _names_filter(value: Any) -> tuple[set[str] | None, bool | None]:
 
 
 def _matches(value: Any, name: str, read_only: bool) -> bool:
-    names, wants_read_only = _names_filter(value)
+    return _passes(_names_filter(value), name, read_only)
+
+
+def _passes(wanted: tuple[set[str] | None, bool | None], name: str, read_only: bool) -> bool:
+    """Whether a tool passes a filter :func:`_names_filter` read."""
+    names, wants_read_only = wanted
     if names is not None and name not in names:
         return False
     return wants_read_only is None or wants_read_only == read_only
@@ -226,6 +231,7 @@ class McpServers:
 
     async def list_tools(self, server_label: str) -> list[McpListedTool]:
         tool = self._tools[server_label]
+        allowed = _names_filter(tool.allowed_tools)  # none given: every tool
         listed: list[McpListedTool] = []
         size = 0
         async with self._using(tool) as client:
@@ -234,12 +240,9 @@ class McpServers:
                 while True:
                     page = await client.list_tools(cursor=cursor)
                     for entry in page.tools:
-                        if tool.allowed_tools is not None and not isinstance(
-                            tool.allowed_tools, msgspec.UnsetType
-                        ):
-                            read_only = bool(entry.annotations and entry.annotations.read_only_hint)
-                            if not _matches(tool.allowed_tools, entry.name, read_only):
-                                continue
+                        read_only = bool(entry.annotations and entry.annotations.read_only_hint)
+                        if not _passes(allowed, entry.name, read_only):
+                            continue
                         item = McpListedTool(
                             name=entry.name,
                             input_schema=entry.input_schema,
@@ -319,7 +322,7 @@ class McpServers:
         kept = self._open.get(label)
         if kept is None:
             session = _Session(tool, self.limits)
-            kept = self._open[label] = (session, await session.__aenter__())
+            kept = self._open[label] = (session, await session.open())
         try:
             yield kept[1]
         except BaseException as exc:
@@ -332,7 +335,7 @@ class McpServers:
         kept = self._open.pop(label, None)
         if kept is not None:
             with contextlib.suppress(Exception):
-                await kept[0].__aexit__(None, None, None)
+                await kept[0].close()
 
 
 class _Deadline:
@@ -396,8 +399,8 @@ class _Session:
             url, http_client=client, max_sse_event_size=limits.max_output_bytes + 65536
         ), client
 
-    async def __aenter__(self) -> Any:
-
+    async def open(self) -> Any:
+        """Connect and start the session; its MCP client."""
         transport = self._transport()
         self._http = None
         if isinstance(transport, tuple):
@@ -424,21 +427,13 @@ class _Session:
                 raise _failure(label, exc, "connecting") from None
             raise
 
-    async def __aexit__(self, kind: Any, exc: Any, tb: Any) -> bool:
-        label = self._tool.server_label
+    async def close(self) -> None:
+        """End the session and its HTTP client (what ending it raises is the
+        caller's to drop: the operations' failures were reported already)."""
         try:
-            await self._client.__aexit__(kind, exc, tb)
-        except McpFailure:
-            raise
-        except Exception as failure:
-            if isinstance(exc, McpFailure):
-                raise exc from None
-            raise _failure(label, failure, "the operation") from None
+            await self._client.__aexit__(None, None, None)
         finally:
             await self._close_http()
-        if isinstance(exc, Exception) and not isinstance(exc, McpFailure):
-            raise _failure(label, exc, "the operation") from None
-        return False
 
     async def _close_http(self) -> None:
         if self._http is not None:
