@@ -775,10 +775,9 @@ class Rollout:
         Response's output) are the turn's new input too; returned in order."""
         builder, sink = reply.builder, reply.sink
         items: list[Item] = []
-        for label in unlisted(mcp, [*self.context, *items]):
+        for label in unlisted(mcp, self.context):
             await sink.room()
-            _item_id, events = builder.listing_open(label)
-            for event in events:
+            for event in builder.listing_open(label):
                 sink.push(event)
             error: str | None = None
             try:

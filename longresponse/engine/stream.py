@@ -553,13 +553,13 @@ class StreamBuilder:
             OutputItemDone(sequence_number=self._next(), output_index=index, item=item, **extra),
         ]
 
-    def listing_open(self, server_label: str) -> tuple[str, list[ServerEvent]]:
-        """An MCP server's listing starts: its item's id and first events."""
+    def listing_open(self, server_label: str) -> list[ServerEvent]:
+        """An MCP server's listing starts: its item's first events."""
         self._batch = 0
         index, extra, item_id = len(self.output), self._extra, new_id("mcpl")
         item = McpListTools(id=item_id, server_label=server_label, tools=[])
         self._kind, self._item_id = "listing", item_id
-        return item_id, [
+        return [
             OutputItemAdded(sequence_number=self._next(), output_index=index, item=item, **extra),
             McpListToolsInProgress(
                 sequence_number=self._next(), item_id=item_id, output_index=index, **extra
