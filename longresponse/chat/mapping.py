@@ -50,8 +50,6 @@ from protocol.items import (
     InputImage,
     Item,
     McpCall,
-    McpListTools,
-    McpTool,
     Message,
     OutputText,
     Reasoning,
@@ -65,7 +63,7 @@ from protocol.items import (
 )
 from protocol.response import FormatJSONObject, FormatJSONSchema, FormatText, TextFormat
 
-from ..engine.sampling import UpstreamError
+from ..engine.sampling import UpstreamError, latest_listings
 from .wire import (
     AssistantMessage,
     AudioPart,
@@ -441,13 +439,9 @@ def mcp_functions(tools: Sequence[Tool], context: Sequence[Item]) -> dict[str, M
     (its latest listing), by their chat name (:func:`mcp_chat_name`); a tool
     whose chat name a Chat Completions API would refuse, or which a function
     tool's name already takes, is not offered."""
-    servers = {tool.server_label for tool in tools if isinstance(tool, McpTool)}
-    if not servers:
+    listings = latest_listings(tools, context)
+    if not listings:
         return {}
-    listings: dict[str, McpListTools] = {}
-    for item in context:
-        if isinstance(item, McpListTools) and item.server_label in servers:
-            listings[item.server_label] = item
     taken = {tool.name for tool in tools if isinstance(tool, FunctionTool)}
     offered: dict[str, McpFunction] = {}
     for label, listing in listings.items():

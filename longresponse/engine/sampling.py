@@ -25,7 +25,7 @@ from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from typing import Literal, Protocol
 
 from protocol.events import ResponseCreate
-from protocol.items import Item, Tool, ToolChoice
+from protocol.items import Item, McpListTools, McpTool, Tool, ToolChoice
 from protocol.response import TextFormat
 
 from .render import encode
@@ -47,6 +47,7 @@ __all__ = [
     "Usage",
     "affinity_key",
     "encode",
+    "latest_listings",
     "release",
 ]
 
@@ -182,6 +183,18 @@ class SampleRequest:
             top_p=request.top_p,
             affinity=affinity_key(request.prompt_cache_key, chain),
         )
+
+
+def latest_listings(tools: Sequence[Tool], context: Sequence[Item]) -> dict[str, McpListTools]:
+    """The latest ``mcp_list_tools`` item in ``context`` of each ``mcp`` server
+    of ``tools``, by ``server_label``: what a model is offered of them."""
+    servers = {tool.server_label for tool in tools if isinstance(tool, McpTool)}
+    listings: dict[str, McpListTools] = {}
+    if servers:
+        for item in context:
+            if isinstance(item, McpListTools) and item.server_label in servers:
+                listings[item.server_label] = item
+    return listings
 
 
 def affinity_key(prompt_cache_key: str | None, chain: str) -> str:

@@ -83,8 +83,6 @@ from protocol.items import (
     McpApprovalRequest,
     McpApprovalResponse,
     McpCall,
-    McpListTools,
-    McpTool,
     Message,
     NamespaceTool,
     ShellTool,
@@ -117,6 +115,7 @@ from ...engine.sampling import (
     TextDelta,
     ToolCallStart,
     encode,
+    latest_listings,
 )
 from .patterns import pattern_example
 from .structured import answer_in_format
@@ -375,12 +374,7 @@ def _offers(tools: Sequence[Tool], context: Sequence[Item] = ()) -> list[_Offer]
     own), then the tools of every ``mcp`` server listed in ``context`` (its
     latest listing); the other hosted tools are never offered."""
     offers: list[_Offer] = []
-    servers = {tool.server_label for tool in tools if isinstance(tool, McpTool)}
-    listings: dict[str, McpListTools] = {}
-    for item in context:
-        if isinstance(item, McpListTools) and item.server_label in servers:
-            listings[item.server_label] = item
-    for label, listing in listings.items():
+    for label, listing in latest_listings(tools, context).items():
         for listed in listing.tools:
             offers.append(_Offer("mcp", listed.name, label, schema=listed.input_schema))
     for tool in tools:
