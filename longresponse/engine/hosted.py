@@ -34,13 +34,7 @@ from protocol.items import (
     McpListTools,
 )
 
-__all__ = [
-    "McpFailure",
-    "McpHost",
-    "approved_requests",
-    "listed_read_only",
-    "unlisted",
-]
+__all__ = ["McpFailure", "McpHost", "approved_requests", "listed_read_only", "unlisted"]
 
 
 class McpFailure(Exception):
