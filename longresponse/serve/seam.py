@@ -39,8 +39,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterable, AsyncIterator
-from typing import Any, Final
+from collections.abc import AsyncIterable, AsyncIterator, Coroutine
+from typing import Any, Final, TypeVar
 
 from .types import Receive, Scope, Send
 
@@ -53,9 +53,12 @@ __all__ = [
     "peer_gone",
     "stop_task",
     "until_gone",
+    "while_connected",
 ]
 
 log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 #: Where the scope carries the connection's abort callable.
 ABORT_KEY: Final = "longresponse.abort"
@@ -141,3 +144,24 @@ async def stop_task(task: asyncio.Task[Any]) -> None:
             break  # the task failed: its exception stays in it
     if not task.cancelled():
         task.exception()  # retrieved: asyncio does not log it as never retrieved
+
+
+async def while_connected(receive: Receive, work: Coroutine[Any, Any, _T]) -> asyncio.Task[_T]:
+    """Run ``work`` while the HTTP client is connected (its ``http.disconnect``
+    is watched meanwhile); a client that hangs up first stops it
+    (:func:`stop_task`: its cleanup, closing an engine's stream, runs whole).
+    The task, done: cancelled if the client left first."""
+
+    async def hung_up() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(hung_up())
+    try:
+        await asyncio.wait((task, watch), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        await stop_task(watch)
+        if not task.done():
+            await stop_task(task)
+    return task

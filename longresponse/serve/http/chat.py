@@ -104,7 +104,7 @@ from ...engine.render import encode, render_item
 from ...engine.sampling import ModelSpec, SampleRequest, UpstreamError
 from ...ids import new_id
 from ..errors import error_body, http_error, upstream_http_error
-from ..seam import abort, peer_gone, stop_task
+from ..seam import abort, peer_gone, stop_task, while_connected
 from ..skeleton import check_chat_skeleton
 from ..types import Scope
 from .responses import ResponsesHTTP
@@ -308,26 +308,13 @@ class ChatCompletions:
             await self._remember(turn, prompt)
             return None
 
-        async def hung_up() -> None:
-            while (await request.receive())["type"] != "http.disconnect":
-                pass
-
         self.running += 1
-        work = asyncio.ensure_future(run())
-        watch = asyncio.ensure_future(hung_up())
         try:
-            await asyncio.wait((work, watch), return_when=asyncio.FIRST_COMPLETED)
+            work = await while_connected(request.receive, run())
         finally:
             self.running -= 1
-            for task in (work, watch):
-                task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watch
-            try:
-                await work
-            except asyncio.CancelledError:
-                self.stopped += 1
         if work.cancelled():  # the client is gone: nobody reads this
+            self.stopped += 1
             return Response(status_code=499)
         if isinstance(failed := work.result(), UpstreamError):
             return upstream_http_error(failed, _upstream(failed))

@@ -41,7 +41,7 @@ from ..continuation import Continuation, continue_from
 from ..errors import http_error, upstream_http_error
 from ..gate import owner_of
 from ..request_ids import request_id
-from ..seam import abort, peer_gone, stop_task, until_gone
+from ..seam import abort, peer_gone, stop_task, until_gone, while_connected
 from ..skeleton import check_create_skeleton
 from ..turns import Turns
 from ..types import Scope
@@ -435,20 +435,8 @@ class _Run:
 
     async def _segment_while_connected(self, request: Request) -> bool | None:
         """:meth:`_segment`, stopped (the engine's stream closed with it) when the
-        client hangs up first; None then. Its ``http.disconnect`` is watched meanwhile."""
-
-        async def hung_up() -> None:
-            while (await request.receive())["type"] != "http.disconnect":
-                pass
-
-        work = asyncio.ensure_future(self._segment())
-        watch = asyncio.ensure_future(hung_up())
-        try:
-            await asyncio.wait((work, watch), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            await stop_task(watch)
-            if not work.done():
-                await stop_task(work)  # its cleanup closes the engine's stream
+        client hangs up first; None then."""
+        work = await while_connected(request.receive, self._segment())
         return None if work.cancelled() else work.result()
 
     async def json(self, request: Request) -> Response:
