@@ -203,18 +203,14 @@ class Session:
         """Why the server closed this session, if it did."""
         return self.outbox.closing[1] if self.outbox.closing is not None else None
 
-    def spawn(self, coroutine: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
-        """Start a task owned by this session (it ends when the session does)."""
-        return self._tasks(coroutine)
-
     async def serve(self, receive: Receive, send: Send) -> None:
         """Run the session until the peer leaves or we close it."""
         try:
             async with asyncio.TaskGroup() as group:
                 self._tasks.group = group
-                writer = self.outbox.writer = self.spawn(self.outbox.write_to(send))
-                reader = self.spawn(self._read_loop(receive))
-                self.spawn(self._expire())
+                writer = self.outbox.writer = self._tasks(self.outbox.write_to(send))
+                reader = self._tasks(self._read_loop(receive))
+                self._tasks(self._expire())
                 await asyncio.wait({writer, reader}, return_when=asyncio.FIRST_COMPLETED)
                 # Every task the group still holds is cancelled, and the group
                 # ends without an exception: one raised through it would stay
