@@ -101,6 +101,7 @@ from .items import (
     Item,
     McpApprovalRequest,
     Message,
+    approval_name,
     call_name,
     is_cut,
 )
@@ -697,7 +698,7 @@ def _awaited(item: Item) -> tuple[str, str] | None:
     if isinstance(item, ClientCall):
         return None if is_cut(item) else (item.call_id, call_name(item))
     if isinstance(item, McpApprovalRequest):
-        return item.id, f"mcp:{item.server_label}.{item.name}"
+        return item.id, approval_name(item)
     return None
 
 

@@ -9,7 +9,7 @@ output items with fields this project does not model.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import msgspec
 from msgspec import UNSET, Struct, UnsetType
@@ -98,8 +98,10 @@ __all__ = [
     "WebSearchTool",
     "WebSearchTool20250826",
     "answered_call_id",
+    "approval_name",
     "as_items",
     "call_name",
+    "is_approval_name",
     "is_cut",
     "is_hosted",
     "item_text",
@@ -487,6 +489,21 @@ def call_name(call: ClientCall) -> str:
     if isinstance(call, ApplyPatchCall):
         return "apply_patch"
     return "computer"
+
+
+#: How an MCP approval request's name begins where it waits beside calls.
+_APPROVAL_PREFIX: Final = "mcp:"
+
+
+def approval_name(request: McpApprovalRequest) -> str:
+    """The name an MCP approval request waits under, beside the calls' names
+    (:func:`call_name`): ``mcp:<server_label>.<name>``."""
+    return f"{_APPROVAL_PREFIX}{request.server_label}.{request.name}"
+
+
+def is_approval_name(name: str) -> bool:
+    """Whether a waiting name is an MCP approval request's (:func:`approval_name`)."""
+    return name.startswith(_APPROVAL_PREFIX)
 
 
 def is_cut(call: ClientCall) -> bool:

@@ -34,6 +34,7 @@ from protocol.items import (
     McpApprovalResponse,
     answered_call_id,
     call_name,
+    is_approval_name,
 )
 
 from ..engine.rollout import Boundary, Rollout
@@ -76,7 +77,7 @@ def check_continuation(new_items: list[Item], pending: dict[str, str]) -> None:
         elif isinstance(item, McpApprovalResponse):
             request_id = item.approval_request_id
             named = open_calls.get(request_id, "")
-            if not named.startswith("mcp:") or request_id in answered:
+            if not is_approval_name(named) or request_id in answered:
                 raise RemoteProtocolError(
                     f"No MCP approval request {request_id!r} waits for an answer.",
                     code=ErrorCode.UNKNOWN_CALL_ID,
@@ -97,7 +98,7 @@ def check_continuation(new_items: list[Item], pending: dict[str, str]) -> None:
     missing = [
         call_id
         for call_id, name in pending.items()
-        if call_id not in answered and not name.startswith("mcp:")
+        if call_id not in answered and not is_approval_name(name)
     ]
     if missing:
         raise RemoteProtocolError(

@@ -64,6 +64,7 @@ from protocol.items import (
     ShellCall,
     ShellCallOutput,
     answered_call_id,
+    approval_name,
     call_name,
 )
 from protocol.response import Response
@@ -126,10 +127,7 @@ def stored_input_items(items: Sequence[Item]) -> list[Item]:
             changes["id"] = new_id(_ID_PREFIX[type(item)])
         if isinstance(item, Message) and isinstance(item.content, str):
             changes["content"] = [InputText(text=item.content)]
-        if (
-            isinstance(item, Message | FunctionCallOutput)
-            and not isinstance(item.status, str)
-        ):
+        if isinstance(item, Message | FunctionCallOutput) and not isinstance(item.status, str):
             changes["status"] = "completed"
         out.append(msgspec.structs.replace(item, **changes) if changes else item)
     return out
@@ -170,9 +168,9 @@ class Persistence:
         #: Off: post-inference writes complete before the caller goes on (the
         #: terminal event waits for them), as without an overlapping queue.
         self.overlapped = overlapped
-        self._queue: asyncio.Queue[
-            tuple[UsageRecord, asyncio.Future[None] | None] | None
-        ] = asyncio.Queue(depth)
+        self._queue: asyncio.Queue[tuple[UsageRecord, asyncio.Future[None] | None] | None] = (
+            asyncio.Queue(depth)
+        )
         self._pending: dict[str, asyncio.Future[None]] = {}
         self._worker: asyncio.Task[None] | None = None
         self._stragglers: set[asyncio.Task[None]] = set()
@@ -349,19 +347,16 @@ class Persistence:
                 items.extend(record.input_items)
                 items.extend(record.response.output)
         answered = {
-            answered_call_id(item)
-            for item in last.context or ()
-            if isinstance(item, CallOutput)
+            answered_call_id(item) for item in last.context or () if isinstance(item, CallOutput)
         }
         pending = {
             item.call_id: call_name(item)
             for item in last.response.output
-            if isinstance(item, ClientCall)
-            and item.call_id not in answered
+            if isinstance(item, ClientCall) and item.call_id not in answered
         }
         # An MCP approval request waits for an answer too (which need not come).
         pending.update(
-            (item.id, f"mcp:{item.server_label}.{item.name}")
+            (item.id, approval_name(item))
             for item in last.response.output
             if isinstance(item, McpApprovalRequest)
         )
