@@ -10,6 +10,7 @@ shows (:meth:`LlamaServer.gateway_config`), read as ``serve --config`` reads it.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -54,9 +55,17 @@ def llama(llama_engine: LlamaEngine) -> Iterator[LlamaServer]:
 
 
 def gateway_backends(engine: LlamaServer, tmp_path: Path, **changes: Any) -> tuple[Any, ...]:
-    """The backends of the docs' TOML for ``engine``, with ``changes`` added to its table."""
-    text = engine.gateway_config()
-    text += "".join(f"{key} = {_toml(value)}\n" for key, value in changes.items())
+    """The backends of the docs' TOML for ``engine``, with ``changes`` set in its table
+    (a key the docs set is replaced)."""
+    lines = engine.gateway_config().splitlines()
+    for key, value in changes.items():
+        setting = f"{key} = {_toml(value)}"
+        at = [i for i, line in enumerate(lines) if line.split("=", 1)[0].strip() == key]
+        if at:
+            lines[at[0]] = setting
+        else:
+            lines.append(setting)
+    text = "\n".join(lines) + "\n"
     path = tmp_path / f"llama-{len(list(tmp_path.glob('llama-*.toml')))}.toml"
     path.write_text(text)
     return load_toml(str(path))
@@ -66,7 +75,7 @@ def _toml(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
-        return f'"{value}"'
+        return json.dumps(value)  # a JSON string is a TOML basic string
     return str(value)
 
 
