@@ -212,9 +212,11 @@ async def test_the_engine_killed_mid_stream_pauses_append_mode_until_it_is_back(
     make_server: Any, llama_engine: LlamaEngine, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     with LlamaServer(llama_engine) as engine:
-        gateway = make_server(store="memory://", backends=gateway_backends(engine, tmp_path))
+        backends = gateway_backends(engine, tmp_path, text_grammar=UNENDING)
+        gateway = make_server(store="memory://", backends=backends)
         async with connect(gateway.url) as client:
-            await client.create(**ANSWER, max_output_tokens=12)
+            # Killed after 3 of 60 tokens: the engine cannot have ended first.
+            await client.create(**ANSWER, max_output_tokens=60)
             seen = 0
             while seen < 3:
                 seen += isinstance(await client.next_event(timeout=TURN), OutputTextDelta)
