@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from longresponse.config import SchemaLimits
 from longresponse.engine.admission import Pipeline, Switches
-from longresponse.engine.structured import SchemaFault, schema_limits, schema_walk
+from longresponse.engine.structured import schema_limits
 from longresponse.serve.skeleton import check_chat_skeleton, check_create_skeleton
 from protocol import ErrorCode, ProtocolError, RemoteProtocolError, decode_create_body
 
@@ -223,16 +223,6 @@ SCHEMAS = st.recursive(
 )
 
 
-def walked(schema: Any, limits: SchemaLimits) -> SchemaFault | None:
-    walk = schema_walk(schema, limits)
-    while True:
-        try:
-            next(walk)
-        except StopIteration as end:
-            fault: SchemaFault | None = end.value
-            return fault
-
-
 @settings(max_examples=300, deadline=None)
 @given(st.dictionaries(KEYS, SCHEMAS, max_size=8), st.integers(1, 12), st.integers(1, 8))
 def test_the_walk_on_text_finds_the_fault_of_the_decoded_walk(
@@ -240,7 +230,7 @@ def test_the_walk_on_text_finds_the_fault_of_the_decoded_walk(
 ) -> None:
     limits = SchemaLimits(max_nodes=nodes, max_width=width)
     text = msgspec.Raw(json.dumps(schema).encode())
-    assert walked(text, limits) == schema_limits(json.loads(bytes(text)), limits)
+    assert schema_limits(text, limits) == schema_limits(json.loads(bytes(text)), limits)
 
 
 def test_far_too_wide_an_object_is_counted_as_written() -> None:
@@ -251,7 +241,7 @@ def test_far_too_wide_an_object_is_counted_as_written() -> None:
     limits = SchemaLimits(max_width=3)
     members = ",".join(['"a": {}'] * 7)
     text = msgspec.Raw(f'{{"properties": {{{members}}}}}'.encode())
-    fault = walked(text, limits)
+    fault = schema_limits(text, limits)
     assert fault is not None
     assert fault.message == (
         "at '#/properties': more than 6 members in one object or array; the limit is 3"
