@@ -28,7 +28,7 @@ either WebSocket shape) it continues the conversation from that window. Its
 ``usage`` counts what the model read (the instructions and the conversation,
 rendered) and wrote (the window, rendered). An answer with a string of
 :data:`LONG_TEXT` characters or more is written a piece at a time
-(:func:`answer_pieces`), the event loop given a turn between two.
+(:func:`answer_body`), the event loop given a turn between two.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ from ...ids import new_id
 from ..errors import http_error
 from .responses import ResponsesHTTP, too_many_items
 
-__all__ = ["COMPACT_PARAMETERS", "LONG_TEXT", "CompactHTTP", "answer_pieces"]
+__all__ = ["COMPACT_PARAMETERS", "LONG_TEXT", "CompactHTTP", "answer_body"]
 
 #: The body parameters of a compaction that mean something here.
 COMPACT_PARAMETERS: Final = frozenset(
@@ -122,10 +122,10 @@ class CompactHTTP:
                 total_tokens=read + written,
             ),
         )
-        marked, longs = _marked(answer)
-        if not longs:
-            return Response(_encoder.encode(answer), media_type="application/json")
-        return StreamingResponse(_pieces(marked, longs), media_type="application/json")
+        encoded = answer_body(answer)
+        if isinstance(encoded, bytes):
+            return Response(encoded, media_type="application/json")
+        return StreamingResponse(encoded, media_type="application/json")
 
     async def _history(self, parent_id: str | None, owner: str) -> list[Item]:
         """The stored chain ending at ``parent_id`` (none: nothing).
@@ -200,17 +200,17 @@ def _user_messages(context: Sequence[Item]) -> list[Item]:
     return kept
 
 
-async def answer_pieces(answer: ResponseCompaction) -> AsyncIterator[bytes]:
-    """``answer``'s JSON, its long strings a piece at a time (:func:`_marked`)."""
+def answer_body(answer: ResponseCompaction) -> bytes | AsyncIterator[bytes]:
+    """``answer``'s JSON: in one piece, or with a long string (:func:`_marked`)
+    its pieces, to be written one at a time."""
     marked, longs = _marked(answer)
-    async for piece in _pieces(marked, longs):
-        yield piece
+    return _pieces(marked, longs) if longs else _encoder.encode(answer)
 
 
 def _marked(answer: ResponseCompaction) -> tuple[bytes, dict[bytes, str]]:
     """``answer`` encoded with each string of :data:`LONG_TEXT` characters or
     more (a user message's text, the window) replaced by a random marker, and
-    those strings by their marker's encoding (none: the answer as it is)."""
+    those strings by their marker's encoding (none: nothing encoded)."""
     longs: dict[bytes, str] = {}
 
     def marked(text: str) -> str:

@@ -1,5 +1,5 @@
 """A compaction's answer with long strings is written a piece at a time
-(``answer_pieces``), and reads as the answer encoded in one piece would."""
+(``answer_body``), and reads as the answer encoded in one piece would."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import msgspec
 
-from longresponse.serve.http.compact import LONG_TEXT, answer_pieces
+from longresponse.serve.http.compact import LONG_TEXT, answer_body
 from protocol.items import Compaction, InputText, Message
 from protocol.response import (
     InputTokensDetails,
@@ -43,7 +43,9 @@ def test_the_pieces_join_into_the_answer_encoded_whole() -> None:
     )
 
     async def joined() -> tuple[bytes, int]:
-        pieces = [piece async for piece in answer_pieces(answer)]
+        written = answer_body(answer)
+        assert not isinstance(written, bytes)  # written a piece at a time
+        pieces = [piece async for piece in written]
         return b"".join(pieces), len(pieces)
 
     body, count = asyncio.run(joined())
