@@ -107,7 +107,7 @@ from ..errors import error_body, http_error, upstream_http_error
 from ..seam import abort, peer_gone, stop_task, while_connected
 from ..skeleton import check_chat_skeleton
 from ..types import Scope
-from .responses import ResponsesHTTP
+from .responses import ResponsesHTTP, too_many_items
 from .sinks import SSE_QUEUE_DEPTH
 
 __all__ = ["DONE_RECORD", "ChatCompletions"]
@@ -197,11 +197,7 @@ class ChatCompletions:
         """A create's item limit, on the messages. Raises :class:`RemoteProtocolError`."""
         limit = self.config.max_items_per_event
         if count > limit:
-            raise RemoteProtocolError(
-                f"The request carries {count} messages; the limit is {limit}.",
-                code=ErrorCode.TOO_MANY_ITEMS,
-                param="messages",
-            )
+            raise too_many_items(count, limit, what="messages", param="messages")
 
     def _check_room(self) -> None:
         """Refuse a completion beyond ``--chat-max-in-flight`` (429, retry in a second)."""

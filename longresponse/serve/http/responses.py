@@ -63,13 +63,16 @@ async def hung_up(request: Request, exc: Exception) -> Response:
 _encoder = msgspec.json.Encoder()
 
 
-def too_many_items(count: int, limit: int) -> RemoteProtocolError:
-    """The refusal of a request carrying ``count`` input items, past ``limit``
-    (``--max-items-per-event``, a create's limit on every endpoint)."""
+def too_many_items(
+    count: int, limit: int, *, what: str = "input items", param: str = "input"
+) -> RemoteProtocolError:
+    """The refusal of a request carrying ``count`` input items (``what``, at
+    ``param``: chat's messages), past ``limit`` (``--max-items-per-event``, a
+    create's limit on every endpoint)."""
     return RemoteProtocolError(
-        f"The request carries {count} input items; the limit is {limit}.",
+        f"The request carries {count} {what}; the limit is {limit}.",
         code=ErrorCode.TOO_MANY_ITEMS,
-        param="input",
+        param=param,
     )
 
 
