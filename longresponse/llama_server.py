@@ -29,7 +29,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Final, Self
 
-from .server_process import free_port
+from .server_process import free_port, stop_process
 
 __all__ = [
     "ENGINE_SCRIPT",
@@ -217,14 +217,8 @@ class LlamaServer:
             self.process.wait()
 
     def stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=STOP_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        """SIGTERM; a kill if it takes longer than :data:`STOP_TIMEOUT`."""
+        stop_process(self.process, signal.SIGTERM, STOP_TIMEOUT)
 
     def __enter__(self) -> Self:
         return self.start()

@@ -21,7 +21,14 @@ from contextlib import contextmanager
 from types import TracebackType
 from typing import Final, Self
 
-__all__ = ["STARTUP_TIMEOUT", "STOP_TIMEOUT", "ServerProcess", "free_port", "server_url"]
+__all__ = [
+    "STARTUP_TIMEOUT",
+    "STOP_TIMEOUT",
+    "ServerProcess",
+    "free_port",
+    "server_url",
+    "stop_process",
+]
 
 STARTUP_TIMEOUT: Final = 20.0
 #: Above the server's default shutdown drain timeout (20 s), so a clean stop
@@ -34,6 +41,21 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def stop_process(
+    process: subprocess.Popen[bytes] | None, stop: signal.Signals, timeout: float
+) -> None:
+    """Send ``process`` the ``stop`` signal and wait for it to end; kill it if it
+    takes longer than ``timeout`` seconds. Nothing for a process that has ended."""
+    if process is None or process.poll() is not None:
+        return
+    process.send_signal(stop)
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 class ServerProcess:
@@ -81,14 +103,7 @@ class ServerProcess:
 
     def stop(self) -> None:
         """A clean stop (SIGINT); a kill if it takes longer than :data:`STOP_TIMEOUT`."""
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.send_signal(signal.SIGINT)
-        try:
-            self.process.wait(timeout=STOP_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        stop_process(self.process, signal.SIGINT, STOP_TIMEOUT)
 
     def __enter__(self) -> Self:
         return self.start()
