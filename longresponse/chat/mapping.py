@@ -32,7 +32,6 @@ Tools, ``tool_choice`` and ``response_format`` map onto ``FunctionTool``,
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Sequence
 from typing import Final, Literal
 
@@ -63,6 +62,7 @@ from protocol.items import (
 )
 from protocol.response import FormatJSONObject, FormatJSONSchema, FormatText, TextFormat
 
+from ..engine.admission import TOOL_NAME_PATTERN
 from ..engine.sampling import UpstreamError, latest_listings
 from .wire import (
     AssistantMessage,
@@ -425,10 +425,6 @@ class McpFunction:
     tool: ChatTool
 
 
-#: What a chat function's name may be (the shipped Chat Completions rule).
-_CHAT_NAME: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
-
-
 def mcp_chat_name(server_label: str, name: str) -> str:
     """The function name a chat engine knows a listed MCP tool by."""
     return f"{server_label}__{name}"
@@ -447,7 +443,7 @@ def mcp_functions(tools: Sequence[Tool], context: Sequence[Item]) -> dict[str, M
     for label, listing in listings.items():
         for listed in listing.tools:
             name = mcp_chat_name(label, listed.name)
-            if name in taken or name in offered or not _CHAT_NAME.fullmatch(name):
+            if name in taken or name in offered or not TOOL_NAME_PATTERN.fullmatch(name):
                 continue
             schema = listed.input_schema if isinstance(listed.input_schema, dict) else None
             description = listed.description if isinstance(listed.description, str) else None
