@@ -133,12 +133,11 @@ async def check_create_skeleton(
     create = await _read(data, _Create)
     if create is None or (frame and _text(create.type) != "response.create"):
         return
-    if not frame:
-        await _check_create(create, limits, check_count)
-        return
     try:
         await _check_create(create, limits, check_count)
     except ProtocolError as error:
+        if not frame:
+            raise
         raise error.with_(stream_id=_decode(create.stream_id, str | None)) from None
 
 
