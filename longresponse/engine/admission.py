@@ -85,7 +85,7 @@ from protocol.response import FormatJSONSchema, TextFormat
 from ..config import SchemaLimits, Switches
 from .classifier import Finding, Policy, redact, scan
 from .compaction import Compactor, refused
-from .structured import SchemaFault, check_format, schema_limits
+from .structured import check_format, schema_limits
 
 __all__ = [
     "MAX_VERDICTS",
@@ -633,13 +633,13 @@ def too_many_tools(offered: int, limit: int) -> RemoteProtocolError:
     )
 
 
-def parameters_refusal(name: str, fault: SchemaFault, param: str) -> RemoteProtocolError:
-    """The refusal of function ``name``, whose ``parameters`` (at ``param``)
-    break a schema limit at ``fault``."""
+def parameters_refusal(name: str, why: str, param: str) -> RemoteProtocolError:
+    """The refusal of function ``name``, whose ``parameters`` are refused for
+    ``why`` (at ``param``: the parameters, or the place in them a limit names)."""
     return RemoteProtocolError(
-        f"Invalid schema for function '{name}': {fault.message}.",
+        f"Invalid schema for function '{name}': {why}.",
         code=ErrorCode.INVALID_VALUE,
-        param=fault.param(param),
+        param=param,
     )
 
 
@@ -651,7 +651,7 @@ def _check_parameters(
     metaschema."""
     fault = schema_limits(schema, limits)
     if fault is not None:
-        raise parameters_refusal(name, fault, param)
+        raise parameters_refusal(name, fault.message, fault.param(param))
     why = None
     kind = schema.get("type", "object")
     if kind != "object":
@@ -665,8 +665,4 @@ def _check_parameters(
         except RecursionError:
             why = "nested too deeply to check"
     if why is not None:
-        raise RemoteProtocolError(
-            f"Invalid schema for function '{name}': {why}.",
-            code=ErrorCode.INVALID_VALUE,
-            param=param,
-        )
+        raise parameters_refusal(name, why, param)

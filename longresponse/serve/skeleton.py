@@ -269,7 +269,7 @@ async def _check_parameters(tool: _Tool, where: str, limits: SchemaLimits) -> No
         return
     if not TOOL_NAME_PATTERN.fullmatch(name):
         raise name_refusal(where)
-    raise parameters_refusal(name, fault, f"{where}.parameters")
+    raise parameters_refusal(name, fault.message, fault.param(f"{where}.parameters"))
 
 
 async def _check_format(text_format: _Format | None, limits: SchemaLimits) -> None:
