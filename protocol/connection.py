@@ -332,8 +332,10 @@ class Connection:
         self._events.append(event)
 
     def _check_size(self, data: bytes | str) -> None:
+        """A message, checked to be in time and within the size limit (first of
+        :meth:`receive_message` and :meth:`decode_message`)."""
         if self._closed:
-            raise LocalProtocolError("receive_message() after receive_closed()", code="closed")
+            raise LocalProtocolError("a message after receive_closed()", code="closed")
         size = _byte_size(data, self.max_message_bytes)
         if size > self.max_message_bytes:
             raise RemoteProtocolError(
