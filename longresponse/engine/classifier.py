@@ -250,8 +250,11 @@ def _lower(text: str) -> str:
 
 
 #: Characters one ``str.find`` reads at a time: a find holds the interpreter
-#: for the whole search (8-20 ms for a word absent from 15 MB), and this runs
-#: in a worker thread beside the event loop.
+#: for the whole search (8-20 ms for a word absent from 15 MB), and this may
+#: run in a worker thread beside the event loop. (The server reads texts this
+#: long in a child process, ``serve/scan_process.py``; the windows keep the
+#: thread path short too: its fallback when the child is gone, and any other
+#: caller of :func:`scan`.)
 _FIND_WINDOW = 1 << 18
 
 
