@@ -22,7 +22,10 @@ import uvicorn
 from longresponse.config import ServerConfig
 from longresponse.serve.app import create_app
 from longresponse.serve.ws.oversize import LingeringWSProtocol
+from tests.support import ast_guard
 from tests.support.redis_server import redis_server_fixture
+
+ast_guard.install()  # before any server thread can format a traceback
 
 
 class RunningServer:
