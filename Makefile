@@ -3,7 +3,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: serve test lint install install-test test-services node-clients engine clean
+.PHONY: serve test test-fast lint install install-test test-services node-clients engine clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -62,6 +62,13 @@ test: lint test-services
 	$(BIN)/python -m pytest -q --cov=protocol --cov=longresponse --cov-branch \
 		--cov-report=term:skip-covered
 	$(BIN)/python -m coverage report --include='protocol/*' --fail-under=90 >/dev/null
+
+# The fast tier, to run while working: the sans-IO core, the engine and the serve
+# layer against in-process servers; none of the parts test-services installs
+# (tests/support/tiers.py names the tiers it leaves out).
+FAST := not (engine or npm or browser or services or slow)
+test-fast: $(VENV)/.installed-test
+	$(BIN)/python -m pytest -q -m "$(FAST)"
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache tests/clients/node_modules

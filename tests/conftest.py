@@ -27,6 +27,8 @@ from tests.support.redis_server import redis_server_fixture
 
 ast_guard.install()  # before any server thread can format a traceback
 
+pytest_plugins = ["tests.support.tiers"]  # the markers, and what a bare run lacks
+
 
 class RunningServer:
     """A longresponse server on 127.0.0.1 in a background thread."""

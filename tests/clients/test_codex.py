@@ -20,6 +20,9 @@ import pytest
 from longresponse.server_process import ServerProcess
 from tests.clients.codex import codex_home, items, run_codex, scratch_repo
 
+#: Codex from npm (tests/clients/node_modules).
+pytestmark = pytest.mark.npm
+
 SCRIPT = (
     "--sim-tool-calls",
     "2",

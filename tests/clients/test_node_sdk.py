@@ -10,7 +10,12 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from longresponse.server_process import ServerProcess
+
+#: the TypeScript SDK from npm (tests/clients/node_modules).
+pytestmark = pytest.mark.npm
 
 HERE = Path(__file__).parent
 

@@ -33,6 +33,9 @@ from longresponse.server_process import ServerProcess
 from tests.conftest import OPEN_CLIENTS
 from tests.support.nginx_server import NginxProxy
 
+#: Debian's nginx in front of two processes on one redis.
+pytestmark = pytest.mark.services
+
 KEY = "nginx-test-key"
 #: The operator's key: the one that reads ``/metrics``.
 OPERATOR_KEY = "nginx-operator-key"

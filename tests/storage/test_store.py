@@ -106,7 +106,7 @@ def _backend(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> Backe
     return Backend(name, lambda ttl=None: RedisStore(url, ttl=ttl), asyncio.sleep)
 
 
-@pytest.fixture(params=["memory", "sqlite", "redis"])
+@pytest.fixture(params=["memory", "sqlite", pytest.param("redis", marks=pytest.mark.services)])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
     return _backend(request.param, request, tmp_path)
 

@@ -18,6 +18,9 @@ from openai import OpenAI
 from longresponse.server_process import ServerProcess, free_port
 from tests.support.redis_server import RedisServer
 
+#: a real redis-server, stopped under a running server.
+pytestmark = pytest.mark.services
+
 
 def serve_command(*flags: str) -> list[str]:
     return [sys.executable, "-m", "longresponse", "serve", "--port", str(free_port()), *flags]
