@@ -516,7 +516,7 @@ class Setting:
             return self.shown
         if self.kind is bool:
             return "on" if self.default else "off"
-        if self.default is None or self.default == []:
+        if self.default is None or self.default == ():
             return "none"
         if isinstance(self.default, float) and self.default.is_integer():
             return str(int(self.default))
@@ -659,7 +659,7 @@ SETTINGS: Final[tuple[Setting, ...]] = (
             "redis://host:port/db (several processes) or memory://"),
     _n("store_ttl", float, None, 0.001, 100 * 365 * _DAY,
        "seconds a stored response is kept", shown="forever"),
-    Setting("api_keys", list, [],
+    Setting("api_keys", list, (),
             "accept this API key (repeatable; the variable holds them comma-separated); with "
             "keys, every request needs 'Authorization: Bearer <key>'",
             flag="--api-key", to_field=tuple, metavar="KEY"),
@@ -722,7 +722,7 @@ SETTINGS: Final[tuple[Setting, ...]] = (
             "code_interpreter, image_generation, tool_search, ...): accept them (echoed in "
             "the response's tools, never offered to the model) or refuse the request",
             choices=("accept", "refuse")),
-    Setting("mcp_allow_host", list, [],
+    Setting("mcp_allow_host", list, (),
             "a host the hosted mcp tool's server_url may name (repeatable); with none, every "
             "mcp tool is refused, so a tenant cannot make the server call any address",
             metavar="HOST[:PORT]", field="mcp.allowed_hosts", to_field=_hosts),
@@ -761,7 +761,7 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     _n("sim_tool_calls", int, _SIM_DEFAULTS.tool_calls, 0, 1024,
        "tool calls before its final answer when a request's metadata does not say "
        "(sim_tool_calls)", field="sim.tool_calls", group=_SIM),
-    Setting("sim_calls", list, [],
+    Setting("sim_calls", list, (),
             "script its calls (repeatable, in order, cycling): call tool NAME with these JSON "
             "arguments when it is offered, instead of arguments made from its schema (the "
             "variable holds one a line)", flag="--sim-call", metavar="NAME=JSON",

@@ -165,7 +165,8 @@ def _file_settings(path: str) -> dict[str, Any]:
     data = read_toml(path)
     unknown = sorted(set(data) - set(FILE_TABLES))
     if unknown:
-        raise SettingsError(f"{path}: unknown table {unknown[0]!r} (only [server] and [models.*])")
+        allowed = "[server] and [models.NAME]"
+        raise SettingsError(f"{path}: unknown table {unknown[0]!r} (only {allowed})")
     table = data.get("server", {})
     if not isinstance(table, dict):
         raise SettingsError(f"{path}: [server] must be a table of settings")
@@ -210,7 +211,6 @@ def resolve(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> d
         if value is None:
             value = in_file.get(setting.name)
         values[setting.name] = setting.default if value is None else value
-    values["config"] = path
     return values
 
 
