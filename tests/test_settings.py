@@ -363,17 +363,20 @@ def test_the_docs_flags_table_lists_every_setting_and_nothing_else() -> None:
     rows = flags_table_rows()
     declared = {option for action in serve_actions() for option in action.option_strings}
     by_variable: dict[str, list[str]] = {}
-    for flag, variable, _default, meaning in rows:
+    for flag, variable, default, meaning in rows:
         documented = set(re.findall(r"--[a-z0-9-]+", flag))
         assert documented, flag
         assert documented <= declared, f"documented but not declared: {documented - declared}"
         (name,) = re.findall(r"`(LONGRESPONSE_[A-Z_]+)`", variable)
         assert name not in by_variable, f"{name} documented twice"
-        by_variable[name] = [flag, meaning]
+        by_variable[name] = [flag, default, meaning]
     for setting in SETTINGS:
         assert setting.env in by_variable, f"{setting.option} ({setting.env}) is not in the docs"
-        flag, meaning = by_variable[setting.env]
+        flag, default, meaning = by_variable[setting.env]
         for option in (setting.option, *setting.aliases):
             assert re.search(rf"`{option}\b", flag), f"{option} is not in its row: {flag}"
         assert meaning
+        # The default as --help states it, maybe with a gloss: "2592000 (30 days)".
+        shown = re.sub(r"^(\d+)\.0(?=\s|$)", r"\1", default.replace("`", "").replace(",", ""))
+        assert f"{shown} ".startswith(f"{setting.shown_default} "), (setting.name, default)
     assert len(by_variable) == len(SETTINGS)
