@@ -1,14 +1,19 @@
-"""Server configuration: every limit is a named constant, overridable by flag.
+"""Server configuration: every limit is a named constant, and every setting
+is declared once (:data:`SETTINGS`).
 
-Every numeric flag has a range (:data:`RANGES`, keyed by the flag's name
-without its dashes); the command line refuses a value outside it, so no
-setting can make the server wait forever or allocate without bound.
+A :class:`Setting` names its flag, its ``LONGRESPONSE_*`` variable, its key in
+a settings file, its default, its help and where it lands in
+:class:`ServerConfig`; ``longresponse.settings`` reads them from those three
+places. Every numeric setting has a range (:data:`RANGES`, keyed by its
+name); a value outside it is refused from any source, so no setting can make
+the server wait forever or allocate without bound.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
 from collections.abc import Callable, Mapping
 from typing import Any, Final
@@ -19,6 +24,7 @@ __all__ = [
     "BACKGROUND_ENDINGS_BYTES",
     "BACKGROUND_LOG_BYTES",
     "BACKGROUND_MAX_DURATION",
+    "BY_NAME",
     "CHAT_MAX_IN_FLIGHT",
     "CHAT_PREFIX_CACHE_TOKENS",
     "COMPACTION_LIFETIME",
@@ -49,6 +55,7 @@ __all__ = [
     "RANGES",
     "SEND_QUEUE_BYTES",
     "SEND_QUEUE_DEPTH",
+    "SETTINGS",
     "SHUTDOWN_DRAIN_TIMEOUT",
     "SLOW_READER_TIMEOUT",
     "WRITE_BATCH_BYTES",
@@ -59,9 +66,12 @@ __all__ = [
     "Range",
     "SchemaLimits",
     "ServerConfig",
+    "Setting",
     "SimConfig",
     "Switches",
+    "parse_bool",
     "ranged",
+    "scripted_call",
 ]
 
 DEFAULT_HOST: Final = "127.0.0.1"
@@ -203,79 +213,6 @@ class SchemaLimits:
     max_tools: int = MAX_TOOLS
     max_nodes: int = MAX_SCHEMA_NODES
     max_width: int = MAX_SCHEMA_WIDTH
-
-
-_GIB: Final = 1024 * 1024 * 1024
-_DAY: Final = 86_400.0
-#: The range of every numeric flag, keyed by its name (``--send-queue-depth``
-#: is ``send_queue_depth``). Times are in seconds unless the name says ms.
-RANGES: Final[Mapping[str, Range]] = {
-    "port": Range(0, 65_535),
-    "max_message_bytes": Range(1, _GIB),
-    "max_items_per_event": Range(1, 1_000_000),
-    "max_rollouts_per_connection": Range(1, 100_000),
-    "send_queue_depth": Range(1, 1_000_000),
-    "send_queue_bytes": Range(1024, _GIB),
-    "slow_reader_timeout": Range(0.001, _DAY),
-    "pause_timeout": Range(0.001, 7 * _DAY),
-    "max_in_flight": Range(1, 100_000),
-    "max_lanes": Range(1, 100_000),
-    "max_queued": Range(1, 1_000_000),
-    "max_pending_steers": Range(1, 4096),
-    "connection_cache_bytes": Range(1, 1024 * _GIB),
-    "connection_lifetime": Range(0.001, 7 * _DAY),
-    "shutdown_drain_timeout": Range(0.001, _DAY),
-    "keepalive_interval": Range(0.01, _DAY, zero=True),
-    "ws_ping_interval": Range(0.01, _DAY, zero=True),
-    "store_ttl": Range(0.001, 100 * 365 * _DAY),
-    "max_background": Range(1, 1_000_000),
-    "max_background_per_key": Range(1, 1_000_000),
-    "background_max_duration": Range(0.001, 365 * _DAY),
-    "background_log_bytes": Range(1, 1024 * _GIB),
-    "background_endings_bytes": Range(1, 1024 * _GIB),
-    "max_response_events": Range(1, 1_000_000_000),
-    "max_response_output_tokens": Range(1, 1_000_000_000),
-    "max_tools": Range(1, 100_000),
-    "mcp_connect_timeout": Range(0.001, _DAY),
-    "mcp_call_timeout": Range(0.001, _DAY),
-    "mcp_max_listing_bytes": Range(1, _GIB),
-    "mcp_max_output_bytes": Range(1, _GIB),
-    "mcp_max_calls": Range(1, 100_000),
-    "max_schema_nodes": Range(1, 10_000_000),
-    "max_schema_width": Range(1, 10_000_000),
-    "inspector_watchers": Range(1, 1_000),
-    "inspector_watchers_per_key": Range(1, 1_000),
-    "inspector_feed_lifetime": Range(0.001, 365 * _DAY),
-    "compaction_lifetime": Range(1, 100 * 365 * _DAY),
-    "sim_ttft_ms": Range(0, 600_000),
-    "sim_tokens_per_second": Range(1, 1_000_000, zero=True),
-    "sim_prefill_tokens_per_second": Range(1, 1_000_000_000, zero=True),
-    "sim_context_window": Range(1, 1_000_000_000),
-    "sim_tool_calls": Range(0, 1024),
-    "upstream_context_window": Range(1, 100_000_000),
-    "chat_prefix_cache_tokens": Range(16, 1_000_000_000, zero=True),
-    "chat_max_in_flight": Range(1, 1_000_000),
-    "gc_young_threshold": Range(100, 1_000_000_000, zero=True),
-    "mmap_threshold": Range(128 * 1024, 32 * 1024 * 1024, zero=True),
-}
-
-
-def ranged(name: str, kind: type[int] | type[float]) -> Callable[[str], Any]:
-    """An argparse type: ``kind`` within the flag's range (:data:`RANGES`)."""
-    accepted = RANGES[name]
-
-    def parse(text: str) -> int | float:
-        try:
-            value = kind(text)
-        except ValueError:
-            what = "an integer" if kind is int else "a number"
-            raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
-        if value not in accepted:
-            raise argparse.ArgumentTypeError(f"must be {accepted}, not {text}")
-        return value
-
-    parse.__name__ = kind.__name__  # argparse names the type in its messages
-    return parse
 
 
 #: ``--gc-young-threshold``'s default: net allocations between the collector's
@@ -440,11 +377,11 @@ class ServerConfig:
     #: (else ``LONGRESPONSE_OPERATOR_KEY``; ``storage.keys``). Never logged.
     operator_key: str | None = dataclasses.field(default=None, repr=False)
     allow_unauthenticated: bool = False
-    #: The HTTP path's optional process-wide token cache, and its byte budget.
     #: Accept permessage-deflate when a client offers it (the ``websockets``
     #: library does by default; the official SDK only when asked). Off by
     #: default: see WS_COMPRESSION.
     ws_compression: bool = WS_COMPRESSION
+    #: The HTTP path's optional process-wide token cache, and its byte budget.
     http_token_cache: bool = False
     http_token_cache_bytes: int = 256 * 1024 * 1024
     #: HTTP ``background: true``: responses running at once, bytes of each
@@ -479,3 +416,402 @@ class ServerConfig:
     chat_prefix_cache_tokens: int = CHAT_PREFIX_CACHE_TOKENS
     #: The chat endpoint's completions at once (more: 429 with Retry-After).
     chat_max_in_flight: int = CHAT_MAX_IN_FLIGHT
+
+
+# --- the settings, each declared once ----------------------------------------
+#
+# One record per setting of ``longresponse serve``: its flag, its environment
+# variable, its key in a settings file's ``[server]`` table, its range, its
+# help, and where it lands in :class:`ServerConfig`. The command line, the
+# environment, the settings file (``longresponse.settings``) and the flags
+# table of docs/SERVING.md are all read from or checked against this table.
+
+#: The words a boolean setting takes from a variable or an ``on|off`` flag.
+_TRUE: Final = frozenset({"1", "true", "on", "yes"})
+_FALSE: Final = frozenset({"0", "false", "off", "no"})
+_KINDS: Final[Mapping[type, str]] = {
+    bool: "true or false",
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+    list: "a list of strings",
+}
+
+
+def parse_bool(text: str) -> bool:
+    """``on``/``off`` (or true/false, yes/no, 1/0, any case) as a bool; ValueError otherwise."""
+    word = text.strip().lower()
+    if word in _TRUE or word in _FALSE:
+        return word in _TRUE
+    raise ValueError(f"not on or off: {text!r}")
+
+
+def scripted_call(text: str) -> tuple[str, str]:
+    """``NAME=JSON``, the JSON an object (``--sim-call``), as (name, compact JSON)."""
+    name, sep, arguments = text.partition("=")
+    try:
+        value = json.loads(arguments) if sep and name else None
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise ValueError(f"not NAME=<a JSON object>: {text!r}")
+    return name, json.dumps(value, separators=(",", ":"))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Setting:
+    """One server setting, declared once.
+
+    Its name (underscores) is its key in a settings file's ``[server]`` table
+    and, upper-cased after ``LONGRESPONSE_``, its environment variable; its
+    flag is the name with dashes unless ``flag`` says otherwise.
+    """
+
+    name: str
+    #: ``int``, ``float``, ``str``, ``bool``, or ``list`` (a repeatable flag).
+    kind: type
+    default: Any
+    help: str
+    #: A number's accepted values (every number has one: RANGES).
+    range: Range | None = None
+    #: A string's accepted values.
+    choices: tuple[str, ...] = ()
+    #: Where it lands in ServerConfig: ``"port"``, ``"sim.tokens_per_second"``;
+    #: ``""`` is the field of its own name, ``None`` none (the process's own
+    #: settings, and the upstream's, which become ``ServerConfig.backends``).
+    field: str | None = ""
+    #: Other flags for the same setting: uvicorn's or vLLM's name for it.
+    aliases: tuple[str, ...] = ()
+    flag: str = ""
+    metavar: str | None = None
+    #: How help and docs state the default when the value does not say it.
+    shown: str = ""
+    #: A repeatable setting: one value from its text, and what separates the
+    #: values in its environment variable.
+    item: Callable[[str], Any] | None = None
+    separator: str = ","
+    #: The value as its ServerConfig field holds it (milliseconds to seconds...).
+    to_field: Callable[[Any], Any] | None = None
+    #: The help section its flag is listed under (``""``: the main one).
+    group: str = ""
+    #: A boolean flag that also takes ``on|off`` (``--ws-compression on``).
+    takes_value: bool = False
+    #: Whether a settings file may set it (not the file's own path).
+    in_file: bool = True
+
+    @property
+    def option(self) -> str:
+        """The flag: ``--send-queue-depth``."""
+        return self.flag or "--" + self.name.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        """The environment variable: ``LONGRESPONSE_SEND_QUEUE_DEPTH``."""
+        return "LONGRESPONSE_" + self.name.upper()
+
+    @property
+    def shown_default(self) -> str:
+        """The default as help and docs state it."""
+        if self.shown:
+            return self.shown
+        if self.kind is bool:
+            return "on" if self.default else "off"
+        if self.default is None or self.default == ():
+            return "none"
+        if isinstance(self.default, float) and self.default.is_integer():
+            return str(int(self.default))
+        return str(self.default)
+
+    def parse(self, text: str) -> Any:
+        """The value of ``text`` (a flag's or a variable's); ValueError says why not."""
+        if self.kind is bool:
+            return parse_bool(text)
+        if self.kind is list:
+            parts = [part.strip() for part in text.split(self.separator)]
+            return [self.item(part) if self.item else part for part in parts if part]
+        if self.kind is str:
+            if self.choices and text not in self.choices:
+                raise ValueError(f"must be one of {', '.join(self.choices)}, not {text!r}")
+            return text
+        try:
+            value = self.kind(text)
+        except ValueError:
+            raise ValueError(f"not {_KINDS[self.kind]}: {text!r}") from None
+        assert self.range is not None, self.name  # every number has a range
+        if value not in self.range:
+            raise ValueError(f"must be {self.range}, not {text}")
+        return value
+
+    def take(self, value: object) -> Any:
+        """The value of a settings file's (TOML) ``value``; ValueError says why not."""
+        if self.kind is list:
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise ValueError(f"must be {_KINDS[list]}, not {value!r}")
+            return [self.item(v) if self.item else v for v in value]
+        accepted: tuple[type, ...] = (int, float) if self.kind is float else (self.kind,)
+        if not isinstance(value, accepted) or (self.kind is not bool and isinstance(value, bool)):
+            raise ValueError(f"must be {_KINDS[self.kind]}, not {value!r}")
+        return value if self.kind is bool else self.parse(str(value))
+
+
+_GIB: Final = 1024 * 1024 * 1024
+_MIB: Final = 1024 * 1024
+_DAY: Final = 86_400.0
+_SIM: Final = "the simulated model"
+_MCP_DEFAULTS: Final = McpLimits()
+_SIM_DEFAULTS: Final = SimConfig()
+_BACKENDS: Final = "real model backends (see docs/REAL_MODELS.md)"
+_REUSE: Final = "reuse switches (all on; see docs/SERVING.md)"
+
+
+def _n(
+    name: str,
+    kind: type,
+    default: float | None,
+    low: float,
+    high: float,
+    help: str,
+    *,
+    zero: bool = False,
+    **more: Any,
+) -> Setting:
+    """A numeric setting and its range."""
+    return Setting(name, kind, default, help, range=Range(low, high, zero), **more)
+
+
+def _switch(name: str, what: str) -> Setting:
+    """One reuse of the pipeline, on unless turned off."""
+    return Setting(name, bool, True, f"reuse: {what}", field=f"switches.{name}", group=_REUSE)
+
+
+def _hosts(hosts: list[str]) -> frozenset[str]:
+    return frozenset(host.lower() for host in hosts)
+
+
+def _seconds(milliseconds: float) -> float:
+    return milliseconds / 1000
+
+
+#: Every setting of ``longresponse serve``, in the order of ``--help``.
+SETTINGS: Final[tuple[Setting, ...]] = (
+    Setting("host", str, DEFAULT_HOST, "address to listen on"),
+    _n("port", int, DEFAULT_PORT, 0, 65_535, "TCP port (0: any free one)"),
+    _n("max_message_bytes", int, MAX_MESSAGE_BYTES, 1, _GIB,
+       "largest client message answered with an error event; twice this closes 1009"),
+    _n("max_items_per_event", int, MAX_ITEMS_PER_EVENT, 1, 1_000_000,
+       "most input items one response.create or response.append may carry"),
+    _n("max_rollouts_per_connection", int, MAX_ROLLOUTS_PER_CONNECTION, 1, 100_000,
+       "append mode: live rollouts one connection may run at once"),
+    _n("send_queue_depth", int, SEND_QUEUE_DEPTH, 1, 1_000_000,
+       "encoded events buffered per connection before sampling waits for the reader"),
+    _n("send_queue_bytes", int, SEND_QUEUE_BYTES, 1024, _GIB,
+       "bytes of encoded events buffered per connection before sampling waits"),
+    _n("slow_reader_timeout", float, SLOW_READER_TIMEOUT, 0.001, _DAY,
+       "seconds the send queue may stay full before the reader is disconnected"),
+    _n("pause_timeout", float, PAUSE_TIMEOUT, 0.001, 7 * _DAY,
+       "append mode: seconds a paused rollout waits for tool outputs before ending incomplete"),
+    _n("max_in_flight", int, MAX_IN_FLIGHT, 1, 100_000,
+       "shipped shape: responses running at once per connection, across lanes; further "
+       "creates wait in their lane's queue"),
+    _n("max_lanes", int, MAX_LANES, 1, 100_000,
+       "shipped shape: distinct named lanes (stream_id) per connection; the default lane "
+       "does not count"),
+    _n("max_queued", int, MAX_QUEUED, 1, 1_000_000,
+       "shipped shape: creates waiting to run per connection; beyond it an error "
+       "(websocket_queue_limit_reached)"),
+    _n("max_pending_steers", int, MAX_PENDING_STEERS, 1, 4096,
+       "shipped shape: response.steer submissions queued per response; beyond it "
+       "response.steer.failed (too_many_pending_steers)"),
+    _n("connection_cache_bytes", int, CONNECTION_CACHE_BYTES, 1, 1024 * _GIB,
+       "shipped shape: approximate bytes of rollout state one connection keeps for "
+       "previous_response_id (least recently used rollouts are evicted)"),
+    _n("connection_lifetime", float, CONNECTION_LIFETIME, 0.001, 7 * _DAY,
+       "seconds a connection may live; then an error event "
+       "(websocket_connection_limit_reached) and close 1000"),
+    _n("shutdown_drain_timeout", float, SHUTDOWN_DRAIN_TIMEOUT, 0.001, _DAY,
+       "on SIGTERM/SIGINT: seconds WebSocket turns in flight (and open HTTP responses) may "
+       "run to their end before every connection is closed 1012 (clients reconnect and resend)",
+       aliases=("--timeout-graceful-shutdown",)),
+    _n("keepalive_interval", float, KEEPALIVE_INTERVAL, 0.01, _DAY,
+       "seconds a running response may stay silent (a slow model) before a keepalive event "
+       "(clients' stream watchdogs, proxies); 0 = never", zero=True),
+    _n("ws_ping_interval", float, WS_PING_INTERVAL, 0.01, _DAY,
+       "seconds between the server's WebSocket pings (the client has as long again to "
+       "answer); 0 = no pings", zero=True),
+    _n("max_response_events", int, MAX_RESPONSE_EVENTS, 1, 1_000_000_000,
+       "events one Response may send; past it the model stops and the Response ends "
+       "incomplete (reason max_events)"),
+    _n("max_response_output_tokens", int, MAX_RESPONSE_OUTPUT_TOKENS, 1, 1_000_000_000,
+       "output tokens one Response may write whatever its max_output_tokens; past it the "
+       "Response ends incomplete (reason max_output_tokens)"),
+    _n("max_tools", int, MAX_TOOLS, 1, 100_000,
+       "tools one request may offer (a namespace's tools counted); more is invalid_value "
+       "on tools", field="schema_limits.max_tools"),
+    _n("max_schema_nodes", int, MAX_SCHEMA_NODES, 1, 10_000_000,
+       "JSON objects and arrays one schema (text.format, response_format, a tool's "
+       "parameters) may hold; checked before the metaschema check",
+       field="schema_limits.max_nodes"),
+    _n("max_schema_width", int, MAX_SCHEMA_WIDTH, 1, 10_000_000,
+       "members one object or array of a schema may hold (properties per object)",
+       field="schema_limits.max_width"),
+    Setting("store", str, DEFAULT_STORE,
+            "where store=true responses are kept: sqlite:///abs/path.db, sqlite://rel/path.db, "
+            "redis://host:port/db (several processes) or memory://"),
+    _n("store_ttl", float, None, 0.001, 100 * 365 * _DAY,
+       "seconds a stored response is kept", shown="forever"),
+    Setting("api_keys", list, (),
+            "accept this API key (repeatable; the variable holds them comma-separated); with "
+            "keys, every request needs 'Authorization: Bearer <key>'",
+            flag="--api-key", to_field=tuple, metavar="KEY"),
+    Setting("operator_key", str, None,
+            "the operator's API key: the only key that sees every tenant in /inspect and "
+            "reads /metrics; other keys see their own", metavar="KEY"),
+    Setting("allow_unauthenticated", bool, False,
+            "listen on a non-loopback address without API keys (refused otherwise)"),
+    Setting("compaction_key", str, None,
+            "seal compaction items with a key derived from SECRET; give every process behind "
+            "one store the same one", metavar="SECRET", shown="a random key kept in the store"),
+    _n("compaction_lifetime", float, COMPACTION_LIFETIME, 1, 100 * 365 * _DAY,
+       "seconds a compaction item opens for after it was made; an older one is refused "
+       "(invalid_encrypted_content)"),
+    _n("gc_young_threshold", int, GC_YOUNG_THRESHOLD, 100, 1_000_000_000,
+       "run the garbage collector's young generation every N net allocations (0 keeps "
+       "Python's own, 700); objects made at start-up are frozen out of every collection "
+       "either way", zero=True, field=None, metavar="N"),
+    _n("mmap_threshold", int, MMAP_THRESHOLD, 128 * 1024, 32 * _MIB,
+       "with glibc, give each allocation of BYTES or more its own mapping, returned to the "
+       "system when freed (0 keeps glibc's sliding threshold, which after one large message "
+       "keeps its size in the heap for good)", zero=True, field=None, metavar="BYTES"),
+    Setting("ws_compression", bool, WS_COMPRESSION,
+            "accept permessage-deflate when a WebSocket client offers it (the websockets "
+            "library does by default; the openai SDK only when asked); off costs less memory "
+            "per connection and CPU", takes_value=True, aliases=("--ws-per-message-deflate",)),
+    Setting("http_token_cache", bool, False,
+            "HTTP: keep each response's rendered tokens in a process-wide cache, so a "
+            "continuation reads its history from the store but does not render it again"),
+    Setting("inspector", bool, True,
+            "keep the observations behind /inspect (off: every hook returns at once)"),
+    _n("inspector_watchers", int, INSPECTOR_WATCHERS, 1, 1_000,
+       "live /inspect feeds open at once; one more gets 429 (too_many_watchers)"),
+    _n("inspector_watchers_per_key", int, INSPECTOR_WATCHERS_PER_KEY, 1, 1_000,
+       "live /inspect feeds one API key may hold open (with keys on); one more gets 429 "
+       "(too_many_watchers)"),
+    _n("inspector_feed_lifetime", float, INSPECTOR_FEED_LIFETIME, 0.001, 365 * _DAY,
+       "seconds a live /inspect feed stays open (an EventSource reconnects)"),
+    _n("max_background", int, MAX_BACKGROUND, 1, 1_000_000,
+       "HTTP: background=true responses running at once; beyond it a create gets 429 "
+       "(too_many_background_responses)"),
+    _n("max_background_per_key", int, MAX_BACKGROUND_PER_KEY, 1, 1_000_000,
+       "HTTP: background responses one API key may run at once (with keys on); beyond it "
+       "that key's create gets 429 (too_many_background_responses)"),
+    _n("background_max_duration", float, BACKGROUND_MAX_DURATION, 0.001, 365 * _DAY,
+       "HTTP: seconds a background response may run; then it ends incomplete "
+       "(reason max_duration)"),
+    _n("background_log_bytes", int, BACKGROUND_LOG_BYTES, 1, 1024 * _GIB,
+       "HTTP: bytes of SSE events a running background response keeps for readers resuming "
+       "with starting_after (oldest dropped first)"),
+    _n("background_endings_bytes", int, BACKGROUND_ENDINGS_BYTES, 1, 1024 * _GIB,
+       "HTTP: bytes of terminal events of finished background responses kept for a late "
+       "GET ?stream=true (oldest dropped first)"),
+    Setting("secrets_policy", str, "flag",
+            "what the secrets classifier does with a credential in new input: record it on "
+            "the response's metadata, redact it before the model sees it, or refuse the input",
+            choices=("flag", "redact", "refuse")),
+    Setting("hosted_tools", str, "accept",
+            "hosted tools this server cannot run (web_search, file_search, mcp, "
+            "code_interpreter, image_generation, tool_search, ...): accept them (echoed in "
+            "the response's tools, never offered to the model) or refuse the request",
+            choices=("accept", "refuse")),
+    Setting("mcp_allow_host", list, (),
+            "a host the hosted mcp tool's server_url may name (repeatable); with none, every "
+            "mcp tool is refused, so a tenant cannot make the server call any address",
+            metavar="HOST[:PORT]", field="mcp.allowed_hosts", to_field=_hosts),
+    _n("mcp_connect_timeout", float, _MCP_DEFAULTS.connect_timeout, 0.001, _DAY,
+       "seconds to connect to an MCP server and finish its handshake",
+       field="mcp.connect_timeout"),
+    _n("mcp_call_timeout", float, _MCP_DEFAULTS.call_timeout, 0.001, _DAY,
+       "seconds one MCP listing or call may take once connected", field="mcp.call_timeout"),
+    _n("mcp_max_listing_bytes", int, _MCP_DEFAULTS.max_listing_bytes, 1, _GIB,
+       "bytes of an MCP server's tool listing (as JSON); a larger one fails",
+       field="mcp.max_listing_bytes"),
+    _n("mcp_max_output_bytes", int, _MCP_DEFAULTS.max_output_bytes, 1, _GIB,
+       "bytes of one MCP call's output; a larger one fails the call",
+       field="mcp.max_output_bytes"),
+    _n("mcp_max_calls", int, _MCP_DEFAULTS.max_calls, 1, 100_000,
+       "MCP calls one Response may make; further calls fail", field="mcp.max_calls"),
+    _switch("incremental_validation",
+            "validate only new input (off: the whole history, every time)"),
+    _switch("incremental_classification",
+            "classify only new input (off: the whole history, every time)"),
+    _switch("token_cache", "render only new items (off: render the whole context every turn)"),
+    _switch("resolution_reuse", "resolve the model once per rollout (off: every turn)"),
+    _switch("overlapped_post_inference",
+            "write usage and stored responses after the terminal event (off: before it)"),
+    _n("sim_ttft_ms", float, 0.0, 0, 600_000, "time to first token, milliseconds",
+       field="sim.time_to_first_token", to_field=_seconds, group=_SIM),
+    _n("sim_tokens_per_second", float, _SIM_DEFAULTS.tokens_per_second, 1, 1_000_000,
+       "decode speed (65, 1000, 4000 are reference points; 0 = unthrottled)", zero=True,
+       field="sim.tokens_per_second", group=_SIM),
+    _n("sim_prefill_tokens_per_second", float, _SIM_DEFAULTS.prefill_tokens_per_second, 1,
+       1_000_000_000, "prefill rate over uncached input tokens (0 = instant)", zero=True,
+       field="sim.prefill_tokens_per_second", group=_SIM),
+    _n("sim_context_window", int, _SIM_DEFAULTS.context_window, 1, 1_000_000_000,
+       "context window in tokens (longer input: context_length_exceeded, or dropped oldest "
+       "items with truncation=auto)", field="sim.context_window", group=_SIM),
+    _n("sim_tool_calls", int, _SIM_DEFAULTS.tool_calls, 0, 1024,
+       "tool calls before its final answer when a request's metadata does not say "
+       "(sim_tool_calls)", field="sim.tool_calls", group=_SIM),
+    Setting("sim_calls", list, (),
+            "script its calls (repeatable, in order, cycling): call tool NAME with these JSON "
+            "arguments when it is offered, instead of arguments made from its schema (the "
+            "variable holds one a line)", flag="--sim-call", metavar="NAME=JSON",
+            item=scripted_call, separator="\n", field="sim.calls", to_field=tuple, group=_SIM),
+    Setting("config", str, None,
+            "TOML file of served models ([models.NAME]) and server settings ([server])",
+            metavar="PATH", field=None, in_file=False, group=_BACKENDS),
+    Setting("upstream", str, None, "an engine's API root, e.g. .../v1", metavar="URL",
+            field=None, group=_BACKENDS),
+    Setting("upstream_model", str, None, "the engine's name of the model", metavar="NAME",
+            field=None, group=_BACKENDS),
+    Setting("upstream_kind", str, "chat", "the engine's API", choices=BACKEND_KINDS,
+            field=None, group=_BACKENDS),
+    Setting("upstream_api_key_env", str, None, "environment variable holding the key",
+            metavar="VAR", field=None, group=_BACKENDS),
+    Setting("served_model_name", str, None, "the name clients use", metavar="NAME",
+            shown="the upstream model's", field=None, group=_BACKENDS),
+    _n("upstream_context_window", int, 128_000, 1, 100_000_000,
+       "the model's window in tokens", metavar="TOKENS", aliases=("--max-model-len",),
+       field=None, group=_BACKENDS),
+    _n("chat_prefix_cache_tokens", int, CHAT_PREFIX_CACHE_TOKENS, 16, 1_000_000_000,
+       "POST /v1/chat/completions: tokens of recent prompts kept by the prefix cache (blocks "
+       "of 16, LRU; about 140 bytes a block); prefill time is charged only for uncached "
+       "tokens; 0 turns it off", zero=True),
+    _n("chat_max_in_flight", int, CHAT_MAX_IN_FLIGHT, 1, 1_000_000,
+       "POST /v1/chat/completions: completions running at once; one more gets 429 "
+       "rate_limit_exceeded with Retry-After, as an engine's queue limit does"),
+    Setting("log_level", str, "info", "log verbosity",
+            choices=("critical", "error", "warning", "info", "debug"), field=None),
+)  # fmt: skip
+
+#: The settings by name.
+BY_NAME: Final[Mapping[str, Setting]] = {setting.name: setting for setting in SETTINGS}
+
+#: The range of every numeric setting, keyed by its name (``--send-queue-depth``
+#: is ``send_queue_depth``). Times are in seconds unless the name says ms.
+RANGES: Final[Mapping[str, Range]] = {
+    setting.name: setting.range for setting in SETTINGS if setting.range is not None
+}
+
+
+def ranged(name: str, kind: type[int] | type[float]) -> Callable[[str], Any]:
+    """An argparse type: ``kind`` within the setting's range (:data:`RANGES`)."""
+    setting = dataclasses.replace(BY_NAME[name], kind=kind)
+
+    def parse(text: str) -> Any:
+        try:
+            return setting.parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parse.__name__ = kind.__name__  # argparse names the type in its messages
+    return parse

@@ -4,7 +4,8 @@ The registry of real backends is read from three places, the later adding to
 (and, for a name already present, replacing) the earlier:
 
 1. a TOML file (``--config PATH`` or ``LONGRESPONSE_CONFIG``), one table per
-   served model name under ``[models]``::
+   served model name under ``[models]`` (beside the server's own settings in
+   ``[server]``, read by ``longresponse.settings``)::
 
        [models.qwen]
        kind = "chat"                          # chat | responses | responses-ws
@@ -20,7 +21,8 @@ The registry of real backends is read from three places, the later adding to
 3. or the same as ``LONGRESPONSE_UPSTREAM``, ``LONGRESPONSE_UPSTREAM_MODEL``,
    ``LONGRESPONSE_UPSTREAM_KIND``, ``LONGRESPONSE_UPSTREAM_API_KEY_ENV``,
    ``LONGRESPONSE_SERVED_MODEL_NAME``, ``LONGRESPONSE_UPSTREAM_CONTEXT_WINDOW``
-   (a flag wins over its variable).
+   (a flag wins over its variable, and ``serve`` reads these from the file's
+   ``[server]`` table too, below both).
 
 Every field of :class:`~longresponse.config.BackendConfig` may appear in a
 table; an unknown key, a wrong type or a value out of range is refused with a
@@ -35,25 +37,29 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import tomllib
 from collections.abc import Mapping
 from typing import Any, Final
 from urllib.parse import urlsplit, urlunsplit
 
-from ..config import BACKEND_KINDS, RANGES, BackendConfig, ranged
+from ..config import BACKEND_KINDS, BY_NAME, SETTINGS, BackendConfig, ranged
+from ..settings import SettingsError, read_toml
+from ..settings import add_arguments as add_setting_arguments
 
-__all__ = ["ENV", "SettingsError", "add_arguments", "backends_from_args", "load_toml", "shown_url"]
+__all__ = [
+    "ENV",
+    "SettingsError",
+    "add_arguments",
+    "backends_from_args",
+    "load_toml",
+    "models_of",
+    "shown_url",
+]
 
+#: The settings of the simple case and the file's path, declared with the rest
+#: (``longresponse.config.SETTINGS``, in their own help group).
+UPSTREAM_SETTINGS: Final = tuple(s for s in SETTINGS if s.group == BY_NAME["upstream"].group)
 #: flag destination -> environment variable.
-ENV: Final[Mapping[str, str]] = {
-    "config": "LONGRESPONSE_CONFIG",
-    "upstream": "LONGRESPONSE_UPSTREAM",
-    "upstream_model": "LONGRESPONSE_UPSTREAM_MODEL",
-    "upstream_kind": "LONGRESPONSE_UPSTREAM_KIND",
-    "upstream_api_key_env": "LONGRESPONSE_UPSTREAM_API_KEY_ENV",
-    "served_model_name": "LONGRESPONSE_SERVED_MODEL_NAME",
-    "upstream_context_window": "LONGRESPONSE_UPSTREAM_CONTEXT_WINDOW",
-}
+ENV: Final[Mapping[str, str]] = {setting.name: setting.env for setting in UPSTREAM_SETTINGS}
 
 #: What ``tool_choice_auto`` may send the engine for a client's ``auto``.
 TOOL_CHOICE_AUTO: Final = ("auto", "required")
@@ -71,31 +77,9 @@ _RANGES: Final[Mapping[str, tuple[float, float]]] = {
 }
 
 
-class SettingsError(ValueError):
-    """The backend configuration cannot be used; the message says where and why."""
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``serve`` flags of the backend registry."""
-    group = parser.add_argument_group("real model backends (see docs/REAL_MODELS.md)")
-    group.add_argument("--config", metavar="PATH", help="TOML file of served models")
-    group.add_argument("--upstream", metavar="URL", help="an engine's API root, e.g. .../v1")
-    group.add_argument("--upstream-model", metavar="NAME", help="the engine's name of the model")
-    group.add_argument(
-        "--upstream-kind", choices=BACKEND_KINDS, help="the engine's API (default: chat)"
-    )
-    group.add_argument(
-        "--upstream-api-key-env", metavar="VAR", help="environment variable holding the key"
-    )
-    group.add_argument(
-        "--served-model-name", metavar="NAME", help="the name clients use (default: the model's)"
-    )
-    group.add_argument(
-        "--upstream-context-window",
-        type=_window,
-        metavar="TOKENS",
-        help=f"the model's window ({RANGES['upstream_context_window']})",
-    )
+    add_setting_arguments(parser, UPSTREAM_SETTINGS)
 
 
 _window = ranged("upstream_context_window", int)
@@ -114,7 +98,9 @@ def backends_from_args(
     backends: dict[str, BackendConfig] = {}
     path = _setting(args, "config", env)
     if path is not None:
-        backends.update((b.name, b) for b in load_toml(path))
+        # The file may carry the server's settings too ([server], longresponse.settings).
+        models = models_of(read_toml(path), path, beside=("server",))
+        backends.update((b.name, b) for b in models)
     url = _setting(args, "upstream", env)
     model = _setting(args, "upstream_model", env)
     if url is None and model is None:
@@ -139,17 +125,19 @@ def backends_from_args(
 
 
 def load_toml(path: str) -> tuple[BackendConfig, ...]:
-    """The ``[models.NAME]`` tables of the TOML file at ``path``."""
-    try:
-        with open(path, "rb") as file:
-            data = tomllib.load(file)
-    except OSError as exc:
-        raise SettingsError(f"cannot read {path}: {exc.strerror}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise SettingsError(f"{path} is not valid TOML: {exc}") from None
-    unknown = sorted(set(data) - {"models"})
+    """The ``[models.NAME]`` tables of the TOML file at ``path``, a file of models only."""
+    return models_of(read_toml(path), path)
+
+
+def models_of(
+    data: Mapping[str, Any], path: str, *, beside: tuple[str, ...] = ()
+) -> tuple[BackendConfig, ...]:
+    """The ``[models.NAME]`` tables of a parsed TOML file, which may hold the
+    ``beside`` tables too (any other is refused)."""
+    unknown = sorted(set(data) - {"models", *beside})
     if unknown:
-        raise SettingsError(f"{path}: unknown table {unknown[0]!r} (only [models.NAME])")
+        allowed = " and ".join([*(f"[{table}]" for table in beside), "[models.NAME]"])
+        raise SettingsError(f"{path}: unknown table {unknown[0]!r} (only {allowed})")
     models = data.get("models", {})
     if not isinstance(models, dict) or not all(isinstance(t, dict) for t in models.values()):
         raise SettingsError(f"{path}: [models] must hold one table per served model name")
