@@ -33,8 +33,10 @@ pytest_plugins = ["tests.support.tiers"]  # the markers, and what a bare run lac
 class RunningServer:
     """A longresponse server on 127.0.0.1 in a background thread."""
 
-    def __init__(self, config: ServerConfig) -> None:
+    def __init__(self, config: ServerConfig, *, shared: bool = False) -> None:
         self.config = config
+        #: the run's one server (the ``server`` fixture), which tests share
+        self.shared = shared
         self.app = create_app(config)
         self.server = uvicorn.Server(
             uvicorn.Config(
@@ -59,9 +61,18 @@ class RunningServer:
             time.sleep(0.01)
         return self
 
-    def stop(self) -> None:
+    def stop(self, *, wait: bool = True) -> None:
+        """Ask the server to exit and, with ``wait``, join its thread.
+
+        uvicorn notices ``should_exit`` on its next 0.1 s tick and then
+        waits 0.1 s more for connections to close, so a join takes 0.2 s;
+        a test's own servers are joined together at the end of the run
+        (:func:`_join_stopped_servers`) instead of one by one."""
         self.server.should_exit = True
-        self.thread.join(timeout=10)
+        if wait:
+            self.thread.join(timeout=10)
+        else:
+            STOPPING.append(self)
 
     @property
     def port(self) -> int:
@@ -91,8 +102,10 @@ def redis_url() -> Iterator[str]:
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     """One server with the default configuration (a real SQLite store), shared by the run."""
     store = tmp_path_factory.mktemp("store") / "responses.db"
-    running = RunningServer(ServerConfig(port=0, store=f"sqlite:///{store}")).start()
+    running = RunningServer(ServerConfig(port=0, store=f"sqlite:///{store}"), shared=True).start()
     yield running
+    while SHARED_CLIENTS:
+        SHARED_CLIENTS.popitem()[1].close()
     running.stop()
 
 
@@ -113,11 +126,29 @@ def make_server(tmp_path: Any) -> Iterator[Callable[..., RunningServer]]:
 
     yield factory
     for running in started:
-        running.stop()
+        running.stop(wait=False)
+
+
+#: Servers asked to exit and not yet joined (:meth:`RunningServer.stop`).
+STOPPING: list[RunningServer] = []
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _join_stopped_servers() -> Iterator[None]:
+    yield
+    while STOPPING:
+        running = STOPPING.pop()
+        running.thread.join(timeout=10)
+        assert not running.thread.is_alive(), "a test server did not exit"
 
 
 #: SDK clients made by a test, closed after it (their HTTP pools hold sockets).
 OPEN_CLIENTS: list[Any] = []
+#: SDK clients of the shared server, one per key, kept for the run as an
+#: application keeps its client: each ``OpenAI()`` builds an SSL context from
+#: the CA bundle (30-40 ms of CPU), a fifth of the fast tier's time when
+#: every test built its own.
+SHARED_CLIENTS: dict[tuple[str, str], Any] = {}
 
 
 @contextlib.contextmanager
@@ -139,11 +170,17 @@ def stalled_post(port: int, path: str, body: dict[str, Any]) -> Iterator[socket.
 
 
 def openai_client(server: RunningServer, key: str = "test-key") -> Any:
-    """An official ``openai`` client for ``server``, closed when the test ends."""
+    """An official ``openai`` client for ``server`` at its defaults (but no
+    retries), closed when the test ends; the shared server's are kept for the run."""
     from openai import OpenAI
 
+    if server.shared and (kept := SHARED_CLIENTS.get((server.http_url, key))):
+        return kept
     client = OpenAI(base_url=f"{server.http_url}/v1", api_key=key, max_retries=0)
-    OPEN_CLIENTS.append(client)
+    if server.shared:
+        SHARED_CLIENTS[server.http_url, key] = client
+    else:
+        OPEN_CLIENTS.append(client)
     return client
 
 

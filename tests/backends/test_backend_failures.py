@@ -42,6 +42,9 @@ from tests.backends.test_backend_chat import ADD, _until_end, chat_backend, gate
 from tests.conftest import openai_client
 from tests.support.connection_pair import ConnectionPair, Role, user
 
+#: an upstream process per test, killed, refused and restarted.
+pytestmark = pytest.mark.slow
+
 SLOW = {"sim_output_tokens": "5000", "sim_tokens_per_second": "20"}
 
 

@@ -51,6 +51,9 @@ from tests.conftest import openai_client
 from tests.support.raw_ws import wait_until
 from tests.support.scripted_engine import CLOSE, STALL, ScriptedEngine, sse
 
+#: an upstream longresponse process per test, and its deadlines.
+pytestmark = pytest.mark.slow
+
 KINDS = ("responses", "responses-ws")
 TOOL = {
     "type": "function",

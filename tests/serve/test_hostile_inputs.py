@@ -54,6 +54,9 @@ from longresponse.server_process import ServerProcess
 from protocol import APPEND_SUBPROTOCOL, MAX_ITEMS_PER_EVENT, ProtocolError
 from tests.support.raw_ws import handshake
 
+#: another client's delay under abuse, measured: run alone, after the parallel part.
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
+
 #: How much later than alone the well-behaved client's worst ``/healthz`` may be.
 ALLOWED_DELAY: Final = 0.050
 #: Tries of a case before a delay fails it: a real hold repeats every time, a

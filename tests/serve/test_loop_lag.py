@@ -44,6 +44,9 @@ from protocol import MAX_ITEMS_PER_EVENT
 from protocol.events import ResponseDone
 from tests.support.raw_ws import handshake
 
+#: another client's delay under abuse, measured: run alone, after the parallel part.
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
+
 #: Turns timed alone, and timed under abuse.
 TURNS: Final = 30
 #: How much later than its own baseline a turn may be under abuse (median and p90).

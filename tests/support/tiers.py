@@ -35,6 +35,7 @@ MARKERS: Final = {
     "browser": "needs Debian's chromium and chromedriver (make test-services)",
     "services": "needs redis-server or nginx (make test-services)",
     "slow": "correct but too long for the fast tier: crash cycles, soaks, benchmarks",
+    "serial": "measures another client's delay: runs alone, after the parallel part of make test",
 }
 
 #: A fixture that brings a tier's part in: its users carry the marker.
