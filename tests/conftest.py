@@ -22,6 +22,7 @@ import uvicorn
 from longresponse.config import ServerConfig
 from longresponse.serve.app import create_app
 from longresponse.serve.ws.oversize import LingeringWSProtocol
+from longresponse.server_process import ServerProcess
 from tests.support import ast_guard
 from tests.support.redis_server import redis_server_fixture
 
@@ -169,15 +170,16 @@ def stalled_post(port: int, path: str, body: dict[str, Any]) -> Iterator[socket.
         yield sock
 
 
-def openai_client(server: RunningServer, key: str = "test-key") -> Any:
+def openai_client(server: RunningServer | ServerProcess, key: str = "test-key") -> Any:
     """An official ``openai`` client for ``server`` at its defaults (but no
     retries), closed when the test ends; the shared server's are kept for the run."""
     from openai import OpenAI
 
-    if server.shared and (kept := SHARED_CLIENTS.get((server.http_url, key))):
+    shared = isinstance(server, RunningServer) and server.shared
+    if shared and (kept := SHARED_CLIENTS.get((server.http_url, key))):
         return kept
     client = OpenAI(base_url=f"{server.http_url}/v1", api_key=key, max_retries=0)
-    if server.shared:
+    if shared:
         SHARED_CLIENTS[server.http_url, key] = client
     else:
         OPEN_CLIENTS.append(client)
