@@ -55,7 +55,6 @@ from ..engine.rollout import Boundary, Rollout
 from ..engine.sampling import ModelSpec
 from ..engine.stream import EventSink
 from ..engine.timing import TurnTiming
-from ..engine.transport import Transport
 from ..engine.turn import Started, admit_turn, open_turn, resolve_model
 from ..hosted import McpServers, check_mcp_tools, redact_mcp_tools
 from ..storage.persistence import Persistence, StoreWriteFailed
@@ -63,6 +62,7 @@ from .inspector.observer import Inspector
 from .inspector.records import RolloutRecord
 from .metrics import ServerMetrics
 from .scan_process import ScanProcess
+from .transport import Transport
 
 __all__ = ["CHECK_WORKERS", "SWITCH_INTERVAL", "Turns"]
 
