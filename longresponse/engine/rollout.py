@@ -61,7 +61,7 @@ from protocol.events import (
 from protocol.items import Item, McpCall, ToolChoice, ToolChoiceAllowed, as_items
 from protocol.response import Response, ResponseError
 
-from ..config import MAX_RESPONSE_EVENTS, MAX_RESPONSE_OUTPUT_TOKENS, Switches
+from ..config import Switches
 from ..ids import new_id
 from . import sampling as models
 from .admission import Pipeline
@@ -76,6 +76,7 @@ from .failures import (
     upstream_error_event,
 )
 from .hosted import McpFailure, McpHost, approved_requests, listed_read_only, unlisted
+from .limits import EngineLimits
 from .render import TokenCache, render_prefix
 from .reply import Reply, TokenCounts
 from .sampling import (
@@ -134,14 +135,11 @@ class Rollout:
         *,
         request: ResponseCreate,
         model: ModelSpec,
-        pause_timeout: float,
+        limits: EngineLimits,
         pipeline: Pipeline | None = None,
         resolve: Callable[[str], ModelSpec] | None = None,
         input_items: list[Item] | None = None,
         clock: Callable[[], float] = time.perf_counter,
-        max_events: int = MAX_RESPONSE_EVENTS,
-        max_output_tokens: int = MAX_RESPONSE_OUTPUT_TOKENS,
-        keepalive_interval: float = 0.0,
     ) -> None:
         self.pipeline = pipeline or Pipeline(Switches())
         #: Resolves a model name again every turn when resolution reuse is off.
@@ -152,13 +150,9 @@ class Rollout:
         self.sampler: Sampler = model.make_sampler()
         #: Samplers of models this rollout switched away from, not released yet.
         self._replaced: list[Sampler] = []
-        self.pause_timeout = pause_timeout
+        #: The pause timeout, the per-Response caps and the keepalive interval.
+        self.limits = limits
         self.clock = clock
-        #: Per-Response caps (the server's): events sent, output tokens written.
-        self.max_events = max_events
-        self.max_output_tokens = max_output_tokens
-        #: Seconds the model may stay silent before a ``keepalive`` event (0: never).
-        self.keepalive_interval = keepalive_interval
         #: The Response being written now (set by :meth:`open_reply`).
         self.reply: Reply | None = None
         #: Classifier findings of every input item delivered, in arrival order
@@ -479,14 +473,11 @@ class Rollout:
         child = Rollout(
             request=self.request,
             model=self.model,
-            pause_timeout=self.pause_timeout,
+            limits=self.limits,
             pipeline=self.pipeline,
             resolve=self.resolve_model,
             input_items=[],
             clock=self.clock,
-            max_events=self.max_events,
-            max_output_tokens=self.max_output_tokens,
-            keepalive_interval=self.keepalive_interval,
         )
         child.context = self.context[: boundary.items]
         child.chain = self.chain
@@ -669,7 +660,7 @@ class Rollout:
             self.context,
             cached_tokens=cached,
             uncached_tokens=uncached,
-            cap=self.max_output_tokens,
+            cap=self.limits.max_output_tokens,
             spent=reply.builder.output_tokens,
             chain=self.chain,
         )
@@ -693,7 +684,7 @@ class Rollout:
         first_output = len(builder.output)
         output_before = builder.output_tokens
         failed: UpstreamError | None = None
-        keepalive = _Keepalive.start(reply, self.keepalive_interval)
+        keepalive = _Keepalive.start(reply, self.limits.keepalive_interval)
         try:
             async with contextlib.aclosing(self.sampler.sample(sample_request)) as chunks:
                 async for chunk in chunks:
@@ -712,7 +703,7 @@ class Rollout:
                         stop = chunk.reason
                     elif (
                         isinstance(chunk, TextDelta | ToolCallStart)
-                        and sink.track(reply.id).next_sequence >= self.max_events
+                        and sink.track(reply.id).next_sequence >= self.limits.max_events
                     ):  # never with a call half written
                         stop, chunk = "max_events", ItemEnd(incomplete=True)  # close it, stop
                     if (
@@ -997,7 +988,7 @@ class Rollout:
             await self.report_timing()
         self._waiting = True
         try:
-            async with asyncio.timeout(self.pause_timeout):
+            async with asyncio.timeout(self.limits.pause_timeout):
                 if failed is not None and not reply.pending_calls and not self._inbox:
                     await self._wakeup.wait()
                 while reply.pending_calls:

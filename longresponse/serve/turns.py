@@ -51,6 +51,7 @@ from ..config import ServerConfig
 from ..engine.admission import HostedTools, Pipeline
 from ..engine.compaction import CompactionKey, Compactor
 from ..engine.failures import TurnRefused
+from ..engine.limits import EngineLimits
 from ..engine.rollout import Boundary, Rollout
 from ..engine.sampling import ModelSpec
 from ..engine.stream import EventSink
@@ -96,6 +97,13 @@ class Turns:
         inspector: Inspector | None = None,
     ) -> None:
         self.config = config
+        #: What of ``config`` the engine reads (``longresponse.engine.limits``).
+        self.limits = EngineLimits(
+            pause_timeout=config.pause_timeout,
+            max_events=config.max_response_events,
+            max_output_tokens=config.max_response_output_tokens,
+            keepalive_interval=config.keepalive_interval,
+        )
         #: The inspector's observations (off unless the app gives one).
         self.inspector = inspector or Inspector(enabled=False)
         self.models = models
@@ -258,7 +266,7 @@ class Turns:
         admitted = admit_turn(
             request,
             pipeline=self.pipeline,
-            config=self.config,
+            limits=self.limits,
             resolve=self.models.resolve,
             compactor=self.compactor(owner),
             new_items=new_items,
