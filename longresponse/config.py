@@ -323,11 +323,6 @@ class SimConfig:
     calls: tuple[tuple[str, str], ...] = ()
 
 
-#: The kinds of real model backend (``longresponse.backends``): an engine's
-#: Chat Completions API, a Responses API over HTTP (SSE), or over its WebSocket mode.
-BACKEND_KINDS: Final = ("chat", "responses", "responses-ws")
-
-
 @dataclasses.dataclass(frozen=True, slots=True)
 class BackendConfig:
     """One served model that a real engine answers (``longresponse.backends``).
@@ -338,7 +333,7 @@ class BackendConfig:
 
     #: The model name clients ask for (and ``GET /v1/models`` lists).
     name: str
-    #: One of :data:`BACKEND_KINDS`.
+    #: One of ``longresponse.backends.kinds.KINDS``.
     kind: str
     #: The engine's API root, e.g. ``http://127.0.0.1:8000/v1``.
     base_url: str

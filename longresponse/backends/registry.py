@@ -17,12 +17,13 @@ from __future__ import annotations
 import importlib
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Final, Protocol
+from typing import Any, Protocol
 
 from protocol import ErrorCode, RemoteProtocolError
 
 from ..config import BackendConfig, SimConfig
 from ..engine.sampling import ModelSpec, Sampler
+from .kinds import KINDS
 from .settings import SettingsError
 from .sim.sampler import sim_spec, summarize
 
@@ -34,14 +35,6 @@ __all__ = [
     "open_backends",
     "serve_backends",
 ]
-
-#: kind -> (module, class) of its backend.
-KINDS: Final[Mapping[str, tuple[str, str]]] = {
-    "chat": ("longresponse.backends.chat", "ChatBackend"),
-    "responses": ("longresponse.backends.responses_http", "ResponsesBackend"),
-    "responses-ws": ("longresponse.backends.responses_ws", "ResponsesWSBackend"),
-}
-
 
 class ModelRegistry:
     """Resolves a model name (or alias) to a :class:`ModelSpec`."""

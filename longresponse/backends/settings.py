@@ -40,7 +40,8 @@ from collections.abc import Mapping
 from typing import Any, Final
 from urllib.parse import urlsplit, urlunsplit
 
-from ..config import BACKEND_KINDS, RANGES, BackendConfig, ranged
+from ..config import RANGES, BackendConfig, ranged
+from .kinds import KINDS
 
 __all__ = ["ENV", "SettingsError", "add_arguments", "backends_from_args", "load_toml", "shown_url"]
 
@@ -82,7 +83,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--upstream", metavar="URL", help="an engine's API root, e.g. .../v1")
     group.add_argument("--upstream-model", metavar="NAME", help="the engine's name of the model")
     group.add_argument(
-        "--upstream-kind", choices=BACKEND_KINDS, help="the engine's API (default: chat)"
+        "--upstream-kind", choices=tuple(KINDS), help="the engine's API (default: chat)"
     )
     group.add_argument(
         "--upstream-api-key-env", metavar="VAR", help="environment variable holding the key"
@@ -170,8 +171,8 @@ def backend(name: str, table: Mapping[str, Any], *, where: str) -> BackendConfig
     if auto not in TOOL_CHOICE_AUTO:
         raise SettingsError(f"{where}: tool_choice_auto must be auto or required, not {auto!r}")
     kind = table.get("kind")
-    if kind not in BACKEND_KINDS:
-        kinds = ", ".join(BACKEND_KINDS)
+    if kind not in KINDS:
+        kinds = ", ".join(KINDS)
         raise SettingsError(f"{where}: kind must be one of {kinds}, not {kind!r}")
     url = table.get("base_url")
     if not isinstance(url, str) or urlsplit(url).scheme not in ("http", "https", "ws", "wss"):
