@@ -45,7 +45,6 @@ import contextlib
 import dataclasses
 import logging
 import time
-from array import array
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Final
 
@@ -65,6 +64,7 @@ from ..config import Switches
 from ..ids import new_id
 from . import sampling as models
 from .admission import Pipeline
+from .boundary import Boundaries, Boundary, ForkStart
 from .classifier import Verdict
 from .compaction import Compactor, Drained, compact, compact_threshold, drain
 from .counting import may_defer
@@ -98,33 +98,9 @@ __all__ = ["INCOMPLETE_STOPS", "Boundary", "Rollout"]
 
 log = logging.getLogger(__name__)
 
-#: What one Boundary holds beside its prefix, about (its Response object and
-#: pending calls; measured on the simulated model's short answers).
-_BOUNDARY_BYTES: Final = 4096
 #: How :meth:`Rollout.run_turns` may stop short: the Response ends ``incomplete``.
 #: ``steered``: a shipped-shape segment stopped at a safe point for steering input.
 INCOMPLETE_STOPS: Final = frozenset({"max_output_tokens", "max_events", "pause_timeout", "steered"})
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Boundary:
-    """Where a shipped-shape segment ended: enough to continue or fork from it."""
-
-    segment_id: str
-    #: ``len(context)`` and ``len(tokens)`` at the end of the segment.
-    items: int
-    tokens: int
-    #: Tokens of the items alone (after the prefix), and the prefix in effect
-    #: then: a later segment may have swapped the prefix in place. The prefix
-    #: is one array shared by the boundaries that had the same one.
-    item_tokens: int
-    prefix: array[int]
-    #: Client tool calls of the segment still waiting for their outputs.
-    pending: dict[str, str]
-    #: The finished segment's Response object.
-    response: Response
-    #: The lane (``stream_id``) the segment ran on; ``None`` = the default lane.
-    stream_id: str | None = None
 
 
 class Rollout:
@@ -193,7 +169,7 @@ class Rollout:
         self.timings: list[TurnTiming] = []
         self._timed = 0  # timings already reported
         #: Where each finished shipped-shape segment ended (to continue or fork).
-        self.boundaries: list[Boundary] = []
+        self.boundaries = Boundaries()
         self.truncated = False
         self.rendered_seen = 0  # token cache counters already added to the pipeline's
         self.items_seen = 0
@@ -349,13 +325,7 @@ class Rollout:
     def nbytes(self) -> int:
         """Approximate memory held: tokens, the items (about as large again), and
         the boundaries (their prefixes, each distinct one once, and their Responses)."""
-        prefixes = {id(b.prefix): len(b.prefix) * b.prefix.itemsize for b in self.boundaries}
-        return (
-            2 * self.tokens.nbytes
-            + 64 * len(self.context)
-            + sum(prefixes.values())
-            + _BOUNDARY_BYTES * len(self.boundaries)
-        )
+        return 2 * self.tokens.nbytes + 64 * len(self.context) + self.boundaries.nbytes
 
     # --- config --------------------------------------------------------------
 
@@ -451,25 +421,20 @@ class Rollout:
         stream_id: str | None,
     ) -> Boundary:
         """Record where the segment ``segment_id`` ends now: its :class:`Boundary`."""
-        tokens = self.tokens
-        prefix = tokens.tokens[: tokens.prefix_length]
-        if self.boundaries and self.boundaries[-1].prefix == prefix:
-            prefix = self.boundaries[-1].prefix  # one copy for a whole chain
-        boundary = Boundary(
-            segment_id=segment_id,
+        return self.boundaries.mark(
+            segment_id,
             items=len(self.context),
-            tokens=len(tokens),
-            item_tokens=len(tokens) - tokens.prefix_length,
-            prefix=prefix,
+            tokens=self.tokens,
             pending=pending,
             response=response,
             stream_id=stream_id,
         )
-        self.boundaries.append(boundary)
-        return boundary
 
     def fork(self, boundary: Boundary) -> Rollout:
         """A new Rollout holding this one's context up to ``boundary`` (shared prefix)."""
+        start = self.boundaries.fork_at(
+            boundary, context=self.context, tokens=self.tokens, model_seen=self.model_seen
+        )
         child = Rollout(
             request=self.request,
             model=self.model,
@@ -479,18 +444,19 @@ class Rollout:
             input_items=[],
             clock=self.clock,
         )
-        child.context = self.context[: boundary.items]
-        child.chain = self.chain
-        child.tokens = self.tokens.fork_items(boundary.prefix, boundary.item_tokens)
-        child._prefix_key = (None, b"")  # unknown: the next segment compares the tokens
-        index = self.boundaries.index(boundary)
-        child.boundaries = self.boundaries[: index + 1]
-        child.counts = TokenCounts(self.counts.input_tokens, self.counts.cached_tokens)
-        # A model server's prefix cache is shared by every request, so the fork's
-        # prefix counts as processed, unless the prefix changed since.
-        same_prefix = self.tokens.tokens[: self.tokens.prefix_length] == boundary.prefix
-        child.model_seen = min(self.model_seen, boundary.tokens) if same_prefix else 0
+        child._start_from(start, chain=self.chain, counts=self.counts)
         return child
+
+    def _start_from(self, start: ForkStart, *, chain: str, counts: TokenCounts) -> None:
+        """A fresh fork takes its parent's conversation up to a boundary (``start``),
+        its chain and a copy of its counts so far."""
+        self.context = start.context
+        self.chain = chain
+        self.tokens = start.tokens
+        self._prefix_key = (None, b"")  # unknown: the next segment compares the tokens
+        self.boundaries = start.boundaries
+        self.counts = TokenCounts(counts.input_tokens, counts.cached_tokens)
+        self.model_seen = start.model_seen
 
     def seed(self, history: Sequence[Item], tokens: Sequence[int]) -> None:
         """A fresh rollout starts from a stored conversation whose tokens are known
