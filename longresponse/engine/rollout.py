@@ -57,11 +57,10 @@ from protocol.events import (
     ResponseDone,
     ResponseInProgress,
 )
-from protocol.items import Item, McpCall, ToolChoice, ToolChoiceAllowed, as_items
+from protocol.items import Item, ToolChoice, ToolChoiceAllowed, as_items
 from protocol.response import Response, ResponseError
 
 from ..config import Switches
-from ..ids import new_id
 from . import sampling as models
 from .admission import Pipeline
 from .boundary import Boundaries, Boundary, ForkStart
@@ -75,7 +74,7 @@ from .failures import (
     log_upstream_failure,
     upstream_error_event,
 )
-from .hosted import McpFailure, McpHost, approved_requests, listed_read_only, unlisted
+from .hosted import HostedCalls, McpHost
 from .limits import EngineLimits
 from .render import TokenCache, render_prefix
 from .reply import Reply, TokenCounts
@@ -186,11 +185,10 @@ class Rollout:
         #: This turn's new input: where it starts in the token cache, and whether it
         #: waits there uncounted (``longresponse.engine.counting``).
         self.input_from, self.uncounted = 0, False
-        #: The hosted ``mcp`` tools' servers for the turn (``engine/hosted.py``),
-        #: given by the owner with its hooks (:meth:`attach`); ``None``: no mcp tool.
-        self.mcp: McpHost | None = None
-        #: The model's last sampling ran a hosted call: it samples again at once.
-        self._hosted_ran = False
+        #: The hosted-call loop over the turn's ``mcp`` tools' servers
+        #: (``engine/hosted.py``), made from the host the owner gives with its
+        #: hooks (:meth:`attach`); ``None``: no mcp tool.
+        self.hosted: HostedCalls | None = None
         #: The id of the conversation's first response: its affinity key's source
         #: (``longresponse.engine.sampling.affinity_key``), kept by forks and set
         #: by the serve layer for a chain hydrated from the store (:meth:`join_chain`).
@@ -240,7 +238,7 @@ class Rollout:
         every turn: each request names its own). A hook given as ``None`` keeps
         the one in place."""
         self.compactor = compactor
-        self.mcp = mcp
+        self.hosted = HostedCalls(mcp, self.clock) if mcp is not None else None
         if on_timing is not None:
             self.on_timing = on_timing
         if on_terminal is not None:
@@ -560,22 +558,22 @@ class Rollout:
                 if len(self.timings) > first + 1:  # one turn: one timing
                     self.timings[first].absorb(self.timings.pop())
                 if (
-                    not self._hosted_ran
+                    self.hosted is None
+                    or not self.hosted.ran
                     or stop in INCOMPLETE_STOPS
                     or stop == "max_events"
                     or self._current().pending_calls
                 ):
                     return stop
         finally:
-            if self.mcp is not None:  # no MCP session outlives its turn
-                await self.mcp.aclose()
+            if self.hosted is not None:  # no MCP session outlives its turn
+                await self.hosted.aclose()
 
     async def _sample_turn(self, *, prefix_changed: bool, again: bool) -> str:
         """One sampling of the model (see :meth:`turn`); ``again``: after a hosted
         call in the same turn, where a ``tool_choice`` that forces a call has had
         its call and the model chooses freely (``auto``)."""
         reply = self._current()
-        self._hosted_ran = False
         timing = TurnTiming(turn=len(self.timings) + 1)
         timing.decode, timing.validate, timing.classify = self._admission
         self._admission = (0.0, 0.0, 0.0)
@@ -589,9 +587,9 @@ class Rollout:
         taken = self._drain_inbox()
         self.context.extend(taken.items)
         new_items = taken.items
-        if self.mcp is not None:  # listings and approved calls: new input too
+        if self.hosted is not None:  # listings and approved calls: new input too
             hosting = self.clock()
-            hosted = await self._hosted_input(reply, self.mcp, taken.items)
+            hosted = await self.hosted.before_sampling(reply, self.context, taken.items)
             self.context.extend(hosted)
             new_items = [*taken.items, *hosted]
             hosting = self.clock() - hosting  # a phase of its own, not pre-inference
@@ -632,8 +630,8 @@ class Rollout:
         )
         if again:  # a model that may make no more hosted calls must answer
             choice = _chosen_freely(sample_request.tool_choice)
-            if self.mcp is not None and not self.mcp.can_call():
-                choice = "none"
+            if self.hosted is not None:
+                choice = self.hosted.tool_choice_again(choice)
             sample_request = dataclasses.replace(sample_request, tool_choice=choice)
         limit = request.max_tool_calls
         if limit is not None and reply.calls_made >= limit:  # the model answers now
@@ -672,26 +670,16 @@ class Rollout:
                         and sink.track(reply.id).next_sequence >= self.limits.max_events
                     ):  # never with a call half written
                         stop, chunk = "max_events", ItemEnd(incomplete=True)  # close it, stop
-                    if (
-                        isinstance(chunk, ToolCallStart)
-                        and chunk.kind == "mcp"
-                        and self.mcp is not None
-                        and self.mcp.needs_approval(
-                            chunk.namespace or "",
-                            chunk.name,
-                            read_only=listed_read_only(
-                                self.context, chunk.namespace or "", chunk.name
-                            ),
-                        )
-                    ):
-                        chunk = dataclasses.replace(chunk, kind="mcp_approval")
+                    if isinstance(chunk, ToolCallStart) and self.hosted is not None:
+                        chunk = self.hosted.approval_kind(chunk, self.context)
                     await sink.room()
                     pushing = self.clock()
                     for event in builder.feed(chunk):  # no await: all of them, or none
                         sink.push(event)
                     timing.encode += self.clock() - pushing
                     if builder.hosted_call is not None:  # the server runs it now
-                        await self._run_hosted(reply, timing)
+                        assert self.hosted is not None
+                        await self.hosted.run_written(reply, timing)
                     if first_flush:  # the writer's turn: the first output goes out now
                         first_flush = False
                         await asyncio.sleep(0)
@@ -723,67 +711,6 @@ class Rollout:
         if failed is not None:
             raise failed
         return stop
-
-    # --- hosted tools (``engine/hosted.py``) -------------------------------------
-
-    async def _hosted_input(self, reply: Reply, mcp: McpHost, taken: list[Item]) -> list[Item]:
-        """Before the model samples: list the servers the context has no listing of,
-        and run the calls ``taken``'s approval responses approve. Their items (in the
-        Response's output) are the turn's new input too; returned in order."""
-        builder, sink = reply.builder, reply.sink
-        items: list[Item] = []
-        for label in unlisted(mcp, self.context):
-            await sink.room()
-            for event in builder.listing_open(label):
-                sink.push(event)
-            error: str | None = None
-            try:
-                tools = await mcp.list_tools(label)
-            except McpFailure as exc:
-                tools, error = [], exc.message
-            await sink.room()
-            listing, events = builder.listing_done(label, tools, error)
-            for event in events:
-                sink.push(event)
-            items.append(listing)
-        for request, answer in approved_requests(self.context, taken):
-            call = McpCall(
-                id=new_id("mcp"),
-                server_label=request.server_label,
-                name=request.name,
-                arguments=request.arguments,
-                approval_request_id=answer.approval_request_id,
-                status="in_progress",
-            )
-            await sink.room()
-            for event in builder.mcp_call_open(call):
-                sink.push(event)
-            items.append(await self._finish_hosted(reply, mcp, call))
-        return items
-
-    async def _run_hosted(self, reply: Reply, timing: TurnTiming) -> None:
-        """Run the MCP call the model just finished writing; the model samples
-        again with its output (:meth:`turn`). Its time is the turn's ``hosted``."""
-        call = reply.builder.hosted_call
-        assert call is not None
-        assert self.mcp is not None
-        started = self.clock()
-        await self._finish_hosted(reply, self.mcp, call)
-        timing.hosted += self.clock() - started
-        self._hosted_ran = True
-
-    async def _finish_hosted(self, reply: Reply, mcp: McpHost, call: McpCall) -> Item:
-        """Run ``call`` (its item is open) and close it with its output or error."""
-        output: str | None = None
-        error: dict[str, object] | None = None
-        try:
-            output = await mcp.call(call.server_label, call.name, call.arguments)
-        except McpFailure as exc:
-            error = exc.error
-        await reply.sink.room()
-        for event in reply.builder.mcp_call_done(output=output, error=error):
-            reply.sink.push(event)
-        return reply.builder.output[-1]
 
     def _drain_inbox(self) -> Drained:
         """Drain the inbox as it joins the context; a compaction item in it replaces
