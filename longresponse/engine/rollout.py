@@ -66,7 +66,7 @@ from .admission import Pipeline
 from .boundary import Boundaries, Boundary, ForkStart
 from .classifier import Verdict
 from .compaction import Compactor, Drained, compact, compact_threshold, drain
-from .counting import may_defer
+from .counting import DeferredCount, may_defer
 from .failures import (
     cut_to_window,
     failure,
@@ -182,9 +182,10 @@ class Rollout:
         #: Seals and opens compaction items for the rollout's owner (given by :meth:`attach`).
         self.compactor: Compactor | None = None
         self._waiting = False  # paused: awaiting the outputs of client calls
-        #: This turn's new input: where it starts in the token cache, and whether it
-        #: waits there uncounted (``longresponse.engine.counting``).
-        self.input_from, self.uncounted = 0, False
+        #: This turn's new input: where it starts in the token cache, and its count,
+        #: which may wait for the first output (``longresponse.engine.counting``).
+        self.input_from = 0
+        self._held: DeferredCount | None = None
         #: The hosted-call loop over the turn's ``mcp`` tools' servers
         #: (``engine/hosted.py``), made from the host the owner gives with its
         #: hooks (:meth:`attach`); ``None``: no mcp tool.
@@ -598,18 +599,20 @@ class Rollout:
         cached = 0 if prefix_changed else min(self.model_seen, len(self.tokens))
         request = self.request
         threshold = compact_threshold(request, self.model.context_window)
-        bound = self._hold_input(new_items, trigger=taken.trigger, threshold=threshold)
-        if self.uncounted:  # counted after the first output (it cannot reach the window)
+        held = self._hold_input(
+            new_items, trigger=taken.trigger, threshold=threshold, timing=timing, cached=cached
+        )
+        if held.pending:  # counted after the first output (it cannot reach the window)
             rendered = self.clock()
-            uncached = bound - cached
+            uncached = held.bound - cached
         else:  # tokenizing first: queued events go out before it (untimed)
             waited = self.clock()
             await asyncio.sleep(0)
             waited = self.clock() - waited
             started, resolved = started + waited, resolved + waited
-            added = await self._tokenize_input_stepwise()
+            added = await self.tokenize_input_stepwise()
             rendered = self.clock()
-            self._note_rendering()
+            self.note_rendering()
             if taken.trigger or (threshold is not None and len(self.tokens) > threshold):
                 await self._compact(reply, cached)
                 cached = 0  # the model reads the new window afresh
@@ -618,7 +621,7 @@ class Rollout:
                     return "stop"
             if self._fit_window():
                 cached = 0
-            uncached = self._count_input(timing, cached, added)
+            uncached = self.count_input(timing, cached, added)
         sample_request = SampleRequest.for_turn(
             request,
             self.context,
@@ -656,7 +659,7 @@ class Rollout:
                         timing.time_to_first_token = self.clock() - sampling_started
                         first = False
                     if isinstance(chunk, models.Usage):  # a real engine's own counts
-                        self._count_deferred(timing, cached)
+                        held.settle()
                         spent = builder.output_tokens - output_before
                         self._bill_upstream(reply, chunk, (len(self.tokens), cached, spent))
                         continue
@@ -683,7 +686,7 @@ class Rollout:
                     if first_flush:  # the writer's turn: the first output goes out now
                         first_flush = False
                         await asyncio.sleep(0)
-                        await self._count_deferred_stepwise(timing, cached)
+                        await held.settle_stepwise()
                     if stop == "max_events":
                         break
                     if isinstance(chunk, ItemEnd) and self._steer_now(reply, None):
@@ -692,12 +695,12 @@ class Rollout:
         except UpstreamError as exc:  # what the model wrote stays; the open item is cut
             failed = exc
             log_upstream_failure(exc, model=self.model.name, response_id=reply.id)
-            self._count_deferred(timing, cached)
+            held.settle()
             await self._cut_short(reply, None if not first else (len(self.tokens), cached))
         finally:  # no output at all, or cancelled
             if keepalive is not None:
                 keepalive.stop()
-            self._count_deferred(timing, cached)
+            held.settle()
         timing.inference = self.clock() - sampling_started - (timing.hosted - hosted_before)
         produced = kept(builder.output[first_output:])
         # The model's own output joins the context and the token cache; it is
@@ -722,21 +725,37 @@ class Rollout:
 
     # --- counting a turn's new input (``longresponse.engine.counting``) ----------
 
-    def _hold_input(self, items: list[Item], *, trigger: bool, threshold: int | None) -> int:
+    def _hold_input(
+        self,
+        items: list[Item],
+        *,
+        trigger: bool,
+        threshold: int | None,
+        timing: TurnTiming,
+        cached: int,
+    ) -> DeferredCount:
         """Hold the turn's new ``items`` in the token cache and decide whether their count
-        can wait (``uncounted``); the context's tokens at most (0 without the token
-        cache, whose ablation renders everything again: :meth:`_rerender`)."""
-        self.uncounted = False
-        if not self.pipeline.switches.token_cache:
-            return 0
-        self.input_from = len(self.tokens)
-        bound = self.input_from + self.tokens.defer(items)
-        self.uncounted = not trigger and may_defer(
-            self.sampler, bound, self.model.context_window, threshold
+        can wait: the count, pending if it does, and its bound, the context's tokens at
+        most (0 without the token cache, whose ablation renders everything again:
+        :meth:`_rerender`). ``timing`` and ``cached`` are the turn's."""
+        bound, pending = 0, False
+        if self.pipeline.switches.token_cache:
+            self.input_from = len(self.tokens)
+            bound = self.input_from + self.tokens.defer(items)
+            pending = not trigger and may_defer(
+                self.sampler, bound, self.model.context_window, threshold
+            )
+        self._held = DeferredCount(
+            self, bound=bound, pending=pending, timing=timing, cached=cached, clock=self.clock
         )
-        return bound
+        return self._held
 
-    def _tokenize_input(self) -> int:
+    @property
+    def uncounted(self) -> bool:
+        """The turn's new input waits in the token cache, not counted yet."""
+        return self._held is not None and self._held.pending
+
+    def tokenize_input(self) -> int:
         """Tokenize the input :meth:`_hold_input` held (without the token cache: the
         whole context, :meth:`_rerender`); the tokens it added, counted from the cache's
         length (so a reader that tokenized the cache first changes nothing)."""
@@ -745,8 +764,8 @@ class Rollout:
         self.tokens.tokenize_deferred()
         return len(self.tokens) - self.input_from
 
-    async def _tokenize_input_stepwise(self) -> int:
-        """:meth:`_tokenize_input`, giving the event loop a turn after every piece
+    async def tokenize_input_stepwise(self) -> int:
+        """:meth:`tokenize_input`, giving the event loop a turn after every piece
         of the text (about 2 ms of tokenizing): a 15 MB input held every other
         client about 0.5 s at once."""
         if not self.pipeline.switches.token_cache:
@@ -755,38 +774,13 @@ class Rollout:
             await asyncio.sleep(0)
         return len(self.tokens) - self.input_from
 
-    def _count_input(self, timing: TurnTiming, cached: int, added: int) -> int:
+    def count_input(self, timing: TurnTiming, cached: int, added: int) -> int:
         """Count the turn's input (``added`` tokens of it new); its uncached tokens."""
         total = len(self.tokens)
         self.counts.input_tokens += total
         self.counts.cached_tokens += cached
         timing.new_tokens, timing.cached_tokens, timing.input_tokens = added, cached, total
         return total - cached
-
-    def _count_deferred(self, timing: TurnTiming, cached: int) -> None:
-        """Tokenize and count the new input a turn left uncounted (once; a no-op
-        otherwise). Then the context's tokens are ``len(self.tokens)``."""
-        if not self.uncounted:
-            return
-        self.uncounted = False
-        started = self.clock()
-        added = self._tokenize_input()
-        self._note_rendering()
-        timing.count = self.clock() - started
-        self._count_input(timing, cached, added)
-
-    async def _count_deferred_stepwise(self, timing: TurnTiming, cached: int) -> None:
-        """:meth:`_count_deferred`, the loop given a turn between pieces of the text."""
-        if not self.uncounted:
-            return
-        started = self.clock()
-        added = await self._tokenize_input_stepwise()
-        if not self.uncounted:  # pragma: no cover - counted meanwhile (the turn ended)
-            return
-        self.uncounted = False
-        self._note_rendering()
-        timing.count = self.clock() - started
-        self._count_input(timing, cached, added)
 
     def _rerender(self) -> int:
         """Without the token cache (the ablation): the whole context rendered and
@@ -796,7 +790,7 @@ class Rollout:
         self.tokens = self.tokens.rerendered(prefix, self.context)
         return len(self.tokens) - before
 
-    def _note_rendering(self) -> None:
+    def note_rendering(self) -> None:
         """Add the token cache's new rendering work to the pipeline's counters."""
         counters, tokens = self.pipeline.counters, self.tokens
         counters.tokens_rendered += tokens.tokens_rendered - self.rendered_seen
