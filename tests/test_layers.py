@@ -187,7 +187,11 @@ def test_every_module_opens_with_what_it_does(package: str) -> None:
 #: Class → (the module that owns its fields, names a value of it goes by). A
 #: value also counts as one when a parameter or variable is annotated with it.
 OWNERS: dict[str, tuple[str, frozenset[str]]] = {
-    "Rollout": ("longresponse.engine.rollout", frozenset({"rollout", "child", "parent"})),
+    # ``conversation``: the rollout as its collaborators hold it (the turn loop, a count).
+    "Rollout": (
+        "longresponse.engine.rollout",
+        frozenset({"rollout", "child", "parent", "conversation"}),
+    ),
     "Reply": ("longresponse.engine.reply", frozenset({"reply"})),
     "Segment": ("longresponse.engine.segment", frozenset({"segment"})),
 }
@@ -331,6 +335,7 @@ def test_the_field_checker_sees_a_write(tmp_path: pathlib.Path) -> None:
         "    del rollout.context[:1]\n"
         "    x.error = None\n"
         "    seg.finishing = True\n"
+        "    self.conversation.model_seen = 7\n"
         "    record.tokens = 5  # not a rollout\n"
         "    rollout.status = 6  # not a field\n",
         encoding="utf-8",
@@ -344,6 +349,7 @@ def test_the_field_checker_sees_a_write(tmp_path: pathlib.Path) -> None:
         "deletes Rollout.context",
         "assigns Reply.error",
         "assigns Segment.finishing",
+        "assigns Rollout.model_seen",
     ]
 
 

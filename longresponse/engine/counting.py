@@ -81,11 +81,11 @@ class DeferredCount:
     that did not wait is never pending: the rollout took it before sampling.
     """
 
-    __slots__ = ("_cached", "_clock", "_input", "_timing", "bound", "pending")
+    __slots__ = ("_cached", "_clock", "_timing", "bound", "conversation", "pending")
 
     def __init__(
         self,
-        rollout: CountedInput,
+        conversation: CountedInput,
         *,
         bound: int,
         pending: bool,
@@ -93,7 +93,7 @@ class DeferredCount:
         cached: int,
         clock: Callable[[], float],
     ) -> None:
-        self._input = rollout
+        self.conversation = conversation
         #: The context's tokens at most, new input included (0 without the token cache).
         self.bound = bound
         self.pending = pending
@@ -109,23 +109,23 @@ class DeferredCount:
             return
         self.pending = False
         started = self._clock()
-        added = self._input.tokenize_input()
-        self._input.note_rendering()
+        added = self.conversation.tokenize_input()
+        self.conversation.note_rendering()
         self._timing.count = self._clock() - started
-        self._input.count_input(self._timing, self._cached, added)
+        self.conversation.count_input(self._timing, self._cached, added)
 
     async def settle_stepwise(self) -> None:
         """:meth:`settle`, the event loop given a turn between pieces of the text."""
         if not self.pending:
             return
         started = self._clock()
-        added = await self._input.tokenize_input_stepwise()
+        added = await self.conversation.tokenize_input_stepwise()
         if not self.pending:  # pragma: no cover - counted meanwhile (the turn ended)
             return
         self.pending = False
-        self._input.note_rendering()
+        self.conversation.note_rendering()
         self._timing.count = self._clock() - started
-        self._input.count_input(self._timing, self._cached, added)
+        self.conversation.count_input(self._timing, self._cached, added)
 
 
 async def token_lengths(items: Iterable[Item]) -> list[int]:

@@ -1,18 +1,34 @@
-"""Rollout: one whole agent rollout, its conversation and its sampling loop.
+"""Rollout: one whole agent rollout, its conversation and the methods that change it.
 
 Theory of operation
 -------------------
 A Rollout owns the conversation: its config in effect (model, tools,
 instructions, sampling params), its context (append-only items), its
 rendered-token cache (append-only), its sampler (reusable across pauses), its
-inbox, and the counts of tokens processed. It writes to one
-:class:`~longresponse.engine.reply.Reply` at a time, the Response the client
-is reading; the Reply's state lives in the protocol core.
+inbox, the counts of tokens processed, its turns' timings and where its
+segments ended. It writes to one :class:`~longresponse.engine.reply.Reply` at
+a time, the Response the client is reading; the Reply's state lives in the
+protocol core.
 
-:meth:`Rollout.turn` is the one place a model turn happens: pre-inference on
-the NEW items only (render + tokenize into the cache, or, far from the window,
-after the first output: ``longresponse.engine.counting``), sampling, and the
-output streamed out as events. Two drivers run turns:
+Each of its other jobs has a home of its own, a collaborator that asks the
+rollout to change the conversation through its methods:
+
+- the model turns: :class:`~longresponse.engine.turn_loop.TurnLoop`
+  (``engine/turn_loop.py``) runs :meth:`Rollout.turn` and
+  :meth:`Rollout.run_turns`; at each sampling the rollout takes the new input
+  in (:meth:`Rollout.begin_sampling`: pre-inference on the NEW items only,
+  render + tokenize into the cache, the window and compaction) and the
+  model's output (:meth:`Rollout.take_output`), and it pauses
+  (:meth:`Rollout.pause`);
+- the hosted-call loop: :class:`~longresponse.engine.hosted.HostedCalls`,
+  made from the MCP host its owner gives each turn (:meth:`Rollout.attach`);
+- the new input's count when it waits for the first output:
+  :class:`~longresponse.engine.counting.DeferredCount`;
+- where segments ended, and what a fork starts from:
+  :class:`~longresponse.engine.boundary.Boundaries` (:meth:`Rollout.mark_boundary`,
+  :meth:`Rollout.fork`).
+
+Two drivers run turns:
 
 - :meth:`Rollout.run`, the append-mode loop (an asyncio task owned by the
   session) around :meth:`Rollout.run_turns`: turn; if the model ended in client
@@ -28,12 +44,14 @@ output streamed out as events. Two drivers run turns:
 One owner per piece of state: everything that changes a rollout's context,
 tokens, counts, inbox, boundaries or sampler is a method of :class:`Rollout`,
 in this module (``tests/test_layers.py`` checks that nothing else assigns
-them). Input is **delivered** into the inbox (:meth:`Rollout.deliver`,
-:meth:`Rollout.deliver_segment_input`) and **drained** from it into the
-context by the turn that reads it. The helpers it calls
-(``longresponse.engine.counting``, ``compaction``, ``failures``) are pure: they
-return values the rollout applies. The sampler is the rollout's: it is made
-here and released here (:meth:`Rollout.close`, :meth:`Rollout.release_replaced`).
+them, the collaborators above included). Input is **delivered** into the
+inbox (:meth:`Rollout.deliver`, :meth:`Rollout.deliver_segment_input`) and
+**drained** from it into the context by the turn that reads it. The helpers
+it calls (``longresponse.engine.counting``, ``compaction``, ``failures``,
+``boundary``) return values the rollout applies. The sampler is the
+rollout's: it is made here and released here (:meth:`Rollout.close`,
+:meth:`Rollout.release_replaced`). Its limits are an
+:class:`~longresponse.engine.limits.EngineLimits`.
 
 Invariant: ``tokens(history + new) == tokens(history) + tokens(render(new))``.
 """
@@ -42,13 +60,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Final
-
-import msgspec
 
 from protocol import Mode, ResponseState
 from protocol.events import (
@@ -57,11 +71,10 @@ from protocol.events import (
     ResponseDone,
     ResponseInProgress,
 )
-from protocol.items import Item, ToolChoice, ToolChoiceAllowed, as_items
+from protocol.items import Item, as_items
 from protocol.response import Response, ResponseError
 
 from ..config import Switches
-from . import sampling as models
 from .admission import Pipeline
 from .boundary import Boundaries, Boundary, ForkStart
 from .classifier import Verdict
@@ -70,8 +83,6 @@ from .counting import DeferredCount, may_defer
 from .failures import (
     cut_to_window,
     failure,
-    kept,
-    log_upstream_failure,
     upstream_error_event,
 )
 from .hosted import HostedCalls, McpHost
@@ -82,25 +93,21 @@ from .sampling import (
     ItemEnd,
     ModelSpec,
     ReasoningDone,
+    SampleChunk,
     Sampler,
-    SampleRequest,
-    Stop,
     TextDelta,
     ToolCallStart,
     UpstreamError,
+    Usage,
     release,
 )
 from .stream import EventSink, StreamClosed
 from .timing import TurnTiming
+from .turn_loop import INCOMPLETE_STOPS, TurnInput, TurnLoop
 
-__all__ = ["INCOMPLETE_STOPS", "Boundary", "Rollout"]
+__all__ = ["Boundary", "Rollout"]
 
 log = logging.getLogger(__name__)
-
-#: How :meth:`Rollout.run_turns` may stop short: the Response ends ``incomplete``.
-#: ``steered``: a shipped-shape segment stopped at a safe point for steering input.
-INCOMPLETE_STOPS: Final = frozenset({"max_output_tokens", "max_events", "pause_timeout", "steered"})
-
 
 class Rollout:
     """One conversation and its sampling loop; it writes to one Reply at a time."""
@@ -194,6 +201,8 @@ class Rollout:
         #: (``longresponse.engine.sampling.affinity_key``), kept by forks and set
         #: by the serve layer for a chain hydrated from the store (:meth:`join_chain`).
         self.chain = ""
+        #: The model turns over this conversation (``engine/turn_loop.py``).
+        self._loop = TurnLoop(self)
 
     def open_reply(
         self,
@@ -397,7 +406,7 @@ class Rollout:
         taken in at the next boundary."""
         self._steered = True
 
-    def _steer_now(self, reply: Reply, chunk: models.SampleChunk | None) -> bool:
+    def steer_now(self, reply: Reply, chunk: SampleChunk | None) -> bool:
         """At a safe point with steering input waiting: before ``chunk`` opens an
         item (``None``: right after one ended), with no call pending."""
         if not self._steered or reply.builder.item_open or reply.pending_calls:
@@ -505,7 +514,7 @@ class Rollout:
             if self._cancel_requested and task is not None and task.uncancel() == 0:
                 # Our own client asked (response.cancel): what the turn streamed
                 # stays in the Response, its open item cut short, and is billed.
-                await self._cut_short(reply, None)
+                await self.cut_short(reply, None)
                 await self.finish(ResponseState.CANCELLED)
                 return
             reply.abandon()  # the connection is gone
@@ -520,85 +529,38 @@ class Rollout:
 
     async def run_turns(self, *, prefix_changed: bool = False) -> str:
         """Turns, pausing in place for client tool outputs, until the model stops
-        with nothing pending: the last stop reason, or ``pause_timeout``."""
-        reply = self._current()
-        while True:
-            try:
-                stop = await self.turn(prefix_changed=prefix_changed)
-            except UpstreamError as exc:
-                if not reply.append or not exc.transient:  # a refusal, or the shipped shape
-                    raise
-                if not await self._pause(exc):  # append mode waits for any append (SPEC §16)
-                    return "pause_timeout"
-                continue
-            prefix_changed = False
-            if stop in ("max_output_tokens", "max_events"):
-                return stop
-            if reply.pending_calls and not await self._pause():
-                return "pause_timeout"
-            if not self._inbox:
-                return stop
+        with nothing pending: the last stop reason, or ``pause_timeout``
+        (:meth:`TurnLoop.run_turns <longresponse.engine.turn_loop.TurnLoop.run_turns>`)."""
+        return await self._loop.run_turns(self._current(), prefix_changed=prefix_changed)
 
     async def turn(self, *, prefix_changed: bool = False) -> str:
-        """One run of the model over the context plus whatever is in the inbox.
+        """One run of the model over the context plus whatever is in the inbox, its
+        events to the current Reply; the sampler's stop reason. With
+        ``prefix_changed`` nothing counts as cached (:meth:`TurnLoop.turn
+        <longresponse.engine.turn_loop.TurnLoop.turn>`)."""
+        return await self._loop.turn(self._current(), prefix_changed=prefix_changed)
 
-        Its events go to the current Reply. With ``prefix_changed`` nothing
-        counts as cached: the model must prefill the whole context again (the
-        tokenizer work is still reused). Returns the sampler's stop reason.
+    # --- one sampling's steps, as the turn loop takes them ------------------------
 
-        A model that calls a hosted tool (an MCP server's) samples again as soon
-        as the call's output is in its context, in the same turn: the rollout
-        never pauses for the server's own calls.
-        """
-        first = len(self.timings)
-        try:
-            again = False
-            while True:
-                stop = await self._sample_turn(prefix_changed=prefix_changed, again=again)
-                prefix_changed, again = False, True
-                if len(self.timings) > first + 1:  # one turn: one timing
-                    self.timings[first].absorb(self.timings.pop())
-                if (
-                    self.hosted is None
-                    or not self.hosted.ran
-                    or stop in INCOMPLETE_STOPS
-                    or stop == "max_events"
-                    or self._current().pending_calls
-                ):
-                    return stop
-        finally:
-            if self.hosted is not None:  # no MCP session outlives its turn
-                await self.hosted.aclose()
+    @property
+    def has_input(self) -> bool:
+        """Input waits in the inbox for the next turn."""
+        return bool(self._inbox)
 
-    async def _sample_turn(self, *, prefix_changed: bool, again: bool) -> str:
-        """One sampling of the model (see :meth:`turn`); ``again``: after a hosted
-        call in the same turn, where a ``tool_choice`` that forces a call has had
-        its call and the model chooses freely (``auto``)."""
-        reply = self._current()
-        timing = TurnTiming(turn=len(self.timings) + 1)
-        timing.decode, timing.validate, timing.classify = self._admission
-        self._admission = (0.0, 0.0, 0.0)
+    async def begin_sampling(self, reply: Reply, *, prefix_changed: bool) -> TurnInput | None:
+        """Pre-inference before one sampling: the model resolved again if asked, the
+        inbox drained into the context (with the hosted listings and approved calls,
+        whose events go to ``reply``), and the new input held, then counted now or
+        after the first output. ``None``: it asked for a compaction, which was the
+        turn's output (its timing is kept). Raises :class:`ContextLengthExceeded`."""
+        timing = self._start_timing()
         started = self.clock()
-        pipeline = self.pipeline
-        if not pipeline.switches.resolution_reuse and self.resolve_model is not None:
-            model = self.resolve_model(self.model.name)  # the work a stateless server repeats
-            if model is not self.model:  # pragma: no cover - the registry is stable
-                self._switch_model(model)
+        self._resolve_again()
         resolved = self.clock()
-        taken = self._drain_inbox()
-        self.context.extend(taken.items)
-        new_items = taken.items
-        if self.hosted is not None:  # listings and approved calls: new input too
-            hosting = self.clock()
-            hosted = await self.hosted.before_sampling(reply, self.context, taken.items)
-            self.context.extend(hosted)
-            new_items = [*taken.items, *hosted]
-            hosting = self.clock() - hosting  # a phase of its own, not pre-inference
-            timing.hosted += hosting
-            started, resolved = started + hosting, resolved + hosting
+        taken, new_items, hosting = await self._take_input(reply, timing)
+        started, resolved = started + hosting, resolved + hosting
         cached = 0 if prefix_changed else min(self.model_seen, len(self.tokens))
-        request = self.request
-        threshold = compact_threshold(request, self.model.context_window)
+        threshold = compact_threshold(self.request, self.model.context_window)
         held = self._hold_input(
             new_items, trigger=taken.trigger, threshold=threshold, timing=timing, cached=cached
         )
@@ -613,107 +575,83 @@ class Rollout:
             added = await self.tokenize_input_stepwise()
             rendered = self.clock()
             self.note_rendering()
-            if taken.trigger or (threshold is not None and len(self.tokens) > threshold):
-                await self._compact(reply, cached)
-                cached = 0  # the model reads the new window afresh
-                if taken.trigger:  # a compaction turn: the compaction item is its output
-                    self.timings.append(timing)
-                    return "stop"
-            if self._fit_window():
-                cached = 0
-            uncached = self.count_input(timing, cached, added)
-        sample_request = SampleRequest.for_turn(
-            request,
-            self.context,
-            cached_tokens=cached,
-            uncached_tokens=uncached,
-            cap=self.limits.max_output_tokens,
-            spent=reply.builder.output_tokens,
-            chain=self.chain,
-        )
-        if again:  # a model that may make no more hosted calls must answer
-            choice = _chosen_freely(sample_request.tool_choice)
-            if self.hosted is not None:
-                choice = self.hosted.tool_choice_again(choice)
-            sample_request = dataclasses.replace(sample_request, tool_choice=choice)
-        limit = request.max_tool_calls
-        if limit is not None and reply.calls_made >= limit:  # the model answers now
-            sample_request = dataclasses.replace(sample_request, tool_choice="none")
-        sampling_started = self.clock()
-        hosted_before = timing.hosted  # listings and approved calls, before sampling
-        timing.before_sampling(started, resolved, rendered, sampling_started)
-        if self._resume_mark is not None:
-            timing.resume = sampling_started - self._resume_mark
-            self._resume_mark = None
-        first = first_flush = True
-        stop = "stop"
-        builder, sink = reply.builder, reply.sink
-        first_output = len(builder.output)
-        output_before = builder.output_tokens
-        failed: UpstreamError | None = None
-        keepalive = _Keepalive.start(reply, self.limits.keepalive_interval)
-        try:
-            async with contextlib.aclosing(self.sampler.sample(sample_request)) as chunks:
-                async for chunk in chunks:
-                    if first:
-                        timing.time_to_first_token = self.clock() - sampling_started
-                        first = False
-                    if isinstance(chunk, models.Usage):  # a real engine's own counts
-                        held.settle()
-                        spent = builder.output_tokens - output_before
-                        self._bill_upstream(reply, chunk, (len(self.tokens), cached, spent))
-                        continue
-                    if self._steer_now(reply, chunk):
-                        stop = "steered"
-                        break
-                    if isinstance(chunk, Stop):
-                        stop = chunk.reason
-                    elif (
-                        isinstance(chunk, TextDelta | ToolCallStart)
-                        and sink.track(reply.id).next_sequence >= self.limits.max_events
-                    ):  # never with a call half written
-                        stop, chunk = "max_events", ItemEnd(incomplete=True)  # close it, stop
-                    if isinstance(chunk, ToolCallStart) and self.hosted is not None:
-                        chunk = self.hosted.approval_kind(chunk, self.context)
-                    await sink.room()
-                    pushing = self.clock()
-                    for event in builder.feed(chunk):  # no await: all of them, or none
-                        sink.push(event)
-                    timing.encode += self.clock() - pushing
-                    if builder.hosted_call is not None:  # the server runs it now
-                        assert self.hosted is not None
-                        await self.hosted.run_written(reply, timing)
-                    if first_flush:  # the writer's turn: the first output goes out now
-                        first_flush = False
-                        await asyncio.sleep(0)
-                        await held.settle_stepwise()
-                    if stop == "max_events":
-                        break
-                    if isinstance(chunk, ItemEnd) and self._steer_now(reply, None):
-                        stop = "steered"
-                        break
-        except UpstreamError as exc:  # what the model wrote stays; the open item is cut
-            failed = exc
-            log_upstream_failure(exc, model=self.model.name, response_id=reply.id)
-            held.settle()
-            await self._cut_short(reply, None if not first else (len(self.tokens), cached))
-        finally:  # no output at all, or cancelled
-            if keepalive is not None:
-                keepalive.stop()
-            held.settle()
-        timing.inference = self.clock() - sampling_started - (timing.hosted - hosted_before)
-        produced = kept(builder.output[first_output:])
-        # The model's own output joins the context and the token cache; it is
-        # not new input next turn (a real model already holds it).
+            counted = await self._count_now(reply, timing, taken, threshold, cached, added)
+            if counted is None:
+                return None
+            cached, uncached = counted
+        resumed_at, self._resume_mark = self._resume_mark, None
+        return TurnInput(timing, held, cached, uncached, started, resolved, rendered, resumed_at)
+
+    async def _take_input(
+        self, reply: Reply, timing: TurnTiming
+    ) -> tuple[Drained, list[Item], float]:
+        """Drain the inbox into the context, then what the hosted tools add before the
+        model samples (listings, approved calls: new input too, their events to
+        ``reply``): the drained input, the turn's new items, and the seconds the
+        hosted calls took (a phase of their own, not pre-inference)."""
+        taken = self._drain_inbox()
+        self.context.extend(taken.items)
+        if self.hosted is None:
+            return taken, taken.items, 0.0
+        hosting = self.clock()
+        hosted = await self.hosted.before_sampling(reply, self.context, taken.items)
+        self.context.extend(hosted)
+        hosting = self.clock() - hosting
+        timing.hosted += hosting
+        return taken, [*taken.items, *hosted], hosting
+
+    async def _count_now(
+        self,
+        reply: Reply,
+        timing: TurnTiming,
+        taken: Drained,
+        threshold: int | None,
+        cached: int,
+        added: int,
+    ) -> tuple[int, int] | None:
+        """The tokenized input (``added`` tokens new) against the compaction threshold
+        and the window, then counted: the turn's cached and uncached tokens. ``None``:
+        a compaction turn, its compaction item its output (its timing kept)."""
+        if taken.trigger or (threshold is not None and len(self.tokens) > threshold):
+            await self._compact(reply, cached)
+            cached = 0  # the model reads the new window afresh
+            if taken.trigger:  # a compaction turn: the compaction item is its output
+                self.timings.append(timing)
+                return None
+        if self._fit_window():
+            cached = 0
+        return cached, self.count_input(timing, cached, added)
+
+    def _start_timing(self) -> TurnTiming:
+        """A new sampling's timing, with the stage times admission measured for it."""
+        timing = TurnTiming(turn=len(self.timings) + 1)
+        timing.decode, timing.validate, timing.classify = self._admission
+        self._admission = (0.0, 0.0, 0.0)
+        return timing
+
+    def _resolve_again(self) -> None:
+        """Without resolution reuse: the model resolved again, the work a stateless
+        server repeats every turn."""
+        if not self.pipeline.switches.resolution_reuse and self.resolve_model is not None:
+            model = self.resolve_model(self.model.name)
+            if model is not self.model:  # pragma: no cover - the registry is stable
+                self._switch_model(model)
+
+    def take_output(self, produced: list[Item], timing: TurnTiming) -> None:
+        """The model's own output joins the context and the token cache; it is not
+        new input next turn (a real model already holds it). ``timing`` is kept."""
         self.context.extend(produced)
         self.tokens.extend(produced)
         self.rendered_seen = self.tokens.tokens_rendered
         self.items_seen = self.tokens.items_rendered
         self.model_seen = len(self.tokens)
         self.timings.append(timing)
-        if failed is not None:
-            raise failed
-        return stop
+
+    def merge_timings(self, first: int) -> None:
+        """The samplings since timing ``first`` are one turn's (a hosted call's
+        sampling again): one timing."""
+        if len(self.timings) > first + 1:
+            self.timings[first].absorb(self.timings.pop())
 
     def _drain_inbox(self) -> Drained:
         """Drain the inbox as it joins the context; a compaction item in it replaces
@@ -797,9 +735,7 @@ class Rollout:
         counters.items_rendered += tokens.items_rendered - self.items_seen
         self.rendered_seen, self.items_seen = tokens.tokens_rendered, tokens.items_rendered
 
-    def _bill_upstream(
-        self, reply: Reply, counted: models.Usage, estimate: tuple[int, int, int]
-    ) -> None:
+    def bill_upstream(self, reply: Reply, counted: Usage, estimate: tuple[int, int, int]) -> None:
         """Replace this turn's estimated counts (input, cached, output) with the
         engine's own (a real backend's :class:`~longresponse.engine.models.Usage`)."""
         input_tokens, cached, output = estimate
@@ -848,7 +784,7 @@ class Rollout:
         for event in reply.builder.compaction(item):  # no await: all, or none
             reply.sink.push(event)
 
-    async def _cut_short(self, reply: Reply, unbilled: tuple[int, int] | None) -> None:
+    async def cut_short(self, reply: Reply, unbilled: tuple[int, int] | None) -> None:
         """A turn the engine broke off, or the client cancelled: the item being
         written (if any) ends ``incomplete``, with the tokens it streamed counted.
 
@@ -862,7 +798,7 @@ class Rollout:
         for event in reply.builder.feed(ItemEnd(incomplete=True)):
             reply.sink.push(event)
 
-    async def _pause(self, failed: UpstreamError | None = None) -> bool:
+    async def pause(self, failed: UpstreamError | None = None) -> bool:
         """Block until every pending call has its output (after an upstream failure with
         none pending, until an append comes, or not at all if one came meanwhile).
         False if the pause timed out."""
@@ -911,52 +847,3 @@ class Rollout:
         if self.on_timing is not None:
             self.on_timing(self.timings[-1])
         await self._current().send_timing(self.timings[-1].as_metrics())
-
-
-def _chosen_freely(choice: ToolChoice) -> ToolChoice:
-    """``choice`` once its forced call was made: ``allowed_tools`` keeps its tools
-    (``auto``); a choice naming a tool, or ``required``, becomes ``auto``."""
-    if isinstance(choice, ToolChoiceAllowed):
-        return msgspec.structs.replace(choice, mode="auto")
-    return choice if choice in ("auto", "none") else "auto"
-
-
-class _Keepalive:
-    """While a turn samples: a ``keepalive`` event whenever the response has sent
-    nothing for ``interval`` seconds (the model is silent: a long prefill, a slow
-    engine), so clients' watchdogs and proxies see it alive.
-
-    A timer callback, not a task: it runs only while the turn awaits, so never
-    between a chunk's events (they are pushed with no await in between), and
-    pushes at the response's next ``sequence_number``. It wakes every quarter
-    interval, so a silence lasts at most 1.25 intervals.
-    """
-
-    __slots__ = ("_handle", "_interval", "_last", "_reply", "_seen")
-
-    def __init__(self, reply: Reply, interval: float) -> None:
-        self._reply = reply
-        self._interval = interval
-        loop = asyncio.get_running_loop()
-        self._seen = reply.sink.track(reply.id).next_sequence
-        self._last = loop.time()
-        self._handle = loop.call_later(interval / 4, self._tick)
-
-    @classmethod
-    def start(cls, reply: Reply, interval: float) -> _Keepalive | None:
-        return cls(reply, interval) if interval > 0 else None
-
-    def _tick(self) -> None:
-        loop = asyncio.get_running_loop()
-        track = self._reply.sink.track(self._reply.id)
-        now = loop.time()
-        if track.next_sequence != self._seen:
-            self._last = now
-        elif now - self._last >= self._interval and not track.terminal:
-            self._reply.sink.push(self._reply.builder.keepalive())
-            self._last = now
-        self._seen = track.next_sequence
-        self._handle = loop.call_later(self._interval / 4, self._tick)
-
-    def stop(self) -> None:
-        self._handle.cancel()

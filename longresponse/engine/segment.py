@@ -48,9 +48,10 @@ from protocol.response import Response
 from .boundary import Boundary
 from .failures import failure
 from .reply import Reply
-from .rollout import INCOMPLETE_STOPS, Rollout
+from .rollout import Rollout
 from .sampling import ModelSpec
 from .stream import EventSink, StreamClosed
+from .turn_loop import INCOMPLETE_STOPS
 
 __all__ = ["Segment"]
 
