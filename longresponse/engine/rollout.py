@@ -109,6 +109,7 @@ __all__ = ["Boundary", "Rollout"]
 
 log = logging.getLogger(__name__)
 
+
 class Rollout:
     """One conversation and its sampling loop; it writes to one Reply at a time."""
 
