@@ -60,7 +60,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 
@@ -107,7 +106,6 @@ from .turn_loop import INCOMPLETE_STOPS, TurnInput, TurnLoop
 
 __all__ = ["Boundary", "Rollout"]
 
-log = logging.getLogger(__name__)
 
 
 class Rollout:
