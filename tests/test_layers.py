@@ -14,7 +14,8 @@
   only the engine's Reply drives one, and nothing assigns a response's state;
 - one owner per piece of state: only ``engine/rollout.py`` changes a Rollout's
   fields, only ``engine/reply.py`` a Reply's, only ``engine/segment.py`` a
-  Segment's (everything else calls their methods);
+  Segment's, and the Rollout's collaborators (``Boundaries``, ``DeferredCount``,
+  ``HostedCalls``) only in their own modules (everything else calls their methods);
 - no import circle anywhere in ``protocol/`` and ``longresponse/``, not even a
   type-only one (a lower module declares a ``Protocol`` for what it needs);
 - no test reads a private name of the product;
@@ -194,6 +195,10 @@ OWNERS: dict[str, tuple[str, frozenset[str]]] = {
     ),
     "Reply": ("longresponse.engine.reply", frozenset({"reply"})),
     "Segment": ("longresponse.engine.segment", frozenset({"segment"})),
+    # The Rollout's collaborators keep state of their own, changed only by them.
+    "Boundaries": ("longresponse.engine.boundary", frozenset({"boundaries"})),
+    "DeferredCount": ("longresponse.engine.counting", frozenset({"held"})),
+    "HostedCalls": ("longresponse.engine.hosted", frozenset({"hosted"})),
 }
 #: Methods that change the list, dict, set or token cache they are called on.
 MUTATORS = frozenset(
@@ -313,6 +318,9 @@ def test_only_its_own_module_changes_a_rollout_a_reply_or_a_segment() -> None:
     owned = _owned()
     assert {"context", "tokens", "counts", "model_seen", "_inbox"} <= owned["Rollout"][0]
     assert {"error", "incomplete_reason", "flags"} <= owned["Reply"][0]
+    assert {"_kept"} <= owned["Boundaries"][0]
+    assert {"pending"} <= owned["DeferredCount"][0]
+    assert {"ran"} <= owned["HostedCalls"][0]
     found: dict[str, list[str]] = {}
     for name, path in modules("longresponse"):
         if name.startswith("longresponse.bench"):
@@ -336,6 +344,7 @@ def test_the_field_checker_sees_a_write(tmp_path: pathlib.Path) -> None:
         "    x.error = None\n"
         "    seg.finishing = True\n"
         "    self.conversation.model_seen = 7\n"
+        "    held.pending = False\n"
         "    record.tokens = 5  # not a rollout\n"
         "    rollout.status = 6  # not a field\n",
         encoding="utf-8",
@@ -350,6 +359,7 @@ def test_the_field_checker_sees_a_write(tmp_path: pathlib.Path) -> None:
         "assigns Reply.error",
         "assigns Segment.finishing",
         "assigns Rollout.model_seen",
+        "assigns DeferredCount.pending",
     ]
 
 

@@ -36,6 +36,7 @@ __all__ = [
     "serve_backends",
 ]
 
+
 class ModelRegistry:
     """Resolves a model name (or alias) to a :class:`ModelSpec`."""
 

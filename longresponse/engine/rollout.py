@@ -107,7 +107,6 @@ from .turn_loop import INCOMPLETE_STOPS, TurnInput, TurnLoop
 __all__ = ["Boundary", "Rollout"]
 
 
-
 class Rollout:
     """One conversation and its sampling loop; it writes to one Reply at a time."""
 
