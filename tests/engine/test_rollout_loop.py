@@ -80,7 +80,11 @@ def answer(text: str) -> list[Step]:
 
 
 def rollout_on(
-    sampler: Scripted, request: ResponseCreate, *, mode: Mode = Mode.APPEND
+    sampler: Scripted,
+    request: ResponseCreate,
+    *,
+    mode: Mode = Mode.APPEND,
+    limits: EngineLimits | None = None,
 ) -> tuple[Rollout, MemorySink]:
     model = ModelSpec(
         name="scripted",
@@ -92,7 +96,7 @@ def rollout_on(
     rollout = Rollout(
         request=request,
         model=model,
-        limits=EngineLimits(pause_timeout=30),
+        limits=limits or EngineLimits(pause_timeout=30),
         input_items=input_items,
     )
     return rollout, MemorySink(mode)
@@ -205,6 +209,29 @@ def test_input_appended_while_sampling_is_taken_in_at_the_next_boundary() -> Non
     assert sampler.contexts[1][-1] == steering  # after the first answer, not inside it
     assert [type(item) for item in rollout.context] == [Message, Message, Message, Message]
     assert said(final.output) == "Oslo: sunnyrain"
+
+
+def test_a_response_at_its_event_cap_ends_incomplete_with_its_open_item_closed() -> None:
+    script = [TextDelta(f"w{n} ") for n in range(50)] + [ItemEnd(), Stop("stop")]
+    sampler = Scripted(script)
+    limits = EngineLimits(pause_timeout=30, max_events=12)
+    rollout, sink = rollout_on(sampler, ResponseCreate(model="scripted", input="hi"), limits=limits)
+
+    async def scenario() -> None:
+        rollout.open_reply("resp_cap", sink, mode=Mode.APPEND).announce_created()
+        await rollout.run()
+
+    asyncio.run(scenario())
+    (final,) = dones(sink)
+    assert final.status == "incomplete"
+    assert final.incomplete_details is not None
+    assert final.incomplete_details.reason == "max_events"
+    (message,) = final.output
+    assert isinstance(message, Message)
+    assert message.status == "incomplete"
+    deltas = sink.types().count("response.output_text.delta")
+    assert 0 < deltas < 50  # stopped at the cap, not at the model's end
+    assert said(final.output) == "".join(f"w{n} " for n in range(deltas))
 
 
 # --- counting the new input after the first output --------------------------------
