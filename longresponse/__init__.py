@@ -26,6 +26,7 @@ _EXPORTS: dict[str, str] = {
     "ApiKeys": "storage.keys",
     "Boundary": "engine.boundary",
     "Counters": "engine.admission",
+    "EngineLimits": "engine.limits",
     "Finding": "engine.classifier",
     "HTTPTokenCache": "serve.http.token_cache",
     "ModelRegistry": "backends.registry",
@@ -87,6 +88,7 @@ if TYPE_CHECKING:
     from .engine.classifier import Policy as Policy
     from .engine.classifier import redact as redact
     from .engine.classifier import scan as scan
+    from .engine.limits import EngineLimits as EngineLimits
     from .engine.render import TokenCache as TokenCache
     from .engine.rollout import Rollout as Rollout
     from .engine.sampling import ModelSpec as ModelSpec
