@@ -79,13 +79,14 @@ class DeferredCount:
     first :meth:`settle` or :meth:`settle_stepwise` takes it, once, with its
     time in the turn's ``timing.count``; after that they do nothing. A count
     that did not wait is never pending: the rollout took it before sampling.
+    The rollout keeps it (``Rollout.uncounted``) and is handed in to each
+    call, never held: no reference cycle keeps a finished rollout alive.
     """
 
-    __slots__ = ("_cached", "_clock", "_timing", "bound", "conversation", "pending")
+    __slots__ = ("_cached", "_clock", "_timing", "bound", "pending")
 
     def __init__(
         self,
-        conversation: CountedInput,
         *,
         bound: int,
         pending: bool,
@@ -93,7 +94,6 @@ class DeferredCount:
         cached: int,
         clock: Callable[[], float],
     ) -> None:
-        self.conversation = conversation
         #: The context's tokens at most, new input included (0 without the token cache).
         self.bound = bound
         self.pending = pending
@@ -102,30 +102,31 @@ class DeferredCount:
         self._cached = cached
         self._clock = clock
 
-    def settle(self) -> None:
-        """Tokenize and count the input if its count is still pending (a no-op
-        otherwise). Then the rollout's context's tokens are exact."""
+    def settle(self, conversation: CountedInput) -> None:
+        """Tokenize and count the input of ``conversation`` (the rollout that holds
+        this count) if its count is still pending (a no-op otherwise). Then the
+        rollout's context's tokens are exact."""
         if not self.pending:
             return
         self.pending = False
         started = self._clock()
-        added = self.conversation.tokenize_input()
-        self.conversation.note_rendering()
+        added = conversation.tokenize_input()
+        conversation.note_rendering()
         self._timing.count = self._clock() - started
-        self.conversation.count_input(self._timing, self._cached, added)
+        conversation.count_input(self._timing, self._cached, added)
 
-    async def settle_stepwise(self) -> None:
+    async def settle_stepwise(self, conversation: CountedInput) -> None:
         """:meth:`settle`, the event loop given a turn between pieces of the text."""
         if not self.pending:
             return
         started = self._clock()
-        added = await self.conversation.tokenize_input_stepwise()
+        added = await conversation.tokenize_input_stepwise()
         if not self.pending:  # pragma: no cover - counted meanwhile (the turn ended)
             return
         self.pending = False
-        self.conversation.note_rendering()
+        conversation.note_rendering()
         self._timing.count = self._clock() - started
-        self.conversation.count_input(self._timing, self._cached, added)
+        conversation.count_input(self._timing, self._cached, added)
 
 
 async def token_lengths(items: Iterable[Item]) -> list[int]:

@@ -199,8 +199,6 @@ class Rollout:
         #: (``longresponse.engine.sampling.affinity_key``), kept by forks and set
         #: by the serve layer for a chain hydrated from the store (:meth:`join_chain`).
         self.chain = ""
-        #: The model turns over this conversation (``engine/turn_loop.py``).
-        self._loop = TurnLoop(self)
 
     def open_reply(
         self,
@@ -529,14 +527,14 @@ class Rollout:
         """Turns, pausing in place for client tool outputs, until the model stops
         with nothing pending: the last stop reason, or ``pause_timeout``
         (:meth:`TurnLoop.run_turns <longresponse.engine.turn_loop.TurnLoop.run_turns>`)."""
-        return await self._loop.run_turns(self._current(), prefix_changed=prefix_changed)
+        return await TurnLoop(self).run_turns(self._current(), prefix_changed=prefix_changed)
 
     async def turn(self, *, prefix_changed: bool = False) -> str:
         """One run of the model over the context plus whatever is in the inbox, its
         events to the current Reply; the sampler's stop reason. With
         ``prefix_changed`` nothing counts as cached (:meth:`TurnLoop.turn
         <longresponse.engine.turn_loop.TurnLoop.turn>`)."""
-        return await self._loop.turn(self._current(), prefix_changed=prefix_changed)
+        return await TurnLoop(self).turn(self._current(), prefix_changed=prefix_changed)
 
     # --- one sampling's steps, as the turn loop takes them ------------------------
 
@@ -682,7 +680,7 @@ class Rollout:
                 self.sampler, bound, self.model.context_window, threshold
             )
         self._held = DeferredCount(
-            self, bound=bound, pending=pending, timing=timing, cached=cached, clock=self.clock
+            bound=bound, pending=pending, timing=timing, cached=cached, clock=self.clock
         )
         return self._held
 

@@ -43,7 +43,7 @@ import msgspec
 from protocol.events import ResponseCreate
 from protocol.items import Item, ToolChoice, ToolChoiceAllowed
 
-from .counting import DeferredCount
+from .counting import CountedInput, DeferredCount
 from .failures import kept, log_upstream_failure
 from .hosted import HostedCalls
 from .limits import EngineLimits
@@ -90,9 +90,10 @@ class TurnInput:
     resumed_at: float | None
 
 
-class Conversation(Protocol):
+class Conversation(CountedInput, Protocol):
     """What the turn loop asks of its rollout (``engine/rollout.py``), which alone
-    changes the conversation: the attributes are read, the methods change it."""
+    changes the conversation: the attributes are read, the methods change it (a
+    deferred count's among them, :class:`~longresponse.engine.counting.CountedInput`)."""
 
     @property
     def limits(self) -> EngineLimits: ...
@@ -310,7 +311,7 @@ class Sampling:
         finally:  # no output at all, or cancelled
             if keepalive is not None:
                 keepalive.stop()
-            taken.held.settle()
+            taken.held.settle(conversation)
         timing.inference = clock() - started - (timing.hosted - hosted_before)
         return self.stop
 
@@ -335,7 +336,7 @@ class Sampling:
         if self._first_flush:  # the writer's turn: the first output goes out now
             self._first_flush = False
             await asyncio.sleep(0)
-            await self._taken.held.settle_stepwise()
+            await self._taken.held.settle_stepwise(conversation)
         if self.stop == "max_events":
             return False
         if isinstance(chunk, ItemEnd) and conversation.steer_now(reply, None):
@@ -345,11 +346,11 @@ class Sampling:
 
     def _bill(self, counted: Usage) -> None:
         """The engine's own counts replace the turn's estimate (its input counted first)."""
-        taken, reply = self._taken, self._reply
-        taken.held.settle()
+        conversation, taken, reply = self.conversation, self._taken, self._reply
+        taken.held.settle(conversation)
         spent = reply.builder.output_tokens - self._output_before
-        estimate = (len(self.conversation.tokens), taken.cached, spent)
-        self.conversation.bill_upstream(reply, counted, estimate)
+        estimate = (len(conversation.tokens), taken.cached, spent)
+        conversation.bill_upstream(reply, counted, estimate)
 
     def _within_limits(self, chunk: SampleChunk) -> SampleChunk:
         """``chunk``, or the end of the open item when the Response has sent all the
@@ -388,7 +389,7 @@ class Sampling:
         conversation, reply, taken = self.conversation, self._reply, self._taken
         self.failed = exc
         log_upstream_failure(exc, model=conversation.model.name, response_id=reply.id)
-        taken.held.settle()
+        taken.held.settle(conversation)
         unbilled = (len(conversation.tokens), taken.cached) if self._first else None
         await conversation.cut_short(reply, unbilled)
 

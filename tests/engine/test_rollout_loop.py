@@ -11,6 +11,8 @@ the output items, the context and the counts.
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any
 
@@ -433,3 +435,42 @@ def test_steering_stops_a_segment_at_the_next_safe_point() -> None:
     assert said(response.output) == "first"  # the second item never opened
     assert "response.incomplete" in sink.types()
     assert [type(item) for item in rollout.context] == [Message, Message]
+
+
+# --- no reference cycle ----------------------------------------------------------------
+
+
+def test_a_finished_rollout_is_freed_without_a_collection() -> None:
+    # Its collaborators (the turn loop, a deferred count, the hosted calls) hold
+    # no reference back to it that outlives a call: no cycle keeps it alive
+    # until the tuned collector's rare full pass (issue 20).
+    def finished(counts_first: bool) -> weakref.ref[Rollout]:
+        call = [
+            ToolCallStart(call_id="c1", name="search", kind="mcp", namespace="docs"),
+            ArgumentsDelta("{}"),
+            ItemEnd(),
+            Stop("tool_calls"),
+        ]
+        sampler = Scripted(call, answer("done"), counts_first=counts_first)
+        tools: list[Any] = [McpTool(server_label="docs", server_url="http://127.0.0.1:1/mcp")]
+        request = ResponseCreate(model="scripted", input="hello " * 50, tools=tools)
+        rollout, sink = rollout_on(sampler, request)
+
+        async def scenario() -> None:
+            rollout.open_reply("resp_free", sink, mode=Mode.APPEND).announce_created()
+            rollout.attach(compactor=None, mcp=Host())
+            await rollout.run()
+            await rollout.close()
+
+        asyncio.run(scenario())
+        assert [r.status for r in dones(sink)] == ["completed"]
+        return weakref.ref(rollout)
+
+    gc.collect()
+    gc.disable()
+    try:
+        for counts_first in (False, True):
+            ref = finished(counts_first)
+            assert ref() is None, [type(r).__name__ for r in gc.get_referrers(ref())]
+    finally:
+        gc.enable()
