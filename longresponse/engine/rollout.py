@@ -108,7 +108,7 @@ __all__ = ["Boundary", "Rollout"]
 
 
 class Rollout:
-    """One conversation and its sampling loop; it writes to one Reply at a time."""
+    """One conversation and every change to it; it writes to one Reply at a time."""
 
     def __init__(
         self,
