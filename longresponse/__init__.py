@@ -24,8 +24,9 @@ from typing import TYPE_CHECKING, Any
 #: public name -> the module (under this package) that defines it.
 _EXPORTS: dict[str, str] = {
     "ApiKeys": "storage.keys",
-    "Boundary": "engine.rollout",
+    "Boundary": "engine.boundary",
     "Counters": "engine.admission",
+    "EngineLimits": "engine.limits",
     "Finding": "engine.classifier",
     "HTTPTokenCache": "serve.http.token_cache",
     "ModelRegistry": "backends.registry",
@@ -82,12 +83,13 @@ if TYPE_CHECKING:
     from .config import Switches as Switches
     from .engine.admission import Counters as Counters
     from .engine.admission import Pipeline as Pipeline
+    from .engine.boundary import Boundary as Boundary
     from .engine.classifier import Finding as Finding
     from .engine.classifier import Policy as Policy
     from .engine.classifier import redact as redact
     from .engine.classifier import scan as scan
+    from .engine.limits import EngineLimits as EngineLimits
     from .engine.render import TokenCache as TokenCache
-    from .engine.rollout import Boundary as Boundary
     from .engine.rollout import Rollout as Rollout
     from .engine.sampling import ModelSpec as ModelSpec
     from .engine.sampling import Sampler as Sampler

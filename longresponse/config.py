@@ -20,6 +20,8 @@ from typing import Any, Final
 
 from protocol import MAX_ITEMS_PER_EVENT, MAX_MESSAGE_BYTES
 
+from .backends.kinds import KINDS
+
 __all__ = [
     "BACKGROUND_ENDINGS_BYTES",
     "BACKGROUND_LOG_BYTES",
@@ -260,11 +262,6 @@ class SimConfig:
     calls: tuple[tuple[str, str], ...] = ()
 
 
-#: The kinds of real model backend (``longresponse.backends``): an engine's
-#: Chat Completions API, a Responses API over HTTP (SSE), or over its WebSocket mode.
-BACKEND_KINDS: Final = ("chat", "responses", "responses-ws")
-
-
 @dataclasses.dataclass(frozen=True, slots=True)
 class BackendConfig:
     """One served model that a real engine answers (``longresponse.backends``).
@@ -275,7 +272,7 @@ class BackendConfig:
 
     #: The model name clients ask for (and ``GET /v1/models`` lists).
     name: str
-    #: One of :data:`BACKEND_KINDS`.
+    #: One of ``longresponse.backends.kinds.KINDS``.
     kind: str
     #: The engine's API root, e.g. ``http://127.0.0.1:8000/v1``.
     base_url: str
@@ -773,7 +770,7 @@ SETTINGS: Final[tuple[Setting, ...]] = (
             field=None, group=_BACKENDS),
     Setting("upstream_model", str, None, "the engine's name of the model", metavar="NAME",
             field=None, group=_BACKENDS),
-    Setting("upstream_kind", str, "chat", "the engine's API", choices=BACKEND_KINDS,
+    Setting("upstream_kind", str, "chat", "the engine's API", choices=tuple(KINDS),
             field=None, group=_BACKENDS),
     Setting("upstream_api_key_env", str, None, "environment variable holding the key",
             metavar="VAR", field=None, group=_BACKENDS),

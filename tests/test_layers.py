@@ -14,7 +14,8 @@
   only the engine's Reply drives one, and nothing assigns a response's state;
 - one owner per piece of state: only ``engine/rollout.py`` changes a Rollout's
   fields, only ``engine/reply.py`` a Reply's, only ``engine/segment.py`` a
-  Segment's (everything else calls their methods);
+  Segment's, and the Rollout's collaborators (``Boundaries``, ``DeferredCount``,
+  ``HostedCalls``) only in their own modules (everything else calls their methods);
 - no import circle anywhere in ``protocol/`` and ``longresponse/``, not even a
   type-only one (a lower module declares a ``Protocol`` for what it needs);
 - no test reads a private name of the product;
@@ -187,9 +188,17 @@ def test_every_module_opens_with_what_it_does(package: str) -> None:
 #: Class → (the module that owns its fields, names a value of it goes by). A
 #: value also counts as one when a parameter or variable is annotated with it.
 OWNERS: dict[str, tuple[str, frozenset[str]]] = {
-    "Rollout": ("longresponse.engine.rollout", frozenset({"rollout", "child", "parent"})),
+    # ``conversation``: the rollout as its collaborators hold it (the turn loop, a count).
+    "Rollout": (
+        "longresponse.engine.rollout",
+        frozenset({"rollout", "child", "parent", "conversation"}),
+    ),
     "Reply": ("longresponse.engine.reply", frozenset({"reply"})),
     "Segment": ("longresponse.engine.segment", frozenset({"segment"})),
+    # The Rollout's collaborators keep state of their own, changed only by them.
+    "Boundaries": ("longresponse.engine.boundary", frozenset({"boundaries"})),
+    "DeferredCount": ("longresponse.engine.counting", frozenset({"held"})),
+    "HostedCalls": ("longresponse.engine.hosted", frozenset({"hosted"})),
 }
 #: Methods that change the list, dict, set or token cache they are called on.
 MUTATORS = frozenset(
@@ -309,6 +318,9 @@ def test_only_its_own_module_changes_a_rollout_a_reply_or_a_segment() -> None:
     owned = _owned()
     assert {"context", "tokens", "counts", "model_seen", "_inbox"} <= owned["Rollout"][0]
     assert {"error", "incomplete_reason", "flags"} <= owned["Reply"][0]
+    assert {"_kept"} <= owned["Boundaries"][0]
+    assert {"pending"} <= owned["DeferredCount"][0]
+    assert {"ran"} <= owned["HostedCalls"][0]
     found: dict[str, list[str]] = {}
     for name, path in modules("longresponse"):
         if name.startswith("longresponse.bench"):
@@ -331,6 +343,8 @@ def test_the_field_checker_sees_a_write(tmp_path: pathlib.Path) -> None:
         "    del rollout.context[:1]\n"
         "    x.error = None\n"
         "    seg.finishing = True\n"
+        "    self.conversation.model_seen = 7\n"
+        "    held.pending = False\n"
         "    record.tokens = 5  # not a rollout\n"
         "    rollout.status = 6  # not a field\n",
         encoding="utf-8",
@@ -344,6 +358,8 @@ def test_the_field_checker_sees_a_write(tmp_path: pathlib.Path) -> None:
         "deletes Rollout.context",
         "assigns Reply.error",
         "assigns Segment.finishing",
+        "assigns Rollout.model_seen",
+        "assigns DeferredCount.pending",
     ]
 
 

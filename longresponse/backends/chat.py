@@ -52,7 +52,7 @@ and an answer of 429, 502, 503 or 504 are retried up to ``max_retries``
 times, after ``retry_backoff * 2**n`` seconds (or the engine's
 ``Retry-After``, when it asks for at most :data:`MAX_RETRY_WAIT`). Once a
 stream has begun nothing is retried: the turn fails with what it wrote
-(``Rollout._cut_short`` in ``longresponse.engine.rollout``).
+(``Rollout.cut_short`` in ``longresponse.engine.rollout``).
 
 **A stream's end.** ``data: [DONE]`` before the engine's ``finish_reason``
 is a cut stream (some proxies end one so), as is a body that ends early. A

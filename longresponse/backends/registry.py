@@ -7,7 +7,7 @@ clients shared by every rollout of its model and hands each rollout a sampler
 of its own. :func:`serve_backends` adds one
 :class:`~longresponse.engine.sampling.ModelSpec` per backend to the registry
 (no ``check_request``: the ``sim_*`` metadata is the simulated model's own;
-its compaction is the simulated models' :func:`~.sim.sampler.summarize`, as
+it compacts with the engine's summary, ``longresponse.engine.summary``, as
 the server has no model-written summary); the app closes the backends when it
 stops (:func:`close_backends`).
 """
@@ -17,14 +17,15 @@ from __future__ import annotations
 import importlib
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Final, Protocol
+from typing import Any, Protocol
 
 from protocol import ErrorCode, RemoteProtocolError
 
 from ..config import BackendConfig, SimConfig
 from ..engine.sampling import ModelSpec, Sampler
+from .kinds import KINDS
 from .settings import SettingsError
-from .sim.sampler import sim_spec, summarize
+from .sim.sampler import sim_spec
 
 __all__ = [
     "Backend",
@@ -34,13 +35,6 @@ __all__ = [
     "open_backends",
     "serve_backends",
 ]
-
-#: kind -> (module, class) of its backend.
-KINDS: Final[Mapping[str, tuple[str, str]]] = {
-    "chat": ("longresponse.backends.chat", "ChatBackend"),
-    "responses": ("longresponse.backends.responses_http", "ResponsesBackend"),
-    "responses-ws": ("longresponse.backends.responses_ws", "ResponsesWSBackend"),
-}
 
 
 class ModelRegistry:
@@ -143,8 +137,7 @@ def serve_backends(registry: ModelRegistry, backends: Iterable[Backend]) -> None
                 max_output_tokens=config.max_output_tokens,
                 make_sampler=backend.make_sampler,
                 owned_by=config.kind,
-                # No sim_* checks; compaction keeps the simulated models' summary.
-                summarize=summarize,
+                # No sim_* checks; it compacts with the engine's summary.
             )
         )
 

@@ -41,9 +41,10 @@ from collections.abc import Mapping
 from typing import Any, Final
 from urllib.parse import urlsplit, urlunsplit
 
-from ..config import BACKEND_KINDS, BY_NAME, SETTINGS, BackendConfig, ranged
+from ..config import BY_NAME, SETTINGS, BackendConfig, ranged
 from ..settings import SettingsError, read_toml
 from ..settings import add_arguments as add_setting_arguments
+from .kinds import KINDS
 
 __all__ = [
     "ENV",
@@ -158,8 +159,8 @@ def backend(name: str, table: Mapping[str, Any], *, where: str) -> BackendConfig
     if auto not in TOOL_CHOICE_AUTO:
         raise SettingsError(f"{where}: tool_choice_auto must be auto or required, not {auto!r}")
     kind = table.get("kind")
-    if kind not in BACKEND_KINDS:
-        kinds = ", ".join(BACKEND_KINDS)
+    if kind not in KINDS:
+        kinds = ", ".join(KINDS)
         raise SettingsError(f"{where}: kind must be one of {kinds}, not {kind!r}")
     url = table.get("base_url")
     if not isinstance(url, str) or urlsplit(url).scheme not in ("http", "https", "ws", "wss"):

@@ -54,6 +54,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
+from ..backends.kinds import KINDS
+
 __all__ = [
     "ABLATED",
     "ABLATION_SWITCHES",
@@ -119,7 +121,7 @@ DEFLATE: Final = "+deflate"
 #: ``<shape>@<kind>``: the transport's server is a gateway in front of a second
 #: longresponse process (the engine, running the simulated model) reached through
 #: the real backend of that kind (``longresponse.backends``).
-GATEWAY_KINDS: Final = ("chat", "responses", "responses-ws")
+GATEWAY_KINDS: Final = tuple(KINDS)
 #: The gateway topologies of issue 11, run by ``--gateways``.
 GATEWAY_TRANSPORTS: Final = ("append@chat", "append@responses-ws", "http@chat")
 #: ``--ws-compression``: the server setting(s) every WebSocket transport runs with.

@@ -5,12 +5,11 @@ Theory of operation
 A **compaction** replaces a rollout's context with a smaller **window**: the
 ``compaction`` item, then the summary it stands for. The summary is the
 model's: its :class:`~longresponse.engine.sampling.ModelSpec` says how it
-summarizes (``summarize``). Every model served here uses the simulated
-models' summary (``longresponse.backends.sim.sampler.summarize``), which is
-deterministic and keeps what their final answer quotes (the messages that
-are not the assistant's, the calls, the head of every tool output), so a
-conversation compacted any number of times still answers with the request
-and the tool outputs' heads.
+summarizes (``summarize``). Every model served here uses the engine's own
+summary (``longresponse.engine.summary``), which is deterministic and keeps
+the messages that are not the assistant's, the calls and the head of every
+tool output, so a conversation compacted any number of times still answers
+with the request and the tool outputs' heads.
 
 The summary travels inside the item. :class:`CompactionKey` seals it with
 AES-256-GCM (``cryptography``): the plaintext is the msgpack of the summary

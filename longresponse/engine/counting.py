@@ -29,23 +29,104 @@ any sampler that does not say), and is given exact counts. A sampler with
 
 Nothing else changes: the same tokens, in the same order (the cache tokenizes
 what it holds before anything reads it), the same usage, the same refusals.
-The counting itself is the rollout's (``Rollout._hold_input``,
-``_count_deferred``: only the rollout changes its tokens and counts); this
-module keeps the decision, a pure function, and :func:`token_lengths`, the
-count of items outside a rollout, which lets the event loop run between
-pieces of a long text.
+This module keeps the decision (:func:`may_defer`, a pure function) and the
+count left waiting (:class:`DeferredCount`: taken once, whichever comes
+first of the first output, a real engine's usage, a failure or the turn's
+end). The tokenizing and counting themselves are the rollout's, asked
+through :class:`CountedInput`: only the rollout changes its tokens and
+counts. :func:`token_lengths` counts items outside a rollout, letting the
+event loop run between pieces of a long text.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Protocol
 
 from protocol.items import Item
 
 from .render import TokenCache
+from .timing import TurnTiming
 
-__all__ = ["may_defer", "token_lengths"]
+__all__ = ["CountedInput", "DeferredCount", "may_defer", "token_lengths"]
+
+
+class CountedInput(Protocol):
+    """What a count asks of its rollout, which alone changes its tokens and counts."""
+
+    def tokenize_input(self) -> int:
+        """Tokenize the turn's held input; the tokens it added."""
+        ...
+
+    async def tokenize_input_stepwise(self) -> int:
+        """:meth:`tokenize_input`, the event loop given a turn between pieces."""
+        ...
+
+    def note_rendering(self) -> None:
+        """Add the token cache's new rendering work to the pipeline's counters."""
+        ...
+
+    def count_input(self, timing: TurnTiming, cached: int, added: int) -> int:
+        """Count the turn's input (``added`` tokens of it new); its uncached tokens."""
+        ...
+
+
+class DeferredCount:
+    """A turn's new input, held in the token cache: its count, taken later or not.
+
+    ``pending`` while the count waits (:func:`may_defer` said it may); the
+    first :meth:`settle` or :meth:`settle_stepwise` takes it, once, with its
+    time in the turn's ``timing.count``; after that they do nothing. A count
+    that did not wait is never pending: the rollout took it before sampling.
+    The rollout keeps it (``Rollout.uncounted``) and is handed in to each
+    call, never held: no reference cycle keeps a finished rollout alive.
+    """
+
+    __slots__ = ("_cached", "_clock", "_timing", "bound", "pending")
+
+    def __init__(
+        self,
+        *,
+        bound: int,
+        pending: bool,
+        timing: TurnTiming,
+        cached: int,
+        clock: Callable[[], float],
+    ) -> None:
+        #: The context's tokens at most, new input included (0 without the token cache).
+        self.bound = bound
+        self.pending = pending
+        self._timing = timing
+        #: The turn's cached tokens, counted with its input.
+        self._cached = cached
+        self._clock = clock
+
+    def settle(self, conversation: CountedInput) -> None:
+        """Tokenize and count the input of ``conversation`` (the rollout that holds
+        this count) if its count is still pending (a no-op otherwise). Then the
+        rollout's context's tokens are exact."""
+        if not self.pending:
+            return
+        self.pending = False
+        started = self._clock()
+        added = conversation.tokenize_input()
+        conversation.note_rendering()
+        self._timing.count = self._clock() - started
+        conversation.count_input(self._timing, self._cached, added)
+
+    async def settle_stepwise(self, conversation: CountedInput) -> None:
+        """:meth:`settle`, the event loop given a turn between pieces of the text."""
+        if not self.pending:
+            return
+        started = self._clock()
+        added = await conversation.tokenize_input_stepwise()
+        if not self.pending:  # pragma: no cover - counted meanwhile (the turn ended)
+            return
+        self.pending = False
+        conversation.note_rendering()
+        self._timing.count = self._clock() - started
+        conversation.count_input(self._timing, self._cached, added)
 
 
 async def token_lengths(items: Iterable[Item]) -> list[int]:

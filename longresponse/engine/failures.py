@@ -9,7 +9,7 @@ it cannot accept a finished turn (a ``store=true`` write that failed).
 reports. An :class:`~longresponse.engine.sampling.UpstreamError` (part of
 the sampler interface, re-exported here) is raised by a real model backend
 whose engine failed or refused. A turn it ends is cut short
-(``Rollout._cut_short``): the item being written ends ``incomplete`` and what
+(``Rollout.cut_short``): the item being written ends ``incomplete`` and what
 the model wrote stays, all of it but a call cut short (:func:`kept`). In
 append mode the rollout then reports it with :func:`upstream_error_event` and
 pauses, resumable (SPEC §16). Every such failure is logged in one line with

@@ -1,18 +1,34 @@
-"""Rollout: one whole agent rollout, its conversation and its sampling loop.
+"""Rollout: one whole agent rollout, its conversation and the methods that change it.
 
 Theory of operation
 -------------------
 A Rollout owns the conversation: its config in effect (model, tools,
 instructions, sampling params), its context (append-only items), its
 rendered-token cache (append-only), its sampler (reusable across pauses), its
-inbox, and the counts of tokens processed. It writes to one
-:class:`~longresponse.engine.reply.Reply` at a time, the Response the client
-is reading; the Reply's state lives in the protocol core.
+inbox, the counts of tokens processed, its turns' timings and where its
+segments ended. It writes to one :class:`~longresponse.engine.reply.Reply` at
+a time, the Response the client is reading; the Reply's state lives in the
+protocol core.
 
-:meth:`Rollout.turn` is the one place a model turn happens: pre-inference on
-the NEW items only (render + tokenize into the cache, or, far from the window,
-after the first output: ``longresponse.engine.counting``), sampling, and the
-output streamed out as events. Two drivers run turns:
+Each of its other jobs has a home of its own, a collaborator that asks the
+rollout to change the conversation through its methods:
+
+- the model turns: :class:`~longresponse.engine.turn_loop.TurnLoop`
+  (``engine/turn_loop.py``) runs :meth:`Rollout.turn` and
+  :meth:`Rollout.run_turns`; at each sampling the rollout takes the new input
+  in (:meth:`Rollout.begin_sampling`: pre-inference on the NEW items only,
+  render + tokenize into the cache, the window and compaction) and the
+  model's output (:meth:`Rollout.take_output`), and it pauses
+  (:meth:`Rollout.pause`);
+- the hosted-call loop: :class:`~longresponse.engine.hosted.HostedCalls`,
+  made from the MCP host its owner gives each turn (:meth:`Rollout.attach`);
+- the new input's count when it waits for the first output:
+  :class:`~longresponse.engine.counting.DeferredCount`;
+- where segments ended, and what a fork starts from:
+  :class:`~longresponse.engine.boundary.Boundaries` (:meth:`Rollout.mark_boundary`,
+  :meth:`Rollout.fork`).
+
+Two drivers run turns:
 
 - :meth:`Rollout.run`, the append-mode loop (an asyncio task owned by the
   session) around :meth:`Rollout.run_turns`: turn; if the model ended in client
@@ -28,12 +44,14 @@ output streamed out as events. Two drivers run turns:
 One owner per piece of state: everything that changes a rollout's context,
 tokens, counts, inbox, boundaries or sampler is a method of :class:`Rollout`,
 in this module (``tests/test_layers.py`` checks that nothing else assigns
-them). Input is **delivered** into the inbox (:meth:`Rollout.deliver`,
-:meth:`Rollout.deliver_segment_input`) and **drained** from it into the
-context by the turn that reads it. The helpers it calls
-(``longresponse.engine.counting``, ``compaction``, ``failures``) are pure: they
-return values the rollout applies. The sampler is the rollout's: it is made
-here and released here (:meth:`Rollout.close`, :meth:`Rollout.release_replaced`).
+them, the collaborators above included). Input is **delivered** into the
+inbox (:meth:`Rollout.deliver`, :meth:`Rollout.deliver_segment_input`) and
+**drained** from it into the context by the turn that reads it. The helpers
+it calls (``longresponse.engine.counting``, ``compaction``, ``failures``,
+``boundary``) return values the rollout applies. The sampler is the
+rollout's: it is made here and released here (:meth:`Rollout.close`,
+:meth:`Rollout.release_replaced`). Its limits are an
+:class:`~longresponse.engine.limits.EngineLimits`.
 
 Invariant: ``tokens(history + new) == tokens(history) + tokens(render(new))``.
 """
@@ -42,14 +60,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-import logging
 import time
-from array import array
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Final
-
-import msgspec
 
 from protocol import Mode, ResponseState
 from protocol.events import (
@@ -58,90 +70,56 @@ from protocol.events import (
     ResponseDone,
     ResponseInProgress,
 )
-from protocol.items import Item, McpCall, ToolChoice, ToolChoiceAllowed, as_items
+from protocol.items import Item, as_items
 from protocol.response import Response, ResponseError
 
-from ..config import MAX_RESPONSE_EVENTS, MAX_RESPONSE_OUTPUT_TOKENS, Switches
-from ..ids import new_id
-from . import sampling as models
+from ..config import Switches
 from .admission import Pipeline
+from .boundary import Boundaries, Boundary, ForkStart
 from .classifier import Verdict
 from .compaction import Compactor, Drained, compact, compact_threshold, drain
-from .counting import may_defer
+from .counting import DeferredCount, may_defer
 from .failures import (
     cut_to_window,
     failure,
-    kept,
-    log_upstream_failure,
     upstream_error_event,
 )
-from .hosted import McpFailure, McpHost, approved_requests, listed_read_only, unlisted
+from .hosted import HostedCalls, McpHost
+from .limits import EngineLimits
 from .render import TokenCache, render_prefix
 from .reply import Reply, TokenCounts
 from .sampling import (
     ItemEnd,
     ModelSpec,
     ReasoningDone,
+    SampleChunk,
     Sampler,
-    SampleRequest,
-    Stop,
     TextDelta,
     ToolCallStart,
     UpstreamError,
+    Usage,
     release,
 )
 from .stream import EventSink, StreamClosed
 from .timing import TurnTiming
+from .turn_loop import INCOMPLETE_STOPS, TurnInput, TurnLoop
 
-__all__ = ["INCOMPLETE_STOPS", "Boundary", "Rollout"]
-
-log = logging.getLogger(__name__)
-
-#: What one Boundary holds beside its prefix, about (its Response object and
-#: pending calls; measured on the simulated model's short answers).
-_BOUNDARY_BYTES: Final = 4096
-#: How :meth:`Rollout.run_turns` may stop short: the Response ends ``incomplete``.
-#: ``steered``: a shipped-shape segment stopped at a safe point for steering input.
-INCOMPLETE_STOPS: Final = frozenset({"max_output_tokens", "max_events", "pause_timeout", "steered"})
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Boundary:
-    """Where a shipped-shape segment ended: enough to continue or fork from it."""
-
-    segment_id: str
-    #: ``len(context)`` and ``len(tokens)`` at the end of the segment.
-    items: int
-    tokens: int
-    #: Tokens of the items alone (after the prefix), and the prefix in effect
-    #: then: a later segment may have swapped the prefix in place. The prefix
-    #: is one array shared by the boundaries that had the same one.
-    item_tokens: int
-    prefix: array[int]
-    #: Client tool calls of the segment still waiting for their outputs.
-    pending: dict[str, str]
-    #: The finished segment's Response object.
-    response: Response
-    #: The lane (``stream_id``) the segment ran on; ``None`` = the default lane.
-    stream_id: str | None = None
+__all__ = ["Boundary", "Rollout"]
 
 
 class Rollout:
-    """One conversation and its sampling loop; it writes to one Reply at a time."""
+    """One conversation and every change to it; it writes to one Reply at a time."""
 
     def __init__(
         self,
         *,
         request: ResponseCreate,
         model: ModelSpec,
-        pause_timeout: float,
+        limits: EngineLimits,
         pipeline: Pipeline | None = None,
         resolve: Callable[[str], ModelSpec] | None = None,
         input_items: list[Item] | None = None,
         clock: Callable[[], float] = time.perf_counter,
-        max_events: int = MAX_RESPONSE_EVENTS,
-        max_output_tokens: int = MAX_RESPONSE_OUTPUT_TOKENS,
-        keepalive_interval: float = 0.0,
     ) -> None:
         self.pipeline = pipeline or Pipeline(Switches())
         #: Resolves a model name again every turn when resolution reuse is off.
@@ -152,13 +130,9 @@ class Rollout:
         self.sampler: Sampler = model.make_sampler()
         #: Samplers of models this rollout switched away from, not released yet.
         self._replaced: list[Sampler] = []
-        self.pause_timeout = pause_timeout
+        #: The pause timeout, the per-Response caps and the keepalive interval.
+        self.limits = limits
         self.clock = clock
-        #: Per-Response caps (the server's): events sent, output tokens written.
-        self.max_events = max_events
-        self.max_output_tokens = max_output_tokens
-        #: Seconds the model may stay silent before a ``keepalive`` event (0: never).
-        self.keepalive_interval = keepalive_interval
         #: The Response being written now (set by :meth:`open_reply`).
         self.reply: Reply | None = None
         #: Classifier findings of every input item delivered, in arrival order
@@ -199,7 +173,7 @@ class Rollout:
         self.timings: list[TurnTiming] = []
         self._timed = 0  # timings already reported
         #: Where each finished shipped-shape segment ended (to continue or fork).
-        self.boundaries: list[Boundary] = []
+        self.boundaries = Boundaries()
         self.truncated = False
         self.rendered_seen = 0  # token cache counters already added to the pipeline's
         self.items_seen = 0
@@ -213,14 +187,14 @@ class Rollout:
         #: Seals and opens compaction items for the rollout's owner (given by :meth:`attach`).
         self.compactor: Compactor | None = None
         self._waiting = False  # paused: awaiting the outputs of client calls
-        #: This turn's new input: where it starts in the token cache, and whether it
-        #: waits there uncounted (``longresponse.engine.counting``).
-        self.input_from, self.uncounted = 0, False
-        #: The hosted ``mcp`` tools' servers for the turn (``engine/hosted.py``),
-        #: given by the owner with its hooks (:meth:`attach`); ``None``: no mcp tool.
-        self.mcp: McpHost | None = None
-        #: The model's last sampling ran a hosted call: it samples again at once.
-        self._hosted_ran = False
+        #: This turn's new input: where it starts in the token cache, and its count,
+        #: which may wait for the first output (``longresponse.engine.counting``).
+        self.input_from = 0
+        self._held: DeferredCount | None = None
+        #: The hosted-call loop over the turn's ``mcp`` tools' servers
+        #: (``engine/hosted.py``), made from the host the owner gives with its
+        #: hooks (:meth:`attach`); ``None``: no mcp tool.
+        self.hosted: HostedCalls | None = None
         #: The id of the conversation's first response: its affinity key's source
         #: (``longresponse.engine.sampling.affinity_key``), kept by forks and set
         #: by the serve layer for a chain hydrated from the store (:meth:`join_chain`).
@@ -270,7 +244,7 @@ class Rollout:
         every turn: each request names its own). A hook given as ``None`` keeps
         the one in place."""
         self.compactor = compactor
-        self.mcp = mcp
+        self.hosted = HostedCalls(mcp, self.clock) if mcp is not None else None
         if on_timing is not None:
             self.on_timing = on_timing
         if on_terminal is not None:
@@ -355,13 +329,7 @@ class Rollout:
     def nbytes(self) -> int:
         """Approximate memory held: tokens, the items (about as large again), and
         the boundaries (their prefixes, each distinct one once, and their Responses)."""
-        prefixes = {id(b.prefix): len(b.prefix) * b.prefix.itemsize for b in self.boundaries}
-        return (
-            2 * self.tokens.nbytes
-            + 64 * len(self.context)
-            + sum(prefixes.values())
-            + _BOUNDARY_BYTES * len(self.boundaries)
-        )
+        return 2 * self.tokens.nbytes + 64 * len(self.context) + self.boundaries.nbytes
 
     # --- config --------------------------------------------------------------
 
@@ -434,7 +402,7 @@ class Rollout:
         taken in at the next boundary."""
         self._steered = True
 
-    def _steer_now(self, reply: Reply, chunk: models.SampleChunk | None) -> bool:
+    def steer_now(self, reply: Reply, chunk: SampleChunk | None) -> bool:
         """At a safe point with steering input waiting: before ``chunk`` opens an
         item (``None``: right after one ended), with no call pending."""
         if not self._steered or reply.builder.item_open or reply.pending_calls:
@@ -457,49 +425,42 @@ class Rollout:
         stream_id: str | None,
     ) -> Boundary:
         """Record where the segment ``segment_id`` ends now: its :class:`Boundary`."""
-        tokens = self.tokens
-        prefix = tokens.tokens[: tokens.prefix_length]
-        if self.boundaries and self.boundaries[-1].prefix == prefix:
-            prefix = self.boundaries[-1].prefix  # one copy for a whole chain
-        boundary = Boundary(
-            segment_id=segment_id,
+        return self.boundaries.mark(
+            segment_id,
             items=len(self.context),
-            tokens=len(tokens),
-            item_tokens=len(tokens) - tokens.prefix_length,
-            prefix=prefix,
+            tokens=self.tokens,
             pending=pending,
             response=response,
             stream_id=stream_id,
         )
-        self.boundaries.append(boundary)
-        return boundary
 
     def fork(self, boundary: Boundary) -> Rollout:
         """A new Rollout holding this one's context up to ``boundary`` (shared prefix)."""
+        start = self.boundaries.fork_at(
+            boundary, context=self.context, tokens=self.tokens, model_seen=self.model_seen
+        )
         child = Rollout(
             request=self.request,
             model=self.model,
-            pause_timeout=self.pause_timeout,
+            limits=self.limits,
             pipeline=self.pipeline,
             resolve=self.resolve_model,
             input_items=[],
             clock=self.clock,
-            max_events=self.max_events,
-            max_output_tokens=self.max_output_tokens,
-            keepalive_interval=self.keepalive_interval,
         )
-        child.context = self.context[: boundary.items]
-        child.chain = self.chain
-        child.tokens = self.tokens.fork_items(boundary.prefix, boundary.item_tokens)
-        child._prefix_key = (None, b"")  # unknown: the next segment compares the tokens
-        index = self.boundaries.index(boundary)
-        child.boundaries = self.boundaries[: index + 1]
-        child.counts = TokenCounts(self.counts.input_tokens, self.counts.cached_tokens)
-        # A model server's prefix cache is shared by every request, so the fork's
-        # prefix counts as processed, unless the prefix changed since.
-        same_prefix = self.tokens.tokens[: self.tokens.prefix_length] == boundary.prefix
-        child.model_seen = min(self.model_seen, boundary.tokens) if same_prefix else 0
+        child._start_from(start, chain=self.chain, counts=self.counts)
         return child
+
+    def _start_from(self, start: ForkStart, *, chain: str, counts: TokenCounts) -> None:
+        """A fresh fork takes its parent's conversation up to a boundary (``start``),
+        its chain and a copy of its counts so far."""
+        self.context = start.context
+        self.chain = chain
+        self.tokens = start.tokens
+        self._prefix_key = (None, b"")  # unknown: the next segment compares the tokens
+        self.boundaries = start.boundaries
+        self.counts = TokenCounts(counts.input_tokens, counts.cached_tokens)
+        self.model_seen = start.model_seen
 
     def seed(self, history: Sequence[Item], tokens: Sequence[int]) -> None:
         """A fresh rollout starts from a stored conversation whose tokens are known
@@ -549,7 +510,7 @@ class Rollout:
             if self._cancel_requested and task is not None and task.uncancel() == 0:
                 # Our own client asked (response.cancel): what the turn streamed
                 # stays in the Response, its open item cut short, and is billed.
-                await self._cut_short(reply, None)
+                await self.cut_short(reply, None)
                 await self.finish(ResponseState.CANCELLED)
                 return
             reply.abandon()  # the connection is gone
@@ -564,269 +525,129 @@ class Rollout:
 
     async def run_turns(self, *, prefix_changed: bool = False) -> str:
         """Turns, pausing in place for client tool outputs, until the model stops
-        with nothing pending: the last stop reason, or ``pause_timeout``."""
-        reply = self._current()
-        while True:
-            try:
-                stop = await self.turn(prefix_changed=prefix_changed)
-            except UpstreamError as exc:
-                if not reply.append or not exc.transient:  # a refusal, or the shipped shape
-                    raise
-                if not await self._pause(exc):  # append mode waits for any append (SPEC §16)
-                    return "pause_timeout"
-                continue
-            prefix_changed = False
-            if stop in ("max_output_tokens", "max_events"):
-                return stop
-            if reply.pending_calls and not await self._pause():
-                return "pause_timeout"
-            if not self._inbox:
-                return stop
+        with nothing pending: the last stop reason, or ``pause_timeout``
+        (:meth:`TurnLoop.run_turns <longresponse.engine.turn_loop.TurnLoop.run_turns>`)."""
+        return await TurnLoop(self).run_turns(self._current(), prefix_changed=prefix_changed)
 
     async def turn(self, *, prefix_changed: bool = False) -> str:
-        """One run of the model over the context plus whatever is in the inbox.
+        """One run of the model over the context plus whatever is in the inbox, its
+        events to the current Reply; the sampler's stop reason. With
+        ``prefix_changed`` nothing counts as cached (:meth:`TurnLoop.turn
+        <longresponse.engine.turn_loop.TurnLoop.turn>`)."""
+        return await TurnLoop(self).turn(self._current(), prefix_changed=prefix_changed)
 
-        Its events go to the current Reply. With ``prefix_changed`` nothing
-        counts as cached: the model must prefill the whole context again (the
-        tokenizer work is still reused). Returns the sampler's stop reason.
+    # --- one sampling's steps, as the turn loop takes them ------------------------
 
-        A model that calls a hosted tool (an MCP server's) samples again as soon
-        as the call's output is in its context, in the same turn: the rollout
-        never pauses for the server's own calls.
-        """
-        first = len(self.timings)
-        try:
-            again = False
-            while True:
-                stop = await self._sample_turn(prefix_changed=prefix_changed, again=again)
-                prefix_changed, again = False, True
-                if len(self.timings) > first + 1:  # one turn: one timing
-                    self.timings[first].absorb(self.timings.pop())
-                if (
-                    not self._hosted_ran
-                    or stop in INCOMPLETE_STOPS
-                    or stop == "max_events"
-                    or self._current().pending_calls
-                ):
-                    return stop
-        finally:
-            if self.mcp is not None:  # no MCP session outlives its turn
-                await self.mcp.aclose()
+    @property
+    def has_input(self) -> bool:
+        """Input waits in the inbox for the next turn."""
+        return bool(self._inbox)
 
-    async def _sample_turn(self, *, prefix_changed: bool, again: bool) -> str:
-        """One sampling of the model (see :meth:`turn`); ``again``: after a hosted
-        call in the same turn, where a ``tool_choice`` that forces a call has had
-        its call and the model chooses freely (``auto``)."""
-        reply = self._current()
-        self._hosted_ran = False
-        timing = TurnTiming(turn=len(self.timings) + 1)
-        timing.decode, timing.validate, timing.classify = self._admission
-        self._admission = (0.0, 0.0, 0.0)
+    async def begin_sampling(self, reply: Reply, *, prefix_changed: bool) -> TurnInput | None:
+        """Pre-inference before one sampling: the model resolved again if asked, the
+        inbox drained into the context (with the hosted listings and approved calls,
+        whose events go to ``reply``), and the new input held, then counted now or
+        after the first output. ``None``: it asked for a compaction, which was the
+        turn's output (its timing is kept). Raises :class:`ContextLengthExceeded`."""
+        timing = self._start_timing()
         started = self.clock()
-        pipeline = self.pipeline
-        if not pipeline.switches.resolution_reuse and self.resolve_model is not None:
-            model = self.resolve_model(self.model.name)  # the work a stateless server repeats
-            if model is not self.model:  # pragma: no cover - the registry is stable
-                self._switch_model(model)
+        self._resolve_again()
         resolved = self.clock()
-        taken = self._drain_inbox()
-        self.context.extend(taken.items)
-        new_items = taken.items
-        if self.mcp is not None:  # listings and approved calls: new input too
-            hosting = self.clock()
-            hosted = await self._hosted_input(reply, self.mcp, taken.items)
-            self.context.extend(hosted)
-            new_items = [*taken.items, *hosted]
-            hosting = self.clock() - hosting  # a phase of its own, not pre-inference
-            timing.hosted += hosting
-            started, resolved = started + hosting, resolved + hosting
+        taken, new_items, hosting = await self._take_input(reply, timing)
+        started, resolved = started + hosting, resolved + hosting
         cached = 0 if prefix_changed else min(self.model_seen, len(self.tokens))
-        request = self.request
-        threshold = compact_threshold(request, self.model.context_window)
-        bound = self._hold_input(new_items, trigger=taken.trigger, threshold=threshold)
-        if self.uncounted:  # counted after the first output (it cannot reach the window)
+        threshold = compact_threshold(self.request, self.model.context_window)
+        held = self._hold_input(
+            new_items, trigger=taken.trigger, threshold=threshold, timing=timing, cached=cached
+        )
+        if held.pending:  # counted after the first output (it cannot reach the window)
             rendered = self.clock()
-            uncached = bound - cached
+            uncached = held.bound - cached
         else:  # tokenizing first: queued events go out before it (untimed)
             waited = self.clock()
             await asyncio.sleep(0)
             waited = self.clock() - waited
             started, resolved = started + waited, resolved + waited
-            added = await self._tokenize_input_stepwise()
+            added = await self.tokenize_input_stepwise()
             rendered = self.clock()
-            self._note_rendering()
-            if taken.trigger or (threshold is not None and len(self.tokens) > threshold):
-                await self._compact(reply, cached)
-                cached = 0  # the model reads the new window afresh
-                if taken.trigger:  # a compaction turn: the compaction item is its output
-                    self.timings.append(timing)
-                    return "stop"
-            if self._fit_window():
-                cached = 0
-            uncached = self._count_input(timing, cached, added)
-        sample_request = SampleRequest.for_turn(
-            request,
-            self.context,
-            cached_tokens=cached,
-            uncached_tokens=uncached,
-            cap=self.max_output_tokens,
-            spent=reply.builder.output_tokens,
-            chain=self.chain,
-        )
-        if again:  # a model that may make no more hosted calls must answer
-            choice = _chosen_freely(sample_request.tool_choice)
-            if self.mcp is not None and not self.mcp.can_call():
-                choice = "none"
-            sample_request = dataclasses.replace(sample_request, tool_choice=choice)
-        limit = request.max_tool_calls
-        if limit is not None and reply.calls_made >= limit:  # the model answers now
-            sample_request = dataclasses.replace(sample_request, tool_choice="none")
-        sampling_started = self.clock()
-        hosted_before = timing.hosted  # listings and approved calls, before sampling
-        timing.before_sampling(started, resolved, rendered, sampling_started)
-        if self._resume_mark is not None:
-            timing.resume = sampling_started - self._resume_mark
-            self._resume_mark = None
-        first = first_flush = True
-        stop = "stop"
-        builder, sink = reply.builder, reply.sink
-        first_output = len(builder.output)
-        output_before = builder.output_tokens
-        failed: UpstreamError | None = None
-        keepalive = _Keepalive.start(reply, self.keepalive_interval)
-        try:
-            async with contextlib.aclosing(self.sampler.sample(sample_request)) as chunks:
-                async for chunk in chunks:
-                    if first:
-                        timing.time_to_first_token = self.clock() - sampling_started
-                        first = False
-                    if isinstance(chunk, models.Usage):  # a real engine's own counts
-                        self._count_deferred(timing, cached)
-                        spent = builder.output_tokens - output_before
-                        self._bill_upstream(reply, chunk, (len(self.tokens), cached, spent))
-                        continue
-                    if self._steer_now(reply, chunk):
-                        stop = "steered"
-                        break
-                    if isinstance(chunk, Stop):
-                        stop = chunk.reason
-                    elif (
-                        isinstance(chunk, TextDelta | ToolCallStart)
-                        and sink.track(reply.id).next_sequence >= self.max_events
-                    ):  # never with a call half written
-                        stop, chunk = "max_events", ItemEnd(incomplete=True)  # close it, stop
-                    if (
-                        isinstance(chunk, ToolCallStart)
-                        and chunk.kind == "mcp"
-                        and self.mcp is not None
-                        and self.mcp.needs_approval(
-                            chunk.namespace or "",
-                            chunk.name,
-                            read_only=listed_read_only(
-                                self.context, chunk.namespace or "", chunk.name
-                            ),
-                        )
-                    ):
-                        chunk = dataclasses.replace(chunk, kind="mcp_approval")
-                    await sink.room()
-                    pushing = self.clock()
-                    for event in builder.feed(chunk):  # no await: all of them, or none
-                        sink.push(event)
-                    timing.encode += self.clock() - pushing
-                    if builder.hosted_call is not None:  # the server runs it now
-                        await self._run_hosted(reply, timing)
-                    if first_flush:  # the writer's turn: the first output goes out now
-                        first_flush = False
-                        await asyncio.sleep(0)
-                        await self._count_deferred_stepwise(timing, cached)
-                    if stop == "max_events":
-                        break
-                    if isinstance(chunk, ItemEnd) and self._steer_now(reply, None):
-                        stop = "steered"
-                        break
-        except UpstreamError as exc:  # what the model wrote stays; the open item is cut
-            failed = exc
-            log_upstream_failure(exc, model=self.model.name, response_id=reply.id)
-            self._count_deferred(timing, cached)
-            await self._cut_short(reply, None if not first else (len(self.tokens), cached))
-        finally:  # no output at all, or cancelled
-            if keepalive is not None:
-                keepalive.stop()
-            self._count_deferred(timing, cached)
-        timing.inference = self.clock() - sampling_started - (timing.hosted - hosted_before)
-        produced = kept(builder.output[first_output:])
-        # The model's own output joins the context and the token cache; it is
-        # not new input next turn (a real model already holds it).
+            self.note_rendering()
+            counted = await self._count_now(reply, timing, taken, threshold, cached, added)
+            if counted is None:
+                return None
+            cached, uncached = counted
+        resumed_at, self._resume_mark = self._resume_mark, None
+        return TurnInput(timing, held, cached, uncached, started, resolved, rendered, resumed_at)
+
+    async def _take_input(
+        self, reply: Reply, timing: TurnTiming
+    ) -> tuple[Drained, list[Item], float]:
+        """Drain the inbox into the context, then what the hosted tools add before the
+        model samples (listings, approved calls: new input too, their events to
+        ``reply``): the drained input, the turn's new items, and the seconds the
+        hosted calls took (a phase of their own, not pre-inference)."""
+        taken = self._drain_inbox()
+        self.context.extend(taken.items)
+        if self.hosted is None:
+            return taken, taken.items, 0.0
+        hosting = self.clock()
+        hosted = await self.hosted.before_sampling(reply, self.context, taken.items)
+        self.context.extend(hosted)
+        hosting = self.clock() - hosting
+        timing.hosted += hosting
+        return taken, [*taken.items, *hosted], hosting
+
+    async def _count_now(
+        self,
+        reply: Reply,
+        timing: TurnTiming,
+        taken: Drained,
+        threshold: int | None,
+        cached: int,
+        added: int,
+    ) -> tuple[int, int] | None:
+        """The tokenized input (``added`` tokens new) against the compaction threshold
+        and the window, then counted: the turn's cached and uncached tokens. ``None``:
+        a compaction turn, its compaction item its output (its timing kept)."""
+        if taken.trigger or (threshold is not None and len(self.tokens) > threshold):
+            await self._compact(reply, cached)
+            cached = 0  # the model reads the new window afresh
+            if taken.trigger:  # a compaction turn: the compaction item is its output
+                self.timings.append(timing)
+                return None
+        if self._fit_window():
+            cached = 0
+        return cached, self.count_input(timing, cached, added)
+
+    def _start_timing(self) -> TurnTiming:
+        """A new sampling's timing, with the stage times admission measured for it."""
+        timing = TurnTiming(turn=len(self.timings) + 1)
+        timing.decode, timing.validate, timing.classify = self._admission
+        self._admission = (0.0, 0.0, 0.0)
+        return timing
+
+    def _resolve_again(self) -> None:
+        """Without resolution reuse: the model resolved again, the work a stateless
+        server repeats every turn."""
+        if not self.pipeline.switches.resolution_reuse and self.resolve_model is not None:
+            model = self.resolve_model(self.model.name)
+            if model is not self.model:  # pragma: no cover - the registry is stable
+                self._switch_model(model)
+
+    def take_output(self, produced: list[Item], timing: TurnTiming) -> None:
+        """The model's own output joins the context and the token cache; it is not
+        new input next turn (a real model already holds it). ``timing`` is kept."""
         self.context.extend(produced)
         self.tokens.extend(produced)
         self.rendered_seen = self.tokens.tokens_rendered
         self.items_seen = self.tokens.items_rendered
         self.model_seen = len(self.tokens)
         self.timings.append(timing)
-        if failed is not None:
-            raise failed
-        return stop
 
-    # --- hosted tools (``engine/hosted.py``) -------------------------------------
-
-    async def _hosted_input(self, reply: Reply, mcp: McpHost, taken: list[Item]) -> list[Item]:
-        """Before the model samples: list the servers the context has no listing of,
-        and run the calls ``taken``'s approval responses approve. Their items (in the
-        Response's output) are the turn's new input too; returned in order."""
-        builder, sink = reply.builder, reply.sink
-        items: list[Item] = []
-        for label in unlisted(mcp, self.context):
-            await sink.room()
-            for event in builder.listing_open(label):
-                sink.push(event)
-            error: str | None = None
-            try:
-                tools = await mcp.list_tools(label)
-            except McpFailure as exc:
-                tools, error = [], exc.message
-            await sink.room()
-            listing, events = builder.listing_done(label, tools, error)
-            for event in events:
-                sink.push(event)
-            items.append(listing)
-        for request, answer in approved_requests(self.context, taken):
-            call = McpCall(
-                id=new_id("mcp"),
-                server_label=request.server_label,
-                name=request.name,
-                arguments=request.arguments,
-                approval_request_id=answer.approval_request_id,
-                status="in_progress",
-            )
-            await sink.room()
-            for event in builder.mcp_call_open(call):
-                sink.push(event)
-            items.append(await self._finish_hosted(reply, mcp, call))
-        return items
-
-    async def _run_hosted(self, reply: Reply, timing: TurnTiming) -> None:
-        """Run the MCP call the model just finished writing; the model samples
-        again with its output (:meth:`turn`). Its time is the turn's ``hosted``."""
-        call = reply.builder.hosted_call
-        assert call is not None
-        assert self.mcp is not None
-        started = self.clock()
-        await self._finish_hosted(reply, self.mcp, call)
-        timing.hosted += self.clock() - started
-        self._hosted_ran = True
-
-    async def _finish_hosted(self, reply: Reply, mcp: McpHost, call: McpCall) -> Item:
-        """Run ``call`` (its item is open) and close it with its output or error."""
-        output: str | None = None
-        error: dict[str, object] | None = None
-        try:
-            output = await mcp.call(call.server_label, call.name, call.arguments)
-        except McpFailure as exc:
-            error = exc.error
-        await reply.sink.room()
-        for event in reply.builder.mcp_call_done(output=output, error=error):
-            reply.sink.push(event)
-        return reply.builder.output[-1]
+    def merge_timings(self, first: int) -> None:
+        """The samplings since timing ``first`` are one turn's (a hosted call's
+        sampling again): one timing."""
+        if len(self.timings) > first + 1:
+            self.timings[first].absorb(self.timings.pop())
 
     def _drain_inbox(self) -> Drained:
         """Drain the inbox as it joins the context; a compaction item in it replaces
@@ -838,21 +659,37 @@ class Rollout:
 
     # --- counting a turn's new input (``longresponse.engine.counting``) ----------
 
-    def _hold_input(self, items: list[Item], *, trigger: bool, threshold: int | None) -> int:
+    def _hold_input(
+        self,
+        items: list[Item],
+        *,
+        trigger: bool,
+        threshold: int | None,
+        timing: TurnTiming,
+        cached: int,
+    ) -> DeferredCount:
         """Hold the turn's new ``items`` in the token cache and decide whether their count
-        can wait (``uncounted``); the context's tokens at most (0 without the token
-        cache, whose ablation renders everything again: :meth:`_rerender`)."""
-        self.uncounted = False
-        if not self.pipeline.switches.token_cache:
-            return 0
-        self.input_from = len(self.tokens)
-        bound = self.input_from + self.tokens.defer(items)
-        self.uncounted = not trigger and may_defer(
-            self.sampler, bound, self.model.context_window, threshold
+        can wait: the count, pending if it does, and its bound, the context's tokens at
+        most (0 without the token cache, whose ablation renders everything again:
+        :meth:`_rerender`). ``timing`` and ``cached`` are the turn's."""
+        bound, pending = 0, False
+        if self.pipeline.switches.token_cache:
+            self.input_from = len(self.tokens)
+            bound = self.input_from + self.tokens.defer(items)
+            pending = not trigger and may_defer(
+                self.sampler, bound, self.model.context_window, threshold
+            )
+        self._held = DeferredCount(
+            bound=bound, pending=pending, timing=timing, cached=cached, clock=self.clock
         )
-        return bound
+        return self._held
 
-    def _tokenize_input(self) -> int:
+    @property
+    def uncounted(self) -> bool:
+        """The turn's new input waits in the token cache, not counted yet."""
+        return self._held is not None and self._held.pending
+
+    def tokenize_input(self) -> int:
         """Tokenize the input :meth:`_hold_input` held (without the token cache: the
         whole context, :meth:`_rerender`); the tokens it added, counted from the cache's
         length (so a reader that tokenized the cache first changes nothing)."""
@@ -861,8 +698,8 @@ class Rollout:
         self.tokens.tokenize_deferred()
         return len(self.tokens) - self.input_from
 
-    async def _tokenize_input_stepwise(self) -> int:
-        """:meth:`_tokenize_input`, giving the event loop a turn after every piece
+    async def tokenize_input_stepwise(self) -> int:
+        """:meth:`tokenize_input`, giving the event loop a turn after every piece
         of the text (about 2 ms of tokenizing): a 15 MB input held every other
         client about 0.5 s at once."""
         if not self.pipeline.switches.token_cache:
@@ -871,38 +708,13 @@ class Rollout:
             await asyncio.sleep(0)
         return len(self.tokens) - self.input_from
 
-    def _count_input(self, timing: TurnTiming, cached: int, added: int) -> int:
+    def count_input(self, timing: TurnTiming, cached: int, added: int) -> int:
         """Count the turn's input (``added`` tokens of it new); its uncached tokens."""
         total = len(self.tokens)
         self.counts.input_tokens += total
         self.counts.cached_tokens += cached
         timing.new_tokens, timing.cached_tokens, timing.input_tokens = added, cached, total
         return total - cached
-
-    def _count_deferred(self, timing: TurnTiming, cached: int) -> None:
-        """Tokenize and count the new input a turn left uncounted (once; a no-op
-        otherwise). Then the context's tokens are ``len(self.tokens)``."""
-        if not self.uncounted:
-            return
-        self.uncounted = False
-        started = self.clock()
-        added = self._tokenize_input()
-        self._note_rendering()
-        timing.count = self.clock() - started
-        self._count_input(timing, cached, added)
-
-    async def _count_deferred_stepwise(self, timing: TurnTiming, cached: int) -> None:
-        """:meth:`_count_deferred`, the loop given a turn between pieces of the text."""
-        if not self.uncounted:
-            return
-        started = self.clock()
-        added = await self._tokenize_input_stepwise()
-        if not self.uncounted:  # pragma: no cover - counted meanwhile (the turn ended)
-            return
-        self.uncounted = False
-        self._note_rendering()
-        timing.count = self.clock() - started
-        self._count_input(timing, cached, added)
 
     def _rerender(self) -> int:
         """Without the token cache (the ablation): the whole context rendered and
@@ -912,16 +724,14 @@ class Rollout:
         self.tokens = self.tokens.rerendered(prefix, self.context)
         return len(self.tokens) - before
 
-    def _note_rendering(self) -> None:
+    def note_rendering(self) -> None:
         """Add the token cache's new rendering work to the pipeline's counters."""
         counters, tokens = self.pipeline.counters, self.tokens
         counters.tokens_rendered += tokens.tokens_rendered - self.rendered_seen
         counters.items_rendered += tokens.items_rendered - self.items_seen
         self.rendered_seen, self.items_seen = tokens.tokens_rendered, tokens.items_rendered
 
-    def _bill_upstream(
-        self, reply: Reply, counted: models.Usage, estimate: tuple[int, int, int]
-    ) -> None:
+    def bill_upstream(self, reply: Reply, counted: Usage, estimate: tuple[int, int, int]) -> None:
         """Replace this turn's estimated counts (input, cached, output) with the
         engine's own (a real backend's :class:`~longresponse.engine.models.Usage`)."""
         input_tokens, cached, output = estimate
@@ -970,7 +780,7 @@ class Rollout:
         for event in reply.builder.compaction(item):  # no await: all, or none
             reply.sink.push(event)
 
-    async def _cut_short(self, reply: Reply, unbilled: tuple[int, int] | None) -> None:
+    async def cut_short(self, reply: Reply, unbilled: tuple[int, int] | None) -> None:
         """A turn the engine broke off, or the client cancelled: the item being
         written (if any) ends ``incomplete``, with the tokens it streamed counted.
 
@@ -984,7 +794,7 @@ class Rollout:
         for event in reply.builder.feed(ItemEnd(incomplete=True)):
             reply.sink.push(event)
 
-    async def _pause(self, failed: UpstreamError | None = None) -> bool:
+    async def pause(self, failed: UpstreamError | None = None) -> bool:
         """Block until every pending call has its output (after an upstream failure with
         none pending, until an append comes, or not at all if one came meanwhile).
         False if the pause timed out."""
@@ -997,7 +807,7 @@ class Rollout:
             await self.report_timing()
         self._waiting = True
         try:
-            async with asyncio.timeout(self.pause_timeout):
+            async with asyncio.timeout(self.limits.pause_timeout):
                 if failed is not None and not reply.pending_calls and not self._inbox:
                     await self._wakeup.wait()
                 while reply.pending_calls:
@@ -1033,52 +843,3 @@ class Rollout:
         if self.on_timing is not None:
             self.on_timing(self.timings[-1])
         await self._current().send_timing(self.timings[-1].as_metrics())
-
-
-def _chosen_freely(choice: ToolChoice) -> ToolChoice:
-    """``choice`` once its forced call was made: ``allowed_tools`` keeps its tools
-    (``auto``); a choice naming a tool, or ``required``, becomes ``auto``."""
-    if isinstance(choice, ToolChoiceAllowed):
-        return msgspec.structs.replace(choice, mode="auto")
-    return choice if choice in ("auto", "none") else "auto"
-
-
-class _Keepalive:
-    """While a turn samples: a ``keepalive`` event whenever the response has sent
-    nothing for ``interval`` seconds (the model is silent: a long prefill, a slow
-    engine), so clients' watchdogs and proxies see it alive.
-
-    A timer callback, not a task: it runs only while the turn awaits, so never
-    between a chunk's events (they are pushed with no await in between), and
-    pushes at the response's next ``sequence_number``. It wakes every quarter
-    interval, so a silence lasts at most 1.25 intervals.
-    """
-
-    __slots__ = ("_handle", "_interval", "_last", "_reply", "_seen")
-
-    def __init__(self, reply: Reply, interval: float) -> None:
-        self._reply = reply
-        self._interval = interval
-        loop = asyncio.get_running_loop()
-        self._seen = reply.sink.track(reply.id).next_sequence
-        self._last = loop.time()
-        self._handle = loop.call_later(interval / 4, self._tick)
-
-    @classmethod
-    def start(cls, reply: Reply, interval: float) -> _Keepalive | None:
-        return cls(reply, interval) if interval > 0 else None
-
-    def _tick(self) -> None:
-        loop = asyncio.get_running_loop()
-        track = self._reply.sink.track(self._reply.id)
-        now = loop.time()
-        if track.next_sequence != self._seen:
-            self._last = now
-        elif now - self._last >= self._interval and not track.terminal:
-            self._reply.sink.push(self._reply.builder.keepalive())
-            self._last = now
-        self._seen = track.next_sequence
-        self._handle = loop.call_later(self._interval / 4, self._tick)
-
-    def stop(self) -> None:
-        self._handle.cancel()

@@ -8,7 +8,9 @@ ends, whole reasoning items (a real engine's), at most one :class:`Usage` (a
 real engine's own counts) and one :class:`Stop`. A :class:`ModelSpec` is a
 model as the registry holds it: its limits, how to make a sampler for one
 rollout, how it checks a request's ``metadata`` (``check_request``) and how
-it summarizes a context when it compacts (``summarize``).
+it summarizes a context when it compacts (``summarize``: the engine's own
+summary, :func:`~longresponse.engine.summary.summarize`, unless it says
+otherwise; :data:`SUMMARY_HEAD_CHARS` is how much of a tool output it keeps).
 
 This module is the whole interface a backend (``longresponse.backends``,
 the simulated model included) may import from the engine: besides the
@@ -29,8 +31,11 @@ from protocol.items import Item, McpListTools, McpTool, Tool, ToolChoice
 from protocol.response import TextFormat
 
 from .render import encode
+from .summary import SUMMARY_HEAD_CHARS
+from .summary import summarize as engine_summary
 
 __all__ = [
+    "SUMMARY_HEAD_CHARS",
     "ArgumentsDelta",
     "CallKind",
     "ItemEnd",
@@ -234,11 +239,6 @@ async def release(sampler: Sampler) -> None:
 Summarize = Callable[[Sequence[Item]], list[Item]]
 
 
-def _whole(context: Sequence[Item]) -> list[Item]:
-    """No summary: the window keeps the context as it is."""
-    return list(context)
-
-
 @dataclasses.dataclass(frozen=True, slots=True)
 class ModelSpec:
     """A resolved model: its limits, how to make a sampler for one rollout, and
@@ -254,10 +254,9 @@ class ModelSpec:
     #: other checks run (the simulated model's ``sim_*`` keys). Raises
     #: :class:`~protocol.RemoteProtocolError`; nothing is accepted then.
     check_request: Callable[[Mapping[str, str]], None] | None = None
-    #: How the model summarizes a context it compacts (the registry gives every
-    #: model served here the simulated models' summary); without one, the
-    #: window keeps the context whole.
-    summarize: Summarize = _whole
+    #: How the model summarizes a context it compacts: the engine's summary
+    #: (``engine/summary.py``) unless the model has its own.
+    summarize: Summarize = engine_summary
 
     def too_long(self, tokens: int) -> str:
         """The message of ``context_length_exceeded`` for a context of ``tokens``."""

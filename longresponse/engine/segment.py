@@ -12,7 +12,7 @@ continuation costs the new input only.
 :meth:`Segment.run` emits ``response.created``, ``response.in_progress``,
 the output, and one terminal event (``response.completed``, or
 ``response.incomplete`` at the token limit), and leaves a
-:class:`~longresponse.engine.rollout.Boundary` (:meth:`Rollout.mark_boundary`):
+:class:`~longresponse.engine.boundary.Boundary` (:meth:`Rollout.mark_boundary`):
 where the segment ended, enough to continue in place or to fork a new Rollout
 from it later (:meth:`Rollout.fork`). A segment that fails sends
 ``response.failed`` and leaves its Rollout ``broken`` (its earlier boundaries
@@ -45,11 +45,13 @@ from protocol.events import (
 from protocol.items import Item
 from protocol.response import Response
 
+from .boundary import Boundary
 from .failures import failure
 from .reply import Reply
-from .rollout import INCOMPLETE_STOPS, Boundary, Rollout
+from .rollout import Rollout
 from .sampling import ModelSpec
 from .stream import EventSink, StreamClosed
+from .turn_loop import INCOMPLETE_STOPS
 
 __all__ = ["Segment"]
 

@@ -43,10 +43,10 @@ from protocol.events import ResponseCreate
 from protocol.items import CompactionTrigger, Item
 from protocol.response import Response
 
-from ..config import ServerConfig
 from .admission import Admission, Pipeline
 from .compaction import Compactor, check_context_management
 from .hosted import McpHost
+from .limits import EngineLimits
 from .reply import Reply
 from .rollout import Rollout
 from .sampling import ModelSpec
@@ -107,7 +107,7 @@ def admit_turn(
     request: ResponseCreate,
     *,
     pipeline: Pipeline,
-    config: ServerConfig,
+    limits: EngineLimits,
     resolve: Callable[[str | None], ModelSpec],
     compactor: Compactor | None,
     new_items: list[Item],
@@ -146,10 +146,7 @@ def admit_turn(
         rollout = Rollout(
             request=request,
             model=model,
-            pause_timeout=config.pause_timeout,
-            max_events=config.max_response_events,
-            keepalive_interval=config.keepalive_interval,
-            max_output_tokens=config.max_response_output_tokens,
+            limits=limits,
             pipeline=pipeline,
             resolve=resolve,
             input_items=admission.items if mode is Mode.APPEND else [],

@@ -34,7 +34,7 @@ from prometheus_client.registry import Collector
 
 from ..engine.admission import Counters
 from ..engine.timing import TurnTiming
-from ..engine.transport import Transport
+from .transport import Transport
 
 __all__ = [
     "CONTENT_TYPE",

@@ -51,11 +51,11 @@ from ..config import ServerConfig
 from ..engine.admission import HostedTools, Pipeline
 from ..engine.compaction import CompactionKey, Compactor
 from ..engine.failures import TurnRefused
+from ..engine.limits import EngineLimits
 from ..engine.rollout import Boundary, Rollout
 from ..engine.sampling import ModelSpec
 from ..engine.stream import EventSink
 from ..engine.timing import TurnTiming
-from ..engine.transport import Transport
 from ..engine.turn import Started, admit_turn, open_turn, resolve_model
 from ..hosted import McpServers, check_mcp_tools, redact_mcp_tools
 from ..storage.persistence import Persistence, StoreWriteFailed
@@ -63,6 +63,7 @@ from .inspector.observer import Inspector
 from .inspector.records import RolloutRecord
 from .metrics import ServerMetrics
 from .scan_process import ScanProcess
+from .transport import Transport
 
 __all__ = ["CHECK_WORKERS", "SWITCH_INTERVAL", "Turns"]
 
@@ -96,6 +97,13 @@ class Turns:
         inspector: Inspector | None = None,
     ) -> None:
         self.config = config
+        #: What of ``config`` the engine reads (``longresponse.engine.limits``).
+        self.limits = EngineLimits(
+            pause_timeout=config.pause_timeout,
+            max_events=config.max_response_events,
+            max_output_tokens=config.max_response_output_tokens,
+            keepalive_interval=config.keepalive_interval,
+        )
         #: The inspector's observations (off unless the app gives one).
         self.inspector = inspector or Inspector(enabled=False)
         self.models = models
@@ -258,7 +266,7 @@ class Turns:
         admitted = admit_turn(
             request,
             pipeline=self.pipeline,
-            config=self.config,
+            limits=self.limits,
             resolve=self.models.resolve,
             compactor=self.compactor(owner),
             new_items=new_items,

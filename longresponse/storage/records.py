@@ -65,7 +65,7 @@ class UsageRecord(msgspec.Struct, frozen=True, kw_only=True):
     output_tokens: int
     #: Seconds since the epoch; the ledger is ordered by it.
     created_at: float
-    #: How the response was served: ``"append"``, ``"ws"`` or ``"http"`` (the engine's Transport).
+    #: How the response was served: ``"append"``, ``"ws"`` or ``"http"`` (serve's Transport).
     transport: str
 
 

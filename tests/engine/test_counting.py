@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from longresponse.backends.registry import ModelRegistry
 from longresponse.config import ServerConfig, SimConfig
+from longresponse.engine.limits import EngineLimits
 from longresponse.engine.render import TokenCache, render_prefix, render_text, tokenize_text
 from longresponse.engine.rollout import Rollout
 from longresponse.serve.ws.session import Outbox
@@ -83,7 +84,9 @@ def _run(sim: SimConfig, text: str) -> tuple[Rollout, list[ResponseDone]]:
         outbox = Outbox(ServerConfig(), Mode.APPEND)
         model = ModelRegistry(sim).resolve("sim")
         rollout = Rollout(
-            request=ResponseCreate(model="sim", input=text), model=model, pause_timeout=60
+            request=ResponseCreate(model="sim", input=text),
+            model=model,
+            limits=EngineLimits(pause_timeout=60),
         )
         reply = rollout.open_reply("resp_count", outbox, mode=Mode.APPEND)
         reply.announce_created()
@@ -145,7 +148,7 @@ def test_a_turn_cut_off_before_its_first_output_still_counts_its_input() -> None
         request = ResponseCreate(
             model="sim", input=_big(500), metadata={"sim_ttft_ms": "60000"}
         )  # the first token is a minute away
-        rollout = Rollout(request=request, model=model, pause_timeout=60)
+        rollout = Rollout(request=request, model=model, limits=EngineLimits(pause_timeout=60))
         rollout.open_reply("resp_cut", outbox, mode=Mode.APPEND).announce_created()
         rollout.task = asyncio.get_running_loop().create_task(rollout.run())
         for _ in range(100):
@@ -172,7 +175,7 @@ def test_new_tokens_are_counted_when_a_reader_tokenized_the_cache_first() -> Non
         outbox = Outbox(ServerConfig(), Mode.APPEND)
         model = ModelRegistry().resolve("sim")
         request = ResponseCreate(model="sim", input=_big(500), metadata={"sim_ttft_ms": "100"})
-        rollout = Rollout(request=request, model=model, pause_timeout=60)
+        rollout = Rollout(request=request, model=model, limits=EngineLimits(pause_timeout=60))
         rollout.open_reply("resp_read", outbox, mode=Mode.APPEND).announce_created()
         task = asyncio.get_running_loop().create_task(rollout.run())
         for _ in range(100):

@@ -12,6 +12,7 @@ from typing import Any
 
 from longresponse.backends.registry import ModelRegistry
 from longresponse.config import ServerConfig
+from longresponse.engine.limits import EngineLimits
 from longresponse.engine.rollout import Rollout
 from longresponse.engine.stream import ServerClosed
 from longresponse.serve.ws.session import Outbox
@@ -42,7 +43,9 @@ def test_a_cancel_during_post_inference_comes_too_late() -> None:
         outbox = Outbox(ServerConfig(), Mode.APPEND)
         model = ModelRegistry().resolve("sim")
         rollout = Rollout(
-            request=ResponseCreate(model="sim", input="hello"), model=model, pause_timeout=60
+            request=ResponseCreate(model="sim", input="hello"),
+            model=model,
+            limits=EngineLimits(pause_timeout=60),
         )
         reply = rollout.open_reply("resp_engine", outbox, mode=Mode.APPEND)
         billing_started = asyncio.Event()
@@ -76,7 +79,7 @@ def test_a_rollout_cut_off_ends_cancelled_for_its_bill() -> None:
         request = ResponseCreate(
             model="sim", input="hello", metadata={"sim_output_tokens": "100000"}
         )
-        rollout = Rollout(request=request, model=model, pause_timeout=60)
+        rollout = Rollout(request=request, model=model, limits=EngineLimits(pause_timeout=60))
         reply = rollout.open_reply("resp_cut", outbox, mode=Mode.APPEND)
         reply.announce_created()
         rollout.task = asyncio.get_running_loop().create_task(rollout.run())

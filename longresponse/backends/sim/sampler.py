@@ -39,8 +39,8 @@ A value outside its range (or not finite) is refused up front with
 ``invalid_value`` (:func:`check_sim_metadata`, the ``check_request`` of the
 sim's :class:`~longresponse.engine.sampling.ModelSpec`, run only for a
 request the sim serves), so no request can make the model sleep forever or
-plan a million calls. A compaction keeps what the answer quotes
-(:func:`summarize`).
+plan a million calls. A compaction keeps what the answer quotes (the
+engine's summary, ``longresponse.engine.summary``).
 
 The answer is generated lazily: the quoted summary is built (it is as long as
 the context's user messages and outputs, at most 40 characters each), then
@@ -75,8 +75,6 @@ from protocol.items import (
     ComputerUsePreviewTool,
     CustomGrammarFormat,
     CustomTool,
-    CustomToolCallOutput,
-    FunctionCallOutput,
     FunctionTool,
     Item,
     LocalShellTool,
@@ -105,6 +103,7 @@ from protocol.response import FormatText
 
 from ...config import RANGES, SimConfig
 from ...engine.sampling import (
+    SUMMARY_HEAD_CHARS,
     ArgumentsDelta,
     CallKind,
     ItemEnd,
@@ -132,11 +131,11 @@ __all__ = [
     "check_sim_metadata",
     "example_for_schema",
     "sim_spec",
-    "summarize",
 ]
 
-#: How much of each user message and tool output the sim's answer quotes.
-QUOTE_CHARS: Final = 40
+#: How much of each user message and tool output the sim's answer quotes: what the
+#: engine's compaction summary keeps of a tool output.
+QUOTE_CHARS: Final = SUMMARY_HEAD_CHARS
 #: The sim's answer lists the tool outputs it read after these words
 #: (:meth:`SimSampler._summary`); a user message carrying them hands back a
 #: summary the sim wrote (see :func:`calls_made`).
@@ -218,29 +217,10 @@ def check_sim_metadata(metadata: Mapping[str, str]) -> None:
         _float_meta(metadata, key, 0.0)
 
 
-def summarize(context: Sequence[Item]) -> list[Item]:
-    """The simulated models' summary of ``context`` for a compaction: what their
-    final answer quotes. Every user, system and developer message, every
-    function call, and the head (:data:`QUOTE_CHARS` characters) of every tool
-    output; assistant messages, reasoning and earlier compaction items are
-    dropped. So a conversation compacted any number of times still answers
-    with the request and the tool outputs' heads."""
-    kept: list[Item] = []
-    for item in context:
-        if isinstance(item, ClientCall) or (isinstance(item, Message) and item.role != "assistant"):
-            kept.append(item)
-        elif isinstance(item, FunctionCallOutput | CustomToolCallOutput):
-            head = item_text(item.output)[:QUOTE_CHARS]
-            kept.append(msgspec.structs.replace(item, output=head))
-        elif isinstance(item, CallOutput):
-            kept.append(item)
-    return kept
-
-
 def calls_made(context: Sequence[Item]) -> int:
     """The calls already made for the request the sim is answering: those since the
     last user message. A compaction window keeps the calls it summarized after the
-    request they answer (:func:`summarize`), so they count. A client that
+    request they answer (the engine's summary), so they count. A client that
     compacts by itself (Codex with a provider other than OpenAI's) asks the model
     for a summary and sends the sim's answer back as the last user message: that
     message is no new request, and the tool outputs it lists count as made."""
@@ -258,15 +238,14 @@ def calls_made(context: Sequence[Item]) -> int:
 
 def sim_spec(name: str, config: SimConfig) -> ModelSpec:
     """The simulated model served as ``name``: its window, its ``sim_*`` checks
-    (:func:`check_sim_metadata`), its summary (:func:`summarize`), and a
-    :class:`SimSampler` for each rollout."""
+    (:func:`check_sim_metadata`), and a :class:`SimSampler` for each rollout
+    (it compacts with the engine's summary, as every model here does)."""
     return ModelSpec(
         name=name,
         context_window=config.context_window,
         max_output_tokens=128_000,
         make_sampler=lambda: SimSampler(config),
         check_request=check_sim_metadata,
-        summarize=summarize,
     )
 
 

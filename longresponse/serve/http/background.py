@@ -86,12 +86,12 @@ from ...config import (
     SLOW_READER_TIMEOUT,
 )
 from ...engine.sampling import ModelSpec
-from ...engine.transport import Transport
 from ...engine.turn import Started
 from ...ids import new_id
 from ...storage.persistence import Persistence, StoreWriteFailed
 from ..deadline import DeadlineStream
 from ..inspector.watched import WatchedSink
+from ..transport import Transport
 from ..turns import Turns
 
 __all__ = [

@@ -32,7 +32,6 @@ from ...config import WRITE_SLICE_SECONDS, ServerConfig
 from ...engine.sampling import UpstreamError
 from ...engine.stream import StreamClosed
 from ...engine.timing import TurnTiming
-from ...engine.transport import Transport
 from ...engine.turn import Started
 from ...ids import new_id
 from ...storage.keys import ApiKeys, Unauthorized
@@ -43,6 +42,7 @@ from ..gate import owner_of
 from ..request_ids import request_id
 from ..seam import abort, peer_gone, stop_task, until_gone, while_connected
 from ..skeleton import check_create_skeleton
+from ..transport import Transport
 from ..turns import Turns
 from ..types import Scope
 from .background import BackgroundResponses, check_cancellable

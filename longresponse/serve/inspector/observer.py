@@ -61,7 +61,7 @@ from protocol.events import ResponseCreate
 
 from ...engine.rollout import Rollout
 from ...engine.stream import EventSink
-from ...engine.transport import Transport
+from ..transport import Transport
 from .records import (
     DIGEST_AFTER,
     FINISHED,

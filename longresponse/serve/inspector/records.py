@@ -72,7 +72,7 @@ from protocol.items import (
 from protocol.response import RequiredAction
 
 from ...engine.timing import TurnTiming
-from ...engine.transport import Transport
+from ..transport import Transport
 
 __all__ = [
     "DIGEST_AFTER",

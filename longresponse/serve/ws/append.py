@@ -41,9 +41,9 @@ from ...config import ServerConfig
 from ...engine.admission import Admission
 from ...engine.rollout import Rollout
 from ...engine.stream import EventSink, StreamClosed
-from ...engine.transport import Transport
 from ...ids import new_id
 from ..continuation import check_continuation
+from ..transport import Transport
 from ..turns import Turns
 from .live_input import admit_input, deliver_input, send_receipt
 

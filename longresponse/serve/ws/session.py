@@ -69,13 +69,13 @@ from protocol.items import as_items
 
 from ...config import ServerConfig
 from ...engine.stream import StreamClosed
-from ...engine.transport import Transport
 from ...storage.keys import ApiKeys, Unauthorized
 from ..errors import error_body, log_refusal
 from ..inspector.records import ConnectionRecord
 from ..request_ids import request_id
 from ..seam import SEND_TEXTS_KEY, abort
 from ..skeleton import check_create_skeleton
+from ..transport import Transport
 from ..turns import Turns
 from ..types import Receive, Scope, Send
 from .append import AppendShape

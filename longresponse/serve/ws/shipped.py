@@ -76,9 +76,9 @@ from ...engine.admission import Admission
 from ...engine.rollout import Boundary, Rollout
 from ...engine.segment import Segment
 from ...engine.stream import EventSink, StreamClosed
-from ...engine.transport import Transport
 from ...ids import new_id
 from ..continuation import continue_from
+from ..transport import Transport
 from ..turns import Turns
 from .live_input import admit_input, deliver_input, send_receipt
 
