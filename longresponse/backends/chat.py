@@ -422,58 +422,32 @@ class ChatSampler:
         self._estimated_then = 0
 
     async def sample(self, request: SampleRequest) -> AsyncGenerator[SampleChunk, None]:
-        backend, config = self.backend, self.backend.config
+        backend = self.backend
         if request.max_output_tokens == 0:  # the budget is spent: nothing to ask for
             yield Stop("max_output_tokens")
             return
         affinity = request.affinity or self.affinity
         headers = self._headers
-        if config.affinity_header and affinity != self.affinity:
-            headers = {**headers, config.affinity_header: affinity}
+        if backend.config.affinity_header and affinity != self.affinity:
+            headers = {**headers, backend.config.affinity_header: affinity}
         mcp = mcp_functions(request.tools, request.context)
-        body = chat_body(config, request, affinity, mcp=mcp)
+        body = chat_body(backend.config, request, affinity, mcp=mcp)
         estimated = request.cached_tokens + request.uncached_tokens
-        set_output_limit(body, config, request, await self._check_window(body, estimated))
+        set_output_limit(body, backend.config, request, await self._check_window(body, estimated))
         slot = backend.claim_slot(body)
         backend.in_flight += 1
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + config.first_token_timeout
+        deadline = asyncio.get_running_loop().time() + backend.config.first_token_timeout
         try:
             response = await backend.open_stream(msgspec.json.encode(body), headers, deadline)
         except BaseException:
             backend.release_slot(slot)
             raise
         reader = ChunkReader(secret=backend._key, mcp=mcp)
-        lines = response.aiter_lines()
         try:
-            while True:
-                try:
-                    async with asyncio.timeout_at(deadline):
-                        line = await anext(lines)
-                except StopAsyncIteration:
-                    if not reader.finished:
-                        raise backend.ended_early(reader) from None
-                    break
-                except TimeoutError:
-                    if reader.started_stream:
-                        raise backend.unreachable(
-                            f"sent nothing for idle_timeout ({config.idle_timeout:g} s)"
-                        ) from None
-                    raise backend._first_token_timeout() from None
-                if line.startswith("data:"):
-                    reader.started_stream = True
-                if reader.started_stream:  # until then the first-token deadline holds
-                    deadline = loop.time() + config.idle_timeout
-                if not line.startswith("data:"):
-                    continue  # blank lines, comments, event names
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    if not reader.finished:  # a proxy's cut stream can end so too
-                        raise backend.ended_early(reader)
-                    await _drain(lines)  # to the body's end: the connection is kept
-                    break
-                for chunk in reader.feed(decode_chunk(data)):
-                    yield chunk
+            async with contextlib.aclosing(self._payloads(response, reader, deadline)) as payloads:
+                async for data in payloads:
+                    for chunk in reader.feed(decode_chunk(data)):
+                        yield chunk
             for chunk in reader.end():
                 if isinstance(chunk, Usage):
                     self._prompt_tokens, self._estimated_then = chunk.input_tokens, estimated
@@ -487,6 +461,44 @@ class ChatSampler:
         finally:
             backend.release_slot(slot)
             await response.aclose()
+
+    async def _payloads(
+        self, response: httpx.Response, reader: ChunkReader, deadline: float
+    ) -> AsyncGenerator[str, None]:
+        """The ``data:`` payloads of the engine's stream up to ``[DONE]``, each
+        within its deadline: ``first_token_timeout`` until the stream starts,
+        then ``idle_timeout`` between lines. A stream that ends before the
+        engine said it finished, or goes silent, is an :class:`UpstreamError`."""
+        backend, config = self.backend, self.backend.config
+        loop = asyncio.get_running_loop()
+        lines = response.aiter_lines()
+        while True:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    line = await anext(lines)
+            except StopAsyncIteration:
+                if not reader.finished:
+                    raise backend.ended_early(reader) from None
+                return
+            except TimeoutError:
+                if reader.started_stream:
+                    raise backend.unreachable(
+                        f"sent nothing for idle_timeout ({config.idle_timeout:g} s)"
+                    ) from None
+                raise backend._first_token_timeout() from None
+            if not line.startswith("data:"):
+                if reader.started_stream:
+                    deadline = loop.time() + config.idle_timeout
+                continue  # blank lines, comments, event names
+            reader.started_stream = True  # from here the idle deadline holds
+            deadline = loop.time() + config.idle_timeout
+            data = line[5:].strip()
+            if data == "[DONE]":
+                if not reader.finished:  # a proxy's cut stream can end so too
+                    raise backend.ended_early(reader)
+                await _drain(lines)  # to the body's end: the connection is kept
+                return
+            yield data
 
     async def _check_window(self, body: dict[str, Any], estimated: int) -> int | None:
         """Refuse a context longer than the window by the engine's count (module
