@@ -89,12 +89,20 @@ def _turn_lines(
 
 def write_plots(document: dict[str, Any], out: Path) -> list[Path]:
     """Write the PNG plots into ``out``; return their paths."""
-    written = []
     main = successful(document, "main")
     speeds = speeds_in(document)
-    base = [name for name in by_transport(main) if "/" not in name]
+    written = [
+        _overhead_per_turn(main, speeds, out),
+        _e2e_by_speed(main, speeds, out),
+        _phase_breakdown(main, speeds, out),
+        _ablation(main, speeds, out),
+        _growth(successful(document, "growth"), out),
+    ]
+    return [path for path in written if path is not None]
 
-    # 1. Client-observed overhead per turn, per transport, one panel per speed.
+
+def _overhead_per_turn(main: list[dict[str, Any]], speeds: list[float], out: Path) -> Path | None:
+    """Client-observed overhead per turn, per transport, one panel per speed."""
     figure = _figure(5 * max(1, len(speeds)), 4)
     panels = figure.subplots(1, max(1, len(speeds)), squeeze=False)[0]
     for axes, speed in zip(panels, speeds, strict=False):
@@ -107,9 +115,12 @@ def write_plots(document: dict[str, Any], out: Path) -> list[Path]:
         _legend(axes)
     figure.suptitle("Overhead per turn (observed - model time)")
     _save(figure, out / "overhead_per_turn.png")
-    written.append(out / "overhead_per_turn.png")
+    return out / "overhead_per_turn.png"
 
-    # 2. End-to-end rollout time per transport at each speed (grouped bars).
+
+def _e2e_by_speed(main: list[dict[str, Any]], speeds: list[float], out: Path) -> Path | None:
+    """End-to-end rollout time per transport at each speed (grouped bars)."""
+    base = [name for name in by_transport(main) if "/" not in name]
     figure = _figure(max(6, 1.6 * len(speeds) * max(1, len(base)) / 3), 4)
     axes = figure.subplots()
     width = 0.8 / max(1, len(base))
@@ -136,41 +147,46 @@ def write_plots(document: dict[str, Any], out: Path) -> list[Path]:
     axes.set_title("End-to-end rollout time per transport")
     _legend(axes, outside=True)
     _save(figure, out / "e2e_by_speed.png")
-    written.append(out / "e2e_by_speed.png")
+    return out / "e2e_by_speed.png"
 
-    # 3. Server phase breakdown at the last turn, at the speed with the most transports.
-    if main:
-        speed = max(speeds, key=lambda s: sum(r["tokens_per_second"] == s for r in main))
-        grouped = by_transport(r for r in main if r["tokens_per_second"] == speed)
-        names = list(grouped)
-        figure = _figure(max(7, 0.6 * len(names) + 4), 5)
-        axes = figure.subplots()
-        bottom = [0.0] * len(names)
-        stacks: dict[str, list[float]] = {}
-        for phase in PHASES:
-            stacks[phase] = [at_turn(grouped[n], "last", f"{phase}_ms") for n in names]
-        listed = [sum(v for v in (stacks[p][i] for p in PHASES) if not math.isnan(v))
-                  for i in range(len(names))]  # fmt: skip
-        stacks["other pre-inference (store, lookup)"] = [
-            max(0.0, at_turn(grouped[n], "last", "resume_ms") - listed[i])
-            for i, n in enumerate(names)
-        ]
-        stacks["encode"] = [at_turn(grouped[n], "last", "encode_ms") for n in names]
-        stacks["post-inference"] = [at_turn(grouped[n], "last", "post_inference_ms") for n in names]
-        for label, values in stacks.items():
-            clean = [0.0 if math.isnan(v) else v for v in values]
-            axes.bar(names, clean, bottom=bottom, label=label)
-            bottom = [b + v for b, v in zip(bottom, clean, strict=True)]
-        axes.set_ylabel("server time at the last turn (ms, median)")
-        axes.set_title(
-            f"Server phases at the last turn, {speed:g} tok/s (model inference not shown)"
-        )
-        axes.tick_params(axis="x", labelrotation=60, labelsize="small")
-        _legend(axes, outside=True)
-        _save(figure, out / "phase_breakdown.png")
-        written.append(out / "phase_breakdown.png")
 
-    # 4. Ablation: server pre-inference per turn with each reuse switch off.
+def _phase_breakdown(main: list[dict[str, Any]], speeds: list[float], out: Path) -> Path | None:
+    """Server phase breakdown at the last turn, at the speed with the most transports."""
+    if not main:
+        return None
+    speed = max(speeds, key=lambda s: sum(r["tokens_per_second"] == s for r in main))
+    grouped = by_transport(r for r in main if r["tokens_per_second"] == speed)
+    names = list(grouped)
+    figure = _figure(max(7, 0.6 * len(names) + 4), 5)
+    axes = figure.subplots()
+    bottom = [0.0] * len(names)
+    stacks: dict[str, list[float]] = {}
+    for phase in PHASES:
+        stacks[phase] = [at_turn(grouped[n], "last", f"{phase}_ms") for n in names]
+    listed = [sum(v for v in (stacks[p][i] for p in PHASES) if not math.isnan(v))
+              for i in range(len(names))]  # fmt: skip
+    stacks["other pre-inference (store, lookup)"] = [
+        max(0.0, at_turn(grouped[n], "last", "resume_ms") - listed[i])
+        for i, n in enumerate(names)
+    ]
+    stacks["encode"] = [at_turn(grouped[n], "last", "encode_ms") for n in names]
+    stacks["post-inference"] = [at_turn(grouped[n], "last", "post_inference_ms") for n in names]
+    for label, values in stacks.items():
+        clean = [0.0 if math.isnan(v) else v for v in values]
+        axes.bar(names, clean, bottom=bottom, label=label)
+        bottom = [b + v for b, v in zip(bottom, clean, strict=True)]
+    axes.set_ylabel("server time at the last turn (ms, median)")
+    axes.set_title(
+        f"Server phases at the last turn, {speed:g} tok/s (model inference not shown)"
+    )
+    axes.tick_params(axis="x", labelrotation=60, labelsize="small")
+    _legend(axes, outside=True)
+    _save(figure, out / "phase_breakdown.png")
+    return out / "phase_breakdown.png"
+
+
+def _ablation(main: list[dict[str, Any]], speeds: list[float], out: Path) -> Path | None:
+    """Ablation: server pre-inference per turn with each reuse switch off."""
     figure = _figure(11, 4)
     panels = figure.subplots(1, 2, squeeze=False)[0]
     for axes, shape in zip(panels, ("append", "ws"), strict=True):
@@ -193,24 +209,26 @@ def write_plots(document: dict[str, Any], out: Path) -> list[Path]:
         axes.set_ylabel("server pre-inference (ms)")
         _legend(axes)
     _save(figure, out / "ablation.png")
-    written.append(out / "ablation.png")
+    return out / "ablation.png"
 
-    # 5. Growth: server overhead per turn against the history.
-    growth = by_transport(successful(document, "growth"))
-    if growth:
-        figure = _figure(7, 4.5)
-        axes = figure.subplots()
-        drawn = []
-        for name, records in growth.items():
-            history = per_turn(growth.get("http", records), "input_tokens")
-            values = _positive(per_turn(records, "server_overhead_ms"))
-            drawn.append(values)
-            axes.plot(history[: len(values)], values, marker=".", label=name)
-        _log_if_positive(axes, drawn)
-        axes.set_xlabel("history (input tokens of the turn)")
-        axes.set_ylabel("server overhead per turn (ms)")
-        axes.set_title("Server overhead as the conversation grows")
-        _legend(axes)
-        _save(figure, out / "growth.png")
-        written.append(out / "growth.png")
-    return written
+
+def _growth(rows: list[dict[str, Any]], out: Path) -> Path | None:
+    """Growth: server overhead per turn against the history."""
+    growth = by_transport(rows)
+    if not growth:
+        return None
+    figure = _figure(7, 4.5)
+    axes = figure.subplots()
+    drawn = []
+    for name, records in growth.items():
+        history = per_turn(growth.get("http", records), "input_tokens")
+        values = _positive(per_turn(records, "server_overhead_ms"))
+        drawn.append(values)
+        axes.plot(history[: len(values)], values, marker=".", label=name)
+    _log_if_positive(axes, drawn)
+    axes.set_xlabel("history (input tokens of the turn)")
+    axes.set_ylabel("server overhead per turn (ms)")
+    axes.set_title("Server overhead as the conversation grows")
+    _legend(axes)
+    _save(figure, out / "growth.png")
+    return out / "growth.png"
