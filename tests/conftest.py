@@ -7,10 +7,7 @@ still look at the app's state (live sessions) to check cleanup.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import json
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -23,6 +20,9 @@ from longresponse.config import ServerConfig
 from longresponse.serve.app import create_app
 from longresponse.serve.ws.oversize import LingeringWSProtocol
 from tests.support import ast_guard
+from tests.support.http_clients import OPEN_CLIENTS
+from tests.support.http_clients import openai_client as openai_client  # where tests import it
+from tests.support.http_clients import stalled_post as stalled_post  # where tests import it
 from tests.support.redis_server import redis_server_fixture
 
 ast_guard.install()  # before any server thread can format a traceback
@@ -116,39 +116,9 @@ def make_server(tmp_path: Any) -> Iterator[Callable[..., RunningServer]]:
         running.stop()
 
 
-#: SDK clients made by a test, closed after it (their HTTP pools hold sockets).
-OPEN_CLIENTS: list[Any] = []
-
-
-@contextlib.contextmanager
-def stalled_post(port: int, path: str, body: dict[str, Any]) -> Iterator[socket.socket]:
-    """A raw HTTP POST of ``body`` to ``path`` from a socket with a 4 KiB receive
-    buffer that then reads nothing until the caller does (a slow reader)."""
-    data = json.dumps(body).encode()
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.settimeout(10)
-    with sock:
-        sock.connect(("127.0.0.1", port))
-        sock.sendall(
-            b"POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\n" % path.encode()
-            + b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-            % (len(data), data)
-        )
-        yield sock
-
-
-def openai_client(server: RunningServer, key: str = "test-key") -> Any:
-    """An official ``openai`` client for ``server``, closed when the test ends."""
-    from openai import OpenAI
-
-    client = OpenAI(base_url=f"{server.http_url}/v1", api_key=key, max_retries=0)
-    OPEN_CLIENTS.append(client)
-    return client
-
-
 @pytest.fixture(autouse=True)
 def _close_openai_clients() -> Iterator[None]:
+    """Close the SDK clients ``openai_client`` made during the test."""
     yield
     while OPEN_CLIENTS:
         OPEN_CLIENTS.pop().close()

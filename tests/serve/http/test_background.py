@@ -16,20 +16,16 @@ import httpx
 import openai
 import pydantic
 import pytest
-from openai import OpenAI
 from openai.types.responses import Response as SDKResponse
 from openai.types.responses import ResponseStreamEvent
 
 from longresponse.config import ServerConfig, SimConfig
-from tests.conftest import RunningServer, openai_client
+from tests.conftest import RunningServer
+from tests.support.http_clients import openai_client
 
 STREAM_EVENT = pydantic.TypeAdapter(ResponseStreamEvent)
 #: About 100 s of output: still running whenever the test looks.
 SLOW = {"sim_output_tokens": "2000", "sim_tokens_per_second": "20"}
-
-
-def sdk(server: Any, key: str = "test-key") -> OpenAI:
-    return openai_client(server, key)  # type: ignore[no-any-return]
 
 
 def checked(event: Any) -> Any:
@@ -52,7 +48,7 @@ def numbers(events: list[Any]) -> list[int]:
 
 
 def test_create_answers_queued_and_a_poll_sees_it_live(server: Any) -> None:
-    client = sdk(server)
+    client = openai_client(server)
     made = checked_response(
         client.responses.create(
             model="sim", input="poll me", background=True, metadata={"sim_ttft_ms": "600000"}
@@ -73,7 +69,7 @@ def test_create_answers_queued_and_a_poll_sees_it_live(server: Any) -> None:
 
 
 def test_it_runs_to_completion_and_is_stored(server: Any) -> None:
-    client = sdk(server)
+    client = openai_client(server)
     made = client.responses.create(model="sim", input="finish me", background=True)
     assert made.status == "queued"
     # Follow it to the end: live from the start, or its kept end if it is over.
@@ -109,7 +105,7 @@ def test_it_runs_to_completion_and_is_stored(server: Any) -> None:
 
 
 def test_the_stream_resumes_after_a_sequence_number_for_several_readers(server: Any) -> None:
-    client = sdk(server)
+    client = openai_client(server)
     stream = client.responses.create(
         model="sim", input="a long story", background=True, stream=True, metadata=SLOW
     )
@@ -144,7 +140,7 @@ def test_the_stream_resumes_after_a_sequence_number_for_several_readers(server: 
 
 
 def test_it_survives_the_client_going_away_mid_stream(server: Any) -> None:
-    client = sdk(server)
+    client = openai_client(server)
     meta = {"sim_output_tokens": "80", "sim_tokens_per_second": "200"}
     stream = client.responses.create(
         model="sim", input="keep going", background=True, stream=True, metadata=meta
@@ -171,7 +167,7 @@ def test_it_survives_the_client_going_away_mid_stream(server: Any) -> None:
 
 def test_another_owner_gets_404(make_server: Any) -> None:
     keyed = make_server(api_keys=("key-one", "key-two"))
-    one, two = sdk(keyed, "key-one"), sdk(keyed, "key-two")
+    one, two = openai_client(keyed, "key-one"), openai_client(keyed, "key-two")
     made = one.responses.create(model="sim", input="mine", background=True, metadata=SLOW)
 
     def refused_to_two() -> None:
@@ -195,7 +191,7 @@ def test_another_owner_gets_404(make_server: Any) -> None:
 
 def test_running_background_responses_are_limited(make_server: Any) -> None:
     small = make_server(max_background=1)
-    client = sdk(small)
+    client = openai_client(small)
     first = client.responses.create(model="sim", input="one", background=True, metadata=SLOW)
     with pytest.raises(openai.RateLimitError) as full:
         client.responses.create(model="sim", input="two", background=True)
@@ -214,7 +210,7 @@ def test_running_background_responses_are_limited(make_server: Any) -> None:
 
 def test_a_failed_background_response_is_kept(make_server: Any) -> None:
     tiny = make_server(sim=SimConfig(context_window=60))
-    client = sdk(tiny)
+    client = openai_client(tiny)
     made = client.responses.create(model="sim", input="word " * 200, background=True)
     assert made.status == "queued"
     # Not checked against the SDK's models: its ``error.code`` enum has no
@@ -233,7 +229,7 @@ def test_a_failed_background_response_is_kept(make_server: Any) -> None:
 def test_the_log_is_bounded(make_server: Any) -> None:
     """With room for one record, a reader that starts late gets only the newest."""
     small = make_server(background_log_bytes=1)
-    client = sdk(small)
+    client = openai_client(small)
     made = client.responses.create(model="sim", input="bounded", background=True, metadata=SLOW)
     live = client.responses.retrieve(made.id, stream=True)
     while checked(next(live)).sequence_number < 5:
@@ -249,7 +245,7 @@ def test_the_log_is_bounded(make_server: Any) -> None:
 
 def test_a_finished_stream_is_not_kept_beyond_its_budget(make_server: Any) -> None:
     forgetful = make_server(background_endings_bytes=1)
-    client = sdk(forgetful)
+    client = openai_client(forgetful)
     events = read(client.responses.create(model="sim", input="x", background=True, stream=True))
     assert events[-1].type == "response.completed"
     response_id = events[0].response.id
@@ -263,14 +259,14 @@ def test_shutdown_ends_what_still_runs_failed(tmp_path: Any) -> None:
     store = f"sqlite:///{tmp_path}/responses.db"
     first = RunningServer(ServerConfig(port=0, store=store)).start()
     try:
-        made = sdk(first).responses.create(
+        made = openai_client(first).responses.create(
             model="sim", input="cut short", background=True, metadata=SLOW
         )
     finally:
         first.stop()
     second = RunningServer(ServerConfig(port=0, store=store)).start()
     try:
-        stored = checked_response(sdk(second).responses.retrieve(made.id))
+        stored = checked_response(openai_client(second).responses.retrieve(made.id))
     finally:
         second.stop()
     assert (stored.status, stored.background) == ("failed", True)
@@ -318,7 +314,7 @@ def test_a_bad_background_create_is_refused(
 
 def test_the_sdk_is_told_background_needs_store(server: Any) -> None:
     with pytest.raises(openai.BadRequestError) as refused:
-        sdk(server).responses.create(model="sim", input="x", background=True, store=False)
+        openai_client(server).responses.create(model="sim", input="x", background=True, store=False)
     assert (refused.value.code, refused.value.param) == ("unsupported_parameter", "background")
 
 
@@ -350,7 +346,7 @@ def test_one_key_at_its_quota_does_not_stop_another(make_server: Any) -> None:
     """keyA's running responses at its quota refuse keyA's next create (429),
     never keyB's; one of keyA's ending frees keyA's place."""
     keyed = make_server(api_keys=("key-a", "key-b"), max_background=8, max_background_per_key=2)
-    a, b = sdk(keyed, "key-a"), sdk(keyed, "key-b")
+    a, b = openai_client(keyed, "key-a"), openai_client(keyed, "key-b")
     mine = [a.responses.create(model="sim", input="a", background=True, metadata=SLOW)]
     mine.append(a.responses.create(model="sim", input="a", background=True, metadata=SLOW))
     with pytest.raises(openai.RateLimitError) as full:
@@ -370,7 +366,7 @@ def test_the_maximum_duration_ends_a_response_incomplete(make_server: Any) -> No
     """Past ``--background-max-duration`` a running response ends ``incomplete``
     (reason ``max_duration``) with the output written so far, billed and stored."""
     short = make_server(background_max_duration=0.5)
-    client = sdk(short)
+    client = openai_client(short)
     made = client.responses.create(model="sim", input="forever", background=True, metadata=SLOW)
     events = list(client.responses.retrieve(made.id, stream=True))
     end = events[-1]
@@ -397,7 +393,7 @@ def test_a_follower_that_never_reads_is_cut_off(
 
     caplog.set_level(logging.INFO, logger="longresponse.serve.seam")
     slow = make_server(api_keys=("key-a",), slow_reader_timeout=0.5)
-    client = sdk(slow, "key-a")
+    client = openai_client(slow, "key-a")
     loud = {"sim_output_tokens": "2000000", "sim_tokens_per_second": "0"}
     made = client.responses.create(model="sim", input="x" * 2000, background=True, metadata=loud)
     sock = socket.socket()

@@ -1,0 +1,57 @@
+"""Clients of a test server's HTTP surface, written once for every test.
+
+- ``openai_client``: the official ``openai`` SDK pointed at a server, closed
+  after the test (``tests/conftest.py`` empties ``OPEN_CLIENTS``).
+- ``stalled_post``: a request from a socket that then reads nothing (a slow
+  reader).
+
+A ``server`` here is anything with ``http_url`` (and ``port`` for the raw
+sockets): a ``RunningServer`` in this process or a server process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from openai import OpenAI
+
+__all__ = [
+    "OPEN_CLIENTS",
+    "openai_client",
+    "stalled_post",
+]
+
+#: SDK clients made by a test, closed after it (their HTTP pools hold sockets).
+OPEN_CLIENTS: list[Any] = []
+
+
+def openai_client(server: Any, key: str = "test-key") -> OpenAI:
+    """An official ``openai`` client for ``server``, closed when the test ends."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{server.http_url}/v1", api_key=key, max_retries=0)
+    OPEN_CLIENTS.append(client)
+    return client
+
+
+@contextlib.contextmanager
+def stalled_post(port: int, path: str, body: dict[str, Any]) -> Iterator[socket.socket]:
+    """A raw HTTP POST of ``body`` to ``path`` from a socket with a 4 KiB receive
+    buffer that then reads nothing until the caller does (a slow reader)."""
+    data = json.dumps(body).encode()
+    request = (
+        b"POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\n" % path.encode()
+        + b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(data), data)
+    )
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.settimeout(10)
+    with sock:
+        sock.connect(("127.0.0.1", port))
+        sock.sendall(request)
+        yield sock
