@@ -2,6 +2,8 @@
 
 - ``openai_client``: the official ``openai`` SDK pointed at a server, closed
   after the test (``tests/conftest.py`` empties ``OPEN_CLIENTS``).
+- ``post``: a raw JSON POST with ``httpx``, for what the SDK would refuse
+  to send (malformed bodies, unknown fields, wrong keys).
 - ``stalled_post``: a request from a socket that then reads nothing (a slow
   reader).
 
@@ -17,12 +19,15 @@ import socket
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+import httpx
+
 if TYPE_CHECKING:
     from openai import OpenAI
 
 __all__ = [
     "OPEN_CLIENTS",
     "openai_client",
+    "post",
     "stalled_post",
 ]
 
@@ -37,6 +42,27 @@ def openai_client(server: Any, key: str = "test-key") -> OpenAI:
     client = OpenAI(base_url=f"{server.http_url}/v1", api_key=key, max_retries=0)
     OPEN_CLIENTS.append(client)
     return client
+
+
+def post(
+    server: Any,
+    body: Any,
+    *,
+    path: str = "/v1/responses",
+    key: str | None = None,
+    timeout: float = 30.0,
+    **headers: str,
+) -> httpx.Response:
+    """POST ``body`` to ``path`` as JSON: a ``str`` or ``bytes`` body as it is
+    (malformed on purpose, say), anything else encoded. ``key`` goes in an
+    ``Authorization: Bearer`` header; ``headers`` are added last."""
+    content = body if isinstance(body, str | bytes) else json.dumps(body)
+    sent = {"content-type": "application/json"}
+    if key is not None:
+        sent["authorization"] = f"Bearer {key}"
+    return httpx.post(
+        f"{server.http_url}{path}", content=content, headers={**sent, **headers}, timeout=timeout
+    )
 
 
 @contextlib.contextmanager

@@ -8,7 +8,6 @@ cancelled by the test; nothing waits on a clock.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from typing import Any
 
@@ -21,7 +20,7 @@ from openai.types.responses import ResponseStreamEvent
 
 from longresponse.config import ServerConfig, SimConfig
 from tests.conftest import RunningServer
-from tests.support.http_clients import openai_client
+from tests.support.http_clients import openai_client, post
 
 STREAM_EVENT = pydantic.TypeAdapter(ResponseStreamEvent)
 #: About 100 s of output: still running whenever the test looks.
@@ -274,16 +273,6 @@ def test_shutdown_ends_what_still_runs_failed(tmp_path: Any) -> None:
 
 
 # --- bad input, raw HTTP ---------------------------------------------------------
-
-
-def post(server: Any, body: dict[str, Any] | str) -> httpx.Response:
-    content = body if isinstance(body, str) else json.dumps(body)
-    return httpx.post(
-        f"{server.http_url}/v1/responses",
-        content=content,
-        headers={"content-type": "application/json"},
-        timeout=30,
-    )
 
 
 def assert_error(reply: httpx.Response, status: int, code: str, param: str | None) -> str:

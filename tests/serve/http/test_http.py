@@ -16,7 +16,7 @@ from openai.types.responses import ResponseStreamEvent
 from longresponse.config import ServerConfig
 from longresponse.server_process import ServerProcess
 from tests.conftest import RunningServer
-from tests.support.http_clients import OPEN_CLIENTS, openai_client
+from tests.support.http_clients import OPEN_CLIENTS, openai_client, post
 
 STREAM_EVENT = pydantic.TypeAdapter(ResponseStreamEvent)
 TOOL = {
@@ -156,15 +156,6 @@ def test_store_false_is_never_found_again(server: Any) -> None:
         client.responses.create(model="sim", previous_response_id=response.id, input="and?")
     assert missing.value.code == "previous_response_not_found"
     assert missing.value.param == "previous_response_id"
-
-
-def post(server: Any, body: bytes | str, **headers: str) -> httpx.Response:
-    return httpx.post(
-        f"{server.http_url}/v1/responses",
-        content=body,
-        headers={"content-type": "application/json", **headers},
-        timeout=30,
-    )
 
 
 @pytest.mark.parametrize(
