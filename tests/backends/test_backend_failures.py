@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import dataclasses
 import socket
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -41,6 +40,7 @@ from protocol.items import Message
 from tests.backends.test_backend_chat import ADD, _until_end, chat_backend, gateway
 from tests.conftest import openai_client
 from tests.support.connection_pair import ConnectionPair, Role, user
+from tests.support.waiting import wait_until
 
 SLOW = {"sim_output_tokens": "5000", "sim_tokens_per_second": "20"}
 
@@ -391,15 +391,6 @@ async def test_a_rate_limited_append_mode_turn_pauses_with_the_hint(make_server:
 # --- cancel, disconnect, slow engines ------------------------------------------------
 
 
-async def wait_for(condition: Any, seconds: float = 10.0) -> float:
-    """Seconds until ``condition()`` holds (polling the engine; fails after ``seconds``)."""
-    started = time.monotonic()
-    while not await trio.to_thread.run_sync(condition):
-        assert time.monotonic() - started < seconds, "the engine never saw it"
-        await trio.sleep(0.005)
-    return time.monotonic() - started
-
-
 async def test_a_cancel_closes_the_engines_stream_at_once(
     make_server: Any, upstream: ServerProcess
 ) -> None:
@@ -410,7 +401,12 @@ async def test_a_cancel_closes_the_engines_stream_at_once(
             pass
         before = counter(upstream, "stopped")
         await client.cancel()
-        seen = await wait_for(lambda: counter(upstream, "stopped") > before)
+        seen = await wait_until(
+            lambda: counter(upstream, "stopped") > before,
+            "the engine to stop its stream",
+            in_thread=True,
+            interval=0.005,
+        )
         done = (await client.until_done())[-1]
     assert isinstance(done, ResponseDone)
     assert done.response.status == "cancelled"
@@ -436,7 +432,12 @@ async def test_a_disconnect_closes_the_engines_stream(
         await client.create(model="engine", input="Talk at length.", metadata=SLOW)
         while not isinstance(await client.next_event(), OutputTextDelta):
             pass
-    await wait_for(lambda: counter(upstream, "stopped") > before)
+    await wait_until(
+        lambda: counter(upstream, "stopped") > before,
+        "the engine to stop its stream",
+        in_thread=True,
+        interval=0.005,
+    )
 
 
 async def test_a_slow_engine_never_blocks_other_rollouts(

@@ -47,8 +47,8 @@ from longresponse.server_process import ServerProcess, free_port
 from protocol.events import OutputItemDone, OutputTextDelta, ResponseDone
 from protocol.items import FunctionCall, Message, OutputText
 from tests.support.http_clients import openai_client
-from tests.support.raw_ws import wait_until
 from tests.support.scripted_engine import CLOSE, STALL, ScriptedEngine, sse
+from tests.support.waiting import wait_until
 
 KINDS = ("responses", "responses-ws")
 TOOL = {
@@ -439,7 +439,7 @@ async def test_one_upstream_socket_per_rollout_closed_when_it_ends(make_server: 
         assert isinstance(done, ResponseDone)
         assert done.response.status == "completed"
         # The rollout ended: its upstream socket is closed, the connection still open.
-        await wait_until(lambda: upstream.live_sessions == 0)
+        await wait_until(lambda: upstream.live_sessions == 0, "the upstream's session to end")
         assert gateway.live_sessions == 1
 
 
@@ -474,7 +474,9 @@ async def test_cancel_closes_the_upstream_socket_at_once(make_server: Any) -> No
         assert isinstance(done, ResponseDone)
         assert done.response.status == "cancelled"
         # The upstream saw its client go (its turn would have run for minutes).
-        await wait_until(lambda: upstream.live_sessions == 0, seconds=2.0)
+        await wait_until(
+            lambda: upstream.live_sessions == 0, "the upstream's session to end", seconds=2.0
+        )
 
 
 async def test_a_socket_the_upstream_closed_is_reopened_with_full_input(
@@ -492,7 +494,7 @@ async def test_a_socket_the_upstream_closed_is_reopened_with_full_input(
             if isinstance(e, OutputItemDone) and isinstance(e.item, FunctionCall)
         ]
         # The tool takes longer than the upstream lets a socket live.
-        await wait_until(lambda: upstream.live_sessions == 0)
+        await wait_until(lambda: upstream.live_sessions == 0, "the upstream's session to end")
         await client.append(
             [{"type": "function_call_output", "call_id": call.call_id, "output": "late"}]
         )
@@ -710,7 +712,9 @@ async def test_cancel_closes_the_upstream_http_stream_at_once(make_server: Any) 
         assert isinstance(done, ResponseDone)
         assert done.response.status == "cancelled"
         # The stream's connection was closed, not left to finish its minutes of text.
-        await wait_until(lambda: upstream_connections() == 0, seconds=2.0)
+        await wait_until(
+            lambda: upstream_connections() == 0, "the upstream connection to close", seconds=2.0
+        )
 
 
 # --- when a failed turn may be sent again, and the deadlines that end one -------------

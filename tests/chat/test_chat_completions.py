@@ -30,7 +30,8 @@ from longresponse.chat.wire import (
     decode_chat_request,
 )
 from longresponse.config import SimConfig
-from tests.conftest import openai_client, stalled_post
+from tests.support.http_clients import openai_client, stalled_post
+from tests.support.waiting import wait_for
 
 WEATHER = {
     "type": "function",
@@ -63,13 +64,6 @@ def tokenize(server: Any, **body: Any) -> dict[str, Any]:
     assert answer.status_code == 200, answer.text
     result: dict[str, Any] = answer.json()
     return result
-
-
-def wait_for(condition: Any, what: str, seconds: float = 10.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
 
 
 # --- answers -------------------------------------------------------------------

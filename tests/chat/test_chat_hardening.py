@@ -9,7 +9,6 @@ what the SDK will not (bad input, a reader that never reads).
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -22,7 +21,8 @@ from longresponse.config import MAX_SCHEMA_WIDTH, MAX_TOOLS
 from longresponse.engine.sampling import ModelSpec, SampleChunk, SampleRequest, TextDelta
 from longresponse.engine.structured import MAX_SCHEMA_COUNT, MAX_SCHEMA_DEPTH
 from longresponse.json_schema import pattern_matches
-from tests.conftest import openai_client, stalled_post
+from tests.support.http_clients import openai_client, stalled_post
+from tests.support.waiting import wait_for
 
 GOOD = {"model": "sim", "messages": [{"role": "user", "content": "Hi"}]}
 TOOL_PARAMS = {"type": "object", "properties": {"city": {"type": "string"}}}
@@ -42,13 +42,6 @@ def nested(depth: int) -> dict[str, Any]:
 
 def json_format(schema: dict[str, Any]) -> dict[str, Any]:
     return {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
-
-
-def wait_for(condition: Any, what: str, seconds: float = 10.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
 
 
 def refused(answer: httpx.Response, code: str, param: str) -> None:

@@ -19,7 +19,8 @@ import wsproto.events as ws
 
 from longresponse.engine.render import render_item, render_prefix
 from tests.support.http_clients import openai_client
-from tests.support.raw_ws import handshake, wait_until
+from tests.support.raw_ws import handshake
+from tests.support.waiting import wait_until
 
 SHIPPED_TERMINAL = {"response.completed", "response.incomplete", "response.failed", "error"}
 
@@ -166,10 +167,12 @@ async def test_cancel_while_blocked_on_a_full_outbox(make_server: Any) -> None:
     }
     with sock:
         sock.sendall(conn.send(ws.TextMessage(json.dumps(create))))
-        await wait_until(lambda: running.app.state.endpoint.last_session is not None)
+        await wait_until(lambda: running.app.state.endpoint.last_session is not None, "a session")
         session = running.app.state.endpoint.last_session
         # Wait until the rollout is parked in emit on a full outbox.
-        await wait_until(lambda: len(session.outbox) >= 4 and session.rollouts, seconds=20)
+        await wait_until(
+            lambda: len(session.outbox) >= 4 and session.rollouts, "a full outbox", seconds=20
+        )
         await trio.sleep(0.2)
         (rollout_id,) = list(session.rollouts)
         cancel = {"type": "response.cancel", "response_id": rollout_id}
@@ -203,9 +206,9 @@ async def test_error_replies_grow_the_outbox_without_bound(make_server: Any) -> 
     }
     with sock:
         sock.sendall(conn.send(ws.TextMessage(json.dumps(flood))))
-        await wait_until(lambda: running.app.state.endpoint.last_session is not None)
+        await wait_until(lambda: running.app.state.endpoint.last_session is not None, "a session")
         session = running.app.state.endpoint.last_session
-        await wait_until(lambda: len(session.outbox) >= 4, seconds=20)
+        await wait_until(lambda: len(session.outbox) >= 4, "a full outbox", seconds=20)
         junk = conn.send(ws.TextMessage("x")) * 5000
         sock.sendall(junk)
         # Give the server time to read them all (it keeps reading: nothing

@@ -19,6 +19,8 @@ from typing import Any
 
 import httpx
 
+from tests.support.waiting import wait_for
+
 FEED = "/inspect/api/feed"
 
 
@@ -40,19 +42,12 @@ def watchers(server: Any) -> int:
     return len(server.app.state.inspector.watchers)
 
 
-def wait_for(condition: Any, seconds: float = 10.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
-
-
 def test_one_key_at_its_feed_quota_does_not_stop_another(make_server: Any) -> None:
     server = make_server(
         api_keys=("key-a", "key-b"), inspector_watchers=4, inspector_watchers_per_key=2
     )
     with unread_feed(server.port, "key-b"), unread_feed(server.port, "key-b"):
-        wait_for(lambda: watchers(server) == 2)
+        wait_for(lambda: watchers(server) == 2, "two feeds")
         with httpx.Client(base_url=server.http_url, timeout=10) as http:
             refused = http.get(FEED, params={"key": "key-b"})
             assert refused.status_code == 429
@@ -60,7 +55,7 @@ def test_one_key_at_its_feed_quota_does_not_stop_another(make_server: Any) -> No
             assert "This API key" in refused.json()["error"]["message"]
             with http.stream("GET", FEED, params={"key": "key-a"}) as mine:
                 assert mine.status_code == 200
-    wait_for(lambda: watchers(server) == 0)
+    wait_for(lambda: watchers(server) == 0, "no feed")
 
 
 def test_a_feed_ends_after_its_lifetime(make_server: Any) -> None:
@@ -71,7 +66,7 @@ def test_a_feed_ends_after_its_lifetime(make_server: Any) -> None:
             lines = list(feed.iter_lines())  # ends on its own
         assert time.monotonic() - started < 5
     assert lines[0] == "event: state"
-    wait_for(lambda: watchers(server) == 0)
+    wait_for(lambda: watchers(server) == 0, "no feed")
 
 
 def test_a_feed_that_is_never_read_is_cut_off(make_server: Any) -> None:
@@ -80,7 +75,7 @@ def test_a_feed_that_is_never_read_is_cut_off(make_server: Any) -> None:
         base_url=server.http_url, timeout=30, headers={"authorization": "Bearer key-a"}
     )
     with client, unread_feed(server.port, "key-a") as sock:
-        wait_for(lambda: watchers(server) == 1)
+        wait_for(lambda: watchers(server) == 1, "the feed")
         # Traffic for the feed to tell of, until its writes back up and it is cut off.
         deadline = time.monotonic() + 60
         while watchers(server):
