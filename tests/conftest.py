@@ -22,7 +22,6 @@ from longresponse.serve.ws.oversize import LingeringWSProtocol
 from tests.support import ast_guard
 from tests.support.http_clients import OPEN_CLIENTS
 from tests.support.http_clients import openai_client as openai_client  # where tests import it
-from tests.support.http_clients import stalled_post as stalled_post  # where tests import it
 from tests.support.redis_server import redis_server_fixture
 
 ast_guard.install()  # before any server thread can format a traceback

@@ -21,7 +21,7 @@ from longresponse.config import MAX_SCHEMA_WIDTH, MAX_TOOLS
 from longresponse.engine.sampling import ModelSpec, SampleChunk, SampleRequest, TextDelta
 from longresponse.engine.structured import MAX_SCHEMA_COUNT, MAX_SCHEMA_DEPTH
 from longresponse.json_schema import pattern_matches
-from tests.support.http_clients import openai_client, stalled_post
+from tests.support.http_clients import openai_client, read_until_closed, stalled_post
 from tests.support.waiting import wait_for
 
 GOOD = {"model": "sim", "messages": [{"role": "user", "content": "Hi"}]}
@@ -327,12 +327,7 @@ def test_a_stalled_reader_of_a_stream_that_fits_the_queue_is_dropped(
         # Never reading: the whole answer is generated, but its reader never
         # takes it, so the connection is dropped within the timeout.
         wait_for(lambda: chat.running == 0 and chat.stopped == 1, "the reader's drop", 20)
-        received = b""
-        try:
-            while chunk := sock.recv(1 << 20):
-                received += chunk
-        except ConnectionResetError:
-            pass
+        received = read_until_closed(sock)
     assert received.startswith(b"HTTP/1.1 200")
     assert b"data: [DONE]" not in received
 

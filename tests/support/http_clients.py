@@ -4,8 +4,9 @@
   after the test (``tests/conftest.py`` empties ``OPEN_CLIENTS``).
 - ``post``: a raw JSON POST with ``httpx``, for what the SDK would refuse
   to send (malformed bodies, unknown fields, wrong keys).
-- ``stalled_post``: a request from a socket that then reads nothing (a slow
-  reader).
+- ``unread_request`` / ``stalled_post``: a request from a socket that then
+  reads nothing (a slow reader); ``read_until_closed`` takes what reached it
+  once the server lets go.
 
 A ``server`` here is anything with ``http_url`` (and ``port`` for the raw
 sockets): a ``RunningServer`` in this process or a server process.
@@ -28,7 +29,9 @@ __all__ = [
     "OPEN_CLIENTS",
     "openai_client",
     "post",
+    "read_until_closed",
     "stalled_post",
+    "unread_request",
 ]
 
 #: SDK clients made by a test, closed after it (their HTTP pools hold sockets).
@@ -66,14 +69,9 @@ def post(
 
 
 @contextlib.contextmanager
-def stalled_post(port: int, path: str, body: dict[str, Any]) -> Iterator[socket.socket]:
-    """A raw HTTP POST of ``body`` to ``path`` from a socket with a 4 KiB receive
-    buffer that then reads nothing until the caller does (a slow reader)."""
-    data = json.dumps(body).encode()
-    request = (
-        b"POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\n" % path.encode()
-        + b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(data), data)
-    )
+def unread_request(port: int, request: bytes) -> Iterator[socket.socket]:
+    """Send the raw HTTP ``request`` from a socket with a 4 KiB receive buffer
+    that then reads nothing until the caller does (a slow reader)."""
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.settimeout(10)
@@ -81,3 +79,24 @@ def stalled_post(port: int, path: str, body: dict[str, Any]) -> Iterator[socket.
         sock.connect(("127.0.0.1", port))
         sock.sendall(request)
         yield sock
+
+
+@contextlib.contextmanager
+def stalled_post(port: int, path: str, body: dict[str, Any]) -> Iterator[socket.socket]:
+    """A raw HTTP POST of ``body`` to ``path`` from a slow reader (``unread_request``)."""
+    data = json.dumps(body).encode()
+    request = (
+        b"POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\n" % path.encode()
+        + b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(data), data)
+    )
+    with unread_request(port, request) as sock:
+        yield sock
+
+
+def read_until_closed(sock: socket.socket) -> bytes:
+    """Everything ``sock`` receives until the peer closes or resets it."""
+    received = b""
+    with contextlib.suppress(ConnectionResetError):
+        while chunk := sock.recv(1 << 20):
+            received += chunk
+    return received

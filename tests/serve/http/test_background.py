@@ -20,7 +20,8 @@ from openai.types.responses import ResponseStreamEvent
 
 from longresponse.config import ServerConfig, SimConfig
 from tests.conftest import RunningServer
-from tests.support.http_clients import openai_client, post
+from tests.support.http_clients import openai_client, post, unread_request
+from tests.support.waiting import wait_for
 
 STREAM_EVENT = pydantic.TypeAdapter(ResponseStreamEvent)
 #: About 100 s of output: still running whenever the test looks.
@@ -377,28 +378,24 @@ def test_a_follower_that_never_reads_is_cut_off(
     kernel still reaches the client after the drop, at the client's pace: the
     process holds nothing of it."""
     import logging
-    import socket
-    import time
 
     caplog.set_level(logging.INFO, logger="longresponse.serve.seam")
     slow = make_server(api_keys=("key-a",), slow_reader_timeout=0.5)
     client = openai_client(slow, "key-a")
     loud = {"sim_output_tokens": "2000000", "sim_tokens_per_second": "0"}
     made = client.responses.create(model="sim", input="x" * 2000, background=True, metadata=loud)
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.settimeout(10)
-    with sock:
-        sock.connect(("127.0.0.1", slow.port))
-        sock.sendall(
-            b"GET /v1/responses/%s?stream=true HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-            b"Authorization: Bearer key-a\r\n\r\n" % made.id.encode()
-        )
+    follow = (
+        b"GET /v1/responses/%s?stream=true HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Authorization: Bearer key-a\r\n\r\n" % made.id.encode()
+    )
+    with unread_request(slow.port, follow):
         # Reading nothing: the send buffers fill, then a write waits 0.5 s.
-        deadline = time.monotonic() + 30
-        while not any("slow background stream reader" in m for m in caplog.messages):
-            assert time.monotonic() < deadline, "the server never cut the reader off"
-            time.sleep(0.05)
+        wait_for(
+            lambda: any("slow background stream reader" in m for m in caplog.messages),
+            "the server to cut the reader off",
+            30,
+            interval=0.05,
+        )
         # Dropping the reader does not stop the response: it runs on to its own end
         # (its output budget, on a fast machine before the buffers even fill).
         status = client.responses.retrieve(made.id)

@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 
+from tests.support.http_clients import unread_request
 from tests.support.waiting import wait_for
 
 FEED = "/inspect/api/feed"
@@ -27,14 +28,8 @@ FEED = "/inspect/api/feed"
 @contextlib.contextmanager
 def unread_feed(port: int, key: str) -> Iterator[socket.socket]:
     """A feed opened from a socket with a 4 KiB receive buffer that never reads."""
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.settimeout(10)
-    with sock:
-        sock.connect(("127.0.0.1", port))
-        sock.sendall(
-            b"GET %s?key=%s HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" % (FEED.encode(), key.encode())
-        )
+    request = b"GET %s?key=%s HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" % (FEED.encode(), key.encode())
+    with unread_request(port, request) as sock:
         yield sock
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import socket
 import time
@@ -13,7 +12,7 @@ import wsproto.events as ws
 from longresponse.client import connect
 from protocol import ResponseState
 from protocol.events import OutputTextDelta, ResponseDone
-from tests.conftest import stalled_post
+from tests.support.http_clients import read_until_closed, stalled_post
 from tests.support.raw_ws import handshake
 from tests.support.waiting import wait_until
 
@@ -135,10 +134,7 @@ async def test_a_slow_websocket_reader_is_dropped_and_its_connection_freed(
             lambda: open_connections(running) == 0, "the connection to be dropped", seconds=30
         )
         sock.settimeout(5)
-        received = b""
-        with contextlib.suppress(ConnectionResetError):
-            while chunk := sock.recv(1 << 20):
-                received += chunk
+        received = read_until_closed(sock)
         # What reaches us is what was in flight, not the megabytes it held.
         assert len(received) < 4 * 1024 * 1024
 
@@ -156,10 +152,7 @@ async def test_a_slow_sse_reader_is_dropped_and_its_connection_freed(make_server
         await wait_until(
             lambda: open_connections(running) == 0, "the connection to be dropped", seconds=30
         )
-        received = b""
-        with contextlib.suppress(ConnectionResetError):
-            while chunk := sock.recv(1 << 20):
-                received += chunk
+        received = read_until_closed(sock)
         assert received.startswith(b"HTTP/1.1 200")
         assert len(received) < 4 * 1024 * 1024
         assert b"event: response.completed" not in received
