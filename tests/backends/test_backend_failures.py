@@ -37,9 +37,10 @@ from protocol.events import (
     ResponseInProgress,
 )
 from protocol.items import Message
-from tests.backends.test_backend_chat import ADD, _until_end, chat_backend, gateway
+from tests.backends.test_backend_chat import ADD, chat_backend, gateway
 from tests.conftest import openai_client
 from tests.support.connection_pair import ConnectionPair, Role, user
+from tests.support.shipped_ws import sdk_turn
 from tests.support.waiting import wait_until
 
 SLOW = {"sim_output_tokens": "5000", "sim_tokens_per_second": "20"}
@@ -151,7 +152,7 @@ def test_an_unreachable_engine_fails_the_shipped_websocket_response(make_server:
             assert event.type in ("response.created", "response.in_progress")
         # The connection stays usable: the simulated model still answers.
         conn.response.create(model="sim", input="still here", store=False)
-        assert [e.type for e in _until_end(conn)][-1] == "response.completed"
+        assert sdk_turn(conn)[-1].type == "response.completed"
 
 
 async def test_append_mode_pauses_on_an_unreachable_engine_and_resumes(make_server: Any) -> None:

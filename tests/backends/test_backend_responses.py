@@ -48,6 +48,7 @@ from protocol.events import OutputItemDone, OutputTextDelta, ResponseDone
 from protocol.items import FunctionCall, Message, OutputText
 from tests.support.http_clients import openai_client
 from tests.support.scripted_engine import CLOSE, STALL, ScriptedEngine, sse
+from tests.support.shipped_ws import sdk_turn
 from tests.support.waiting import wait_until
 
 KINDS = ("responses", "responses-ws")
@@ -176,16 +177,6 @@ async def test_append_rollout_continues_the_upstream_chain(
 
 
 # --- the shipped shape at the front: the official SDK ---------------------------------
-
-
-def sdk_turn(conn: Any) -> list[Any]:
-    """One response's events over the SDK's socket, up to its terminal event (or error)."""
-    events = []
-    for event in conn:
-        events.append(event)
-        if event.type in ("response.completed", "response.incomplete", "response.failed", "error"):
-            return events
-    raise AssertionError("the socket closed mid-response")
 
 
 def calls_in(output: list[Any]) -> list[Any]:

@@ -28,11 +28,11 @@ from longresponse.config import SimConfig
 from protocol.events import CompactionCompacting, OutputItemAdded, OutputItemDone, ResponseDone
 from protocol.items import Compaction, FunctionCall, Message, OutputText
 from tests.support.http_clients import openai_client
+from tests.support.shipped_ws import TERMINAL
 
 STRICT_WS = pydantic.TypeAdapter(ResponsesServerEvent)
 STRICT_SSE = pydantic.TypeAdapter(ResponseStreamEvent)
 STRICT_INPUT_ITEM = pydantic.TypeAdapter(ResponseInputItem)
-TERMINAL = {"response.completed", "response.incomplete", "response.failed", "error"}
 
 READ = {
     "type": "function",

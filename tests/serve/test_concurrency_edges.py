@@ -20,9 +20,8 @@ import wsproto.events as ws
 from longresponse.engine.render import render_item, render_prefix
 from tests.support.http_clients import openai_client
 from tests.support.raw_ws import handshake
+from tests.support.shipped_ws import TERMINAL
 from tests.support.waiting import wait_until
-
-SHIPPED_TERMINAL = {"response.completed", "response.incomplete", "response.failed", "error"}
 
 
 def turn(conn: Any) -> list[Any]:
@@ -30,7 +29,7 @@ def turn(conn: Any) -> list[Any]:
     while True:
         event = json.loads(conn.recv_bytes())
         events.append(event)
-        if event["type"] in SHIPPED_TERMINAL:
+        if event["type"] in TERMINAL:
             return events
 
 

@@ -19,6 +19,7 @@ from openai import AsyncOpenAI
 from openai.types.responses.responses_server_event import ResponsesServerEvent
 
 from tests.support.http_clients import openai_client
+from tests.support.shipped_ws import TERMINAL
 
 STRICT = pydantic.TypeAdapter(ResponsesServerEvent)
 SHIPPED_TYPES = {
@@ -37,7 +38,6 @@ SHIPPED_TYPES = {
     "response.failed",
     "error",
 }
-TERMINAL = {"response.completed", "response.incomplete", "response.failed", "error"}
 
 WEATHER = {
     "type": "function",
