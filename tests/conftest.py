@@ -8,8 +8,6 @@ still look at the app's state (live sessions) to check cleanup.
 from __future__ import annotations
 
 import dataclasses
-import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -23,6 +21,7 @@ from tests.support import ast_guard
 from tests.support.http_clients import OPEN_CLIENTS
 from tests.support.http_clients import openai_client as openai_client  # where tests import it
 from tests.support.redis_server import redis_server_fixture
+from tests.support.uvicorn_thread import start_in_thread
 
 ast_guard.install()  # before any server thread can format a traceback
 
@@ -47,15 +46,9 @@ class RunningServer:
                 log_level="warning",
             )
         )
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def start(self) -> RunningServer:
-        self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started:
-            if time.monotonic() > deadline or not self.thread.is_alive():
-                raise RuntimeError("the test server did not start")
-            time.sleep(0.01)
+        self.thread = start_in_thread(self.server, "the test server")
         return self
 
     def stop(self) -> None:
