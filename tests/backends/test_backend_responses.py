@@ -49,7 +49,7 @@ from protocol.items import FunctionCall, Message, OutputText
 from tests.support.http_clients import openai_client
 from tests.support.scripted_engine import CLOSE, STALL, ScriptedEngine, sse
 from tests.support.shipped_ws import sdk_turn
-from tests.support.waiting import wait_until
+from tests.support.waiting import wait_for, wait_until
 
 KINDS = ("responses", "responses-ws")
 TOOL = {
@@ -445,10 +445,7 @@ def test_shipped_connection_holds_the_socket_until_it_closes(make_server: Any) -
         second = sdk_turn(conn)[-1].response
         assert second.status == "completed"
         assert upstream.live_sessions == 1
-    deadline = time.monotonic() + 5
-    while upstream.live_sessions and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert upstream.live_sessions == 0
+    wait_for(lambda: upstream.live_sessions == 0, "the upstream's session to end", 5)
 
 
 async def test_cancel_closes_the_upstream_socket_at_once(make_server: Any) -> None:
