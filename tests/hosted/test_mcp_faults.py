@@ -141,6 +141,17 @@ def test_a_hanging_call_stalls_no_one_else(make_server: Any, mcp_server: Loopbac
     assert slow[0].error.code == 504
 
 
+async def slow_call_running(client: Any, tool: dict[str, Any]) -> int:
+    """Create a response that calls the ``slow`` MCP tool and return once the
+    MCP server runs it (``SLOW_CALLS[started:]``: that call's records)."""
+    started = len(SLOW_CALLS)
+    await client.create(model="sim", input="wait", tools=[tool])
+    while not isinstance(await client.next_event(), McpCallInProgress):
+        pass
+    await wait_until(lambda: "started" in SLOW_CALLS[started:], "the MCP call to start")
+    return started
+
+
 async def test_cancel_and_disconnect_cancel_the_call_in_flight(
     make_server: Any, mcp_server: LoopbackMcp
 ) -> None:
@@ -150,12 +161,7 @@ async def test_cancel_and_disconnect_cancel_the_call_in_flight(
     tool = mcp_tool(mcp_server.http_url, allowed_tools=["slow"], require_approval="never")
     with trio.fail_after(10):
         async with connect(patient.url) as client:
-            started = len(SLOW_CALLS)
-            await client.create(model="sim", input="wait", tools=[tool])
-            while not isinstance(await client.next_event(), McpCallInProgress):
-                pass
-            # it runs there
-            await wait_until(lambda: "started" in SLOW_CALLS[started:], "the MCP call to start")
+            started = await slow_call_running(client, tool)
             await client.cancel()
             events = await client.until_done()
         ended = [event for event in events if isinstance(event, ResponseDone)]
@@ -164,11 +170,7 @@ async def test_cancel_and_disconnect_cancel_the_call_in_flight(
         # the MCP server saw its call cancelled
         await wait_until(lambda: "cancelled" in SLOW_CALLS[started:], "the MCP call's cancel")
         async with connect(patient.url) as client:
-            started = len(SLOW_CALLS)
-            await client.create(model="sim", input="wait", tools=[tool])
-            while not isinstance(await client.next_event(), McpCallInProgress):
-                pass
-            await wait_until(lambda: "started" in SLOW_CALLS[started:], "the MCP call to start")
+            started = await slow_call_running(client, tool)
         # the socket is gone: so is the call, and the session
         await wait_until(lambda: "cancelled" in SLOW_CALLS[started:], "the MCP call's cancel")
         await wait_until(lambda: not patient.live_sessions, "the session to end")
