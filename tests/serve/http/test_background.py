@@ -20,6 +20,7 @@ from openai.types.responses import ResponseStreamEvent
 
 from longresponse.config import ServerConfig, SimConfig
 from tests.conftest import RunningServer
+from tests.support.error_replies import assert_refused
 from tests.support.http_clients import openai_client, post, unread_request
 from tests.support.waiting import wait_for
 
@@ -276,14 +277,6 @@ def test_shutdown_ends_what_still_runs_failed(tmp_path: Any) -> None:
 # --- bad input, raw HTTP ---------------------------------------------------------
 
 
-def assert_error(reply: httpx.Response, status: int, code: str, param: str | None) -> str:
-    assert reply.status_code == status, reply.text
-    error = reply.json()["error"]
-    assert (error["type"], error["code"], error["param"]) == ("invalid_request_error", code, param)
-    assert error["message"]
-    return str(error["message"])
-
-
 @pytest.mark.parametrize(
     ("body", "code", "param"),
     [
@@ -298,7 +291,7 @@ def assert_error(reply: httpx.Response, status: int, code: str, param: str | Non
 def test_a_bad_background_create_is_refused(
     server: Any, body: dict[str, Any], code: str, param: str
 ) -> None:
-    assert_error(post(server, body), 400, code, param)
+    assert_refused(post(server, body), code, param)
     assert post(server, {"input": "x"}).status_code == 200  # nothing was left behind
 
 
@@ -313,15 +306,15 @@ def test_bad_reads_deletes_and_streams(server: Any) -> None:
     plain = post(server, {"input": "not in the background"}).json()
     assert plain["background"] is False
     streamed = httpx.get(f"{base}/{plain['id']}", params={"stream": "true"})
-    message = assert_error(streamed, 400, "invalid_value", "stream")
+    message = assert_refused(streamed, "invalid_value", "stream")["message"]
     assert "background=true" in message
     running = post(server, {"input": "x", "background": True, "metadata": SLOW}).json()
     assert running["status"] == "queued"
     for after in ("-1", "abc", "1.5", "99999999999999999999"):
         params = {"stream": "true", "starting_after": after}
         reply = httpx.get(f"{base}/{running['id']}", params=params)
-        assert_error(reply, 400, "invalid_value", "starting_after")
-    assert_error(httpx.delete(f"{base}/{running['id']}"), 400, "invalid_value", "response_id")
+        assert_refused(reply, "invalid_value", "starting_after")
+    assert_refused(httpx.delete(f"{base}/{running['id']}"), "invalid_value", "response_id")
     assert httpx.post(f"{base}/{running['id']}/cancel").json()["status"] == "cancelled"
     assert httpx.delete(f"{base}/{running['id']}").status_code == 200
     for gone in (
@@ -329,7 +322,7 @@ def test_bad_reads_deletes_and_streams(server: Any) -> None:
         httpx.get(f"{base}/{running['id']}", params={"stream": "true"}),
         httpx.post(f"{base}/{running['id']}/cancel"),
     ):
-        assert_error(gone, 404, "response_not_found", "response_id")
+        assert_refused(gone, "response_not_found", "response_id", status=404)
 
 
 def test_one_key_at_its_quota_does_not_stop_another(make_server: Any) -> None:

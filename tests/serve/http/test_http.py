@@ -16,6 +16,7 @@ from openai.types.responses import ResponseStreamEvent
 from longresponse.config import ServerConfig
 from longresponse.server_process import ServerProcess
 from tests.conftest import RunningServer
+from tests.support.error_replies import assert_refused
 from tests.support.http_clients import OPEN_CLIENTS, openai_client, post
 
 STREAM_EVENT = pydantic.TypeAdapter(ResponseStreamEvent)
@@ -180,13 +181,7 @@ def test_store_false_is_never_found_again(server: Any) -> None:
 def test_bad_input_gets_the_error_envelope(
     server: Any, body: str, status: int, code: str, param: str | None
 ) -> None:
-    reply = post(server, body)
-    assert reply.status_code == status
-    error = reply.json()["error"]
-    assert error["code"] == code
-    assert error["param"] == param
-    assert error["type"] == "invalid_request_error"
-    assert error["message"]
+    assert_refused(post(server, body), code, param, status=status)
 
 
 def test_oversize_body_is_refused(make_server: Any) -> None:

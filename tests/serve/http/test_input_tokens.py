@@ -14,6 +14,7 @@ import pytest
 
 from longresponse.config import SimConfig
 from tests.serve.ws.test_shipped_ws import WEATHER
+from tests.support.error_replies import assert_refused
 from tests.support.http_clients import openai_client, post
 
 COUNT = "/v1/responses/input_tokens"
@@ -108,11 +109,7 @@ def test_count_follows_the_window_rules(make_server: Any) -> None:
     ],
 )  # fmt: skip
 def test_bad_input(server: Any, body: Any, status: int, code: str, param: str | None) -> None:
-    reply = post(server, body, path=COUNT, timeout=10)
-    assert reply.status_code == status
-    error = reply.json()["error"]
-    assert (error["code"], error["param"], error["type"]) == (code, param, "invalid_request_error")
-    assert error["message"]
+    assert_refused(post(server, body, path=COUNT, timeout=10), code, param, status=status)
     fine = post(server, {"input": "fine"}, path=COUNT, timeout=10)
     assert fine.json()["object"] == "response.input_tokens"
 
