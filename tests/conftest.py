@@ -17,6 +17,7 @@ import uvicorn
 from longresponse.config import ServerConfig
 from longresponse.serve.app import create_app
 from longresponse.serve.ws.oversize import LingeringWSProtocol
+from longresponse.server_process import ServerProcess
 from tests.support import ast_guard
 from tests.support.http_clients import OPEN_CLIENTS
 from tests.support.http_clients import openai_client as openai_client  # where tests import it
@@ -86,6 +87,13 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     running = RunningServer(ServerConfig(port=0, store=f"sqlite:///{store}")).start()
     yield running
     running.stop()
+
+
+@pytest.fixture
+def server_process(tmp_path: Any) -> Iterator[ServerProcess]:
+    """A server in a process of its own (``longresponse serve``), with its own SQLite file."""
+    with ServerProcess("--store", f"sqlite:///{tmp_path}/responses.db") as running:
+        yield running
 
 
 @pytest.fixture

@@ -28,11 +28,10 @@ import re
 import statistics
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, Final
 
 import httpx
-import pytest
 import trio
 import wsproto.events as ws
 
@@ -60,12 +59,6 @@ TOOL = {
     "name": "read_file",
     "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
 }
-
-
-@pytest.fixture
-def server_process(tmp_path: Any) -> Iterator[ServerProcess]:
-    with ServerProcess("--store", f"sqlite:///{tmp_path}/responses.db") as running:
-        yield running
 
 
 class Abuser:
