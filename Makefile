@@ -57,10 +57,16 @@ test-services: node-clients engine
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 		chromium chromium-driver >/dev/null)
 
-# Branch coverage of the whole suite; the sans-IO core must stay near 100%.
+# The whole suite with branch coverage; the sans-IO core must stay near 100%.
+# Two workers (WORKERS=1 for one), then the tests marked serial alone: they
+# measure one client's delay while another abuses the server, which a
+# neighbouring test would disturb (tests/support/tiers.py).
+WORKERS ?= 2
+COVER := --cov=protocol --cov=longresponse --cov-branch
 test: lint test-services
-	$(BIN)/python -m pytest -q --cov=protocol --cov=longresponse --cov-branch \
-		--cov-report=term:skip-covered
+	$(BIN)/python -m pytest -q -n $(WORKERS) --dist loadgroup -m "not serial" $(COVER) \
+		--cov-report=
+	$(BIN)/python -m pytest -q -m serial $(COVER) --cov-append --cov-report=term:skip-covered
 	$(BIN)/python -m coverage report --include='protocol/*' --fail-under=90 >/dev/null
 
 # The fast tier, to run while working: the sans-IO core, the engine and the serve

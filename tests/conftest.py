@@ -19,7 +19,7 @@ from longresponse.serve.app import create_app
 from longresponse.serve.ws.oversize import LingeringWSProtocol
 from longresponse.server_process import ServerProcess
 from tests.support import ast_guard
-from tests.support.http_clients import OPEN_CLIENTS
+from tests.support.http_clients import OPEN_CLIENTS, SHARED_CLIENTS
 from tests.support.http_clients import openai_client as openai_client  # where tests import it
 from tests.support.redis_server import redis_server_fixture
 from tests.support.uvicorn_thread import start_in_thread
@@ -32,8 +32,10 @@ pytest_plugins = ["tests.support.tiers"]  # the markers, and what a bare run lac
 class RunningServer:
     """A longresponse server on 127.0.0.1 in a background thread."""
 
-    def __init__(self, config: ServerConfig) -> None:
+    def __init__(self, config: ServerConfig, *, shared: bool = False) -> None:
         self.config = config
+        #: the run's one server (the ``server`` fixture), which tests share
+        self.shared = shared
         self.app = create_app(config)
         self.server = uvicorn.Server(
             uvicorn.Config(
@@ -52,9 +54,18 @@ class RunningServer:
         self.thread = start_in_thread(self.server, "the test server")
         return self
 
-    def stop(self) -> None:
+    def stop(self, *, wait: bool = True) -> None:
+        """Ask the server to exit and, with ``wait``, join its thread.
+
+        uvicorn notices ``should_exit`` on its next 0.1 s tick and then
+        waits 0.1 s more for connections to close, so a join takes 0.2 s;
+        a test's own servers are joined together at the end of the run
+        (:func:`_join_stopped_servers`) instead of one by one."""
         self.server.should_exit = True
-        self.thread.join(timeout=10)
+        if wait:
+            self.thread.join(timeout=10)
+        else:
+            STOPPING.append(self)
 
     @property
     def port(self) -> int:
@@ -84,8 +95,10 @@ def redis_url() -> Iterator[str]:
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     """One server with the default configuration (a real SQLite store), shared by the run."""
     store = tmp_path_factory.mktemp("store") / "responses.db"
-    running = RunningServer(ServerConfig(port=0, store=f"sqlite:///{store}")).start()
+    running = RunningServer(ServerConfig(port=0, store=f"sqlite:///{store}"), shared=True).start()
     yield running
+    while SHARED_CLIENTS:
+        SHARED_CLIENTS.popitem()[1].close()
     running.stop()
 
 
@@ -113,7 +126,20 @@ def make_server(tmp_path: Any) -> Iterator[Callable[..., RunningServer]]:
 
     yield factory
     for running in started:
-        running.stop()
+        running.stop(wait=False)
+
+
+#: Servers asked to exit and not yet joined (:meth:`RunningServer.stop`).
+STOPPING: list[RunningServer] = []
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _join_stopped_servers() -> Iterator[None]:
+    yield
+    while STOPPING:
+        running = STOPPING.pop()
+        running.thread.join(timeout=10)
+        assert not running.thread.is_alive(), "a test server did not exit"
 
 
 @pytest.fixture(autouse=True)

@@ -13,6 +13,9 @@ import pytest
 
 from tests.support.tiers import MARKERS
 
+#: pytest itself, in a child process.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -43,6 +43,9 @@ from tests.support.connection_pair import ConnectionPair, Role, user
 from tests.support.shipped_ws import sdk_turn
 from tests.support.waiting import wait_until
 
+#: an upstream process per test, killed, refused and restarted.
+pytestmark = pytest.mark.slow
+
 SLOW = {"sim_output_tokens": "5000", "sim_tokens_per_second": "20"}
 
 

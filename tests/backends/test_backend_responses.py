@@ -51,6 +51,9 @@ from tests.support.scripted_engine import CLOSE, STALL, ScriptedEngine, sse
 from tests.support.shipped_ws import sdk_turn
 from tests.support.waiting import wait_for, wait_until
 
+#: an upstream longresponse process per test, and its deadlines.
+pytestmark = pytest.mark.slow
+
 KINDS = ("responses", "responses-ws")
 TOOL = {
     "type": "function",

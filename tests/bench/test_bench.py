@@ -19,6 +19,9 @@ from longresponse import cli
 from longresponse.bench import compare, report
 from longresponse.server_process import ServerProcess
 
+#: whole bench runs, each transport through real sockets and a second process.
+pytestmark = pytest.mark.slow
+
 TOOL_CALLS = 3
 GROWTH_TOOL_CALLS = 4
 TRANSPORTS = ("append", "ws", "http", "http-full", "ws-full", "http-cached", "ws-sdk", "http-sdk")

@@ -12,6 +12,9 @@ from longresponse.bench import soak
 from longresponse.bench.soak_report import verdict
 from longresponse.cli import build_parser
 
+#: a soak, however tiny, runs for a while by design.
+pytestmark = pytest.mark.slow
+
 
 def test_soak_tiny_writes_its_report(server: Any, tmp_path: Path) -> None:
     args = build_parser().parse_args(

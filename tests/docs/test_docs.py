@@ -22,6 +22,9 @@ from typing import Any
 
 import pytest
 
+#: every documented block, run against server processes.
+pytestmark = pytest.mark.slow
+
 
 def repository_root() -> Path:
     """The directory holding pyproject.toml, walking up from this file."""

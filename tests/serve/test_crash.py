@@ -24,6 +24,9 @@ from longresponse.server_process import ServerProcess
 from longresponse.storage.backends import open_store
 from longresponse.storage.persistence import POST_INFERENCE_QUEUE_DEPTH
 
+#: kill -9 cycles of server processes.
+pytestmark = pytest.mark.slow
+
 #: Crashes per store, and how long the load runs before each kill.
 CRASHES = 3
 LOAD_SECONDS = 1.5

@@ -55,6 +55,9 @@ from protocol import APPEND_SUBPROTOCOL, MAX_ITEMS_PER_EVENT, ProtocolError
 from tests.support import http_clients
 from tests.support.raw_ws import handshake
 
+#: another client's delay under abuse, measured: run alone, after the parallel part.
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
+
 #: How much later than alone the well-behaved client's worst ``/healthz`` may be.
 ALLOWED_DELAY: Final = 0.050
 #: Tries of a case before a delay fails it: a real hold repeats every time, a

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 import httpx
+import pytest
 import trio
 import wsproto.events as ws
 
@@ -42,6 +43,9 @@ from longresponse.server_process import ServerProcess
 from protocol import MAX_ITEMS_PER_EVENT
 from protocol.events import ResponseDone
 from tests.support.raw_ws import handshake
+
+#: another client's delay under abuse, measured: run alone, after the parallel part.
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 #: Turns timed alone, and timed under abuse.
 TURNS: Final = 30

@@ -33,6 +33,9 @@ from protocol.items import FunctionCall
 from tests.support.raw_ws import handshake
 from tests.support.waiting import wait_for, wait_until
 
+#: a server process's memory across many large messages.
+pytestmark = pytest.mark.slow
+
 TOOL = {"type": "function", "name": "read_file", "parameters": {"type": "object"}}
 LINGER_ZERO = b"\x01\x00\x00\x00\x00\x00\x00\x00"  # close() sends a RST
 

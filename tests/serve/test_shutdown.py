@@ -24,6 +24,9 @@ from longresponse.server_process import ServerProcess
 from protocol.events import OutputTextDelta, ResponseDone, ServerEvent
 from tests.conftest import openai_client
 
+#: server processes stopped by signals, with their drains.
+pytestmark = pytest.mark.slow
+
 READ_FILE = {
     "type": "function",
     "name": "read_file",

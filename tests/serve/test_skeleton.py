@@ -223,6 +223,7 @@ SCHEMAS = st.recursive(
 )
 
 
+@pytest.mark.slow  # 300 examples of nested schemas: seconds of CPU
 @settings(max_examples=300, deadline=None)
 @given(st.dictionaries(KEYS, SCHEMAS, max_size=8), st.integers(1, 12), st.integers(1, 8))
 def test_the_walk_on_text_finds_the_fault_of_the_decoded_walk(

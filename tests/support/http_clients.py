@@ -1,7 +1,8 @@
 """Clients of a test server's HTTP surface, written once for every test.
 
 - ``openai_client``: the official ``openai`` SDK pointed at a server, closed
-  after the test (``tests/conftest.py`` empties ``OPEN_CLIENTS``).
+  after the test (``tests/conftest.py`` empties ``OPEN_CLIENTS``, and
+  ``SHARED_CLIENTS`` when the shared server stops).
 - ``post``: a raw JSON POST with ``httpx``, for what the SDK would refuse
   to send (malformed bodies, unknown fields, wrong keys).
 - ``unread_request`` / ``stalled_post``: a request from a socket that then
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "OPEN_CLIENTS",
+    "SHARED_CLIENTS",
     "openai_client",
     "post",
     "read_until_closed",
@@ -36,14 +38,27 @@ __all__ = [
 
 #: SDK clients made by a test, closed after it (their HTTP pools hold sockets).
 OPEN_CLIENTS: list[Any] = []
+#: SDK clients of the shared server, one per key, kept for the run as an
+#: application keeps its client: each ``OpenAI()`` builds an SSL context from
+#: the CA bundle (30-40 ms of CPU), a fifth of the fast tier's time when
+#: every test built its own.
+SHARED_CLIENTS: dict[tuple[str, str], Any] = {}
 
 
 def openai_client(server: Any, key: str = "test-key") -> OpenAI:
-    """An official ``openai`` client for ``server``, closed when the test ends."""
+    """An official ``openai`` client for ``server`` at its defaults (but no
+    retries), closed when the test ends; the shared server's (a ``RunningServer``
+    made with ``shared=True``) are kept for the run."""
     from openai import OpenAI
 
+    shared = bool(getattr(server, "shared", False))
+    if shared and (kept := SHARED_CLIENTS.get((server.http_url, key))):
+        return kept
     client = OpenAI(base_url=f"{server.http_url}/v1", api_key=key, max_retries=0)
-    OPEN_CLIENTS.append(client)
+    if shared:
+        SHARED_CLIENTS[server.http_url, key] = client
+    else:
+        OPEN_CLIENTS.append(client)
     return client
 
 

@@ -35,6 +35,7 @@ MARKERS: Final = {
     "browser": "needs Debian's chromium and chromedriver (make test-services)",
     "services": "needs redis-server or nginx (make test-services)",
     "slow": "correct but too long for the fast tier: crash cycles, soaks, benchmarks",
+    "serial": "measures another client's delay: runs alone, after the parallel part of make test",
 }
 
 #: A fixture that brings a tier's part in: its users carry the marker.
@@ -83,12 +84,15 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", f"{name}: {meaning}")
 
 
-@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker, and xdist groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         for fixture in getattr(item, "fixturenames", ()):
             if marker := BY_FIXTURE.get(fixture):
                 item.add_marker(marker)
+        if item.get_closest_marker("engine"):
+            # one engine for the run, on one worker (two would share two cores)
+            item.add_marker(pytest.mark.xdist_group("engine"))
 
 
 def missing(items: list[pytest.Item]) -> list[tuple[str, str]]:

@@ -32,6 +32,9 @@ from longresponse.serve.scan_process import ScanProcess
 from longresponse.server_process import ServerProcess
 from protocol import APPEND_SUBPROTOCOL
 
+#: another client's delay under a 15 MB append, measured: run alone, after the parallel part.
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
+
 #: How much later than alone the well-behaved client's worst ``/healthz`` may be.
 ALLOWED_DELAY: Final = 0.050
 #: Tries before a delay fails the test: a hold repeats, a busy machine's hiccup rarely.
