@@ -7,12 +7,7 @@ still look at the app's state (live sessions) to check cleanup.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import json
-import socket
-import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -24,7 +19,10 @@ from longresponse.serve.app import create_app
 from longresponse.serve.ws.oversize import LingeringWSProtocol
 from longresponse.server_process import ServerProcess
 from tests.support import ast_guard
+from tests.support.http_clients import OPEN_CLIENTS, SHARED_CLIENTS
+from tests.support.http_clients import openai_client as openai_client  # where tests import it
 from tests.support.redis_server import redis_server_fixture
+from tests.support.uvicorn_thread import start_in_thread
 
 ast_guard.install()  # before any server thread can format a traceback
 
@@ -51,15 +49,9 @@ class RunningServer:
                 log_level="warning",
             )
         )
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def start(self) -> RunningServer:
-        self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started:
-            if time.monotonic() > deadline or not self.thread.is_alive():
-                raise RuntimeError("the test server did not start")
-            time.sleep(0.01)
+        self.thread = start_in_thread(self.server, "the test server")
         return self
 
     def stop(self, *, wait: bool = True) -> None:
@@ -111,6 +103,13 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
 
 
 @pytest.fixture
+def server_process(tmp_path: Any) -> Iterator[ServerProcess]:
+    """A server in a process of its own (``longresponse serve``), with its own SQLite file."""
+    with ServerProcess("--store", f"sqlite:///{tmp_path}/responses.db") as running:
+        yield running
+
+
+@pytest.fixture
 def make_server(tmp_path: Any) -> Iterator[Callable[..., RunningServer]]:
     """Start a server with some configuration overridden (stopped after the test).
 
@@ -143,51 +142,9 @@ def _join_stopped_servers() -> Iterator[None]:
         assert not running.thread.is_alive(), "a test server did not exit"
 
 
-#: SDK clients made by a test, closed after it (their HTTP pools hold sockets).
-OPEN_CLIENTS: list[Any] = []
-#: SDK clients of the shared server, one per key, kept for the run as an
-#: application keeps its client: each ``OpenAI()`` builds an SSL context from
-#: the CA bundle (30-40 ms of CPU), a fifth of the fast tier's time when
-#: every test built its own.
-SHARED_CLIENTS: dict[tuple[str, str], Any] = {}
-
-
-@contextlib.contextmanager
-def stalled_post(port: int, path: str, body: dict[str, Any]) -> Iterator[socket.socket]:
-    """A raw HTTP POST of ``body`` to ``path`` from a socket with a 4 KiB receive
-    buffer that then reads nothing until the caller does (a slow reader)."""
-    data = json.dumps(body).encode()
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.settimeout(10)
-    with sock:
-        sock.connect(("127.0.0.1", port))
-        sock.sendall(
-            b"POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\n" % path.encode()
-            + b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-            % (len(data), data)
-        )
-        yield sock
-
-
-def openai_client(server: RunningServer | ServerProcess, key: str = "test-key") -> Any:
-    """An official ``openai`` client for ``server`` at its defaults (but no
-    retries), closed when the test ends; the shared server's are kept for the run."""
-    from openai import OpenAI
-
-    shared = isinstance(server, RunningServer) and server.shared
-    if shared and (kept := SHARED_CLIENTS.get((server.http_url, key))):
-        return kept
-    client = OpenAI(base_url=f"{server.http_url}/v1", api_key=key, max_retries=0)
-    if shared:
-        SHARED_CLIENTS[server.http_url, key] = client
-    else:
-        OPEN_CLIENTS.append(client)
-    return client
-
-
 @pytest.fixture(autouse=True)
 def _close_openai_clients() -> Iterator[None]:
+    """Close the SDK clients ``openai_client`` made during the test."""
     yield
     while OPEN_CLIENTS:
         OPEN_CLIENTS.pop().close()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -32,12 +31,6 @@ def test_help_documents_every_flag() -> None:
         assert flag in result.stdout
     for action in serve._actions:
         assert action.help, action
-
-
-@pytest.fixture
-def server_process(tmp_path: Any) -> Iterator[ServerProcess]:
-    with ServerProcess("--store", f"sqlite:///{tmp_path}/responses.db") as running:
-        yield running
 
 
 async def test_server_process_serves_a_rollout(server_process: ServerProcess) -> None:

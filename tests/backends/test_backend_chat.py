@@ -45,6 +45,7 @@ from protocol.items import FunctionCall, FunctionCallOutput, FunctionTool, Messa
 from protocol.response import FormatJSONObject
 from tests.conftest import openai_client
 from tests.support.engine_peer import StandIn, answer, choice, record
+from tests.support.shipped_ws import sdk_turn
 
 ADD = {
     "type": "function",
@@ -380,7 +381,7 @@ def test_a_shipped_websocket_chain(make_server: Any, upstream: ServerProcess) ->
         conn.response.create(
             model="engine", input="Add things.", tools=[ADD], metadata=TWO_CALLS, store=False
         )
-        first = [event for event in _until_end(conn)]
+        first = sdk_turn(conn)
         assert first[-1].type == "response.completed"
         calls = [o for o in first[-1].response.output if o.type == "function_call"]
         assert len(calls) == 2
@@ -394,19 +395,12 @@ def test_a_shipped_websocket_chain(make_server: Any, upstream: ServerProcess) ->
             metadata=TWO_CALLS,
             store=False,
         )
-        second = [event for event in _until_end(conn)]
+        second = sdk_turn(conn)
     end = second[-1]
     assert end.type == "response.completed"
     assert end.response.output[-1].type == "message"
     assert f"[{calls[1].call_id}] «5»" in end.response.output_text
     assert end.response.usage.input_tokens_details.cached_tokens > 0
-
-
-def _until_end(conn: Any) -> Iterator[Any]:
-    for event in conn:
-        yield event
-        if event.type in ("response.completed", "response.failed", "response.incomplete", "error"):
-            return
 
 
 def test_an_http_chain_with_the_engines_usage(make_server: Any, upstream: ServerProcess) -> None:

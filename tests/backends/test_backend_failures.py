@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import dataclasses
 import socket
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -38,9 +37,11 @@ from protocol.events import (
     ResponseInProgress,
 )
 from protocol.items import Message
-from tests.backends.test_backend_chat import ADD, _until_end, chat_backend, gateway
+from tests.backends.test_backend_chat import ADD, chat_backend, gateway
 from tests.conftest import openai_client
 from tests.support.connection_pair import ConnectionPair, Role, user
+from tests.support.shipped_ws import sdk_turn
+from tests.support.waiting import wait_until
 
 #: an upstream process per test, killed, refused and restarted.
 pytestmark = pytest.mark.slow
@@ -154,7 +155,7 @@ def test_an_unreachable_engine_fails_the_shipped_websocket_response(make_server:
             assert event.type in ("response.created", "response.in_progress")
         # The connection stays usable: the simulated model still answers.
         conn.response.create(model="sim", input="still here", store=False)
-        assert [e.type for e in _until_end(conn)][-1] == "response.completed"
+        assert sdk_turn(conn)[-1].type == "response.completed"
 
 
 async def test_append_mode_pauses_on_an_unreachable_engine_and_resumes(make_server: Any) -> None:
@@ -394,15 +395,6 @@ async def test_a_rate_limited_append_mode_turn_pauses_with_the_hint(make_server:
 # --- cancel, disconnect, slow engines ------------------------------------------------
 
 
-async def wait_for(condition: Any, seconds: float = 10.0) -> float:
-    """Seconds until ``condition()`` holds (polling the engine; fails after ``seconds``)."""
-    started = time.monotonic()
-    while not await trio.to_thread.run_sync(condition):
-        assert time.monotonic() - started < seconds, "the engine never saw it"
-        await trio.sleep(0.005)
-    return time.monotonic() - started
-
-
 async def test_a_cancel_closes_the_engines_stream_at_once(
     make_server: Any, upstream: ServerProcess
 ) -> None:
@@ -413,7 +405,12 @@ async def test_a_cancel_closes_the_engines_stream_at_once(
             pass
         before = counter(upstream, "stopped")
         await client.cancel()
-        seen = await wait_for(lambda: counter(upstream, "stopped") > before)
+        seen = await wait_until(
+            lambda: counter(upstream, "stopped") > before,
+            "the engine to stop its stream",
+            in_thread=True,
+            interval=0.005,
+        )
         done = (await client.until_done())[-1]
     assert isinstance(done, ResponseDone)
     assert done.response.status == "cancelled"
@@ -439,7 +436,12 @@ async def test_a_disconnect_closes_the_engines_stream(
         await client.create(model="engine", input="Talk at length.", metadata=SLOW)
         while not isinstance(await client.next_event(), OutputTextDelta):
             pass
-    await wait_for(lambda: counter(upstream, "stopped") > before)
+    await wait_until(
+        lambda: counter(upstream, "stopped") > before,
+        "the engine to stop its stream",
+        in_thread=True,
+        interval=0.005,
+    )
 
 
 async def test_a_slow_engine_never_blocks_other_rollouts(

@@ -21,7 +21,6 @@ from typing import Any
 
 import httpx
 import pytest
-from openai import OpenAI
 
 from longresponse.backends.responses_http import ResponsesBackend, retry_wait
 from longresponse.backends.responses_wire import (
@@ -47,9 +46,10 @@ from longresponse.engine.sampling import (
 from longresponse.server_process import ServerProcess, free_port
 from protocol.events import OutputItemDone, OutputTextDelta, ResponseDone
 from protocol.items import FunctionCall, Message, OutputText
-from tests.conftest import openai_client
-from tests.support.raw_ws import wait_until
+from tests.support.http_clients import openai_client
 from tests.support.scripted_engine import CLOSE, STALL, ScriptedEngine, sse
+from tests.support.shipped_ws import sdk_turn
+from tests.support.waiting import wait_for, wait_until
 
 #: an upstream longresponse process per test, and its deadlines.
 pytestmark = pytest.mark.slow
@@ -182,20 +182,6 @@ async def test_append_rollout_continues_the_upstream_chain(
 # --- the shipped shape at the front: the official SDK ---------------------------------
 
 
-def sdk(server: Any) -> OpenAI:
-    return openai_client(server)  # type: ignore[no-any-return]
-
-
-def sdk_turn(conn: Any) -> list[Any]:
-    """One response's events over the SDK's socket, up to its terminal event (or error)."""
-    events = []
-    for event in conn:
-        events.append(event)
-        if event.type in ("response.completed", "response.incomplete", "response.failed", "error"):
-            return events
-    raise AssertionError("the socket closed mid-response")
-
-
 def calls_in(output: list[Any]) -> list[Any]:
     return [item for item in output if item.type == "function_call"]
 
@@ -211,7 +197,7 @@ def test_shipped_websocket_chain_with_the_sdk(
     caplog.set_level(logging.DEBUG, logger="longresponse.backends")
     gateway = make_server(backends=(backend(upstream, kind, upstream_store=True),))
     meta = {"sim_tool_calls": "2"}
-    with sdk(gateway).responses.connect() as conn:
+    with openai_client(gateway).responses.connect() as conn:
         conn.response.create(
             model="up", input="Chain me.", tools=[TOOL], store=False, metadata=meta
         )
@@ -249,7 +235,7 @@ def test_http_chain_with_the_sdk(
     make_server: Any, upstream: ServerProcess, kind: str, stream: bool
 ) -> None:
     gateway = make_server(backends=(backend(upstream, kind, upstream_store=True),))
-    client = sdk(gateway)
+    client = openai_client(gateway)
     meta = {"sim_tool_calls": "1"}
 
     def create(**fields: Any) -> Any:
@@ -309,7 +295,7 @@ def failed_turn(gateway: Any, **create: Any) -> tuple[str, str]:
     """One shipped-shape turn over the SDK's socket that must fail; the connection
     stays usable (a second request is answered)."""
     create.setdefault("input", "hello")
-    with sdk(gateway).responses.connect() as conn:
+    with openai_client(gateway).responses.connect() as conn:
         conn.response.create(model="up", store=False, **create)
         found = failure_of(sdk_turn(conn))
         conn.response.create(model="sim", input="still there?", store=False)
@@ -368,7 +354,7 @@ def test_an_upstream_refusal_keeps_its_code(
     monkeypatch.setenv(KEY_ENV, UPSTREAM_KEY)
     gateway = make_server(backends=(backend(strict_upstream, kind, api_key_env=KEY_ENV),))
     # The key is accepted: a plain turn works.
-    with sdk(gateway).responses.connect() as conn:
+    with openai_client(gateway).responses.connect() as conn:
         conn.response.create(model="up", input="hello", store=False)
         assert sdk_turn(conn)[-1].type == "response.completed"
     # The gateway flags secrets (its default); the upstream refuses them (400,
@@ -406,7 +392,7 @@ def test_killing_the_upstream_mid_stream_is_upstream_unavailable(
     with ServerProcess(*FAST) as doomed:
         gateway = make_server(backends=(backend(doomed, kind),))
         meta = {"sim_tool_calls": "0", "sim_output_tokens": "20000", "sim_tokens_per_second": "200"}
-        with sdk(gateway).responses.connect() as conn:
+        with openai_client(gateway).responses.connect() as conn:
             conn.response.create(model="up", input="Talk a lot.", store=False, metadata=meta)
             for event in conn:  # up to the first output the client sees
                 if event.type == "response.output_text.delta":
@@ -447,14 +433,14 @@ async def test_one_upstream_socket_per_rollout_closed_when_it_ends(make_server: 
         assert isinstance(done, ResponseDone)
         assert done.response.status == "completed"
         # The rollout ended: its upstream socket is closed, the connection still open.
-        await wait_until(lambda: upstream.live_sessions == 0)
+        await wait_until(lambda: upstream.live_sessions == 0, "the upstream's session to end")
         assert gateway.live_sessions == 1
 
 
 def test_shipped_connection_holds_the_socket_until_it_closes(make_server: Any) -> None:
     upstream = make_server()
     gateway = make_server(backends=(backend(upstream, "responses-ws"),))
-    with sdk(gateway).responses.connect() as conn:
+    with openai_client(gateway).responses.connect() as conn:
         conn.response.create(model="up", input="first", store=False)
         first = sdk_turn(conn)[-1].response
         assert upstream.live_sessions == 1  # kept for the next segment of the rollout
@@ -462,10 +448,7 @@ def test_shipped_connection_holds_the_socket_until_it_closes(make_server: Any) -
         second = sdk_turn(conn)[-1].response
         assert second.status == "completed"
         assert upstream.live_sessions == 1
-    deadline = time.monotonic() + 5
-    while upstream.live_sessions and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert upstream.live_sessions == 0
+    wait_for(lambda: upstream.live_sessions == 0, "the upstream's session to end", 5)
 
 
 async def test_cancel_closes_the_upstream_socket_at_once(make_server: Any) -> None:
@@ -482,7 +465,9 @@ async def test_cancel_closes_the_upstream_socket_at_once(make_server: Any) -> No
         assert isinstance(done, ResponseDone)
         assert done.response.status == "cancelled"
         # The upstream saw its client go (its turn would have run for minutes).
-        await wait_until(lambda: upstream.live_sessions == 0, seconds=2.0)
+        await wait_until(
+            lambda: upstream.live_sessions == 0, "the upstream's session to end", seconds=2.0
+        )
 
 
 async def test_a_socket_the_upstream_closed_is_reopened_with_full_input(
@@ -500,7 +485,7 @@ async def test_a_socket_the_upstream_closed_is_reopened_with_full_input(
             if isinstance(e, OutputItemDone) and isinstance(e.item, FunctionCall)
         ]
         # The tool takes longer than the upstream lets a socket live.
-        await wait_until(lambda: upstream.live_sessions == 0)
+        await wait_until(lambda: upstream.live_sessions == 0, "the upstream's session to end")
         await client.append(
             [{"type": "function_call_output", "call_id": call.call_id, "output": "late"}]
         )
@@ -640,7 +625,7 @@ def test_retries_wait_with_backoff_and_honour_retry_after() -> None:
 def test_switching_models_releases_the_old_socket(make_server: Any) -> None:
     upstream = make_server()
     gateway = make_server(backends=(backend(upstream, "responses-ws"),))
-    with sdk(gateway).responses.connect() as conn:
+    with openai_client(gateway).responses.connect() as conn:
         conn.response.create(model="up", input="first", store=False)
         first = sdk_turn(conn)[-1].response
         assert upstream.live_sessions == 1
@@ -718,7 +703,9 @@ async def test_cancel_closes_the_upstream_http_stream_at_once(make_server: Any) 
         assert isinstance(done, ResponseDone)
         assert done.response.status == "cancelled"
         # The stream's connection was closed, not left to finish its minutes of text.
-        await wait_until(lambda: upstream_connections() == 0, seconds=2.0)
+        await wait_until(
+            lambda: upstream_connections() == 0, "the upstream connection to close", seconds=2.0
+        )
 
 
 # --- when a failed turn may be sent again, and the deadlines that end one -------------
@@ -734,7 +721,7 @@ def test_the_first_event_starts_the_idle_deadline(
     config = backend(upstream, kind, first_token_timeout=2.0, idle_timeout=30.0)
     gateway = make_server(backends=(config,))
     meta = {"sim_tool_calls": "0", "sim_ttft_ms": "4500"}
-    with sdk(gateway).responses.connect() as conn:
+    with openai_client(gateway).responses.connect() as conn:
         conn.response.create(model="up", input="Think first.", store=False, metadata=meta)
         events = sdk_turn(conn)
     assert events[-1].type == "response.completed", failure_of(events)
@@ -821,7 +808,7 @@ def test_an_error_answer_whose_body_stalls_ends_the_turn(make_server: Any) -> No
 def test_a_background_response_releases_its_upstream_socket(make_server: Any) -> None:
     upstream = make_server()
     gateway = make_server(backends=(backend(upstream, "responses-ws"),))
-    client = sdk(gateway)
+    client = openai_client(gateway)
     made = client.responses.create(model="up", input="in the background", background=True)
     deadline = time.monotonic() + 10
     while client.responses.retrieve(made.id).status in ("queued", "in_progress"):
@@ -841,7 +828,7 @@ def test_an_ended_turn_leaves_its_connection_for_the_next(make_server: Any) -> N
     def upstream_connections() -> set[Any]:  # uvicorn's open connections on the upstream
         return set(upstream.server.server_state.connections)
 
-    client = sdk(gateway)
+    client = openai_client(gateway)
     assert client.responses.create(model="up", input="one", store=False).status == "completed"
     time.sleep(0.3)  # a connection the gateway closed would be gone by now
     first = upstream_connections()
@@ -934,7 +921,7 @@ def test_an_upstream_reasoning_model_gets_its_reasoning_back(make_server: Any) -
     )
     with ScriptedEngine([stream, CLOSE]).running() as engine:
         gateway = make_server(backends=(scripted_backend(engine),))
-        with sdk(gateway).responses.connect() as conn:
+        with openai_client(gateway).responses.connect() as conn:
             conn.response.create(model="up", input="Which file?", tools=[TOOL], store=False)
             first = sdk_turn(conn)[-1].response
             assert [item.type for item in first.output] == ["function_call"]

@@ -9,7 +9,6 @@ then walks away from.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import time
@@ -30,7 +29,8 @@ from longresponse.chat.wire import (
     decode_chat_request,
 )
 from longresponse.config import SimConfig
-from tests.conftest import openai_client, stalled_post
+from tests.support.http_clients import openai_client, read_until_closed, stalled_post
+from tests.support.waiting import wait_for
 
 WEATHER = {
     "type": "function",
@@ -63,13 +63,6 @@ def tokenize(server: Any, **body: Any) -> dict[str, Any]:
     assert answer.status_code == 200, answer.text
     result: dict[str, Any] = answer.json()
     return result
-
-
-def wait_for(condition: Any, what: str, seconds: float = 10.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
 
 
 # --- answers -------------------------------------------------------------------
@@ -531,10 +524,7 @@ def test_a_slow_stream_reader_is_dropped_and_its_turn_stopped(make_server: Any) 
         wait_for(lambda: chat.running == 1, "the turn to start")
         # Never reading: the connection is dropped and the turn stopped.
         wait_for(lambda: chat.stopped == 1 and chat.running == 0, "the reader's drop", 30)
-        received = b""
-        with contextlib.suppress(ConnectionResetError):
-            while chunk := sock.recv(1 << 20):
-                received += chunk
+        received = read_until_closed(sock)
     assert received.startswith(b"HTTP/1.1 200")
     assert len(received) < 4 * 1024 * 1024
     assert b"data: [DONE]" not in received

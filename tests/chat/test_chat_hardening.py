@@ -9,7 +9,6 @@ what the SDK will not (bad input, a reader that never reads).
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -22,7 +21,9 @@ from longresponse.config import MAX_SCHEMA_WIDTH, MAX_TOOLS
 from longresponse.engine.sampling import ModelSpec, SampleChunk, SampleRequest, TextDelta
 from longresponse.engine.structured import MAX_SCHEMA_COUNT, MAX_SCHEMA_DEPTH
 from longresponse.json_schema import pattern_matches
-from tests.conftest import openai_client, stalled_post
+from tests.support.error_replies import assert_refused
+from tests.support.http_clients import openai_client, read_until_closed, stalled_post
+from tests.support.waiting import wait_for
 
 GOOD = {"model": "sim", "messages": [{"role": "user", "content": "Hi"}]}
 TOOL_PARAMS = {"type": "object", "properties": {"city": {"type": "string"}}}
@@ -44,21 +45,6 @@ def json_format(schema: dict[str, Any]) -> dict[str, Any]:
     return {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
 
 
-def wait_for(condition: Any, what: str, seconds: float = 10.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
-
-
-def refused(answer: httpx.Response, code: str, param: str) -> None:
-    assert answer.status_code == 400, answer.text
-    error = answer.json()["error"]
-    assert error["type"] == "invalid_request_error"
-    assert (error["code"], error["param"]) == (code, param)
-    assert error["message"]
-
-
 # --- bounded work ---------------------------------------------------------------
 
 HUGE = [
@@ -77,10 +63,10 @@ def test_a_schema_asking_for_unbounded_work_is_refused_on_both_endpoints(
     with httpx.Client(base_url=server.http_url, timeout=30) as http:
         chat_body = {**GOOD, "response_format": json_format(schema)}
         chat = http.post("/v1/chat/completions", json=chat_body)
-        refused(chat, "invalid_value", "response_format.json_schema.schema")
+        assert_refused(chat, "invalid_value", "response_format.json_schema.schema")
         text = {"format": {"type": "json_schema", "name": "answer", "schema": schema}}
         responses = http.post("/v1/responses", json={"model": "sim", "input": "Hi", "text": text})
-        refused(responses, "invalid_value", "text.format.schema")
+        assert_refused(responses, "invalid_value", "text.format.schema")
         # The connection stays usable.
         assert http.post("/v1/chat/completions", json=GOOD).status_code == 200
 
@@ -93,10 +79,10 @@ def test_tool_parameters_nested_too_deep_are_refused_on_both_endpoints(
     with httpx.Client(base_url=server.http_url, timeout=30) as http:
         tool = {"type": "function", "function": {"name": "deep", "parameters": parameters}}
         chat = http.post("/v1/chat/completions", json={**GOOD, "tools": [tool]})
-        refused(chat, "invalid_value", "tools[0].function.parameters")
+        assert_refused(chat, "invalid_value", "tools[0].function.parameters")
         flat = {"type": "function", "name": "deep", "parameters": parameters}
         responses = http.post("/v1/responses", json={"model": "sim", "input": "x", "tools": [flat]})
-        refused(responses, "invalid_value", "tools[0].parameters")
+        assert_refused(responses, "invalid_value", "tools[0].parameters")
 
 
 def test_a_backtracking_pattern_is_matched_in_linear_time() -> None:
@@ -127,17 +113,17 @@ def test_a_pattern_re2_cannot_run_is_refused_where_it_stands(server: Any, patter
         chat = http.post(
             "/v1/chat/completions", json={**GOOD, "response_format": json_format(schema)}
         )
-        refused(chat, "invalid_value", "response_format.json_schema.schema" + where)
+        assert_refused(chat, "invalid_value", "response_format.json_schema.schema" + where)
         text = {"format": {"type": "json_schema", "name": "answer", "schema": schema}}
         responses = http.post("/v1/responses", json={"model": "sim", "input": "Hi", "text": text})
-        refused(responses, "invalid_value", "text.format.schema" + where)
+        assert_refused(responses, "invalid_value", "text.format.schema" + where)
         assert "RE2" in responses.json()["error"]["message"]
         flat = {"type": "function", "name": "f", "parameters": schema}
         tools = http.post("/v1/responses", json={"model": "sim", "input": "x", "tools": [flat]})
-        refused(tools, "invalid_value", "tools[0].parameters" + where)
+        assert_refused(tools, "invalid_value", "tools[0].parameters" + where)
         tool = {"type": "function", "function": {"name": "f", "parameters": schema}}
         chat = http.post("/v1/chat/completions", json={**GOOD, "tools": [tool]})
-        refused(chat, "invalid_value", "tools[0].function.parameters" + where)
+        assert_refused(chat, "invalid_value", "tools[0].function.parameters" + where)
 
 
 def test_more_tools_than_the_limit_are_refused_on_every_endpoint(server: Any) -> None:
@@ -148,13 +134,13 @@ def test_more_tools_than_the_limit_are_refused_on_every_endpoint(server: Any) ->
 
     with httpx.Client(base_url=server.http_url, timeout=30) as http:
         body = {"model": "sim", "input": "x", "tools": flat(MAX_TOOLS + 1)}
-        refused(http.post("/v1/responses", json=body), "invalid_value", "tools")
-        refused(http.post("/v1/responses/input_tokens", json=body), "invalid_value", "tools")
+        assert_refused(http.post("/v1/responses", json=body), "invalid_value", "tools")
+        assert_refused(http.post("/v1/responses/input_tokens", json=body), "invalid_value", "tools")
         chat_tools = [
             {"type": "function", "function": {"name": f"t{i}", "parameters": TOOL_PARAMS}}
             for i in range(MAX_TOOLS + 1)
         ]
-        refused(
+        assert_refused(
             http.post("/v1/chat/completions", json={**GOOD, "tools": chat_tools}),
             "invalid_value",
             "tools",
@@ -188,11 +174,11 @@ def test_a_schema_too_wide_or_too_big_is_refused_before_the_metaschema_check(
         chat = http.post(
             "/v1/chat/completions", json={**GOOD, "response_format": json_format(schema)}
         )
-        refused(chat, "invalid_value", "response_format.json_schema.schema")
+        assert_refused(chat, "invalid_value", "response_format.json_schema.schema")
         assert why in chat.json()["error"]["message"]
         flat = {"type": "function", "name": "f", "parameters": schema}
         tools = http.post("/v1/responses", json={"model": "sim", "input": "x", "tools": [flat]})
-        refused(tools, "invalid_value", "tools[0].parameters")
+        assert_refused(tools, "invalid_value", "tools[0].parameters")
         assert why in tools.json()["error"]["message"]
 
 
@@ -334,12 +320,7 @@ def test_a_stalled_reader_of_a_stream_that_fits_the_queue_is_dropped(
         # Never reading: the whole answer is generated, but its reader never
         # takes it, so the connection is dropped within the timeout.
         wait_for(lambda: chat.running == 0 and chat.stopped == 1, "the reader's drop", 20)
-        received = b""
-        try:
-            while chunk := sock.recv(1 << 20):
-                received += chunk
-        except ConnectionResetError:
-            pass
+        received = read_until_closed(sock)
     assert received.startswith(b"HTTP/1.1 200")
     assert b"data: [DONE]" not in received
 
@@ -352,7 +333,7 @@ def test_a_bad_json_schema_name_names_the_chat_param(server: Any) -> None:
     answer = httpx.post(
         f"{server.http_url}/v1/chat/completions", json={**GOOD, "response_format": bad}
     )
-    refused(answer, "invalid_value", "response_format.json_schema.name")
+    assert_refused(answer, "invalid_value", "response_format.json_schema.name")
     assert "response_format.json_schema.name" in answer.json()["error"]["message"]
 
 
@@ -472,7 +453,7 @@ def test_nonsense_is_refused_with_its_param(
     server: Any, change: dict[str, Any], code: str, param: str
 ) -> None:
     with httpx.Client(base_url=server.http_url) as http:
-        refused(http.post("/v1/chat/completions", json={**GOOD, **change}), code, param)
+        assert_refused(http.post("/v1/chat/completions", json={**GOOD, **change}), code, param)
         assert http.post("/v1/chat/completions", json=GOOD).status_code == 200
 
 
@@ -483,7 +464,7 @@ def test_a_tool_whose_parameters_are_not_an_object_is_refused_by_responses_too(
     answer = httpx.post(
         f"{server.http_url}/v1/responses", json={"model": "sim", "input": "x", "tools": [flat]}
     )
-    refused(answer, "invalid_value", "tools[0].parameters")
+    assert_refused(answer, "invalid_value", "tools[0].parameters")
 
 
 def test_what_gateways_send_by_default_is_accepted(server: Any) -> None:

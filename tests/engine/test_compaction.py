@@ -27,12 +27,12 @@ from longresponse.client import connect
 from longresponse.config import SimConfig
 from protocol.events import CompactionCompacting, OutputItemAdded, OutputItemDone, ResponseDone
 from protocol.items import Compaction, FunctionCall, Message, OutputText
-from tests.conftest import openai_client
+from tests.support.http_clients import openai_client
+from tests.support.shipped_ws import TERMINAL
 
 STRICT_WS = pydantic.TypeAdapter(ResponsesServerEvent)
 STRICT_SSE = pydantic.TypeAdapter(ResponseStreamEvent)
 STRICT_INPUT_ITEM = pydantic.TypeAdapter(ResponseInputItem)
-TERMINAL = {"response.completed", "response.incomplete", "response.failed", "error"}
 
 READ = {
     "type": "function",
@@ -54,10 +54,6 @@ def quotes_everything(text: str, outputs: list[str]) -> None:
     for output in outputs:
         assert f"«{output[:40]}»" in text, (output[:40], text)
     assert f"I read {len(outputs)} tool outputs" in text
-
-
-def sdk(server: Any, key: str = "test-key") -> OpenAI:
-    return openai_client(server, key)  # type: ignore[no-any-return]
 
 
 def check_compaction_item(item: dict[str, Any]) -> None:
@@ -122,7 +118,7 @@ def http_tool_chain(client: OpenAI, calls: int, **create: Any) -> tuple[Any, lis
 
 
 def test_compact_over_http_then_continue_from_the_window(server: Any) -> None:
-    client = sdk(server)
+    client = openai_client(server)
     last, outputs = http_tool_chain(client, 4)
     body = compact(client, model="sim", previous_response_id=last.id)
     assert [item["content"] for item in body["output"][:-1]] == [
@@ -146,7 +142,7 @@ def test_compact_over_http_then_continue_from_the_window(server: Any) -> None:
 
 
 def test_compact_takes_the_whole_input_and_instructions(server: Any) -> None:
-    client = sdk(server)
+    client = openai_client(server)
     conversation = [
         {"role": "user", "content": REQUEST},
         {"type": "function_call", "call_id": "call_a", "name": "read_file", "arguments": "{}"},
@@ -170,7 +166,7 @@ def test_compact_takes_the_whole_input_and_instructions(server: Any) -> None:
 
 
 def test_window_over_the_shipped_websocket(server: Any) -> None:
-    client = sdk(server)
+    client = openai_client(server)
     last, outputs = http_tool_chain(client, 3)
     items = compact(client, model="sim", previous_response_id=last.id)["output"]
     with client.responses.connect() as conn:
@@ -181,7 +177,7 @@ def test_window_over_the_shipped_websocket(server: Any) -> None:
 
 
 async def test_window_in_append_mode(server: Any) -> None:
-    client = sdk(server)
+    client = openai_client(server)
     last, outputs = http_tool_chain(client, 3)
     items = compact(client, model="sim", previous_response_id=last.id)["output"]
     async with connect(server.url) as append:
@@ -227,7 +223,7 @@ def compaction_events(events: list[Any]) -> list[Any]:
 
 
 def test_context_management_over_the_shipped_websocket(server: Any) -> None:
-    client = sdk(server)
+    client = openai_client(server)
     context_management = [{"type": "compaction", "compact_threshold": THRESHOLD}]
     outputs: list[str] = []
     compactions: list[Any] = []
@@ -282,7 +278,7 @@ def test_context_management_over_the_shipped_websocket(server: Any) -> None:
 def test_context_management_over_http_stateless_input_chaining(server: Any) -> None:
     """A client that resends everything it has: the latest compaction item in its
     input supersedes what came before it."""
-    client = sdk(server)
+    client = openai_client(server)
     history: list[Any] = [{"role": "user", "content": REQUEST}]
     outputs: list[str] = []
     compacted = 0
@@ -320,7 +316,7 @@ def test_context_management_over_http_stateless_input_chaining(server: Any) -> N
 def test_context_management_over_http_chained_through_the_store(server: Any) -> None:
     """Each request rebuilds its chain from the store: the compaction items in it
     are opened again, and the window is what the model reads."""
-    client = sdk(server)
+    client = openai_client(server)
     last, outputs = http_tool_chain(
         client, 8, context_management=[{"type": "compaction", "compact_threshold": THRESHOLD}]
     )
@@ -331,7 +327,7 @@ def test_context_management_over_http_chained_through_the_store(server: Any) -> 
 
 
 def test_context_management_streams_over_http_sse(server: Any) -> None:
-    client = sdk(server)
+    client = openai_client(server)
     conversation = [{"role": "user", "content": REQUEST}]
     for number in range(6):
         call_id = f"call_{number}"
@@ -449,7 +445,7 @@ def answer_text(done: ResponseDone) -> str:
 
 @pytest.fixture
 def conn(server: Any) -> Iterator[Any]:
-    with sdk(server).responses.connect() as connection:
+    with openai_client(server).responses.connect() as connection:
         yield connection
 
 
@@ -512,7 +508,7 @@ def test_a_summary_handed_back_continues_the_calls_it_counts(server: Any) -> Non
     model for a summary (no tools), then sends the request and the summary as the
     last user message. The calls the summary counts are made; the loop goes on
     where it was instead of starting again."""
-    client = sdk(server)
+    client = openai_client(server)
     meta = {"sim_tool_calls": "3"}
     request = {"role": "user", "content": REQUEST}
     history: list[Any] = [request]

@@ -26,8 +26,9 @@ from longresponse.server_process import ServerProcess
 from longresponse.storage.server_keys import COMPACTION_KEY_ENV
 from protocol.events import ErrorEvent, ResponseDone
 from protocol.items import FunctionCallOutput, Message
-from tests.conftest import OPEN_CLIENTS, RunningServer, openai_client
+from tests.conftest import RunningServer
 from tests.engine.test_compaction import REQUEST, THRESHOLD, compact, tool_output
+from tests.support.http_clients import OPEN_CLIENTS, openai_client, post
 
 CONVERSATION: list[dict[str, Any]] = [
     {"role": "user", "content": REQUEST},
@@ -71,15 +72,7 @@ def altered(window: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 FORGED = {"type": "compaction", "encrypted_content": "AQ" + "x" * 60}
-
-
-def post(server: Any, path: str, body: Any, key: str = "test-key") -> httpx.Response:
-    return httpx.post(
-        f"{server.http_url}/v1/responses{path}",
-        content=body if isinstance(body, str | bytes) else json.dumps(body),
-        headers={"content-type": "application/json", "authorization": f"Bearer {key}"},
-        timeout=30,
-    )
+COMPACT = "/v1/responses/compact"
 
 
 # --- bad input ------------------------------------------------------------------
@@ -108,7 +101,7 @@ def post(server: Any, path: str, body: Any, key: str = "test-key") -> httpx.Resp
 def test_bad_compact_bodies_get_the_error_envelope(
     server: Any, body: Any, status: int, code: str, param: str | None
 ) -> None:
-    reply = post(server, "/compact", body)
+    reply = post(server, body, path=COMPACT, key="test-key")
     assert reply.status_code == status, reply.text
     error = reply.json()["error"]
     assert (error["code"], error["param"]) == (code, param)
@@ -123,7 +116,6 @@ def test_bad_compact_bodies_get_the_error_envelope(
 def test_compact_accepts_and_ignores_the_shipped_extras(server: Any) -> None:
     reply = post(
         server,
-        "/compact",
         {
             "model": "sim",
             "input": CONVERSATION,
@@ -133,6 +125,8 @@ def test_compact_accepts_and_ignores_the_shipped_extras(server: Any) -> None:
             "prompt_cache_options": {"mode": "explicit"},
             "image": {"context_compression": "enabled"},
         },
+        path=COMPACT,
+        key="test-key",
     )
     assert reply.status_code == 200, reply.text
     assert reply.json()["output"][-1]["type"] == "compaction"
@@ -158,7 +152,7 @@ def test_compact_accepts_and_ignores_the_shipped_extras(server: Any) -> None:
 def test_bad_compaction_input_over_http(
     server: Any, body: dict[str, Any], param: str, code: str
 ) -> None:
-    reply = post(server, "", {"model": "sim", "input": "hi", **body})
+    reply = post(server, {"model": "sim", "input": "hi", **body}, key="test-key")
     assert reply.status_code == 400, reply.text
     error = reply.json()["error"]
     assert (error["code"], error["param"]) == (code, param)
@@ -167,8 +161,14 @@ def test_bad_compaction_input_over_http(
 def test_an_altered_item_is_refused_everywhere(server: Any) -> None:
     window = window_of(server)
     bad = altered(window)
-    refused(post(server, "", {"model": "sim", "input": bad}), "input[1].encrypted_content")
-    refused(post(server, "/compact", {"model": "sim", "input": bad}), "input[1].encrypted_content")
+    refused(
+        post(server, {"model": "sim", "input": bad}, key="test-key"),
+        "input[1].encrypted_content",
+    )
+    refused(
+        post(server, {"model": "sim", "input": bad}, path=COMPACT, key="test-key"),
+        "input[1].encrypted_content",
+    )
     # The shipped WebSocket: one error event; the socket stays usable.
     with openai_client(server).responses.connect() as conn:
         for frame in (
@@ -252,7 +252,7 @@ def test_an_item_opens_only_for_the_api_key_that_made_it(make_server: Any) -> No
     window = window_of(running, "key-one")
     continues(openai_client(running, "key-one"), window)
     refused(
-        post(running, "", {"model": "sim", "input": window}, "key-two"),
+        post(running, {"model": "sim", "input": window}, key="key-two"),
         "input[1].encrypted_content",
     )
 
@@ -317,7 +317,10 @@ def test_a_configured_key_works_without_a_shared_store(
     window = window_of(from_flag)
     continues(openai_client(from_env), window)
     continues(openai_client(from_flag), window_of(from_env))
-    refused(post(own_key, "", {"model": "sim", "input": window}), "input[1].encrypted_content")
+    refused(
+        post(own_key, {"model": "sim", "input": window}, key="test-key"),
+        "input[1].encrypted_content",
+    )
 
 
 def test_a_restart_keeps_a_configured_key(tmp_path: Any) -> None:
@@ -434,8 +437,8 @@ def test_an_expired_item_is_refused_precisely(make_server: Any) -> None:
         "type": "compaction",
         "encrypted_content": key.seal(items, "", now=time.time() - 31 * 86_400),
     }
-    assert post(running, "", {"model": "sim", "input": [fresh]}).status_code == 200
-    for path in ("", "/compact", "/input_tokens"):
-        reply = post(running, path, {"model": "sim", "input": [old]})
+    assert post(running, {"model": "sim", "input": [fresh]}, key="test-key").status_code == 200
+    for path in ("/v1/responses", COMPACT, "/v1/responses/input_tokens"):
+        reply = post(running, {"model": "sim", "input": [old]}, path=path, key="test-key")
         refused(reply, "input[0].encrypted_content")
         assert "expired" in reply.json()["error"]["message"]

@@ -16,7 +16,7 @@ from protocol.events import McpCallInProgress, OutputItemDone, ResponseDone
 from tests.conftest import RunningServer, openai_client
 from tests.hosted.conftest import LIMITS, mcp_tool
 from tests.support.mcp_server import SLOW_CALLS, LoopbackMcp
-from tests.support.raw_ws import wait_until
+from tests.support.waiting import wait_for, wait_until
 
 
 def closed_port_url() -> str:
@@ -141,6 +141,17 @@ def test_a_hanging_call_stalls_no_one_else(make_server: Any, mcp_server: Loopbac
     assert slow[0].error.code == 504
 
 
+async def slow_call_running(client: Any, tool: dict[str, Any]) -> int:
+    """Create a response that calls the ``slow`` MCP tool and return once the
+    MCP server runs it (``SLOW_CALLS[started:]``: that call's records)."""
+    started = len(SLOW_CALLS)
+    await client.create(model="sim", input="wait", tools=[tool])
+    while not isinstance(await client.next_event(), McpCallInProgress):
+        pass
+    await wait_until(lambda: "started" in SLOW_CALLS[started:], "the MCP call to start")
+    return started
+
+
 async def test_cancel_and_disconnect_cancel_the_call_in_flight(
     make_server: Any, mcp_server: LoopbackMcp
 ) -> None:
@@ -150,27 +161,19 @@ async def test_cancel_and_disconnect_cancel_the_call_in_flight(
     tool = mcp_tool(mcp_server.http_url, allowed_tools=["slow"], require_approval="never")
     with trio.fail_after(10):
         async with connect(patient.url) as client:
-            started = len(SLOW_CALLS)
-            await client.create(model="sim", input="wait", tools=[tool])
-            while not isinstance(await client.next_event(), McpCallInProgress):
-                pass
-            await wait_until(lambda: "started" in SLOW_CALLS[started:])  # it runs there
+            started = await slow_call_running(client, tool)
             await client.cancel()
             events = await client.until_done()
         ended = [event for event in events if isinstance(event, ResponseDone)]
         assert [done.response.status for done in ended] == ["cancelled"]
         assert not any(isinstance(event, OutputItemDone) for event in events)
         # the MCP server saw its call cancelled
-        await wait_until(lambda: "cancelled" in SLOW_CALLS[started:])
+        await wait_until(lambda: "cancelled" in SLOW_CALLS[started:], "the MCP call's cancel")
         async with connect(patient.url) as client:
-            started = len(SLOW_CALLS)
-            await client.create(model="sim", input="wait", tools=[tool])
-            while not isinstance(await client.next_event(), McpCallInProgress):
-                pass
-            await wait_until(lambda: "started" in SLOW_CALLS[started:])
+            started = await slow_call_running(client, tool)
         # the socket is gone: so is the call, and the session
-        await wait_until(lambda: "cancelled" in SLOW_CALLS[started:])
-        await wait_until(lambda: not patient.live_sessions)
+        await wait_until(lambda: "cancelled" in SLOW_CALLS[started:], "the MCP call's cancel")
+        await wait_until(lambda: not patient.live_sessions, "the session to end")
 
 
 def test_an_http_client_that_hangs_up_or_cancels_ends_the_call_in_flight(
@@ -192,23 +195,15 @@ def test_an_http_client_that_hangs_up_or_cancels_ends_the_call_in_flight(
             for line in stream.iter_lines():
                 if "response.mcp_call.in_progress" in line:
                     break
-            wait_until_sync(lambda: "started" in SLOW_CALLS[started:])
-        wait_until_sync(lambda: "cancelled" in SLOW_CALLS[started:])  # hung up: cancelled
+            wait_for(lambda: "started" in SLOW_CALLS[started:], "the MCP call to start")
+        # hung up: cancelled
+        wait_for(lambda: "cancelled" in SLOW_CALLS[started:], "the MCP call's cancel")
 
         started = len(SLOW_CALLS)
         created = client.post("/v1/responses", json={**body, "background": True, "store": True})
         assert created.status_code == 200, created.text
-        wait_until_sync(lambda: "started" in SLOW_CALLS[started:])
+        wait_for(lambda: "started" in SLOW_CALLS[started:], "the MCP call to start")
         cancelled = client.post(f"/v1/responses/{created.json()['id']}/cancel")
         assert cancelled.status_code == 200, cancelled.text
         assert cancelled.json()["status"] == "cancelled"
-        wait_until_sync(lambda: "cancelled" in SLOW_CALLS[started:])
-
-
-def wait_until_sync(condition: Any, timeout: float = 10.0) -> None:
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
+        wait_for(lambda: "cancelled" in SLOW_CALLS[started:], "the MCP call's cancel")

@@ -34,6 +34,7 @@ from tests.conftest import openai_client
 from tests.llama.conftest import LOOP_TIMEOUT, MODEL, WEATHER, gateway_backends
 from tests.llama.test_shapes import responses_kind
 from tests.support.late_close_relay import LateCloseRelay
+from tests.support.waiting import wait_for
 
 #: Real turns on two cores shared with other work: seconds on a quiet machine,
 #: minutes on a loaded one (the engine measured 13-28 times slower).
@@ -81,13 +82,15 @@ def processing(engine: LlamaServer) -> int:
 def until_decoding(engine: LlamaServer, tokens: int = 3) -> None:
     """Wait until the engine has generated ``tokens`` of a request (its prefill is
     over: it writes to the connection now, where it sees a close)."""
-    deadline = time.monotonic() + TURN
-    while not any(
-        slot["is_processing"] and slot["next_token"][0]["n_decoded"] >= tokens  # type: ignore[index]
-        for slot in engine.slots()
-    ):
-        assert time.monotonic() < deadline, "the engine never started the request"
-        time.sleep(0.02)
+    wait_for(
+        lambda: any(
+            slot["is_processing"] and slot["next_token"][0]["n_decoded"] >= tokens  # type: ignore[index]
+            for slot in engine.slots()
+        ),
+        "the engine to start the request",
+        TURN,
+        interval=0.02,
+    )
 
 
 def assert_stops(engine: LlamaServer, cancelled_before: int) -> None:

@@ -22,6 +22,7 @@ from protocol.events import FunctionCallArgumentsDelta, OutputItemDone, Response
 from protocol.items import FunctionCall, Message
 from tests.conftest import openai_client
 from tests.llama.conftest import LOOP_TIMEOUT, MODEL, WEATHER, Counted
+from tests.support.shipped_ws import sdk_turn
 
 #: Real turns on two cores shared with other work: seconds on a quiet machine,
 #: minutes on a loaded one (the engine measured 13-28 times slower).
@@ -117,15 +118,6 @@ def _billed(responses: list[Any]) -> tuple[int, int, int]:
     )
 
 
-def _until_end(conn: Any) -> list[Any]:
-    events = []
-    for event in conn:
-        events.append(event)
-        if event.type in ("response.completed", "response.failed", "response.incomplete", "error"):
-            return events
-    raise AssertionError("the connection closed before the response ended")
-
-
 def test_the_shipped_websocket_chain_with_the_sdk(front: Any, llama: LlamaServer) -> None:
     gateway = front()
     counted = Counted(llama)
@@ -151,7 +143,7 @@ def test_the_shipped_websocket_chain_with_the_sdk(front: Any, llama: LlamaServer
                 temperature=0,
                 max_output_tokens=60,
             )
-            events = _until_end(conn)
+            events = sdk_turn(conn)
             end = events[-1]
             assert end.type == "response.completed", end
             done.append(end.response)

@@ -16,17 +16,12 @@ from typing import Any
 import trio
 import wsproto
 import wsproto.events as ws
-from openai import OpenAI
 
 from longresponse.engine.render import render_item, render_prefix
-from tests.conftest import openai_client
-from tests.support.raw_ws import handshake, wait_until
-
-SHIPPED_TERMINAL = {"response.completed", "response.incomplete", "response.failed", "error"}
-
-
-def sdk(server: Any) -> OpenAI:
-    return openai_client(server)  # type: ignore[no-any-return]
+from tests.support.http_clients import openai_client
+from tests.support.raw_ws import handshake
+from tests.support.shipped_ws import TERMINAL
+from tests.support.waiting import wait_until
 
 
 def turn(conn: Any) -> list[Any]:
@@ -34,7 +29,7 @@ def turn(conn: Any) -> list[Any]:
     while True:
         event = json.loads(conn.recv_bytes())
         events.append(event)
-        if event["type"] in SHIPPED_TERMINAL:
+        if event["type"] in TERMINAL:
             return events
 
 
@@ -87,7 +82,7 @@ def test_fork_after_in_place_continuation_with_shorter_instructions(make_server:
     catch: the session's TaskGroup dies and the whole socket drops (every lane).
     """
     running = make_server()
-    with sdk(running).responses.connect() as conn:
+    with openai_client(running).responses.connect() as conn:
         conn.response.create(
             model="sim", input="hi", instructions="Be very careful. " * 200, store=False
         )
@@ -121,7 +116,7 @@ def test_fork_after_in_place_continuation_with_longer_instructions(make_server: 
     incremental render no longer equals a full render, and usage.input_tokens
     of the fork is wrong)."""
     running = make_server()
-    with sdk(running).responses.connect() as conn:
+    with openai_client(running).responses.connect() as conn:
         conn.response.create(model="sim", input="hi", store=False)
         a = turn(conn)[-1]
         conn.response.create(
@@ -171,10 +166,12 @@ async def test_cancel_while_blocked_on_a_full_outbox(make_server: Any) -> None:
     }
     with sock:
         sock.sendall(conn.send(ws.TextMessage(json.dumps(create))))
-        await wait_until(lambda: running.app.state.endpoint.last_session is not None)
+        await wait_until(lambda: running.app.state.endpoint.last_session is not None, "a session")
         session = running.app.state.endpoint.last_session
         # Wait until the rollout is parked in emit on a full outbox.
-        await wait_until(lambda: len(session.outbox) >= 4 and session.rollouts, seconds=20)
+        await wait_until(
+            lambda: len(session.outbox) >= 4 and session.rollouts, "a full outbox", seconds=20
+        )
         await trio.sleep(0.2)
         (rollout_id,) = list(session.rollouts)
         cancel = {"type": "response.cancel", "response_id": rollout_id}
@@ -208,9 +205,9 @@ async def test_error_replies_grow_the_outbox_without_bound(make_server: Any) -> 
     }
     with sock:
         sock.sendall(conn.send(ws.TextMessage(json.dumps(flood))))
-        await wait_until(lambda: running.app.state.endpoint.last_session is not None)
+        await wait_until(lambda: running.app.state.endpoint.last_session is not None, "a session")
         session = running.app.state.endpoint.last_session
-        await wait_until(lambda: len(session.outbox) >= 4, seconds=20)
+        await wait_until(lambda: len(session.outbox) >= 4, "a full outbox", seconds=20)
         junk = conn.send(ws.TextMessage("x")) * 5000
         sock.sendall(junk)
         # Give the server time to read them all (it keeps reading: nothing
@@ -234,7 +231,7 @@ def test_too_many_items_error_on_a_named_lane_carries_stream_id(make_server: Any
     stream_id). The same holds for any decode error of a create on a lane
     (e.g. a wrongly typed field)."""
     running = make_server(max_items_per_event=2)
-    with sdk(running).responses.connect() as conn:
+    with openai_client(running).responses.connect() as conn:
         items = [{"type": "message", "role": "user", "content": "x"}] * 3
         conn.send({"type": "response.create", "model": "sim", "input": items, "stream_id": "lane1"})
         error = json.loads(conn.recv_bytes())

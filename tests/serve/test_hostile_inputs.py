@@ -52,6 +52,7 @@ from websockets.sync.client import connect as ws_connect
 from longresponse.config import MAX_SCHEMA_WIDTH, MAX_TOOLS
 from longresponse.server_process import ServerProcess
 from protocol import APPEND_SUBPROTOCOL, MAX_ITEMS_PER_EVENT, ProtocolError
+from tests.support import http_clients
 from tests.support.raw_ws import handshake
 
 #: another client's delay under abuse, measured: run alone, after the parallel part.
@@ -125,14 +126,7 @@ def http_outcome(answer: httpx.Response) -> Outcome:
 
 def post(path: str, body: dict[str, Any] | bytes) -> Callable[[Servers], Outcome]:
     def send(servers: Servers) -> Outcome:
-        raw = body if isinstance(body, bytes) else json.dumps(body).encode()
-        answer = httpx.post(
-            servers.http_url + path,
-            content=raw,
-            headers={"content-type": "application/json"},
-            timeout=60,
-        )
-        return http_outcome(answer)
+        return http_outcome(http_clients.post(servers, body, path=path, timeout=60))
 
     return send
 

@@ -28,7 +28,7 @@ import re
 import statistics
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, Final
 
 import httpx
@@ -63,12 +63,6 @@ TOOL = {
     "name": "read_file",
     "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
 }
-
-
-@pytest.fixture
-def server_process(tmp_path: Any) -> Iterator[ServerProcess]:
-    with ServerProcess("--store", f"sqlite:///{tmp_path}/responses.db") as running:
-        yield running
 
 
 class Abuser:

@@ -15,7 +15,6 @@ import json
 import logging
 import socket
 import threading
-import time
 import weakref
 from typing import Any
 
@@ -31,7 +30,8 @@ from protocol import APPEND_SUBPROTOCOL
 from protocol.codec import encode_event
 from protocol.events import ResponseDone
 from protocol.items import FunctionCall
-from tests.support.raw_ws import handshake, wait_until
+from tests.support.raw_ws import handshake
+from tests.support.waiting import wait_for, wait_until
 
 #: a server process's memory across many large messages.
 pytestmark = pytest.mark.slow
@@ -52,7 +52,7 @@ async def test_the_outbox_is_bounded_in_bytes(make_server: Any) -> None:
     }
     with sock:
         sock.sendall(conn.send(ws.TextMessage(json.dumps(create))))
-        await wait_until(lambda: running.live_sessions == 0, seconds=30)
+        await wait_until(lambda: running.live_sessions == 0, "every session to end", seconds=30)
     outbox = running.app.state.endpoint.last_session.outbox
     assert outbox.closing[1] == "slow_reader"
     assert 0 < outbox.high_water_bytes < 4096 + 2048  # the budget, plus one step's deltas
@@ -103,7 +103,7 @@ async def test_a_long_rollouts_bookkeeping_does_not_grow_with_its_calls(server: 
             assert (track.pending_calls, len(track.answered_calls)) == ({}, 0)
         assert live.pending_calls == {call.call_id: "read_file"}
         # nor does the set of rollouts already billed keep the finished ones
-        await wait_until(lambda: not session.append.billed)
+        await wait_until(lambda: not session.append.billed, "the billed set to let go of them")
 
 
 def _stream_and_reset(port: int, body: bytes) -> None:
@@ -141,7 +141,11 @@ async def test_streams_closed_early_do_not_flood_the_log(
         thread.start()
     for thread in threads:
         thread.join()
-    await wait_until(lambda: len(running.server.server_state.connections) == 0, seconds=30)
+    await wait_until(
+        lambda: len(running.server.server_state.connections) == 0,
+        "every connection to close",
+        seconds=30,
+    )
     # the server still answers, and said nothing of sends to lost sockets
     async with httpx.AsyncClient(base_url=running.http_url) as http:
         assert (await http.get("/healthz")).status_code == 200
@@ -179,7 +183,7 @@ async def test_background_streams_left_early_do_not_flood_the_log(
         background = running.app.state.background
         entry = background.get(created["id"], owner="")  # no API keys: no owner
         assert entry is not None
-        await wait_until(lambda: entry.log.nbytes > 200_000)  # hundreds of records to send
+        await wait_until(lambda: entry.log.nbytes > 200_000, "hundreds of records to send")
         threads = [
             threading.Thread(target=_follow_and_reset, args=(running.port, created["id"]))
             for _ in range(10)
@@ -188,7 +192,10 @@ async def test_background_streams_left_early_do_not_flood_the_log(
             thread.start()
         for thread in threads:
             thread.join()
-        await wait_until(lambda: len(running.server.server_state.connections) <= 1)
+        await wait_until(
+            lambda: len(running.server.server_state.connections) <= 1,
+            "the followers' connections to close",
+        )
         assert (await http.post(f"/v1/responses/{created['id']}/cancel")).status_code == 200
     flood = [r for r in caplog.records if "socket.send() raised exception" in r.getMessage()]
     assert flood == []
@@ -261,10 +268,12 @@ def _one_create(url: str, create: dict[str, Any], *, append: bool = False) -> No
 def _until_no_live_session(server: ServerProcess, seconds: float = 30.0) -> None:
     """Wait (bounded) until the server's ``/healthz`` counts no live WebSocket session:
     every close the test made has been handled, its session's ``finally`` run."""
-    deadline = time.monotonic() + seconds
-    while httpx.get(f"{server.http_url}/healthz").json()["live_sessions"]:
-        assert time.monotonic() < deadline, "sessions still live after their clients closed"
-        time.sleep(0.05)
+    wait_for(
+        lambda: not httpx.get(f"{server.http_url}/healthz").json()["live_sessions"],
+        "/healthz to count no live session after the clients closed",
+        seconds,
+        interval=0.05,
+    )
 
 
 def test_closed_connections_give_back_their_large_messages() -> None:
@@ -321,17 +330,10 @@ def test_a_closed_session_is_freed_without_a_collection(make_server: Any, append
     gc.disable()  # (the server's thread too: only reference counting frees now)
     try:
         one_rollout()
-        wait_until_true(lambda: endpoint.live_sessions == 0)
+        wait_for(lambda: endpoint.live_sessions == 0, "the session to end")
         closed = weakref.ref(endpoint.last_session)
         one_rollout()  # the endpoint's last_session is the next one's
-        wait_until_true(lambda: endpoint.live_sessions == 0)
+        wait_for(lambda: endpoint.live_sessions == 0, "the session to end")
         assert closed() is None, gc.get_referrers(closed())
     finally:
         gc.enable()
-
-
-def wait_until_true(condition: Any, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline
-        time.sleep(0.01)

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import uvicorn
+
+from tests.support.uvicorn_thread import start_in_thread
 
 #: The headers of every request the server received (the secrets' only destination).
 SEEN_HEADERS: list[dict[str, str]] = []
@@ -121,12 +121,7 @@ class LoopbackMcp:
     def _start(app: Any) -> uvicorn.Server:
         config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
         running = uvicorn.Server(config)
-        threading.Thread(target=running.run, daemon=True).start()
-        deadline = time.monotonic() + 10
-        while not running.started:
-            if time.monotonic() > deadline:  # pragma: no cover
-                raise RuntimeError("the loopback MCP server did not start")
-            time.sleep(0.01)
+        start_in_thread(running, "the loopback MCP server")
         return running
 
     def _port(self, index: int) -> int:

@@ -1,29 +1,16 @@
-"""Raw WebSocket peers for tests: a wsproto handshake on a plain socket, and polling.
+"""Raw WebSocket peers for tests: a wsproto handshake on a plain socket.
 
 For the tests that must misbehave as a client (never read, reset the TCP
 connection, send frames the trio client would refuse) and watch the
-server's state from outside its thread.
+server's state from outside its thread (``tests.support.waiting``).
 """
 
 from __future__ import annotations
 
 import socket
-from typing import Any
 
-import trio
 import wsproto
 import wsproto.events as ws
-
-
-async def wait_until(predicate: Any, seconds: float = 10.0) -> None:
-    """Poll a condition owned by the server's thread, with a deadline.
-
-    The server runs on another thread's asyncio loop, so there is no trio
-    Event to wait on; a bounded poll is the honest way to observe it.
-    """
-    with trio.fail_after(seconds):
-        while not predicate():  # noqa: ASYNC110 - the condition lives in another thread
-            await trio.sleep(0.01)
 
 
 def handshake(

@@ -8,7 +8,6 @@ cancelled by the test; nothing waits on a clock.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from typing import Any
 
@@ -16,20 +15,18 @@ import httpx
 import openai
 import pydantic
 import pytest
-from openai import OpenAI
 from openai.types.responses import Response as SDKResponse
 from openai.types.responses import ResponseStreamEvent
 
 from longresponse.config import ServerConfig, SimConfig
-from tests.conftest import RunningServer, openai_client
+from tests.conftest import RunningServer
+from tests.support.error_replies import assert_refused
+from tests.support.http_clients import openai_client, post, unread_request
+from tests.support.waiting import wait_for
 
 STREAM_EVENT = pydantic.TypeAdapter(ResponseStreamEvent)
 #: About 100 s of output: still running whenever the test looks.
 SLOW = {"sim_output_tokens": "2000", "sim_tokens_per_second": "20"}
-
-
-def sdk(server: Any, key: str = "test-key") -> OpenAI:
-    return openai_client(server, key)  # type: ignore[no-any-return]
 
 
 def checked(event: Any) -> Any:
@@ -52,7 +49,7 @@ def numbers(events: list[Any]) -> list[int]:
 
 
 def test_create_answers_queued_and_a_poll_sees_it_live(server: Any) -> None:
-    client = sdk(server)
+    client = openai_client(server)
     made = checked_response(
         client.responses.create(
             model="sim", input="poll me", background=True, metadata={"sim_ttft_ms": "600000"}
@@ -73,7 +70,7 @@ def test_create_answers_queued_and_a_poll_sees_it_live(server: Any) -> None:
 
 
 def test_it_runs_to_completion_and_is_stored(server: Any) -> None:
-    client = sdk(server)
+    client = openai_client(server)
     made = client.responses.create(model="sim", input="finish me", background=True)
     assert made.status == "queued"
     # Follow it to the end: live from the start, or its kept end if it is over.
@@ -109,7 +106,7 @@ def test_it_runs_to_completion_and_is_stored(server: Any) -> None:
 
 
 def test_the_stream_resumes_after_a_sequence_number_for_several_readers(server: Any) -> None:
-    client = sdk(server)
+    client = openai_client(server)
     stream = client.responses.create(
         model="sim", input="a long story", background=True, stream=True, metadata=SLOW
     )
@@ -144,7 +141,7 @@ def test_the_stream_resumes_after_a_sequence_number_for_several_readers(server: 
 
 
 def test_it_survives_the_client_going_away_mid_stream(server: Any) -> None:
-    client = sdk(server)
+    client = openai_client(server)
     meta = {"sim_output_tokens": "80", "sim_tokens_per_second": "200"}
     stream = client.responses.create(
         model="sim", input="keep going", background=True, stream=True, metadata=meta
@@ -171,7 +168,7 @@ def test_it_survives_the_client_going_away_mid_stream(server: Any) -> None:
 
 def test_another_owner_gets_404(make_server: Any) -> None:
     keyed = make_server(api_keys=("key-one", "key-two"))
-    one, two = sdk(keyed, "key-one"), sdk(keyed, "key-two")
+    one, two = openai_client(keyed, "key-one"), openai_client(keyed, "key-two")
     made = one.responses.create(model="sim", input="mine", background=True, metadata=SLOW)
 
     def refused_to_two() -> None:
@@ -195,7 +192,7 @@ def test_another_owner_gets_404(make_server: Any) -> None:
 
 def test_running_background_responses_are_limited(make_server: Any) -> None:
     small = make_server(max_background=1)
-    client = sdk(small)
+    client = openai_client(small)
     first = client.responses.create(model="sim", input="one", background=True, metadata=SLOW)
     with pytest.raises(openai.RateLimitError) as full:
         client.responses.create(model="sim", input="two", background=True)
@@ -214,7 +211,7 @@ def test_running_background_responses_are_limited(make_server: Any) -> None:
 
 def test_a_failed_background_response_is_kept(make_server: Any) -> None:
     tiny = make_server(sim=SimConfig(context_window=60))
-    client = sdk(tiny)
+    client = openai_client(tiny)
     made = client.responses.create(model="sim", input="word " * 200, background=True)
     assert made.status == "queued"
     # Not checked against the SDK's models: its ``error.code`` enum has no
@@ -233,7 +230,7 @@ def test_a_failed_background_response_is_kept(make_server: Any) -> None:
 def test_the_log_is_bounded(make_server: Any) -> None:
     """With room for one record, a reader that starts late gets only the newest."""
     small = make_server(background_log_bytes=1)
-    client = sdk(small)
+    client = openai_client(small)
     made = client.responses.create(model="sim", input="bounded", background=True, metadata=SLOW)
     live = client.responses.retrieve(made.id, stream=True)
     while checked(next(live)).sequence_number < 5:
@@ -249,7 +246,7 @@ def test_the_log_is_bounded(make_server: Any) -> None:
 
 def test_a_finished_stream_is_not_kept_beyond_its_budget(make_server: Any) -> None:
     forgetful = make_server(background_endings_bytes=1)
-    client = sdk(forgetful)
+    client = openai_client(forgetful)
     events = read(client.responses.create(model="sim", input="x", background=True, stream=True))
     assert events[-1].type == "response.completed"
     response_id = events[0].response.id
@@ -263,14 +260,14 @@ def test_shutdown_ends_what_still_runs_failed(tmp_path: Any) -> None:
     store = f"sqlite:///{tmp_path}/responses.db"
     first = RunningServer(ServerConfig(port=0, store=store)).start()
     try:
-        made = sdk(first).responses.create(
+        made = openai_client(first).responses.create(
             model="sim", input="cut short", background=True, metadata=SLOW
         )
     finally:
         first.stop()
     second = RunningServer(ServerConfig(port=0, store=store)).start()
     try:
-        stored = checked_response(sdk(second).responses.retrieve(made.id))
+        stored = checked_response(openai_client(second).responses.retrieve(made.id))
     finally:
         second.stop()
     assert (stored.status, stored.background) == ("failed", True)
@@ -278,24 +275,6 @@ def test_shutdown_ends_what_still_runs_failed(tmp_path: Any) -> None:
 
 
 # --- bad input, raw HTTP ---------------------------------------------------------
-
-
-def post(server: Any, body: dict[str, Any] | str) -> httpx.Response:
-    content = body if isinstance(body, str) else json.dumps(body)
-    return httpx.post(
-        f"{server.http_url}/v1/responses",
-        content=content,
-        headers={"content-type": "application/json"},
-        timeout=30,
-    )
-
-
-def assert_error(reply: httpx.Response, status: int, code: str, param: str | None) -> str:
-    assert reply.status_code == status, reply.text
-    error = reply.json()["error"]
-    assert (error["type"], error["code"], error["param"]) == ("invalid_request_error", code, param)
-    assert error["message"]
-    return str(error["message"])
 
 
 @pytest.mark.parametrize(
@@ -312,13 +291,13 @@ def assert_error(reply: httpx.Response, status: int, code: str, param: str | Non
 def test_a_bad_background_create_is_refused(
     server: Any, body: dict[str, Any], code: str, param: str
 ) -> None:
-    assert_error(post(server, body), 400, code, param)
+    assert_refused(post(server, body), code, param)
     assert post(server, {"input": "x"}).status_code == 200  # nothing was left behind
 
 
 def test_the_sdk_is_told_background_needs_store(server: Any) -> None:
     with pytest.raises(openai.BadRequestError) as refused:
-        sdk(server).responses.create(model="sim", input="x", background=True, store=False)
+        openai_client(server).responses.create(model="sim", input="x", background=True, store=False)
     assert (refused.value.code, refused.value.param) == ("unsupported_parameter", "background")
 
 
@@ -327,15 +306,15 @@ def test_bad_reads_deletes_and_streams(server: Any) -> None:
     plain = post(server, {"input": "not in the background"}).json()
     assert plain["background"] is False
     streamed = httpx.get(f"{base}/{plain['id']}", params={"stream": "true"})
-    message = assert_error(streamed, 400, "invalid_value", "stream")
+    message = assert_refused(streamed, "invalid_value", "stream")["message"]
     assert "background=true" in message
     running = post(server, {"input": "x", "background": True, "metadata": SLOW}).json()
     assert running["status"] == "queued"
     for after in ("-1", "abc", "1.5", "99999999999999999999"):
         params = {"stream": "true", "starting_after": after}
         reply = httpx.get(f"{base}/{running['id']}", params=params)
-        assert_error(reply, 400, "invalid_value", "starting_after")
-    assert_error(httpx.delete(f"{base}/{running['id']}"), 400, "invalid_value", "response_id")
+        assert_refused(reply, "invalid_value", "starting_after")
+    assert_refused(httpx.delete(f"{base}/{running['id']}"), "invalid_value", "response_id")
     assert httpx.post(f"{base}/{running['id']}/cancel").json()["status"] == "cancelled"
     assert httpx.delete(f"{base}/{running['id']}").status_code == 200
     for gone in (
@@ -343,14 +322,14 @@ def test_bad_reads_deletes_and_streams(server: Any) -> None:
         httpx.get(f"{base}/{running['id']}", params={"stream": "true"}),
         httpx.post(f"{base}/{running['id']}/cancel"),
     ):
-        assert_error(gone, 404, "response_not_found", "response_id")
+        assert_refused(gone, "response_not_found", "response_id", status=404)
 
 
 def test_one_key_at_its_quota_does_not_stop_another(make_server: Any) -> None:
     """keyA's running responses at its quota refuse keyA's next create (429),
     never keyB's; one of keyA's ending frees keyA's place."""
     keyed = make_server(api_keys=("key-a", "key-b"), max_background=8, max_background_per_key=2)
-    a, b = sdk(keyed, "key-a"), sdk(keyed, "key-b")
+    a, b = openai_client(keyed, "key-a"), openai_client(keyed, "key-b")
     mine = [a.responses.create(model="sim", input="a", background=True, metadata=SLOW)]
     mine.append(a.responses.create(model="sim", input="a", background=True, metadata=SLOW))
     with pytest.raises(openai.RateLimitError) as full:
@@ -370,7 +349,7 @@ def test_the_maximum_duration_ends_a_response_incomplete(make_server: Any) -> No
     """Past ``--background-max-duration`` a running response ends ``incomplete``
     (reason ``max_duration``) with the output written so far, billed and stored."""
     short = make_server(background_max_duration=0.5)
-    client = sdk(short)
+    client = openai_client(short)
     made = client.responses.create(model="sim", input="forever", background=True, metadata=SLOW)
     events = list(client.responses.retrieve(made.id, stream=True))
     end = events[-1]
@@ -392,28 +371,24 @@ def test_a_follower_that_never_reads_is_cut_off(
     kernel still reaches the client after the drop, at the client's pace: the
     process holds nothing of it."""
     import logging
-    import socket
-    import time
 
     caplog.set_level(logging.INFO, logger="longresponse.serve.seam")
     slow = make_server(api_keys=("key-a",), slow_reader_timeout=0.5)
-    client = sdk(slow, "key-a")
+    client = openai_client(slow, "key-a")
     loud = {"sim_output_tokens": "2000000", "sim_tokens_per_second": "0"}
     made = client.responses.create(model="sim", input="x" * 2000, background=True, metadata=loud)
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.settimeout(10)
-    with sock:
-        sock.connect(("127.0.0.1", slow.port))
-        sock.sendall(
-            b"GET /v1/responses/%s?stream=true HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-            b"Authorization: Bearer key-a\r\n\r\n" % made.id.encode()
-        )
+    follow = (
+        b"GET /v1/responses/%s?stream=true HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Authorization: Bearer key-a\r\n\r\n" % made.id.encode()
+    )
+    with unread_request(slow.port, follow):
         # Reading nothing: the send buffers fill, then a write waits 0.5 s.
-        deadline = time.monotonic() + 30
-        while not any("slow background stream reader" in m for m in caplog.messages):
-            assert time.monotonic() < deadline, "the server never cut the reader off"
-            time.sleep(0.05)
+        wait_for(
+            lambda: any("slow background stream reader" in m for m in caplog.messages),
+            "the server to cut the reader off",
+            30,
+            interval=0.05,
+        )
         # Dropping the reader does not stop the response: it runs on to its own end
         # (its output budget, on a fast machine before the buffers even fill).
         status = client.responses.retrieve(made.id)

@@ -15,7 +15,9 @@ from openai.types.responses import ResponseStreamEvent
 
 from longresponse.config import ServerConfig
 from longresponse.server_process import ServerProcess
-from tests.conftest import OPEN_CLIENTS, RunningServer, openai_client
+from tests.conftest import RunningServer
+from tests.support.error_replies import assert_refused
+from tests.support.http_clients import OPEN_CLIENTS, openai_client, post
 
 STREAM_EVENT = pydantic.TypeAdapter(ResponseStreamEvent)
 TOOL = {
@@ -25,16 +27,12 @@ TOOL = {
 }
 
 
-def sdk(server: Any, key: str = "test-key") -> OpenAI:
-    return openai_client(server, key)  # type: ignore[no-any-return]
-
-
 def calls_of(response: Any) -> list[Any]:
     return [item for item in response.output if item.type == "function_call"]
 
 
 def test_ten_turn_chain_over_http(server: Any) -> None:
-    client = sdk(server)
+    client = openai_client(server)
     meta = {"sim_tool_calls": "10"}
     response = client.responses.create(
         model="sim", input="Fix the flaky test.", tools=[TOOL], metadata=meta
@@ -63,7 +61,7 @@ def test_ten_turn_chain_over_http(server: Any) -> None:
 
 
 def test_retrieve_delete_and_cancel(server: Any) -> None:
-    client = sdk(server)
+    client = openai_client(server)
     response = client.responses.create(model="sim", input="keep me", metadata={"k": "v"})
     again = client.responses.retrieve(response.id)
     assert again.id == response.id
@@ -82,7 +80,7 @@ def test_retrieve_delete_and_cancel(server: Any) -> None:
 
 
 def test_input_items_pagination(server: Any) -> None:
-    client = sdk(server)
+    client = openai_client(server)
     first = client.responses.create(
         model="sim",
         input=[{"role": "user", "content": f"message {i}"} for i in range(5)],
@@ -124,7 +122,7 @@ def test_input_items_pagination(server: Any) -> None:
 
 
 def test_streaming_events_match_the_websocket_shape(server: Any) -> None:
-    client = sdk(server)
+    client = openai_client(server)
     with httpx.stream(
         "POST",
         f"{server.http_url}/v1/responses",
@@ -151,7 +149,7 @@ def test_streaming_events_match_the_websocket_shape(server: Any) -> None:
 
 
 def test_store_false_is_never_found_again(server: Any) -> None:
-    client = sdk(server)
+    client = openai_client(server)
     response = client.responses.create(model="sim", input="forget me", store=False)
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(response.id)
@@ -159,15 +157,6 @@ def test_store_false_is_never_found_again(server: Any) -> None:
         client.responses.create(model="sim", previous_response_id=response.id, input="and?")
     assert missing.value.code == "previous_response_not_found"
     assert missing.value.param == "previous_response_id"
-
-
-def post(server: Any, body: bytes | str, **headers: str) -> httpx.Response:
-    return httpx.post(
-        f"{server.http_url}/v1/responses",
-        content=body,
-        headers={"content-type": "application/json", **headers},
-        timeout=30,
-    )
 
 
 @pytest.mark.parametrize(
@@ -192,13 +181,7 @@ def post(server: Any, body: bytes | str, **headers: str) -> httpx.Response:
 def test_bad_input_gets_the_error_envelope(
     server: Any, body: str, status: int, code: str, param: str | None
 ) -> None:
-    reply = post(server, body)
-    assert reply.status_code == status
-    error = reply.json()["error"]
-    assert error["code"] == code
-    assert error["param"] == param
-    assert error["type"] == "invalid_request_error"
-    assert error["message"]
+    assert_refused(post(server, body), code, param, status=status)
 
 
 def test_oversize_body_is_refused(make_server: Any) -> None:
@@ -214,8 +197,8 @@ def test_api_keys_and_ownership(make_server: Any) -> None:
     assert post(keyed, '{"input": "x"}').status_code == 401
     assert post(keyed, '{"input": "x"}', authorization="Bearer nope").status_code == 401
     with pytest.raises(openai.AuthenticationError):
-        sdk(keyed, "wrong").responses.create(model="sim", input="x")
-    one, two = sdk(keyed, "key-one"), sdk(keyed, "key-two")
+        openai_client(keyed, "wrong").responses.create(model="sim", input="x")
+    one, two = openai_client(keyed, "key-one"), openai_client(keyed, "key-two")
     mine = one.responses.create(model="sim", input="private", tools=[TOOL])
     assert one.responses.retrieve(mine.id).id == mine.id
     with pytest.raises(openai.NotFoundError):
@@ -241,7 +224,8 @@ def test_api_keys_and_ownership(make_server: Any) -> None:
             assert event.type != "error", event
         assert "«ok»" in event.response.output_text
     # The upgrade itself is refused without a key: no 101, no session.
-    with pytest.raises(Exception, match="401"), sdk(keyed, "wrong").responses.connect() as conn:
+    wrong = openai_client(keyed, "wrong")
+    with pytest.raises(Exception, match="401"), wrong.responses.connect() as conn:
         conn.recv()
     assert keyed.live_sessions == 0
 
@@ -259,7 +243,7 @@ def test_websocket_hydration_after_reconnect_and_restart(tmp_path: Any) -> None:
     store = f"sqlite:///{tmp_path}/shared.db"
     first = RunningServer(ServerConfig(port=0, store=store)).start()
     try:
-        client = sdk(first)
+        client = openai_client(first)
         with client.responses.connect() as conn:
             conn.response.create(model="sim", input="survive me", tools=[TOOL], store=True)
             while (event := conn.recv()).type != "response.completed":
@@ -279,7 +263,7 @@ def test_websocket_hydration_after_reconnect_and_restart(tmp_path: Any) -> None:
         first.stop()
     second = RunningServer(ServerConfig(port=0, store=store)).start()
     try:
-        with sdk(second).responses.connect() as conn:
+        with openai_client(second).responses.connect() as conn:
             conn.response.create(
                 model="sim", previous_response_id=parent.id, input=output, tools=[TOOL]
             )
@@ -295,14 +279,14 @@ def test_clean_shutdown_drains_queued_writes(tmp_path: Any) -> None:
     running = RunningServer(ServerConfig(port=0, store=store)).start()
     ids = []
     try:
-        client = sdk(running)
+        client = openai_client(running)
         for index in range(30):
             ids.append(client.responses.create(model="sim", input=f"number {index}").id)
     finally:
         running.stop()
     reopened = RunningServer(ServerConfig(port=0, store=store)).start()
     try:
-        client = sdk(reopened)
+        client = openai_client(reopened)
         for index, response_id in enumerate(ids):
             assert f"«number {index}»" in client.responses.retrieve(response_id).output_text
     finally:
@@ -349,7 +333,7 @@ def test_retention_ttl_expires_responses(redis_url: str, make_server: Any) -> No
         if store is not None:
             overrides["store"] = store
         running = make_server(**overrides)
-        client = sdk(running)
+        client = openai_client(running)
         response = client.responses.create(model="sim", input="short-lived")
         assert client.responses.retrieve(response.id).id == response.id
         time.sleep(0.5)  # real retention is wall-clock time

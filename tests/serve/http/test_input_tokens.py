@@ -7,16 +7,17 @@ the request is checked as a create is, and nothing is stored, billed or run.
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
-import httpx
 import openai
 import pytest
 
 from longresponse.config import SimConfig
-from tests.conftest import openai_client
 from tests.serve.ws.test_shipped_ws import WEATHER
+from tests.support.error_replies import assert_refused
+from tests.support.http_clients import openai_client, post
+
+COUNT = "/v1/responses/input_tokens"
 
 BODY = {
     "model": "sim",
@@ -79,15 +80,6 @@ def test_count_follows_the_window_rules(make_server: Any) -> None:
     assert created.usage.input_tokens == kept.input_tokens
 
 
-def post(server: Any, body: Any, **headers: str) -> httpx.Response:
-    return httpx.post(
-        f"{server.http_url}/v1/responses/input_tokens",
-        content=body if isinstance(body, str) else json.dumps(body),
-        headers={"content-type": "application/json", **headers},
-        timeout=10,
-    )
-
-
 @pytest.mark.parametrize(
     ("body", "status", "code", "param"),
     [
@@ -117,12 +109,9 @@ def post(server: Any, body: Any, **headers: str) -> httpx.Response:
     ],
 )  # fmt: skip
 def test_bad_input(server: Any, body: Any, status: int, code: str, param: str | None) -> None:
-    reply = post(server, body)
-    assert reply.status_code == status
-    error = reply.json()["error"]
-    assert (error["code"], error["param"], error["type"]) == (code, param, "invalid_request_error")
-    assert error["message"]
-    assert post(server, {"input": "fine"}).json()["object"] == "response.input_tokens"
+    assert_refused(post(server, body, path=COUNT, timeout=10), code, param, status=status)
+    fine = post(server, {"input": "fine"}, path=COUNT, timeout=10)
+    assert fine.json()["object"] == "response.input_tokens"
 
 
 def test_pending_calls_must_be_answered(server: Any) -> None:
@@ -137,10 +126,9 @@ def test_pending_calls_must_be_answered(server: Any) -> None:
 
 def test_keys_and_owners(make_server: Any) -> None:
     keyed = make_server(api_keys=("key-one", "key-two"))
-    assert post(keyed, {"input": "x"}).status_code == 401
-    assert post(keyed, {"input": "x"}, authorization="Bearer nope").json()["error"]["code"] == (
-        "invalid_api_key"
-    )
+    assert post(keyed, {"input": "x"}, path=COUNT, timeout=10).status_code == 401
+    wrong = post(keyed, {"input": "x"}, path=COUNT, key="nope", timeout=10)
+    assert wrong.json()["error"]["code"] == "invalid_api_key"
     one, two = openai_client(keyed, "key-one"), openai_client(keyed, "key-two")
     mine = one.responses.create(model="sim", input="mine")
     assert one.responses.input_tokens.count(previous_response_id=mine.id, input="more").input_tokens

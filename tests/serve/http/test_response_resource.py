@@ -25,8 +25,9 @@ from longresponse.config import SimConfig
 from protocol import APPEND_SUBPROTOCOL
 from tests.conftest import openai_client
 from tests.serve.http.test_http import STREAM_EVENT
-from tests.serve.ws.test_shipped_ws import STRICT, TERMINAL, WEATHER
+from tests.serve.ws.test_shipped_ws import STRICT, WEATHER
 from tests.support.paths import SCHEMAS
+from tests.support.shipped_ws import TERMINAL
 
 SCHEMA = json.loads((SCHEMAS / "response.schema.json").read_text())
 PUBLISHED = jsonschema.Draft202012Validator(SCHEMA)

@@ -19,20 +19,17 @@ from typing import Any
 
 import httpx
 
+from tests.support.http_clients import unread_request
+from tests.support.waiting import wait_for
+
 FEED = "/inspect/api/feed"
 
 
 @contextlib.contextmanager
 def unread_feed(port: int, key: str) -> Iterator[socket.socket]:
     """A feed opened from a socket with a 4 KiB receive buffer that never reads."""
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.settimeout(10)
-    with sock:
-        sock.connect(("127.0.0.1", port))
-        sock.sendall(
-            b"GET %s?key=%s HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" % (FEED.encode(), key.encode())
-        )
+    request = b"GET %s?key=%s HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" % (FEED.encode(), key.encode())
+    with unread_request(port, request) as sock:
         yield sock
 
 
@@ -40,19 +37,12 @@ def watchers(server: Any) -> int:
     return len(server.app.state.inspector.watchers)
 
 
-def wait_for(condition: Any, seconds: float = 10.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
-
-
 def test_one_key_at_its_feed_quota_does_not_stop_another(make_server: Any) -> None:
     server = make_server(
         api_keys=("key-a", "key-b"), inspector_watchers=4, inspector_watchers_per_key=2
     )
     with unread_feed(server.port, "key-b"), unread_feed(server.port, "key-b"):
-        wait_for(lambda: watchers(server) == 2)
+        wait_for(lambda: watchers(server) == 2, "two feeds")
         with httpx.Client(base_url=server.http_url, timeout=10) as http:
             refused = http.get(FEED, params={"key": "key-b"})
             assert refused.status_code == 429
@@ -60,7 +50,7 @@ def test_one_key_at_its_feed_quota_does_not_stop_another(make_server: Any) -> No
             assert "This API key" in refused.json()["error"]["message"]
             with http.stream("GET", FEED, params={"key": "key-a"}) as mine:
                 assert mine.status_code == 200
-    wait_for(lambda: watchers(server) == 0)
+    wait_for(lambda: watchers(server) == 0, "no feed")
 
 
 def test_a_feed_ends_after_its_lifetime(make_server: Any) -> None:
@@ -71,7 +61,7 @@ def test_a_feed_ends_after_its_lifetime(make_server: Any) -> None:
             lines = list(feed.iter_lines())  # ends on its own
         assert time.monotonic() - started < 5
     assert lines[0] == "event: state"
-    wait_for(lambda: watchers(server) == 0)
+    wait_for(lambda: watchers(server) == 0, "no feed")
 
 
 def test_a_feed_that_is_never_read_is_cut_off(make_server: Any) -> None:
@@ -80,7 +70,7 @@ def test_a_feed_that_is_never_read_is_cut_off(make_server: Any) -> None:
         base_url=server.http_url, timeout=30, headers={"authorization": "Bearer key-a"}
     )
     with client, unread_feed(server.port, "key-a") as sock:
-        wait_for(lambda: watchers(server) == 1)
+        wait_for(lambda: watchers(server) == 1, "the feed")
         # Traffic for the feed to tell of, until its writes back up and it is cut off.
         deadline = time.monotonic() + 60
         while watchers(server):

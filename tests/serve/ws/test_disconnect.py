@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import socket
 import time
@@ -13,8 +12,9 @@ import wsproto.events as ws
 from longresponse.client import connect
 from protocol import ResponseState
 from protocol.events import OutputTextDelta, ResponseDone
-from tests.conftest import stalled_post
-from tests.support.raw_ws import handshake, wait_until
+from tests.support.http_clients import read_until_closed, stalled_post
+from tests.support.raw_ws import handshake
+from tests.support.waiting import wait_until
 
 TOOL = {"type": "function", "name": "read_file", "parameters": {"type": "object"}}
 
@@ -22,7 +22,10 @@ TOOL = {"type": "function", "name": "read_file", "parameters": {"type": "object"
 async def live_rollouts(server: Any) -> list[Any]:
     """The rollouts of the server's latest session, once it has one."""
     endpoint = server.app.state.endpoint
-    await wait_until(lambda: endpoint.last_session is not None and endpoint.last_session.rollouts)
+    await wait_until(
+        lambda: endpoint.last_session is not None and endpoint.last_session.rollouts,
+        "a session with a rollout",
+    )
     return list(endpoint.last_session.rollouts.values())
 
 
@@ -51,7 +54,7 @@ async def test_close_mid_stream_cancels_the_rollout(make_server: Any) -> None:
             pass
         assert running.live_sessions == 1
         rollouts = await live_rollouts(running)
-    await wait_until(lambda: running.live_sessions == 0)
+    await wait_until(lambda: running.live_sessions == 0, "the session to end")
     assert_all_rollouts_ended(running, rollouts)
 
 
@@ -63,7 +66,7 @@ async def test_close_while_paused_frees_the_rollout(make_server: Any) -> None:
         assert isinstance(done, ResponseDone)
         assert done.response.status == "requires_action"
         rollouts = await live_rollouts(running)
-    await wait_until(lambda: running.live_sessions == 0)
+    await wait_until(lambda: running.live_sessions == 0, "the session to end")
     assert_all_rollouts_ended(running, rollouts)
 
 
@@ -82,7 +85,7 @@ async def test_abrupt_tcp_reset_mid_stream(make_server: Any) -> None:
         linger = b"\x01\x00\x00\x00\x00\x00\x00\x00"
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, linger)
     # closed with linger 0: a RST, no close frame
-    await wait_until(lambda: running.live_sessions == 0)
+    await wait_until(lambda: running.live_sessions == 0, "the session to end")
     assert_all_rollouts_ended(running, rollouts)
 
 
@@ -99,7 +102,7 @@ async def test_slow_reader_is_disconnected_with_bounded_memory(make_server: Any)
         sock.sendall(conn.send(ws.TextMessage(json.dumps(create))))
         rollouts = await live_rollouts(running)
         # Never read: the server must stop buffering and let go of us.
-        await wait_until(lambda: running.live_sessions == 0, seconds=30)
+        await wait_until(lambda: running.live_sessions == 0, "the session to end", seconds=30)
     session = running.app.state.endpoint.last_session
     assert session.close_reason == "slow_reader"
     assert session.outbox_high_water <= 8
@@ -124,15 +127,14 @@ async def test_a_slow_websocket_reader_is_dropped_and_its_connection_freed(
     }
     with sock:
         sock.sendall(conn.send(ws.TextMessage(json.dumps(create))))
-        await wait_until(lambda: open_connections(running) == 1)
+        await wait_until(lambda: open_connections(running) == 1, "the connection")
         # Still never reading: the server lets go of the TCP connection too,
         # not only of the session (a graceful close would wait to flush).
-        await wait_until(lambda: open_connections(running) == 0, seconds=30)
+        await wait_until(
+            lambda: open_connections(running) == 0, "the connection to be dropped", seconds=30
+        )
         sock.settimeout(5)
-        received = b""
-        with contextlib.suppress(ConnectionResetError):
-            while chunk := sock.recv(1 << 20):
-                received += chunk
+        received = read_until_closed(sock)
         # What reaches us is what was in flight, not the megabytes it held.
         assert len(received) < 4 * 1024 * 1024
 
@@ -146,12 +148,11 @@ async def test_a_slow_sse_reader_is_dropped_and_its_connection_freed(make_server
         "metadata": {"sim_output_tokens": "2000000"},
     }
     with stalled_post(running.port, "/v1/responses", body) as sock:
-        await wait_until(lambda: open_connections(running) == 1)
-        await wait_until(lambda: open_connections(running) == 0, seconds=30)
-        received = b""
-        with contextlib.suppress(ConnectionResetError):
-            while chunk := sock.recv(1 << 20):
-                received += chunk
+        await wait_until(lambda: open_connections(running) == 1, "the connection")
+        await wait_until(
+            lambda: open_connections(running) == 0, "the connection to be dropped", seconds=30
+        )
+        received = read_until_closed(sock)
         assert received.startswith(b"HTTP/1.1 200")
         assert len(received) < 4 * 1024 * 1024
         assert b"event: response.completed" not in received

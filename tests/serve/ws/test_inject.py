@@ -31,11 +31,11 @@ from protocol.events import (
 from protocol.items import FunctionCall
 from tests.conftest import openai_client
 from tests.support.raw_ws import handshake
+from tests.support.shipped_ws import TERMINAL
 
 BETA = {"OpenAI-Beta": "responses_multi_agent=v1"}
 BETA_VALUE = b"responses_multi_agent=v1"
 STRICT = pydantic.TypeAdapter(BetaResponsesServerEvent)
-TERMINAL = {"response.completed", "response.incomplete", "response.failed", "error"}
 READ_FILE = {
     "type": "function",
     "name": "read_file",

@@ -8,8 +8,6 @@ sequence, as a WebSocket message of its own.
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -22,6 +20,7 @@ from longresponse.config import ServerConfig
 from longresponse.serve.app import create_app
 from longresponse.serve.ws.oversize import LingeringWSProtocol
 from protocol.events import OutputTextDelta, ResponseDone
+from tests.support.uvicorn_thread import start_in_thread
 
 LONG_ANSWER = {"sim_output_tokens": "3000"}  # unthrottled: events pile up in the outbox
 
@@ -68,13 +67,7 @@ def plain_server() -> Iterator[str]:
         app, host="127.0.0.1", port=0, ws="wsproto", lifespan="on", log_level="warning"
     )
     server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline, "the server did not start"
-        assert thread.is_alive(), "the server did not start"
-        time.sleep(0.01)
+    thread = start_in_thread(server, "the server")
     port = server.servers[0].sockets[0].getsockname()[1]
     yield f"ws://127.0.0.1:{port}/v1/responses"
     server.should_exit = True

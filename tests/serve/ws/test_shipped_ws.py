@@ -15,10 +15,11 @@ from typing import Any
 import pydantic
 import pytest
 import websockets
-from openai import AsyncOpenAI, OpenAI
+from openai import AsyncOpenAI
 from openai.types.responses.responses_server_event import ResponsesServerEvent
 
-from tests.conftest import openai_client
+from tests.support.http_clients import openai_client
+from tests.support.shipped_ws import TERMINAL
 
 STRICT = pydantic.TypeAdapter(ResponsesServerEvent)
 SHIPPED_TYPES = {
@@ -37,7 +38,6 @@ SHIPPED_TYPES = {
     "response.failed",
     "error",
 }
-TERMINAL = {"response.completed", "response.incomplete", "response.failed", "error"}
 
 WEATHER = {
     "type": "function",
@@ -54,10 +54,6 @@ CLOCK = {
     "name": "get_time",
     "parameters": {"type": "object", "properties": {"zone": {"type": "string"}}},
 }
-
-
-def sdk(server: Any) -> OpenAI:
-    return openai_client(server)  # type: ignore[no-any-return]
 
 
 def recv(conn: Any) -> Any:
@@ -96,13 +92,13 @@ def check_turn_shape(events: list[Any]) -> None:
 
 @pytest.fixture
 def conn(server: Any) -> Iterator[Any]:
-    client = sdk(server)
+    client = openai_client(server)
     with client.responses.connect() as connection:
         yield connection
 
 
 def test_twenty_turn_tool_loop_store_false_sends_only_new_items(server: Any) -> None:
-    client = sdk(server)
+    client = openai_client(server)
     outputs: list[str] = []
     with client.responses.connect() as conn:
         conn.response.create(
@@ -220,7 +216,7 @@ def test_missing_tool_output_fails_and_evicts(conn: Any) -> None:
 
 
 def test_id_from_another_connection_is_not_found(server: Any) -> None:
-    client = sdk(server)
+    client = openai_client(server)
     with client.responses.connect() as first:
         first.response.create(model="sim", input="remember this", store=False)
         rid = turn(first)[-1].response.id
@@ -435,7 +431,7 @@ def test_stream_true_and_unknown_fields_are_accepted(conn: Any) -> None:
 
 def test_lane_name_rules(make_server: Any) -> None:
     small = make_server(max_lanes=2)
-    with sdk(small).responses.connect() as conn:
+    with openai_client(small).responses.connect() as conn:
         conn.send({"type": "response.create", "model": "sim", "input": "x", "stream_id": ""})
         expect_error(conn, "invalid_stream_id", "stream_id")
         conn.send({"type": "response.create", "model": "sim", "input": "x", "stream_id": "a b"})
@@ -454,7 +450,7 @@ def test_lane_name_rules(make_server: Any) -> None:
 def test_in_flight_limit_queues_across_lanes(make_server: Any) -> None:
     one = make_server(max_in_flight=1)
     slow = {"sim_output_tokens": "40", "sim_tokens_per_second": "800"}
-    with sdk(one).responses.connect() as conn:
+    with openai_client(one).responses.connect() as conn:
         conn.response.create(model="sim", input="a", store=False, stream_id="a", metadata=slow)
         conn.response.create(model="sim", input="b", store=False, stream_id="b", metadata=slow)
         first = turn(conn)
@@ -466,7 +462,7 @@ def test_in_flight_limit_queues_across_lanes(make_server: Any) -> None:
 def test_queue_limit(make_server: Any) -> None:
     tight = make_server(max_queued=1)
     slow = {"sim_output_tokens": "40", "sim_tokens_per_second": "400"}
-    with sdk(tight).responses.connect() as conn:
+    with openai_client(tight).responses.connect() as conn:
         conn.response.create(model="sim", input="run", store=False, metadata=slow)
         # Wait until it runs, so exactly one more can wait behind it.
         assert recv(conn).type == "response.created"
@@ -497,7 +493,7 @@ def test_background_and_append_are_refused(conn: Any) -> None:
 
 def test_connection_lifetime_limit(make_server: Any) -> None:
     brief = make_server(connection_lifetime=0.5)
-    with sdk(brief).responses.connect() as conn:
+    with openai_client(brief).responses.connect() as conn:
         error = recv(conn)
         assert error.type == "error"
         assert error.error.code == "websocket_connection_limit_reached"
@@ -560,7 +556,7 @@ def test_forks_across_lanes(conn: Any) -> None:
 
 def test_connection_cache_budget_evicts_oldest_rollouts(make_server: Any) -> None:
     tiny = make_server(connection_cache_bytes=20_000)
-    with sdk(tiny).responses.connect() as conn:
+    with openai_client(tiny).responses.connect() as conn:
         ids = []
         for index in range(6):
             conn.response.create(model="sim", input=f"conversation {index} " * 300, store=False)
@@ -576,7 +572,7 @@ def test_connection_cache_budget_evicts_oldest_rollouts(make_server: Any) -> Non
 
 def test_connection_cache_keeps_a_running_total_of_its_size(make_server: Any) -> None:
     tiny = make_server(connection_cache_bytes=60_000)
-    with sdk(tiny).responses.connect() as conn:
+    with openai_client(tiny).responses.connect() as conn:
         previous = None
         for index in range(8):  # chains and new conversations, some evicted
             conn.response.create(
@@ -595,7 +591,7 @@ def test_connection_cache_keeps_a_running_total_of_its_size(make_server: Any) ->
 
 def test_an_oversized_create_on_a_lane_gets_its_error_on_that_lane(make_server: Any) -> None:
     small = make_server(max_message_bytes=4096)
-    with sdk(small).responses.connect() as conn:
+    with openai_client(small).responses.connect() as conn:
         conn.send(
             {"type": "response.create", "model": "sim", "input": "x" * 5000, "stream_id": "big"}
         )

@@ -18,9 +18,9 @@ import pytest
 from openai.types.responses.responses_server_event import ResponsesServerEvent
 
 from tests.conftest import openai_client
+from tests.support.shipped_ws import TERMINAL
 
 STRICT = pydantic.TypeAdapter(ResponsesServerEvent)
-TERMINAL = {"response.completed", "response.incomplete", "response.failed", "error"}
 READ_FILE = {
     "type": "function",
     "name": "read_file",
