@@ -103,6 +103,7 @@ from ..chat.mapping import (
 from ..config import BackendConfig
 from ..engine.sampling import SampleChunk, SampleRequest, Stop, UpstreamError, Usage
 from .chat_stream import ChunkReader, decode_chunk, refusal
+from .tls import client_context
 
 __all__ = [
     "MAX_RETRY_WAIT",
@@ -288,6 +289,7 @@ class ChatBackend:
         self.client = httpx.AsyncClient(
             headers=headers,
             timeout=timeout,
+            verify=client_context(),
             limits=httpx.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=64),
         )
         #: For the one retry after a stale kept connection: keeps none, so every
@@ -295,6 +297,7 @@ class ChatBackend:
         self.fresh = httpx.AsyncClient(
             headers=headers,
             timeout=timeout,
+            verify=client_context(),
             limits=httpx.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=0),
         )
         #: This backend's turns talking to the engine now, and the slots pinned

@@ -66,6 +66,7 @@ from .responses_wire import (
 )
 from .responses_wire import retryable as _retryable
 from .settings import SettingsError
+from .tls import client_context
 
 __all__ = [
     "DRAIN_TIMEOUT",
@@ -124,10 +125,13 @@ class ResponsesBackend:
             write=config.idle_timeout,
             pool=config.connect_timeout,
         )
-        self.client = httpx.AsyncClient(headers=headers, timeout=timeout)
+        self.client = httpx.AsyncClient(headers=headers, timeout=timeout, verify=client_context())
         #: Keeps no connection: the one retry after a stale kept one goes on a new one.
         self.fresh = httpx.AsyncClient(
-            headers=headers, timeout=timeout, limits=httpx.Limits(max_keepalive_connections=0)
+            headers=headers,
+            timeout=timeout,
+            verify=client_context(),
+            limits=httpx.Limits(max_keepalive_connections=0),
         )
         parts = urlsplit(config.base_url)
         #: Where the upstream is, for the log (never the URL's credentials).
