@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import functools
 import pathlib
 import subprocess
 import sys
@@ -44,6 +45,13 @@ from protocol.response import Response
 from tests.support.paths import ROOT
 
 
+@functools.cache
+def parsed(text: str) -> ast.Module:
+    """The tree of a module's text, parsed once for all the checks here (they
+    read every file of the project, several times over); never changed."""
+    return ast.parse(text)
+
+
 def modules(package: str) -> Iterator[tuple[str, pathlib.Path]]:
     """(dotted module name, path) of every module under ``package``."""
     base = ROOT / package.replace(".", "/")
@@ -58,7 +66,7 @@ def imported(name: str, path: pathlib.Path) -> set[str]:
     """Every module ``path`` (the module ``name``) imports, as absolute dotted names."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(parsed(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -141,7 +149,7 @@ def test_the_imports_checker_sees_relative_imports() -> None:
 def _state_writes(path: pathlib.Path) -> list[str]:
     """Lines of ``path`` that make or move a response state machine, or assign a state."""
     hits = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(parsed(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Call):
             func = node.func
             if isinstance(func, ast.Name) and func.id in ("ResponseStateMachine", "ResponseTrack"):
@@ -179,7 +187,7 @@ def test_every_module_opens_with_what_it_does(package: str) -> None:
         text = path.read_text(encoding="utf-8")
         if path.name == "__init__.py" and not text.strip():
             continue
-        tree = ast.parse(text)
+        tree = parsed(text)
         assert ast.get_docstring(tree), f"{name} has no module docstring"
 
 
@@ -211,7 +219,7 @@ def declared_fields(module: str, cls: str) -> set[str]:
     """The fields ``cls`` declares in ``module``: ``self.x = ...`` in its methods,
     annotations and ``__slots__`` in its body."""
     path = ROOT / (module.replace(".", "/") + ".py")
-    tree = ast.parse(path.read_text(encoding="utf-8"))
+    tree = parsed(path.read_text(encoding="utf-8"))
     (body,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls]
     fields: set[str] = set()
     for node in ast.walk(body):
@@ -273,7 +281,7 @@ def _typed_names(tree: ast.Module, cls: str) -> set[str]:
 def field_writes(path: pathlib.Path, owned: dict[str, tuple[set[str], set[str]]]) -> list[str]:
     """Where ``path`` assigns (or changes in place) a field of an owned class:
     ``owned`` maps the class to (its fields, the names its values go by)."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
+    tree = parsed(path.read_text(encoding="utf-8"))
     receivers = {cls: names | _typed_names(tree, cls) for cls, (_, names) in owned.items()}
     hits: list[tuple[int, str]] = []
 
@@ -596,7 +604,7 @@ def _private_names_defined_in(folder: pathlib.Path) -> set[str]:
 
     names: set[str] = set()
     for path in folder.rglob("*.py"):
-        tree = ast.parse(path.read_text(), str(path))
+        tree = parsed(path.read_text())
         for node in ast.walk(tree):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
                 defined = [node.name]
@@ -624,7 +632,7 @@ def _private_reads_in_tests(product_private: set[str], tests: pathlib.Path) -> l
     found: list[str] = []
     for path in sorted(tests.rglob("*.py")):
         where = path.relative_to(tests.parent)
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(parsed(path.read_text())):
             line = getattr(node, "lineno", 0)
             if isinstance(node, ast.Attribute) and node.attr in product_private:
                 found.append(f"{where}:{line}: reads .{node.attr}")
