@@ -5,5 +5,6 @@
 :mod:`.oversize` the frame past the size limit; :mod:`.append` append mode
 (one rollout as one Response); :mod:`.shipped` the shipped shape (lanes and
 the connection cache); :mod:`.live_input` input committed into a live Response
-(``response.append`` and ``response.inject``).
+(``response.append`` and ``response.inject``); :mod:`.admitted` what admitting a
+client message produced, handed by the session to the shape that handles it.
 """

@@ -78,6 +78,7 @@ from ..seam import SEND_TEXTS_KEY, abort
 from ..skeleton import check_create_skeleton
 from ..turns import Turns
 from ..types import Receive, Scope, Send
+from .admitted import Admitted
 from .append import AppendShape
 from .outbox import Outbox
 from .shipped import ShippedShape
@@ -103,9 +104,12 @@ DRAIN_POLL_INTERVAL: Final = 0.02
 class Shape(Protocol):
     """What a connection speaks, given decoded, checked and admitted client events."""
 
-    def admit(self, event: ClientEvent, track: ResponseTrack | None) -> ClientEvent: ...
+    def admit(self, event: ClientEvent, track: ResponseTrack | None) -> Admitted:
+        """Admit ``event`` for the response ``track`` (the protocol core's ``admit``
+        hook). Raises :class:`ProtocolError` to refuse it: nothing is recorded."""
 
-    def handle(self, event: ClientEvent, received_at: float, decode: float) -> None: ...
+    def handle(self, admitted: Admitted, received_at: float, decode: float) -> None:
+        """Act on an event recorded by the protocol core, as :meth:`admit` admitted it."""
 
     @property
     def busy(self) -> bool:
@@ -179,7 +183,6 @@ class Session:
             self.shape = self.append = AppendShape(
                 config, turns, self.outbox, spawn=self._tasks, send_timing=send_timing, owner=owner
             )
-        self._decoded_at = 0.0
         #: This connection's record in the inspector (None with the inspector off).
         self.seen: ConnectionRecord | None = None
         #: Graceful shutdown has begun: client messages are no longer read.
@@ -276,7 +279,6 @@ class Session:
         """
         if self.draining or self.outbox.closing is not None:
             return
-        self._decoded_at = received_at
         event: object = None
         try:
             if len(data) <= self.connection.max_message_bytes:  # else refused unread
@@ -289,21 +291,21 @@ class Session:
                 async with self.turns.settled_checks((), None, as_items(event.input)):
                     if self.outbox.closing is not None:  # closed meanwhile: dropped
                         return
-                    self.connection.receive_event(event, admit=self._admit)
+                    admitted, admitted_at = self._receive(event)
             else:
-                self.connection.receive_event(event, admit=self._admit)
-            event = self.connection.next_event()
+                admitted, admitted_at = self._receive(event)
+            event = admitted.event
             if self.seen is not None:
-                self.seen.client(event, len(data))  # type: ignore[arg-type]
-            decode = self._decoded_at - received_at
+                self.seen.client(admitted.event, len(data))
+            decode = admitted_at - received_at
             if self.append is None or not isinstance(event, ResponseCreate):
-                self.shape.handle(event, received_at, decode)  # type: ignore[arg-type]
+                self.shape.handle(admitted, received_at, decode)
                 return
             # An append-mode create is admitted now: its costly checks first, off
             # the loop (the shipped shape's lanes do so when they run a create).
             async with self.turns.settled(event, as_items(event.input)):
                 if self.outbox.closing is None:  # else closed meanwhile: nothing is sent
-                    self.shape.handle(event, received_at, decode)
+                    self.shape.handle(admitted, received_at, decode)
         except ProtocolError as error:
             lane = error.stream_id
             if error.code == ErrorCode.INVALID_STREAM_ID:
@@ -317,9 +319,23 @@ class Session:
             if error.close_code is not None:
                 self.outbox.close(error.close_code, error.code)
 
-    def _admit(self, event: ClientEvent, track: ResponseTrack | None) -> ClientEvent:
-        self._decoded_at = time.perf_counter()  # decoded and checked: admission starts
-        return self.shape.admit(event, track)
+    def _receive(self, event: ClientEvent) -> tuple[Admitted, float]:
+        """Check, admit and record ``event`` (``Connection.receive_event``, the
+        shape's ``admit`` as its hook): what admission found, to hand to the
+        shape's ``handle``, and when admission began (decoding and the core's
+        checks ended). Raises :class:`ProtocolError`; nothing is recorded then."""
+        taken: list[tuple[Admitted, float]] = []
+
+        def admit(event: ClientEvent, track: ResponseTrack | None) -> ClientEvent:
+            began = time.perf_counter()
+            admitted = self.shape.admit(event, track)
+            taken.append((admitted, began))
+            return admitted.event
+
+        self.connection.receive_event(event, admit=admit)
+        self.connection.next_event()  # the event just recorded: admitted.event
+        (found,) = taken  # the core admits every client event it records, once
+        return found
 
     # --- graceful shutdown ----------------------------------------------------
 

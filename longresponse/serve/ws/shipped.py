@@ -80,6 +80,7 @@ from ...engine.transport import Transport
 from ...ids import new_id
 from ..continuation import continue_from
 from ..turns import Turns
+from .admitted import Admitted
 from .live_input import admit_input, deliver_input, send_receipt
 
 __all__ = ["STREAM_ID_PATTERN", "Lane", "SegmentCache", "ShippedShape"]
@@ -230,13 +231,11 @@ class ShippedShape:
         #: segments among them, by response id (what an inject targets).
         self.active = 0
         self.running: dict[str, Segment] = {}
-        self._admitted: Admission | None = None
         #: Accepted steers by the running segment they steer, in arrival order;
         #: steers held for a lane's next create on their parent (after
-        #: ``response.steer.pending``); the admitted items of the steer in hand.
+        #: ``response.steer.pending``).
         self.steers: dict[str, list[_Steer]] = {}
         self.held: dict[str | None, list[_Steer]] = {}
-        self._steer_items: list[Item] | None = None
         self.cache = SegmentCache(config.connection_cache_bytes)
         self.lanes: dict[str | None, Lane] = {}
         self._spawn = spawn
@@ -248,7 +247,7 @@ class ShippedShape:
         self.forks = 0
         self.hydrations = 0
 
-    def admit(self, event: ClientEvent, track: ResponseTrack | None) -> ClientEvent:
+    def admit(self, event: ClientEvent, track: ResponseTrack | None) -> Admitted:
         """An inject's items, admitted for the segment it names. (A create is
         admitted when its lane runs it, after its continuation.)
 
@@ -256,9 +255,9 @@ class ShippedShape:
         for input (created without ``multi_agent``) or whose turns are over.
         """
         if isinstance(event, ResponseSteer) and track is not None:
-            return self._admit_steer(event, track)
+            return Admitted(event, track, self._admit_steer(event, track))
         if not isinstance(event, ResponseInject) or track is None:
-            return event
+            return Admitted(event, track)
         segment = self.running.get(track.response_id)
         if segment is None or not segment.waits:
             raise RemoteProtocolError(
@@ -267,27 +266,27 @@ class ShippedShape:
                 code=ErrorCode.INVALID_VALUE,
                 param="response_id",
             )
-        event, self._admitted = admit_input(
+        event, admission = admit_input(
             self.turns, segment.rollout, event, finished=segment.finishing
         )
-        return event
+        return Admitted(event, track, admission)
 
-    def handle(self, event: ClientEvent, received_at: float, decode: float) -> None:
+    def handle(self, admitted: Admitted, received_at: float, decode: float) -> None:
+        event = admitted.event
         if isinstance(event, ResponseCreate):
             self.submit(event, received_at, decode)
         elif isinstance(event, ResponseSteer):
-            self._accept_steer(event)
+            self._accept_steer(event, _admission(admitted).items)
         elif isinstance(event, ResponseInject):
-            admission, self._admitted = self._admitted, None
-            assert admission is not None  # admit() ran for this inject
             segment = self.running[event.response_id]
+            admission = _admission(admitted)
             deliver_input(segment.rollout, admission, received_at=received_at, decode=decode)
             send_receipt(self.sink, self.sink.track(event.response_id))
         # response.processed: tolerated, never answered
 
     # --- steering (synchronous, in the connection's read loop) ---------------
 
-    def _admit_steer(self, event: ResponseSteer, track: ResponseTrack) -> ResponseSteer:
+    def _admit_steer(self, event: ResponseSteer, track: ResponseTrack) -> Admission:
         """A steer's items, admitted for the segment it names. Raises
         :class:`RemoteProtocolError` (the core answers ``response.steer.failed``)."""
         segment = self.running.get(track.response_id)
@@ -313,19 +312,16 @@ class ShippedShape:
                 param="previous_response_id",
                 status=429,
             )
-        admission = self.turns.pipeline.admit(
+        return self.turns.pipeline.admit(
             as_items(event.input),
             history=segment.rollout.history(),
             tools=segment.rollout.request.tools,
             compactor=segment.rollout.compactor,
         )
-        self._steer_items = admission.items
-        return event
 
-    def _accept_steer(self, event: ResponseSteer) -> None:
-        """Queue an admitted steer for its segment's successor; ``response.steer.accepted``."""
-        items, self._steer_items = self._steer_items, None
-        assert items is not None  # admit() ran for this steer
+    def _accept_steer(self, event: ResponseSteer, items: list[Item]) -> None:
+        """Queue an admitted steer (``items``) for its segment's successor;
+        ``response.steer.accepted``."""
         target = event.previous_response_id
         steer = _Steer(new_id("steer"), target, items, event.input)
         self.steers.setdefault(target, []).append(steer)
@@ -601,6 +597,13 @@ class ShippedShape:
         for lane in self.lanes.values():
             self.queued -= len(lane.queue)
             lane.queue.clear()
+
+
+def _admission(admitted: Admitted) -> Admission:
+    """The admission :meth:`ShippedShape.admit` made of a steer or inject."""
+    if admitted.admission is None:  # pragma: no cover - admit() admits every steer and inject
+        raise RuntimeError("a steer or inject reached handle() without its admission")
+    return admitted.admission
 
 
 def _lane(stream_id: str | None) -> str | msgspec.UnsetType:
