@@ -679,10 +679,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             drain_timeout=config.shutdown_drain_timeout,
             background=state.background,
         )
-        from .serve.collector import fix_mmap_threshold, tune_gc
+        from .serve.collector import fix_mmap_threshold, set_switch_interval, tune_gc
 
         tune_gc(args.gc_young_threshold)
         fix_mmap_threshold(args.mmap_threshold)
+        set_switch_interval()
         # On SIGINT/SIGTERM the WebSockets drain (turns in flight finish, then
         # close 1012), uvicorn shuts down cleanly (the lifespan drains the
         # post-inference queue), then re-raises the signal it captured.

@@ -88,11 +88,11 @@ from ...config import (
 from ...engine.sampling import ModelSpec
 from ...engine.transport import Transport
 from ...engine.turn import Started
-from ...ids import new_id
 from ...storage.persistence import Persistence, StoreWriteFailed
+from ..continuation import Continuation
 from ..deadline import DeadlineStream
 from ..inspector.watched import WatchedSink
-from ..turns import Turns
+from ..turns import Caller, Turns
 
 __all__ = [
     "MAX_DURATION_REASON",
@@ -332,38 +332,27 @@ class BackgroundResponses:
     async def create(
         self,
         request: ResponseCreate,
+        new_items: list[Item],
+        continuation: Continuation,
         *,
         owner: str,
-        new_items: list[Item],
-        history: list[Item],
         model: ModelSpec,
         received_at: float,
         decode: float,
-        chain: str = "",
     ) -> HTTPResponse:
-        """Admit a checked ``background: true`` create, start it (:meth:`start`) and
-        answer it: the Response ``response.created`` carried (status ``queued``),
-        or, with ``stream: true``, its events as they come. ``chain``: the first
-        response id of the stored chain it continues.
+        """Admit a checked ``background: true`` create continuing from the store
+        (``continuation``), start it (:meth:`start`) and answer it: the Response
+        ``response.created`` carried (status ``queued``), or, with
+        ``stream: true``, its events as they come.
 
         Raises :class:`RemoteProtocolError` (nothing started): admission's
         errors, 429 beyond the limit; 500 when it failed before ``response.created``.
         """
         self.check_room(owner)
         # Stateless, as any HTTP request: the whole history is checked again.
-        started = self.turns.start_turn(
-            request,
-            transport=Transport.HTTP,
-            response_id=new_id("resp"),
-            sink=EventLog(self.log_bytes),
-            new_items=new_items,
-            history=history,
-            cached=False,
-            model=model,
-            decode=decode,
-            owner=owner,
-            chain=chain,
-        )
+        caller = Caller(Transport.HTTP, EventLog(self.log_bytes), owner, decode=decode)
+        started = self.turns.start_turn(request, new_items, caller, continuation, model=model)
+        history = continuation.history
         entry = self.start(started, owner=owner, history=history, received_at=received_at)
         await entry.log.opened.wait()
         created = entry.log.created

@@ -34,7 +34,6 @@ from ...engine.stream import StreamClosed
 from ...engine.timing import TurnTiming
 from ...engine.transport import Transport
 from ...engine.turn import Started
-from ...ids import new_id
 from ...storage.keys import ApiKeys, Unauthorized
 from ...storage.persistence import Persistence
 from ..continuation import Continuation, continue_from
@@ -43,7 +42,7 @@ from ..gate import owner_of
 from ..request_ids import request_id
 from ..seam import abort, peer_gone, stop_task, until_gone, while_connected
 from ..skeleton import check_create_skeleton
-from ..turns import Turns
+from ..turns import Caller, Turns
 from ..types import Scope
 from .background import BackgroundResponses, check_cancellable
 from .sinks import SSE_QUEUE_DEPTH, RecordingSink, SSESink
@@ -196,29 +195,19 @@ class ResponsesHTTP:
                 if body.background:  # owned by the server from here on
                     created = await self.background.create(
                         body,
+                        new_items,
+                        continuation,
                         owner=owner,
-                        new_items=new_items,
-                        history=continuation.history,
                         model=model,
                         received_at=received_at,
                         decode=decoded - received_at,
-                        chain=continuation.chain,
                     )
                     return _while_connected(created, request.scope)
                 run = _Run(self, body, owner, continuation.history, received_at, request.scope)
                 # Stateless: the whole history is validated and classified again.
+                caller = Caller(Transport.HTTP, run.sink, owner, decode=decoded - received_at)
                 run.started = self.turns.start_turn(
-                    body,
-                    transport=Transport.HTTP,
-                    response_id=new_id("resp"),
-                    sink=run.sink,
-                    new_items=new_items,
-                    history=continuation.history,
-                    cached=False,
-                    model=model,
-                    decode=decoded - received_at,
-                    owner=owner,
-                    chain=continuation.chain,
+                    body, new_items, caller, continuation, model=model
                 )
             run.seed_from_token_cache()
         except ProtocolError as error:

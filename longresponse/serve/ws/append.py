@@ -41,9 +41,8 @@ from ...config import ServerConfig
 from ...engine.rollout import Rollout
 from ...engine.stream import EventSink, StreamClosed
 from ...engine.transport import Transport
-from ...ids import new_id
 from ..continuation import check_continuation
-from ..turns import Turns
+from ..turns import Caller, Turns
 from .admitted import Admitted
 from .live_input import admit_input, deliver_input, send_receipt
 
@@ -126,18 +125,15 @@ class AppendShape:
         new_items = as_items(event.input)
         # A new rollout has no calls yet: outputs must answer calls of the same input.
         check_continuation(new_items, {})
-        started = self.turns.start_turn(
-            event,
-            model=model,
-            transport=Transport.APPEND,
-            response_id=new_id("resp"),
-            sink=self.sink,
-            new_items=new_items,
+        caller = Caller(
+            Transport.APPEND,
+            self.sink,
+            self.owner,
             send_timing=self.send_timing,
             decode=decode,
-            owner=self.owner,
             on_terminal=self._post_inference,
         )
+        started = self.turns.start_turn(event, new_items, caller, model=model)
         rollout, reply = started.rollout, started.reply
         self._forget_finished()
         self.rollouts[reply.id] = rollout

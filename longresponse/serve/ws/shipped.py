@@ -79,7 +79,7 @@ from ...engine.stream import EventSink, StreamClosed
 from ...engine.transport import Transport
 from ...ids import new_id
 from ..continuation import continue_from
-from ..turns import Turns
+from ..turns import Caller, Turns
 from .admitted import Admitted
 from .live_input import admit_input, deliver_input, send_receipt
 
@@ -509,24 +509,19 @@ class ShippedShape:
         # The costly checks, off the loop (the history's too when checked again).
         checked = continuation.checked if not continuation.cached else []
         async with self.turns.settled(request, [*checked, *new_items]):
-            started = self.turns.start_turn(
-                request,
-                transport=Transport.WS,
-                response_id=new_id("resp"),
-                sink=self.sink,
-                new_items=new_items,
-                history=continuation.checked,
-                cached=continuation.cached,
-                rollout=continuation.rollout,
-                parent=continuation.parent,
+            caller = Caller(
+                Transport.WS,
+                self.sink,
+                self.owner,
                 stream_id=lane,
                 send_timing=self.send_timing,
                 decode=decode,
-                owner=self.owner,
-                waits=self.turns.waits_in_place(
-                    request, beta=self.multi_agent, transport=Transport.WS
-                ),
-                chain=continuation.chain,
+            )
+            waits = self.turns.waits_in_place(
+                request, beta=self.multi_agent, transport=Transport.WS
+            )
+            started = self.turns.start_turn(
+                request, new_items, caller, continuation, waits=waits
             )
         self.segments_run += 1
         assert started.segment is not None
