@@ -40,7 +40,7 @@ _EXPORTS: dict[str, str] = {
     "SampleRequest": "engine.sampling",
     "Sampler": "engine.sampling",
     "Segment": "engine.segment",
-    "SegmentCache": "serve.ws.shipped",
+    "SegmentCache": "serve.ws.segment_cache",
     "ServerConfig": "config",
     "ServerProcess": "server_process",
     "Session": "serve.ws.session",
@@ -98,8 +98,8 @@ if TYPE_CHECKING:
     from .serve.app import create_app as create_app
     from .serve.http.responses import ResponsesHTTP as ResponsesHTTP
     from .serve.http.token_cache import HTTPTokenCache as HTTPTokenCache
+    from .serve.ws.segment_cache import SegmentCache as SegmentCache
     from .serve.ws.session import Session as Session
-    from .serve.ws.shipped import SegmentCache as SegmentCache
     from .serve.ws.shipped import ShippedShape as ShippedShape
     from .server_process import ServerProcess as ServerProcess
     from .storage.backends import ResponseStore as ResponseStore
