@@ -672,12 +672,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.basicConfig(level=args.log_level.upper())
         served = uvicorn_config(config, log_level=args.log_level)
         assert isinstance(served, uvicorn.Config)
-        state = served.app.state  # type: ignore[union-attr]
+        parts = served.app.parts  # type: ignore[union-attr]
         server = GracefulServer(
             served,
-            state.endpoint,
+            parts.endpoint,
             drain_timeout=config.shutdown_drain_timeout,
-            background=state.background,
+            background=parts.background,
         )
         from .serve.collector import fix_mmap_threshold, set_switch_interval, tune_gc
 

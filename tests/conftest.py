@@ -74,7 +74,7 @@ class RunningServer:
 
     @property
     def live_sessions(self) -> int:
-        return int(self.app.state.endpoint.live_sessions)
+        return int(self.app.parts.endpoint.live_sessions)
 
 
 @pytest.fixture(scope="session")

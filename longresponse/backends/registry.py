@@ -46,7 +46,7 @@ KINDS: Final[Mapping[str, tuple[str, str]]] = {
 class ModelRegistry:
     """Resolves a model name (or alias) to a :class:`ModelSpec`."""
 
-    def __init__(self, sim: SimConfig | None = None) -> None:
+    def __init__(self, sim: SimConfig | None = None, *, counters: Any = None) -> None:
         sim = sim or SimConfig()
         # Two simulated models with the same behaviour and separate sampler
         # state, so that switching models mid-conversation can be exercised.
@@ -55,7 +55,7 @@ class ModelRegistry:
         }
         self.resolutions = 0  # how many times resolve() ran (for measurement)
         #: Optional shared counters (the pipeline's) that also count resolutions.
-        self.counters: Any = None
+        self.counters: Any = counters
 
     def names(self) -> list[str]:
         return sorted(self._models)

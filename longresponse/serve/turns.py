@@ -66,7 +66,7 @@ from .inspector.records import RolloutRecord
 from .metrics import ServerMetrics
 from .scan_process import ScanProcess
 
-__all__ = ["CHECK_WORKERS", "Caller", "Turns"]
+__all__ = ["CHECK_WORKERS", "Caller", "StoreRefused", "Turns"]
 
 _T = TypeVar("_T")
 
@@ -76,6 +76,11 @@ CHECK_WORKERS: Final = 2
 #: The code of a parameter the server knows but cannot honour with the rest
 #: of the request (``background: true`` with ``store: false``).
 UNSUPPORTED_PARAMETER: Final = "unsupported_parameter"
+
+
+class StoreRefused(TurnRefused):
+    """The store failed a ``store=true`` write: the finished turn is never
+    acknowledged as completed (the segment's ``exception``)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -358,8 +363,8 @@ class Turns:
 
         A response that took input while it ran (``response.inject``) is stored
         with its items in context order, from ``context_from``. Raises
-        :class:`TurnRefused` when the store fails the write: never acknowledged
-        as completed, the response ends failed (``started.refused`` says why).
+        :class:`StoreRefused` when the store fails the write: never acknowledged
+        as completed, the response ends failed (the segment's ``exception``).
         """
         request = started.reply.request
         context = None
@@ -382,8 +387,7 @@ class Turns:
                 store_context=context,
             )
         except StoreWriteFailed as exc:
-            started.refused = "store_unavailable"
-            raise TurnRefused(
+            raise StoreRefused(
                 ResponseError(
                     code="server_error",
                     message="The response could not be stored (store=true), so it did "

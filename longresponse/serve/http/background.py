@@ -218,6 +218,19 @@ class BackgroundResponse:
         #: The run is over, billed and stored (or queued to be).
         self.ended = asyncio.Event()
 
+    def attach(self, task: asyncio.Task[None], timer: asyncio.TimerHandle) -> None:
+        """It runs in ``task``, stopped by ``timer`` at ``max_duration``."""
+        self.task, self.timer = task, timer
+
+    def finishing_as(self, response: Response) -> None:
+        """Post-inference has begun on ``response``: too late to cancel."""
+        self.finishing = True
+        self.final = response
+
+    def end_as(self, response: Response) -> None:
+        """It ended as ``response`` (before it is billed)."""
+        self.final = response
+
     def snapshot(self) -> Response:
         """The Response now: live while it runs, as it ended after."""
         return self.final if self.final is not None else self.started.reply.snapshot()
@@ -293,12 +306,11 @@ class BackgroundResponses:
         self._running[entry.id] = entry
         self._per_key[owner] += 1
         loop = asyncio.get_running_loop()
-        entry.task = loop.create_task(
-            self._run(entry, history, received_at), name=f"background {entry.id}"
-        )
-        entry.timer = loop.call_later(self.max_duration, self._expire, entry)
+        run = self._run(entry, history, received_at)
+        task = loop.create_task(run, name=f"background {entry.id}")
+        entry.attach(task, loop.call_later(self.max_duration, self._expire, entry))
         # Cleanup runs however the task ends, even cancelled before its first step.
-        entry.task.add_done_callback(lambda _: self._ended(entry))
+        task.add_done_callback(lambda _: self._ended(entry))
         return entry
 
     def get(self, response_id: str, *, owner: str) -> BackgroundResponse | None:
@@ -469,7 +481,7 @@ class BackgroundResponses:
                 final = msgspec.structs.replace(final, output=[])
             ending = ResponseIncomplete if status is ResponseState.INCOMPLETE else ResponseFailed
             reply.push(reply.builder.lifecycle(ending, final))
-            entry.final = final
+            entry.end_as(final)
         entry.task.cancel()
 
     async def _run(
@@ -482,8 +494,7 @@ class BackgroundResponses:
         start = len(started.rollout.context) + len(history)
 
         async def finishing(response: Response) -> None:
-            entry.finishing = True
-            entry.final = response
+            entry.finishing_as(response)
             await self.turns.acknowledge(
                 started, response, owner=entry.owner, transport=Transport.HTTP, context_from=start
             )
@@ -496,8 +507,8 @@ class BackgroundResponses:
                 queued=True,
             )
             if boundary is None:  # failed: its response.failed is in the log
-                entry.final = started.reply.snapshot(ResponseState.FAILED)
-                await self._bill(entry, entry.final)
+                entry.end_as(started.reply.snapshot(ResponseState.FAILED))
+                await self._bill(entry, entry.snapshot())
         except asyncio.CancelledError:
             if entry.final is None:
                 raise  # cancelled before response.created: nothing to bill

@@ -44,7 +44,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Final, Protocol
 
 from protocol import (
@@ -138,9 +138,17 @@ class _Tasks:
         task.add_done_callback(self.running.discard)
         return task
 
+    def open(self, group: asyncio.TaskGroup) -> None:
+        """Start tasks in ``group`` from now on."""
+        self.group = group
+
+    def close(self) -> None:
+        """Start no more tasks (the group has ended)."""
+        self.group = None
+
     def cancel(self) -> None:
         """Cancel every task, and start no more."""
-        self.group = None
+        self.close()
         for task in list(self.running):
             task.cancel()
 
@@ -157,10 +165,16 @@ class Session:
         send_timing: bool = False,
         owner: str = "",
         multi_agent: bool = False,
+        drop: Callable[[], object] | None = None,
+        send_texts: Callable[[list[bytes]], Awaitable[None]] | None = None,
     ) -> None:
+        """``drop`` drops the connection outright (a slow reader); ``send_texts``
+        sends several texts in one transport write, where the server can."""
         self.config = config
         self.turns = turns
-        self.outbox = Outbox(config, transport.mode, multi_agent=multi_agent)
+        self.outbox = Outbox(
+            config, transport.mode, multi_agent=multi_agent, drop=drop, send_texts=send_texts
+        )
         #: The session's tasks; the shapes start theirs there too (not through a
         #: method of the session, which would make a reference cycle with it).
         self._tasks = _Tasks()
@@ -184,7 +198,9 @@ class Session:
                 config, turns, self.outbox, spawn=self._tasks, send_timing=send_timing, owner=owner
             )
         #: This connection's record in the inspector (None with the inspector off).
-        self.seen: ConnectionRecord | None = None
+        self.seen: ConnectionRecord | None = turns.inspector.open_connection(
+            self, transport, owner
+        )
         #: Graceful shutdown has begun: client messages are no longer read.
         self.draining = False
 
@@ -210,8 +226,8 @@ class Session:
         """Run the session until the peer leaves or we close it."""
         try:
             async with asyncio.TaskGroup() as group:
-                self._tasks.group = group
-                writer = self.outbox.writer = self._tasks(self.outbox.write_to(send))
+                self._tasks.open(group)
+                writer = self._tasks(self.outbox.write_to(send))
                 reader = self._tasks(self._read_loop(receive))
                 self._tasks(self._expire())
                 await asyncio.wait({writer, reader}, return_when=asyncio.FIRST_COMPLETED)
@@ -223,7 +239,7 @@ class Session:
         except* StreamClosed:
             pass
         finally:
-            self._tasks.group = None
+            self._tasks.close()
             if self.append is not None:
                 self.append.release()
             if self.shipped is not None:  # its rollouts end with the connection
@@ -383,7 +399,7 @@ class ResponsesEndpoint:
         cut off.
         """
         self.draining = True
-        self.turns.inspector.stopping = True  # the inspector's feeds end too
+        self.turns.inspector.stop()  # the inspector's feeds end too
         try:
             for session in list(self.sessions):
                 session.stop_intake()
@@ -438,17 +454,16 @@ class ResponsesEndpoint:
             send_timing=timing,
             owner=owner,
             multi_agent=MULTI_AGENT_BETA in _betas(headers),
+            drop=lambda: abort(scope, "slow WebSocket reader"),
+            send_texts=scope.get(SEND_TEXTS_KEY),
         )
         if self.draining:  # accepted as the server began to stop: it will not serve
             session.restart()
-        session.outbox.drop = lambda: abort(scope, "slow WebSocket reader")
-        session.outbox.send_texts = scope.get(SEND_TEXTS_KEY)
         # Counted before the handshake completes, so a client that sees the
         # 101 also sees its session counted.
         self.live_sessions += 1
         self.last_session = session
         self.sessions.add(session)
-        session.seen = self.turns.inspector.open_connection(session, transport, owner)
         try:
             await send({"type": "websocket.accept", "subprotocol": subprotocol})
             await session.serve(receive, send)

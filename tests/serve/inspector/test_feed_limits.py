@@ -37,7 +37,7 @@ def unread_feed(port: int, key: str) -> Iterator[socket.socket]:
 
 
 def watchers(server: Any) -> int:
-    return len(server.app.state.inspector.watchers)
+    return len(server.app.parts.inspector.watchers)
 
 
 def wait_for(condition: Any, seconds: float = 10.0) -> None:
