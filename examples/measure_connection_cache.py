@@ -72,7 +72,7 @@ def main() -> None:
             gc.collect()
             after = tracemalloc.take_snapshot()
             held = sum(stat.size_diff for stat in after.compare_to(before, "filename"))
-            cache = app.state.endpoint.last_session.shipped.cache
+            cache = app.parts.endpoint.last_session.shipped.cache
             print(
                 json.dumps(
                     {"held_bytes": held, "estimate_bytes": cache.nbytes, "segments": len(cache)}

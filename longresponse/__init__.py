@@ -1,15 +1,18 @@
 """longresponse: a whole LLM agent rollout as ONE long-running Response.
 
-Three layers: the engine (``longresponse.engine``: :class:`Rollout`, its
-:class:`Segment` view, admission and the secrets classifier, rendering and
-the token cache, the sampler interface), knowing no socket; the backends
-(``longresponse.backends``: the simulated models and the real engines); Chat
-Completions (``longresponse.chat``); the adapters
-(``longresponse.serve``: :func:`create_app`, the WebSocket :class:`Session`,
-the shipped shape, the HTTP API, one way to start a turn); and the stores
-(``longresponse.storage``). Beside them the trio client
-(``longresponse.client``), the config and the benchmark. The wire protocol
-lives in the sibling package ``protocol`` (sans-IO).
+The names here are what a user of the package imports: the trio client
+(:func:`connect` and its :class:`AppendClient`, with the errors it raises),
+the server's settings (:class:`ServerConfig`, :class:`SimConfig`,
+:class:`Switches`), the ASGI app factory (:func:`create_app`, to embed the
+server under another ASGI server) and :class:`ServerProcess` (a
+``longresponse serve`` child process, for tests and benchmarks). Everything
+else is the server's inside and is imported from its module, where it is
+declared: the engine (``longresponse.engine``: the Rollout, admission, the
+token cache, the sampler interface), knowing no socket; the backends
+(``longresponse.backends``); Chat Completions (``longresponse.chat``); the
+adapters (``longresponse.serve``: the WebSocket session and its shapes, the
+HTTP API); and the stores (``longresponse.storage``). The wire protocol lives
+in the sibling package ``protocol`` (sans-IO).
 
 Importing the package loads none of them: each name below is imported on
 first use (PEP 562), so ``import longresponse.client`` loads the client and
@@ -23,40 +26,16 @@ from typing import TYPE_CHECKING, Any
 
 #: public name -> the module (under this package) that defines it.
 _EXPORTS: dict[str, str] = {
-    "ApiKeys": "storage.keys",
-    "Boundary": "engine.boundary",
-    "Counters": "engine.admission",
-    "EngineLimits": "engine.limits",
-    "Finding": "engine.classifier",
-    "HTTPTokenCache": "serve.http.token_cache",
-    "ModelRegistry": "backends.registry",
-    "ModelSpec": "engine.sampling",
-    "Persistence": "storage.persistence",
-    "Pipeline": "engine.admission",
-    "Policy": "engine.classifier",
-    "ResponseStore": "storage.backends",
-    "ResponsesEndpoint": "serve.app",
-    "ResponsesHTTP": "serve.http.responses",
-    "Rollout": "engine.rollout",
-    "SampleRequest": "engine.sampling",
-    "Sampler": "engine.sampling",
-    "Segment": "engine.segment",
-    "SegmentCache": "serve.ws.shipped",
+    "AppendClient": "client",
+    "ClientError": "client",
+    "ConnectionClosedError": "client",
+    "HandshakeError": "client",
     "ServerConfig": "config",
     "ServerProcess": "server_process",
-    "Session": "serve.ws.session",
-    "ShippedShape": "serve.ws.shipped",
     "SimConfig": "config",
-    "SimSampler": "backends.sim.sampler",
-    "StoredResponse": "storage.backends",
     "Switches": "config",
-    "TokenCache": "engine.render",
-    "TurnTiming": "engine.timing",
-    "UsageRecord": "storage.backends",
+    "connect": "client",
     "create_app": "serve.app",
-    "open_store": "storage.backends",
-    "redact": "engine.classifier",
-    "scan": "engine.classifier",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -76,37 +55,13 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from .backends.registry import ModelRegistry as ModelRegistry
-    from .backends.sim.sampler import SimSampler as SimSampler
+    from .client import AppendClient as AppendClient
+    from .client import ClientError as ClientError
+    from .client import ConnectionClosedError as ConnectionClosedError
+    from .client import HandshakeError as HandshakeError
+    from .client import connect as connect
     from .config import ServerConfig as ServerConfig
     from .config import SimConfig as SimConfig
     from .config import Switches as Switches
-    from .engine.admission import Counters as Counters
-    from .engine.admission import Pipeline as Pipeline
-    from .engine.boundary import Boundary as Boundary
-    from .engine.classifier import Finding as Finding
-    from .engine.classifier import Policy as Policy
-    from .engine.classifier import redact as redact
-    from .engine.classifier import scan as scan
-    from .engine.limits import EngineLimits as EngineLimits
-    from .engine.render import TokenCache as TokenCache
-    from .engine.rollout import Rollout as Rollout
-    from .engine.sampling import ModelSpec as ModelSpec
-    from .engine.sampling import Sampler as Sampler
-    from .engine.sampling import SampleRequest as SampleRequest
-    from .engine.segment import Segment as Segment
-    from .engine.timing import TurnTiming as TurnTiming
-    from .serve.app import ResponsesEndpoint as ResponsesEndpoint
     from .serve.app import create_app as create_app
-    from .serve.http.responses import ResponsesHTTP as ResponsesHTTP
-    from .serve.http.token_cache import HTTPTokenCache as HTTPTokenCache
-    from .serve.ws.session import Session as Session
-    from .serve.ws.shipped import SegmentCache as SegmentCache
-    from .serve.ws.shipped import ShippedShape as ShippedShape
     from .server_process import ServerProcess as ServerProcess
-    from .storage.backends import ResponseStore as ResponseStore
-    from .storage.backends import StoredResponse as StoredResponse
-    from .storage.backends import UsageRecord as UsageRecord
-    from .storage.backends import open_store as open_store
-    from .storage.keys import ApiKeys as ApiKeys
-    from .storage.persistence import Persistence as Persistence

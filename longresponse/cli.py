@@ -186,17 +186,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.basicConfig(level=values["log_level"].upper())
         served = uvicorn_config(config, log_level=values["log_level"])
         assert isinstance(served, uvicorn.Config)
-        state = served.app.state  # type: ignore[union-attr]
+        parts = served.app.parts  # type: ignore[union-attr]
         server = GracefulServer(
             served,
-            state.endpoint,
+            parts.endpoint,
             drain_timeout=config.shutdown_drain_timeout,
-            background=state.background,
+            background=parts.background,
         )
-        from .serve.collector import fix_mmap_threshold, tune_gc
+        from .serve.collector import fix_mmap_threshold, set_switch_interval, tune_gc
 
         tune_gc(values["gc_young_threshold"])
         fix_mmap_threshold(values["mmap_threshold"])
+        set_switch_interval()
         # On SIGINT/SIGTERM the WebSockets drain (turns in flight finish, then
         # close 1012), uvicorn shuts down cleanly (the lifespan drains the
         # post-inference queue), then re-raises the signal it captured.

@@ -16,6 +16,7 @@ import uvicorn
 
 from longresponse.config import ServerConfig
 from longresponse.serve.app import create_app
+from longresponse.serve.collector import set_switch_interval
 from longresponse.serve.ws.oversize import LingeringWSProtocol
 from longresponse.server_process import ServerProcess
 from tests.support import ast_guard
@@ -82,7 +83,7 @@ class RunningServer:
 
     @property
     def live_sessions(self) -> int:
-        return int(self.app.state.endpoint.live_sessions)
+        return int(self.app.parts.endpoint.live_sessions)
 
 
 @pytest.fixture(scope="session")
@@ -92,7 +93,18 @@ def redis_url() -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+def served_process() -> Iterator[None]:
+    """The process-wide tuning ``longresponse serve`` does (the interpreter's switch
+    interval), for servers run in the test process; undone after the run."""
+    before = set_switch_interval()
+    yield
+    set_switch_interval(before)
+
+
+@pytest.fixture(scope="session")
+def server(
+    tmp_path_factory: pytest.TempPathFactory, served_process: None
+) -> Iterator[RunningServer]:
     """One server with the default configuration (a real SQLite store), shared by the run."""
     store = tmp_path_factory.mktemp("store") / "responses.db"
     running = RunningServer(ServerConfig(port=0, store=f"sqlite:///{store}"), shared=True).start()
@@ -110,7 +122,7 @@ def server_process(tmp_path: Any) -> Iterator[ServerProcess]:
 
 
 @pytest.fixture
-def make_server(tmp_path: Any) -> Iterator[Callable[..., RunningServer]]:
+def make_server(tmp_path: Any, served_process: None) -> Iterator[Callable[..., RunningServer]]:
     """Start a server with some configuration overridden (stopped after the test).
 
     Without a ``store`` override each server gets its own SQLite file.

@@ -16,6 +16,9 @@
   fields, only ``engine/reply.py`` a Reply's, only ``engine/segment.py`` a
   Segment's, and the Rollout's collaborators (``Boundaries``, ``DeferredCount``,
   ``HostedCalls``) only in their own modules (everything else calls their methods);
+  and in ``serve/`` no module assigns (or deletes, or sets with ``setattr``) an
+  attribute of any object but ``self``: hooks are passed in, and state is
+  changed by its owner's methods;
 - no import circle anywhere in ``protocol/`` and ``longresponse/``, not even a
   type-only one (a lower module declares a ``Protocol`` for what it needs);
 - no test reads a private name of the product;
@@ -368,6 +371,98 @@ def test_the_field_checker_sees_a_write(tmp_path: pathlib.Path) -> None:
         "assigns Segment.finishing",
         "assigns Rollout.model_seen",
         "assigns DeferredCount.pending",
+    ]
+
+
+# --- serve/: nothing assigns another object's attributes --------------------------
+
+#: Where a serve module may assign an attribute of an object not its own, each
+#: with why: (module path under ROOT, the target as written).
+FOREIGN_WRITES_ALLOWED: frozenset[tuple[str, str]] = frozenset(
+    {
+        # A logging.Filter rewrites the LogRecord it is handed, in place: the
+        # record is a value passed down the handlers, and Python 3.11's Filter
+        # has no other way (3.12 lets filter() return a new record).
+        ("longresponse/serve/gate.py", "record.args"),
+        ("longresponse/serve/gate.py", "record.msg"),
+    }
+)
+
+
+def foreign_writes(path: pathlib.Path) -> list[str]:
+    """Where ``path`` assigns, deletes or sets (``setattr``) an attribute of an object
+    other than ``self`` (``self.x = ...`` is the owner's own write; ``self.x.y =
+    ...`` and ``other.y = ...`` are not)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    hits: list[tuple[int, str]] = []
+
+    def check(target: ast.expr, how: str) -> None:
+        for leaf in _leaves(target):
+            if isinstance(leaf, ast.Attribute) and not _is_self(leaf.value):
+                hits.append((leaf.lineno, f"{how} {ast.unparse(leaf)}"))
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign | ast.Delete):
+            for target in node.targets:
+                check(target, "deletes" if isinstance(node, ast.Delete) else "assigns")
+        elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+            check(node.target, "assigns")
+        elif isinstance(node, ast.For | ast.AsyncFor):
+            check(node.target, "assigns")
+        elif isinstance(node, ast.withitem) and node.optional_vars is not None:
+            check(node.optional_vars, "assigns")
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("setattr", "delattr")
+            and node.args
+            and not _is_self(node.args[0])
+        ):
+            hits.append((node.lineno, f"calls {node.func.id}() on {ast.unparse(node.args[0])}"))
+    return [f"{line}: {hit}" for line, hit in sorted(hits)]
+
+
+def test_no_serve_module_assigns_another_objects_attributes() -> None:
+    found: dict[str, list[str]] = {}
+    for _, path in modules("longresponse.serve"):
+        where = path.relative_to(ROOT).as_posix()
+        hits = [
+            hit
+            for hit in foreign_writes(path)
+            if (where, hit.split(" ", 2)[2]) not in FOREIGN_WRITES_ALLOWED
+        ]
+        if hits:
+            found[where] = hits
+    assert found == {}
+
+
+def test_the_foreign_write_checker_sees_each_form(tmp_path: pathlib.Path) -> None:
+    # A check that cannot fail is a defect: each form it looks for is found.
+    planted = tmp_path / "planted.py"
+    planted.write_text(
+        "class C:\n"
+        "    def f(self, other, items):\n"
+        "        self.mine = 1  # its own: allowed\n"
+        "        self.part.field = 2\n"
+        "        other.hook = lambda: None\n"
+        "        a, other.count = 3, 4\n"
+        "        other.total += 5\n"
+        "        other.kind: int = 6\n"
+        "        del other.gone\n"
+        "        for other.item in items: pass\n"
+        "        setattr(other, 'x', 7)\n"
+        "        setattr(self, 'y', 8)  # its own: allowed\n",
+        encoding="utf-8",
+    )
+    assert [hit.split(": ", 1)[1] for hit in foreign_writes(planted)] == [
+        "assigns self.part.field",
+        "assigns other.hook",
+        "assigns other.count",
+        "assigns other.total",
+        "assigns other.kind",
+        "deletes other.gone",
+        "assigns other.item",
+        "calls setattr() on other",
     ]
 
 

@@ -40,7 +40,7 @@ __all__ = [
 class ModelRegistry:
     """Resolves a model name (or alias) to a :class:`ModelSpec`."""
 
-    def __init__(self, sim: SimConfig | None = None) -> None:
+    def __init__(self, sim: SimConfig | None = None, *, counters: Any = None) -> None:
         sim = sim or SimConfig()
         # Two simulated models with the same behaviour and separate sampler
         # state, so that switching models mid-conversation can be exercised.
@@ -49,7 +49,7 @@ class ModelRegistry:
         }
         self.resolutions = 0  # how many times resolve() ran (for measurement)
         #: Optional shared counters (the pipeline's) that also count resolutions.
-        self.counters: Any = None
+        self.counters: Any = counters
 
     def names(self) -> list[str]:
         return sorted(self._models)

@@ -14,12 +14,18 @@ runs the event-loop lag monitor behind ``/metrics``
 (``longresponse.serve.metrics.LoopLagMonitor``). ``/inspect`` and its API are
 ``longresponse.serve.inspector.routes``, over the app's
 ``longresponse.serve.inspector.observer.Inspector``.
+
+What the app is made of is handed out once, as one value: the
+:class:`ServerParts` of the returned app (``app.parts``), which the server
+process reads (the endpoint to drain, the background responses to end) and
+tests observe. Nothing is stashed on Starlette's ``app.state``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator
 
 from starlette.applications import Starlette
@@ -53,18 +59,30 @@ from .seam import Seam
 from .turns import Turns
 from .ws.session import ResponsesEndpoint
 
-__all__ = ["HEALTH_STORE_TIMEOUT", "ResponsesEndpoint", "create_app"]
+__all__ = ["HEALTH_STORE_TIMEOUT", "ResponsesEndpoint", "ServerParts", "create_app"]
 
 #: Seconds ``/healthz`` waits for the store's answer before reporting it down.
 HEALTH_STORE_TIMEOUT = 2.0
 
 
 class _Services:
-    """What the lifespan opens: filled at startup, read by every connection."""
+    """What the lifespan opens: filled at startup (:meth:`open`), read by every
+    connection, emptied at shutdown (:meth:`close`)."""
 
     persistence: Persistence | None = None
     compaction_key: CompactionKey | None = None
     lag: LoopLagMonitor | None = None
+    #: The loop the app runs on (tests that reach into the store use it).
+    loop: asyncio.AbstractEventLoop | None = None
+
+    def open(
+        self, persistence: Persistence, compaction_key: CompactionKey, lag: LoopLagMonitor
+    ) -> None:
+        self.persistence, self.compaction_key, self.lag = persistence, compaction_key, lag
+        self.loop = asyncio.get_running_loop()
+
+    def close(self) -> None:
+        self.persistence = self.compaction_key = None
 
     def get_persistence(self) -> Persistence:
         if self.persistence is None:
@@ -77,22 +95,49 @@ class _Services:
         return self.compaction_key
 
 
+@dataclasses.dataclass(frozen=True)
+class ServerParts:
+    """What one app is made of, for the server process (graceful shutdown) and for
+    tests and examples that observe the server in-process (``app.parts``)."""
+
+    config: ServerConfig
+    models: ModelRegistry
+    pipeline: Pipeline
+    turns: Turns
+    endpoint: ResponsesEndpoint
+    http: ResponsesHTTP
+    chat: ChatCompletions
+    background: BackgroundResponses
+    metrics: ServerMetrics
+    inspector: Inspector
+    _services: _Services
+
+    @property
+    def persistence(self) -> Persistence | None:
+        """The store's write-behind queue while the app runs (its lifespan)."""
+        return self._services.persistence
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The loop the app runs on, once its lifespan has started."""
+        return self._services.loop
+
+
 def create_app(config: ServerConfig | None = None) -> Seam:
     """The longresponse ASGI app for ``config`` (defaults: embedded sim model, SQLite)."""
     config = config or ServerConfig()
     encode("")  # load the tokenizer now, not inside the first request
     if config.mcp.allowed_hosts:  # the hosted mcp tool's SDK: now, not in a turn
         load_sdk()
-    models = ModelRegistry(config.sim)
-    backends = open_backends(config.backends)  # real engines (longresponse.backends)
-    serve_backends(models, backends)
     pipeline = Pipeline(
         config.switches,
         Policy(config.secrets_policy),
         HostedTools(config.hosted_tools),
         limits=config.schema_limits,
     )
-    models.counters = pipeline.counters
+    models = ModelRegistry(config.sim, counters=pipeline.counters)
+    backends = open_backends(config.backends)  # real engines (longresponse.backends)
+    serve_backends(models, backends)
     metrics = ServerMetrics(pipeline.counters)
     keys = ApiKeys.from_env(config.api_keys, operator=config.operator_key)
     services = _Services()
@@ -128,17 +173,16 @@ def create_app(config: ServerConfig | None = None) -> Seam:
         persistence = Persistence(store, overlapped=config.switches.overlapped_post_inference)
         persistence.start()
         secret = configured_compaction_secret(config.compaction_key)
-        services.compaction_key = (
+        compaction_key = (
             CompactionKey.derive(secret, lifetime=config.compaction_lifetime)
             if secret is not None
             else CompactionKey(
                 await stored_compaction_key(store), lifetime=config.compaction_lifetime
             )
         )
-        app.state.loop = asyncio.get_running_loop()  # for tests that reach into the store
-        services.persistence = app.state.persistence = persistence
-        services.lag = LoopLagMonitor(metrics)
-        lag = asyncio.create_task(services.lag.run(), name="loop-lag")
+        monitor = LoopLagMonitor(metrics)
+        services.open(persistence, compaction_key, monitor)
+        lag = asyncio.create_task(monitor.run(), name="loop-lag")
         try:
             yield
         finally:
@@ -150,8 +194,7 @@ def create_app(config: ServerConfig | None = None) -> Seam:
             await store.aclose()
             await close_backends(backends)
             turns.close()
-            services.persistence = None
-            services.compaction_key = None
+            services.close()
 
     async def list_models(request: Request) -> JSONResponse:
         return JSONResponse(
@@ -210,14 +253,18 @@ def create_app(config: ServerConfig | None = None) -> Seam:
     # 404 for unknown paths, then the API key, then 405 (longresponse.serve.gate).
     app.add_middleware(RouteGate, router=app.router, keys=keys)
     redact_access_log()  # the inspector's ?key= never reaches the log
-    app.state.config = config
-    app.state.models = models
-    app.state.endpoint = endpoint
-    app.state.http = http
-    app.state.chat = chat
-    app.state.background = background
-    app.state.pipeline = pipeline
-    app.state.turns = turns
-    app.state.metrics = metrics
-    app.state.inspector = inspector
-    return Seam(RequestIds(app))  # x-request-id on every answer, a crash's 500 too
+    parts = ServerParts(
+        config=config,
+        models=models,
+        pipeline=pipeline,
+        turns=turns,
+        endpoint=endpoint,
+        http=http,
+        chat=chat,
+        background=background,
+        metrics=metrics,
+        inspector=inspector,
+        _services=services,
+    )
+    # x-request-id on every answer, a crash's 500 too
+    return Seam(RequestIds(app), parts=parts)

@@ -28,7 +28,7 @@ from typing import Final
 
 from starlette.responses import StreamingResponse
 
-from .seam import abort
+from .seam import abort, until_gone
 from .types import Message, Receive, Scope, Send
 
 __all__ = ["SSE_MEDIA_TYPE", "DeadlineStream"]
@@ -61,6 +61,11 @@ class DeadlineStream(StreamingResponse):
         self.on_close = on_close
         #: The reader was cut off (a write outlived its deadline).
         self.abandoned = False
+
+    def stop_when_gone(self, scope: Scope) -> None:
+        """Stop writing once the client of ``scope`` is gone (``serve.seam.until_gone``):
+        the server drops those writes, but asyncio logs each one."""
+        self.body_iterator = until_gone(scope, self.body_iterator)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         async def send_by_deadline(message: Message) -> None:

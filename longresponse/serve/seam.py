@@ -77,8 +77,11 @@ def _transport_of(send: Send) -> Any:
 class Seam:
     """Wraps ``app``; forwards everything, adding the abort callable to the scope."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, *, parts: Any = None) -> None:
         self.app = app
+        #: What the app is made of (``longresponse.serve.app.ServerParts``), for
+        #: the server process and for tests that observe the server in-process.
+        self.parts = parts
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] in ("http", "websocket"):

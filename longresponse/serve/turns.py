@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import sys
+import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Final, TypeVar
@@ -58,28 +58,49 @@ from ..engine.stream import EventSink
 from ..engine.timing import TurnTiming
 from ..engine.turn import Started, admit_turn, open_turn, resolve_model
 from ..hosted import McpServers, check_mcp_tools, redact_mcp_tools
+from ..ids import new_id
 from ..storage.persistence import Persistence, StoreWriteFailed
+from .continuation import Continuation
 from .inspector.observer import Inspector
 from .inspector.records import RolloutRecord
 from .metrics import ServerMetrics
 from .scan_process import ScanProcess
 from .transport import Transport
 
-__all__ = ["CHECK_WORKERS", "SWITCH_INTERVAL", "Turns"]
+__all__ = ["CHECK_WORKERS", "Caller", "StoreRefused", "Turns"]
 
 _T = TypeVar("_T")
 
 #: Worker threads that run admission's costly checks off the event loop.
 CHECK_WORKERS: Final = 2
-#: Seconds a thread runs before the interpreter hands it to another waiting
-#: (Python's default is 5 ms; a request that waits on the loop needs several
-#: hand-overs, and 512 new tools held another client's /healthz 30-44 ms at
-#: 5 ms, 7-13 ms at 0.5 ms). Set for the process when a server is made.
-SWITCH_INTERVAL: Final = 0.0005
 
 #: The code of a parameter the server knows but cannot honour with the rest
 #: of the request (``background: true`` with ``store: false``).
 UNSUPPORTED_PARAMETER: Final = "unsupported_parameter"
+
+
+class StoreRefused(TurnRefused):
+    """The store failed a ``store=true`` write: the finished turn is never
+    acknowledged as completed (the segment's ``exception``)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Caller:
+    """Who starts a turn and how it is answered: the transport (its ``/metrics``
+    label and protocol mode), the sink its events go to, the key's owner, the
+    lane, and the request's timing."""
+
+    transport: Transport
+    sink: EventSink
+    owner: str = ""
+    #: The shipped shape's lane (``stream_id``) the turn runs on.
+    stream_id: str | None = None
+    #: The client asked for ``responsesapi.websocket_timing`` events.
+    send_timing: bool = False
+    #: Seconds decoding the request took (the turn's timing).
+    decode: float = 0.0
+    #: Append mode: the rollout's post-inference work, before its terminal event.
+    on_terminal: Callable[[Response], Awaitable[None]] | None = None
 
 
 class Turns:
@@ -114,8 +135,6 @@ class Turns:
         self._checker = ThreadPoolExecutor(CHECK_WORKERS, thread_name_prefix="longresponse-check")
         #: Where the workers read very long texts with the secrets classifier.
         self._scanner = ScanProcess()
-        # A worker holds the interpreter at most this long while the loop waits.
-        sys.setswitchinterval(SWITCH_INTERVAL)
 
     def close(self) -> None:
         """Stop the check workers (a check still waiting for one is dropped)."""
@@ -230,31 +249,25 @@ class Turns:
     def start_turn(
         self,
         request: ResponseCreate,
-        *,
-        transport: Transport,
-        response_id: str,
-        sink: EventSink,
         new_items: list[Item],
-        history: Sequence[Item] = (),
-        cached: bool = True,
-        rollout: Rollout | None = None,
-        parent: Rollout | None = None,
+        caller: Caller,
+        continuation: Continuation | None = None,
+        *,
         model: ModelSpec | None = None,
-        stream_id: str | None = None,
-        send_timing: bool = False,
-        decode: float = 0.0,
-        owner: str = "",
         waits: bool = False,
-        on_terminal: Callable[[Response], Awaitable[None]] | None = None,
-        chain: str = "",
     ) -> Started:
         """The engine's two steps with this server's pipeline, limits, models and
-        ``owner``'s compactor; once admitted, the turn writes to ``sink`` as the
-        inspector wraps it, and its timing goes to ``/metrics`` under ``transport``.
-        ``chain``: the first response id of the stored chain the turn continues
-        (its affinity key's source). Raises :class:`RemoteProtocolError`; nothing
-        is accepted then.
+        the caller's owner's compactor, for ``request`` and its ``new_items``: a
+        new response on ``continuation``'s rollout (a new one if none; its
+        history checked again unless kept), or on a new rollout. Once admitted,
+        the turn writes to the caller's sink as the inspector wraps it, and its
+        timing goes to ``/metrics`` under the caller's transport. ``model``: the
+        request's model when the caller resolved it already; ``waits``: a
+        multi-agent segment that waits in place at client tool calls.
+        Raises :class:`RemoteProtocolError`; nothing is accepted then.
         """
+        found = continuation if continuation is not None else Continuation()
+        transport, owner, response_id = caller.transport, caller.owner, new_id("resp")
         mode = transport.mode
         mcp: McpServers | None = None
         if any(isinstance(tool, McpTool) for tool in request.tools):
@@ -271,14 +284,16 @@ class Turns:
             compactor=self.compactor(owner),
             new_items=new_items,
             mode=mode,
-            history=history,
-            cached=cached,
-            rollout=rollout,
-            parent=parent,
+            history=found.checked,
+            cached=found.cached,
+            rollout=found.rollout,
+            parent=found.parent,
             model=model,
         )
-        admitted.rollout.join_chain(chain)
-        watched, seen = self.inspector.watch(admitted.rollout, request, response_id, sink, owner)
+        admitted.rollout.join_chain(found.chain)
+        watched, seen = self.inspector.watch(
+            admitted.rollout, request, response_id, caller.sink, owner
+        )
         on_timing = None
         if self.metrics is not None or seen is not None:
             on_timing = self._timing_hook(transport, response_id, seen)
@@ -289,10 +304,10 @@ class Turns:
             response_id=response_id,
             mode=mode,
             on_timing=on_timing,
-            on_terminal=on_terminal,
-            stream_id=stream_id,
-            send_timing=send_timing,
-            decode=decode,
+            on_terminal=caller.on_terminal,
+            stream_id=caller.stream_id,
+            send_timing=caller.send_timing,
+            decode=caller.decode,
             waits=waits,
             mcp=mcp,
         )
@@ -356,8 +371,8 @@ class Turns:
 
         A response that took input while it ran (``response.inject``) is stored
         with its items in context order, from ``context_from``. Raises
-        :class:`TurnRefused` when the store fails the write: never acknowledged
-        as completed, the response ends failed (``started.refused`` says why).
+        :class:`StoreRefused` when the store fails the write: never acknowledged
+        as completed, the response ends failed (the segment's ``exception``).
         """
         request = started.reply.request
         context = None
@@ -380,8 +395,7 @@ class Turns:
                 store_context=context,
             )
         except StoreWriteFailed as exc:
-            started.refused = "store_unavailable"
-            raise TurnRefused(
+            raise StoreRefused(
                 ResponseError(
                     code="server_error",
                     message="The response could not be stored (store=true), so it did "

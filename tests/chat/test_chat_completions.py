@@ -310,7 +310,7 @@ def test_a_follow_up_finds_the_shared_prefix_cached(make_server: Any) -> None:
     assert again.usage.prompt_tokens_details is not None
     cached = again.usage.prompt_tokens_details.cached_tokens
     assert cached == (asked["count"] - 1) // BLOCK_TOKENS * BLOCK_TOKENS
-    cache = running.app.state.chat.cache
+    cache = running.app.parts.chat.cache
     assert cache.tokens_found >= expected + cached
 
 
@@ -333,7 +333,7 @@ def test_prefill_is_charged_for_the_uncached_tokens_only(make_server: Any) -> No
     """The sampler (whose prefill delay is uncached tokens / prefill rate) is
     told exactly the tokens the cache did not have."""
     server = make_server()
-    models = server.app.state.models
+    models = server.app.parts.models
     sim = models.resolve("sim")
     told: list[Any] = []
     models.add(  # in place of the sim
@@ -385,7 +385,7 @@ def test_a_tiny_budget_evicts_least_recently_used_first(make_server: Any) -> Non
     assert cached("first") == 4 * BLOCK_TOKENS  # the head of the prompt, as budgeted
     assert cached("second") == 0  # new blocks push the old ones out
     assert cached("first") == 0
-    cache = running.app.state.chat.cache
+    cache = running.app.parts.chat.cache
     assert cache.tokens <= 4 * BLOCK_TOKENS
     assert cache.evictions > 0
 
@@ -398,7 +398,7 @@ def test_a_zero_budget_turns_the_cache_off(make_server: Any) -> None:
         assert completion.usage is not None
         assert completion.usage.prompt_tokens_details
         assert completion.usage.prompt_tokens_details.cached_tokens == 0
-    assert len(running.app.state.chat.cache) == 0
+    assert len(running.app.parts.chat.cache) == 0
 
 
 # --- the mapping, both ways ----------------------------------------------------------
@@ -473,7 +473,7 @@ def test_an_engines_answers_decode_with_the_same_structs(server: Any) -> None:
 
 
 def test_a_client_that_leaves_mid_stream_stops_the_generation(server: Any) -> None:
-    chat = server.app.state.chat
+    chat = server.app.parts.chat
     stopped = chat.stopped
     body = {
         "model": "sim",
@@ -499,7 +499,7 @@ def test_a_client_that_leaves_mid_stream_stops_the_generation(server: Any) -> No
 
 
 def test_a_client_that_hangs_up_on_a_completion_stops_it(server: Any) -> None:
-    chat = server.app.state.chat
+    chat = server.app.parts.chat
     stopped = chat.stopped
     body = {
         "model": "sim",
@@ -513,7 +513,7 @@ def test_a_client_that_hangs_up_on_a_completion_stops_it(server: Any) -> None:
 
 def test_a_slow_stream_reader_is_dropped_and_its_turn_stopped(make_server: Any) -> None:
     running = make_server(slow_reader_timeout=0.3)
-    chat = running.app.state.chat
+    chat = running.app.parts.chat
     body = {
         "model": "sim",
         "messages": [user("flood me")],

@@ -248,7 +248,7 @@ class _Failing:
 
 
 def test_a_model_that_raises_gets_the_envelope_not_a_reset(server: Any) -> None:
-    server.app.state.chat.models.add(
+    server.app.parts.chat.models.add(
         ModelSpec(
             name="sim-broken",
             context_window=100_000,
@@ -313,7 +313,7 @@ def test_a_stalled_reader_of_a_stream_that_fits_the_queue_is_dropped(
     # makes that so on any machine (the server runs in this process).
     monkeypatch.setattr("longresponse.serve.http.chat.SSE_QUEUE_DEPTH", 1 << 20)
     running = make_server(slow_reader_timeout=0.5)
-    chat = running.app.state.chat
+    chat = running.app.parts.chat
     body = {**GOOD, "stream": True, "metadata": {"sim_output_tokens": "50000"}}
     with stalled_post(running.port, "/v1/chat/completions", body) as sock:
         wait_for(lambda: chat.requests == 1, "the request")

@@ -109,7 +109,7 @@ def ws_rollout(server: Any, calls: int) -> Any:
 
 
 def counters(server: Any) -> dict[str, int]:
-    return dataclasses.asdict(server.app.state.pipeline.counters)
+    return dataclasses.asdict(server.app.parts.pipeline.counters)
 
 
 @pytest.mark.parametrize("switch", sorted(SAVES))
@@ -141,8 +141,8 @@ async def test_each_switch_changes_the_work_not_the_responses(
 
 async def test_post_inference_off_writes_before_the_terminal_event(make_server: Any) -> None:
     running = make_server(switches=OFF["overlapped_post_inference"])
-    store = running.app.state.persistence.store
-    loop = running.app.state.loop
+    store = running.app.parts.persistence.store
+    loop = running.app.parts.loop
     async with connect(running.url) as client:
         await client.create(model="sim", input="bill me")
         done = (await client.until_done())[-1]
@@ -171,8 +171,8 @@ async def test_overlapped_post_inference_never_delays_the_terminal_event(
     make_server: Any,
 ) -> None:
     running = make_server()
-    persistence = running.app.state.persistence
-    loop = running.app.state.loop
+    persistence = running.app.parts.persistence
+    loop = running.app.parts.loop
     gated = GatedStore(persistence.store, loop)
     persistence.store = gated
     try:
@@ -394,13 +394,13 @@ async def test_http_token_cache_renders_less_and_answers_the_same(make_server: A
         name: counters(s)["tokens_rendered"] for name, s in (("plain", plain), ("cached", cached))
     }
     assert rendered["plain"] > 2 * rendered["cached"]
-    assert cached.app.state.http.token_cache.hits == 8
+    assert cached.app.parts.http.token_cache.hits == 8
 
 
 async def test_a_rollout_cut_off_by_a_disconnect_is_still_billed(make_server: Any) -> None:
     running = make_server()
-    store = running.app.state.persistence.store
-    loop = running.app.state.loop
+    store = running.app.parts.persistence.store
+    loop = running.app.parts.loop
     async with connect(running.url) as client:
         await client.create(
             model="sim",

@@ -119,7 +119,7 @@ def test_tools_beside_an_mcp_tool_with_secrets_are_checked_once(
 ) -> None:
     """The off-loop check settles the tools admission checks (the ``mcp`` tool
     without its secrets): admission finds their verdict and checks nothing again."""
-    pipeline = hosted_server.app.state.pipeline
+    pipeline = hosted_server.app.parts.pipeline
     tools = [
         mcp_tool(mcp_server.http_url, allowed_tools=["add"], authorization="token-xyz"),
         {"type": "function", "name": "checked_once", "parameters": {"type": "object"}},

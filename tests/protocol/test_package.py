@@ -175,13 +175,33 @@ def test_message_limit_counts_utf8_bytes_not_characters() -> None:
     server.receive_message('{"type":"response.create","input":"' + "é" * 20 + '"}')
 
 
+#: What a user of the package imports from it: the client, the settings, the
+#: app factory and the server process helper (README, docs/, examples/).
+PUBLIC_SURFACE = {
+    "AppendClient",
+    "ClientError",
+    "ConnectionClosedError",
+    "HandshakeError",
+    "ServerConfig",
+    "ServerProcess",
+    "SimConfig",
+    "Switches",
+    "connect",
+    "create_app",
+}
+
+
 def test_longresponse_exports_exist_and_are_complete() -> None:
     import importlib
 
     import longresponse
 
+    assert set(longresponse.__all__) == PUBLIC_SURFACE
     for name in longresponse.__all__:
         assert hasattr(longresponse, name), name
+    # the server's inside is imported from its modules, not re-exported
+    for internal in ("Session", "ShippedShape", "SegmentCache", "Rollout", "Pipeline"):
+        assert not hasattr(longresponse, internal), internal
     # every public name a server module lists is reachable from its module
     for module_name in (
         "serve.app",

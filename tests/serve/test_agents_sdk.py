@@ -58,7 +58,7 @@ def test_agents_sdk_runs_two_tools_over_websocket(server: Any) -> None:
         model_settings=ModelSettings(metadata={"sim_tool_calls": "2"}),
     )
 
-    endpoint = server.app.state.endpoint
+    endpoint = server.app.parts.endpoint
     before = endpoint.last_session
     live_before = server.live_sessions
 

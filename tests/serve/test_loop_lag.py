@@ -433,7 +433,7 @@ def test_the_lag_metric_is_on_metrics(server: Any) -> None:
 
 def test_a_blocked_loop_shows_as_lag(server: Any) -> None:
     """The metric can fail: a callback that holds the server's loop is seen as lag."""
-    loop = server.app.state.loop
+    loop = server.app.parts.loop
     held = threading.Event()
 
     def hold() -> None:

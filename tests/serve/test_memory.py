@@ -53,7 +53,7 @@ async def test_the_outbox_is_bounded_in_bytes(make_server: Any) -> None:
     with sock:
         sock.sendall(conn.send(ws.TextMessage(json.dumps(create))))
         await wait_until(lambda: running.live_sessions == 0, "every session to end", seconds=30)
-    outbox = running.app.state.endpoint.last_session.outbox
+    outbox = running.app.parts.endpoint.last_session.outbox
     assert outbox.closing[1] == "slow_reader"
     assert 0 < outbox.high_water_bytes < 4096 + 2048  # the budget, plus one step's deltas
     assert outbox.high_water < 100
@@ -68,7 +68,7 @@ async def test_a_small_byte_budget_still_streams_everything(make_server: Any) ->
     assert isinstance(done, ResponseDone)
     assert done.response.status == "completed"
     assert [e.sequence_number for e in events] == list(range(len(events)))
-    outbox = running.app.state.endpoint.last_session.outbox
+    outbox = running.app.parts.endpoint.last_session.outbox
     largest = max(len(encode_event(event)) for event in events)
     assert largest > 512
     # The budget is checked before each step of the stream: past it by one
@@ -94,7 +94,7 @@ async def test_a_long_rollouts_bookkeeping_does_not_grow_with_its_calls(server: 
             ended = (await client.until_done())[-1]
             assert isinstance(ended, ResponseDone)
             assert ended.response.status == "completed"
-        session = server.app.state.endpoint.last_session
+        session = server.app.parts.endpoint.last_session
         tracks = list(session.connection.responses.values())
         assert len(tracks) == 21
         *finished, live = tracks
@@ -180,7 +180,7 @@ async def test_background_streams_left_early_do_not_flood_the_log(
     caplog.set_level(logging.WARNING, logger="asyncio")
     async with httpx.AsyncClient(base_url=running.http_url, timeout=30) as http:
         created = (await http.post("/v1/responses", json=body)).json()
-        background = running.app.state.background
+        background = running.app.parts.background
         entry = background.get(created["id"], owner="")  # no API keys: no owner
         assert entry is not None
         await wait_until(lambda: entry.log.nbytes > 200_000, "hundreds of records to send")
@@ -316,7 +316,7 @@ def test_a_closed_session_is_freed_without_a_collection(make_server: Any, append
     a reference cycle that only a full collection would free (issue 20; the
     server's collector runs those rarely)."""
     server = make_server()
-    endpoint = server.app.state.endpoint
+    endpoint = server.app.parts.endpoint
     protocols = [APPEND_SUBPROTOCOL] if append else None
     done = "response.done" if append else "response.completed"
 

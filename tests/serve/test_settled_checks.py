@@ -36,7 +36,7 @@ def tools(count: int, salt: str) -> list[dict[str, Any]]:
 
 
 def checked(server: Any) -> int:
-    return int(server.app.state.pipeline.counters.tool_schemas_checked)
+    return int(server.app.parts.pipeline.counters.tool_schemas_checked)
 
 
 def over_http_and_the_shipped_websocket(server: Any, listed: list[dict[str, Any]]) -> None:
@@ -105,7 +105,7 @@ def test_a_chat_format_is_checked_once(make_server: Any) -> None:
         "messages": [{"role": "user", "content": "hi"}],
         "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}},
     }
-    pipeline = server.app.state.pipeline
+    pipeline = server.app.parts.pipeline
     text_format = FormatJSONSchema(name="a", schema=schema)
     assert not pipeline.settled([], text_format)
     answer = httpx.post(f"{server.http_url}/v1/chat/completions", json=body, timeout=30)

@@ -87,12 +87,12 @@ from ...config import (
 )
 from ...engine.sampling import ModelSpec
 from ...engine.turn import Started
-from ...ids import new_id
 from ...storage.persistence import Persistence, StoreWriteFailed
+from ..continuation import Continuation
 from ..deadline import DeadlineStream
 from ..inspector.watched import WatchedSink
 from ..transport import Transport
-from ..turns import Turns
+from ..turns import Caller, Turns
 
 __all__ = [
     "MAX_DURATION_REASON",
@@ -218,6 +218,19 @@ class BackgroundResponse:
         #: The run is over, billed and stored (or queued to be).
         self.ended = asyncio.Event()
 
+    def attach(self, task: asyncio.Task[None], timer: asyncio.TimerHandle) -> None:
+        """It runs in ``task``, stopped by ``timer`` at ``max_duration``."""
+        self.task, self.timer = task, timer
+
+    def finishing_as(self, response: Response) -> None:
+        """Post-inference has begun on ``response``: too late to cancel."""
+        self.finishing = True
+        self.final = response
+
+    def end_as(self, response: Response) -> None:
+        """It ended as ``response`` (before it is billed)."""
+        self.final = response
+
     def snapshot(self) -> Response:
         """The Response now: live while it runs, as it ended after."""
         return self.final if self.final is not None else self.started.reply.snapshot()
@@ -293,12 +306,11 @@ class BackgroundResponses:
         self._running[entry.id] = entry
         self._per_key[owner] += 1
         loop = asyncio.get_running_loop()
-        entry.task = loop.create_task(
-            self._run(entry, history, received_at), name=f"background {entry.id}"
-        )
-        entry.timer = loop.call_later(self.max_duration, self._expire, entry)
+        run = self._run(entry, history, received_at)
+        task = loop.create_task(run, name=f"background {entry.id}")
+        entry.attach(task, loop.call_later(self.max_duration, self._expire, entry))
         # Cleanup runs however the task ends, even cancelled before its first step.
-        entry.task.add_done_callback(lambda _: self._ended(entry))
+        task.add_done_callback(lambda _: self._ended(entry))
         return entry
 
     def get(self, response_id: str, *, owner: str) -> BackgroundResponse | None:
@@ -332,38 +344,27 @@ class BackgroundResponses:
     async def create(
         self,
         request: ResponseCreate,
+        new_items: list[Item],
+        continuation: Continuation,
         *,
         owner: str,
-        new_items: list[Item],
-        history: list[Item],
         model: ModelSpec,
         received_at: float,
         decode: float,
-        chain: str = "",
     ) -> HTTPResponse:
-        """Admit a checked ``background: true`` create, start it (:meth:`start`) and
-        answer it: the Response ``response.created`` carried (status ``queued``),
-        or, with ``stream: true``, its events as they come. ``chain``: the first
-        response id of the stored chain it continues.
+        """Admit a checked ``background: true`` create continuing from the store
+        (``continuation``), start it (:meth:`start`) and answer it: the Response
+        ``response.created`` carried (status ``queued``), or, with
+        ``stream: true``, its events as they come.
 
         Raises :class:`RemoteProtocolError` (nothing started): admission's
         errors, 429 beyond the limit; 500 when it failed before ``response.created``.
         """
         self.check_room(owner)
         # Stateless, as any HTTP request: the whole history is checked again.
-        started = self.turns.start_turn(
-            request,
-            transport=Transport.HTTP,
-            response_id=new_id("resp"),
-            sink=EventLog(self.log_bytes),
-            new_items=new_items,
-            history=history,
-            cached=False,
-            model=model,
-            decode=decode,
-            owner=owner,
-            chain=chain,
-        )
+        caller = Caller(Transport.HTTP, EventLog(self.log_bytes), owner, decode=decode)
+        started = self.turns.start_turn(request, new_items, caller, continuation, model=model)
+        history = continuation.history
         entry = self.start(started, owner=owner, history=history, received_at=received_at)
         await entry.log.opened.wait()
         created = entry.log.created
@@ -480,7 +481,7 @@ class BackgroundResponses:
                 final = msgspec.structs.replace(final, output=[])
             ending = ResponseIncomplete if status is ResponseState.INCOMPLETE else ResponseFailed
             reply.push(reply.builder.lifecycle(ending, final))
-            entry.final = final
+            entry.end_as(final)
         entry.task.cancel()
 
     async def _run(
@@ -493,8 +494,7 @@ class BackgroundResponses:
         start = len(started.rollout.context) + len(history)
 
         async def finishing(response: Response) -> None:
-            entry.finishing = True
-            entry.final = response
+            entry.finishing_as(response)
             await self.turns.acknowledge(
                 started, response, owner=entry.owner, transport=Transport.HTTP, context_from=start
             )
@@ -507,8 +507,8 @@ class BackgroundResponses:
                 queued=True,
             )
             if boundary is None:  # failed: its response.failed is in the log
-                entry.final = started.reply.snapshot(ResponseState.FAILED)
-                await self._bill(entry, entry.final)
+                entry.end_as(started.reply.snapshot(ResponseState.FAILED))
+                await self._bill(entry, entry.snapshot())
         except asyncio.CancelledError:
             if entry.final is None:
                 raise  # cancelled before response.created: nothing to bill

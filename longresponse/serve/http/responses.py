@@ -33,17 +33,17 @@ from ...engine.sampling import UpstreamError
 from ...engine.stream import StreamClosed
 from ...engine.timing import TurnTiming
 from ...engine.turn import Started
-from ...ids import new_id
 from ...storage.keys import ApiKeys, Unauthorized
 from ...storage.persistence import Persistence
 from ..continuation import Continuation, continue_from
+from ..deadline import DeadlineStream
 from ..errors import http_error, upstream_http_error
 from ..gate import owner_of
 from ..request_ids import request_id
-from ..seam import abort, peer_gone, stop_task, until_gone, while_connected
+from ..seam import abort, peer_gone, stop_task, while_connected
 from ..skeleton import check_create_skeleton
 from ..transport import Transport
-from ..turns import Turns
+from ..turns import Caller, StoreRefused, Turns
 from ..types import Scope
 from .background import BackgroundResponses, check_cancellable
 from .sinks import SSE_QUEUE_DEPTH, RecordingSink, SSESink
@@ -196,30 +196,18 @@ class ResponsesHTTP:
                 if body.background:  # owned by the server from here on
                     created = await self.background.create(
                         body,
+                        new_items,
+                        continuation,
                         owner=owner,
-                        new_items=new_items,
-                        history=continuation.history,
                         model=model,
                         received_at=received_at,
                         decode=decoded - received_at,
-                        chain=continuation.chain,
                     )
                     return _while_connected(created, request.scope)
                 run = _Run(self, body, owner, continuation.history, received_at, request.scope)
                 # Stateless: the whole history is validated and classified again.
-                run.started = self.turns.start_turn(
-                    body,
-                    transport=Transport.HTTP,
-                    response_id=new_id("resp"),
-                    sink=run.sink,
-                    new_items=new_items,
-                    history=continuation.history,
-                    cached=False,
-                    model=model,
-                    decode=decoded - received_at,
-                    owner=owner,
-                    chain=continuation.chain,
-                )
+                caller = Caller(Transport.HTTP, run.sink, owner, decode=decoded - received_at)
+                run.begin(self.turns.start_turn(body, new_items, caller, continuation, model=model))
             run.seed_from_token_cache()
         except ProtocolError as error:
             self.turns.inspector.http.refused(body)
@@ -400,6 +388,10 @@ class _Run:
         self.sink: RecordingSink = self._sse or RecordingSink()
         self._scope = scope
 
+    def begin(self, started: Started) -> None:
+        """The turn is admitted and opened (its events go to :attr:`sink`)."""
+        self.started = started
+
     def seed_from_token_cache(self) -> None:
         """With ``--http-token-cache``: when the parent's tokens are in memory, the
         admitted turn's fresh rollout takes the history in without rendering it."""
@@ -452,7 +444,7 @@ class _Run:
             segment = self.started.segment
             if segment is not None and isinstance(segment.exception, UpstreamError):
                 return upstream_http_error(segment.exception)
-            if self.started.refused == "store_unavailable" and failure is not None:
+            if segment is not None and isinstance(segment.exception, StoreRefused) and failure:
                 return http_error(
                     RemoteProtocolError(
                         failure.message,
@@ -520,8 +512,8 @@ class _Run:
 def _while_connected(response: Response, scope: Scope) -> Response:
     """A streamed response stops writing once its client is gone: the server
     drops those writes, but asyncio logs each one (``serve.seam``)."""
-    if isinstance(response, StreamingResponse):
-        response.body_iterator = until_gone(scope, response.body_iterator)
+    if isinstance(response, DeadlineStream):
+        response.stop_when_gone(scope)
     return response
 
 

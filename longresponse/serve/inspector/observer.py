@@ -65,7 +65,6 @@ from ..transport import Transport
 from .records import (
     DIGEST_AFTER,
     FINISHED,
-    MAX_TURNS,
     ConnectionRecord,
     RolloutRecord,
 )
@@ -157,8 +156,12 @@ class Inspector:
             weakref.WeakKeyDictionary()
         )
         self.watchers: list[Watcher] = []
-        #: Set when the server stops: open feeds end.
+        #: Set when the server stops (:meth:`stop`): open feeds end.
         self.stopping = False
+
+    def stop(self) -> None:
+        """The server is stopping: the open feeds end."""
+        self.stopping = True
 
     # --- connections -----------------------------------------------------------
 
@@ -177,20 +180,11 @@ class Inspector:
     def close_connection(self, record: ConnectionRecord | None) -> None:
         if record is None:
             return
-        record.closed = time.time()
-        record.session = None
-        record.creates.clear()  # (rollout records may point at it for a while yet)
+        record.close()
         self.connections.pop(record.id, None)
-        # What ran on it is cut off, as the server ends it (cancelled); a shipped
-        # chain paused between responses may go on elsewhere, from the store.
         for rollout in self.rollouts.values():
-            if rollout.connection is not record:
-                continue
-            rollout.digest()
-            if rollout.status == "sampling" or (
-                rollout.status == "paused" and rollout.transport is Transport.APPEND
-            ):
-                rollout.status, rollout.pending, rollout.running = "cancelled", [], False
+            if rollout.connection is record:
+                rollout.cut_off()
         if self.watchers:
             self.publish("connection", record.summary(), record.owner)
 
@@ -219,30 +213,31 @@ class Inspector:
             if parent.responses[-1] == previous and not parent.running:
                 record = parent  # the chain goes on (HTTP: a fresh engine rollout each time)
             else:
-                record = self._open(response_id, connection, owner)
-                record.parent = parent.id  # a fork
+                record = self._open(response_id, connection, owner, parent=parent.id)  # a fork
         if record is None:
             record = self._open(response_id, connection, owner)
         self._by_rollout[rollout] = record
-        record.connection = connection
-        connection.latest = record
-        record.model = rollout.model.name
-        record.running = True
-        record.responses.append(response_id)
+        connection.started(record)
         self.by_response[response_id] = record
-        if len(record.responses) > MAX_TURNS:
-            self.by_response.pop(record.responses.pop(0), None)
-        nbytes = connection.creates.pop(id(request), 0)
-        record.bytes_in += nbytes
-        record.note("client", request, nbytes)
-        record.status, record.pending = "sampling", []
+        forgotten = record.turn_started(
+            connection, rollout.model.name, response_id, request, connection.take_create(request)
+        )
+        if forgotten is not None:
+            self.by_response.pop(forgotten, None)
         return WatchedSink.around(sink, record), record
 
     def _open(
-        self, response_id: str, connection: ConnectionRecord, owner: str
+        self,
+        response_id: str,
+        connection: ConnectionRecord,
+        owner: str,
+        *,
+        parent: str | None = None,
     ) -> RolloutRecord:
         self._prune()
-        record = RolloutRecord(self, response_id, connection.transport, connection, owner)
+        record = RolloutRecord(
+            self, response_id, connection.transport, connection, owner, parent=parent
+        )
         self.rollouts[record.id] = record
         if self.watchers:
             self.publish("rollout", record.summary(), owner)

@@ -249,6 +249,25 @@ class ConnectionRecord:
         #: identity; the bodies are not kept (the server holds them while it needs).
         self.creates: dict[int, int] = {}
 
+    def close(self) -> None:
+        """The connection has closed: the session is let go, and the sizes of the
+        creates it never started (rollout records may point here for a while yet)."""
+        self.closed = time.time()
+        self.session = None
+        self.creates.clear()
+
+    def started(self, record: RolloutRecord) -> None:
+        """A turn of ``record``'s starts on this connection: the latest one."""
+        self.latest = record
+
+    def take_create(self, event: ResponseCreate) -> int:
+        """The size of a create whose turn starts now (0 if not seen), forgotten here."""
+        return self.creates.pop(id(event), 0)
+
+    def count_out(self, nbytes: int) -> None:
+        """Bytes sent on this connection."""
+        self.bytes_out += nbytes
+
     def client(self, event: ClientEvent, nbytes: int) -> None:
         """A decoded client message: counted, and logged on the rollout it targets."""
         if not self.inspector.enabled:
@@ -262,8 +281,7 @@ class ConnectionRecord:
         rid = getattr(event, "response_id", None)
         record = self.inspector.by_response.get(rid) if rid else self.latest
         if record is not None and record.owner == self.owner:  # (never another key's)
-            record.bytes_in += nbytes
-            record.note("client", event, nbytes)
+            record.received(event, nbytes)
 
     def refused(self, event: ResponseCreate | None) -> None:
         """A create refused before its turn started (or before it was read): its body
@@ -306,7 +324,10 @@ class RolloutRecord:
         transport: Transport,
         connection: ConnectionRecord,
         owner: str = "",
+        *,
+        parent: str | None = None,
     ) -> None:
+        """``parent``: the record this rollout forked from."""
         self.inspector = inspector
         self.id = rid
         #: The API key's owner (``""`` with keys off): only it (and the operator)
@@ -314,7 +335,7 @@ class RolloutRecord:
         self.owner = owner
         self.transport = transport
         self.connection = connection
-        self.parent: str | None = None
+        self.parent = parent
         self.model: str | None = None
         self.created = time.time()
         self.active = time.monotonic()
@@ -339,10 +360,45 @@ class RolloutRecord:
 
     # --- recording (hot) --------------------------------------------------------
 
+    def turn_started(
+        self,
+        connection: ConnectionRecord,
+        model: str,
+        response_id: str,
+        request: ResponseCreate,
+        nbytes: int,
+    ) -> str | None:
+        """A turn starts on ``connection`` for response ``response_id``, its create
+        ``nbytes`` long: sampling. The oldest response id forgotten past
+        :data:`MAX_TURNS`, if one was."""
+        self.connection = connection
+        self.model = model
+        self.running = True
+        self.responses.append(response_id)
+        forgotten = self.responses.pop(0) if len(self.responses) > MAX_TURNS else None
+        self.received(request, nbytes)
+        self.status, self.pending = "sampling", []
+        return forgotten
+
+    def received(self, event: ClientEvent, nbytes: int) -> None:
+        """A client event for this rollout: counted and kept."""
+        self.bytes_in += nbytes
+        self.note("client", event, nbytes)
+
+    def cut_off(self) -> None:
+        """Its connection closed: what ran on it is cut off, as the server ends it
+        (cancelled); a shipped chain paused between responses may go on elsewhere,
+        from the store."""
+        self.digest()
+        if self.status == "sampling" or (
+            self.status == "paused" and self.transport is Transport.APPEND
+        ):
+            self.status, self.pending, self.running = "cancelled", [], False
+
     def sent(self, event: ServerEvent, nbytes: int) -> None:
         """A server event has left, ``nbytes`` as encoded: kept to be digested later."""
         self.bytes_out += nbytes
-        self.connection.bytes_out += nbytes
+        self.connection.count_out(nbytes)
         sent = self._sent
         sent.append((event, nbytes, time.time()))
         if self.inspector.watchers or len(sent) >= MAX_PENDING:
@@ -490,9 +546,9 @@ class RolloutRecord:
     def sent_late(self, nbytes: int) -> None:
         """Bytes of the last turn sent after it was recorded (an HTTP JSON body)."""
         self.bytes_out += nbytes
-        self.connection.bytes_out += nbytes
+        self.connection.count_out(nbytes)
         if self.turns:
-            self.turns[-1].bytes_out += nbytes
+            self.turns[-1].sent_late(nbytes)
         self._counted_out = self.bytes_out
 
     # --- reading -------------------------------------------------------------------
@@ -543,6 +599,10 @@ class _Turn:
     bytes_in: int
     bytes_out: int
     timing: TurnTiming
+
+    def sent_late(self, nbytes: int) -> None:
+        """Bytes of this turn sent after it was recorded."""
+        self.bytes_out += nbytes
 
     def as_json(self) -> dict[str, Any]:
         timing = self.timing

@@ -38,13 +38,12 @@ from protocol.items import as_items
 from protocol.response import Response
 
 from ...config import ServerConfig
-from ...engine.admission import Admission
 from ...engine.rollout import Rollout
 from ...engine.stream import EventSink, StreamClosed
-from ...ids import new_id
 from ..continuation import check_continuation
 from ..transport import Transport
-from ..turns import Turns
+from ..turns import Caller, Turns
+from .admitted import Admitted
 from .live_input import admit_input, deliver_input, send_receipt
 
 __all__ = ["AppendShape"]
@@ -75,9 +74,6 @@ class AppendShape:
         self.rollouts: dict[str, Rollout] = {}
         #: Running rollouts whose usage record is written (each leaves as its task ends).
         self._billed: set[str] = set()
-        self._admitted: Admission | None = None
-        #: The response the event being handled targets, as the protocol core found it.
-        self._target_id: str | None = None
 
     @property
     def billed(self) -> frozenset[str]:
@@ -86,36 +82,33 @@ class AppendShape:
 
     # --- admission, before the protocol core records the event ----------------
 
-    def admit(self, event: ClientEvent, track: ResponseTrack | None) -> ClientEvent:
-        """Validate and classify an append's or inject's items; return it with the
-        admitted items.
+    def admit(self, event: ClientEvent, track: ResponseTrack | None) -> Admitted:
+        """Validate and classify an append's or inject's items: the event with the
+        admitted items, its target and its admission.
 
         Raises :class:`ProtocolError` to refuse it (the protocol core then
         records nothing); an inject also when its rollout is already ending.
         """
-        self._target_id = track.response_id if track is not None else None
         if not isinstance(event, ResponseAppend | ResponseInject) or track is None:
-            return event
-        rollout = self._target()
+            return Admitted(event, track)
+        rollout = self._target(track)
         finished = isinstance(event, ResponseInject) and rollout.terminal
-        event, self._admitted = admit_input(self.turns, rollout, event, finished=finished)
-        return event
+        event, admission = admit_input(self.turns, rollout, event, finished=finished)
+        return Admitted(event, track, admission)
 
     # --- recorded events --------------------------------------------------------
 
-    def handle(self, event: ClientEvent, received_at: float, decode: float) -> None:
-        try:
-            if isinstance(event, ResponseCreate):
-                self._create(event, decode)
-            elif isinstance(event, ResponseAppend | ResponseInject):
-                self._append(received_at, decode)
-                if isinstance(event, ResponseInject):
-                    send_receipt(self.sink, self.sink.track(event.response_id))
-            elif isinstance(event, ResponseCancel):
-                self._target().request_cancel()
-            # response.processed: tolerated, never answered
-        finally:
-            self._target_id = None
+    def handle(self, admitted: Admitted, received_at: float, decode: float) -> None:
+        event = admitted.event
+        if isinstance(event, ResponseCreate):
+            self._create(event, decode)
+        elif isinstance(event, ResponseAppend | ResponseInject):
+            self._append(admitted, received_at, decode)
+            if isinstance(event, ResponseInject):
+                send_receipt(self.sink, self.sink.track(event.response_id))
+        elif isinstance(event, ResponseCancel):
+            self._target(admitted.track).request_cancel()
+        # response.processed: tolerated, never answered
 
     def _create(self, event: ResponseCreate, decode: float) -> None:
         self.turns.check_background(event, transport=Transport.APPEND)
@@ -132,18 +125,15 @@ class AppendShape:
         new_items = as_items(event.input)
         # A new rollout has no calls yet: outputs must answer calls of the same input.
         check_continuation(new_items, {})
-        started = self.turns.start_turn(
-            event,
-            model=model,
-            transport=Transport.APPEND,
-            response_id=new_id("resp"),
-            sink=self.sink,
-            new_items=new_items,
+        caller = Caller(
+            Transport.APPEND,
+            self.sink,
+            self.owner,
             send_timing=self.send_timing,
             decode=decode,
-            owner=self.owner,
             on_terminal=self._post_inference,
         )
+        started = self.turns.start_turn(event, new_items, caller, model=model)
         rollout, reply = started.rollout, started.reply
         self._forget_finished()
         self.rollouts[reply.id] = rollout
@@ -186,24 +176,26 @@ class AppendShape:
         for rollout_id in [rid for rid, r in self.rollouts.items() if r.reply_terminal]:
             del self.rollouts[rollout_id]
 
-    def _target(self) -> Rollout:
-        """The rollout the append or cancel being handled targets."""
-        rollout = self.rollouts.get(self._target_id or "")
+    def _target(self, track: ResponseTrack | None) -> Rollout:
+        """The rollout of the response ``track`` (an append's or a cancel's target,
+        as the protocol core found it)."""
+        target_id = track.response_id if track is not None else None
+        rollout = self.rollouts.get(target_id or "")
         if rollout is None:  # pragma: no cover - the protocol core found it live
             raise RemoteProtocolError(
-                f"Response {self._target_id!r} is already finished.",
+                f"Response {target_id!r} is already finished.",
                 code=ErrorCode.RESPONSE_ALREADY_COMPLETED,
                 param="response_id",
                 status=409,
-                response_id=self._target_id,
+                response_id=target_id,
             )
         return rollout
 
-    def _append(self, received_at: float, decode: float) -> None:
-        admission = self._admitted
-        assert admission is not None  # admit() ran for this append
-        self._admitted = None
-        deliver_input(self._target(), admission, received_at=received_at, decode=decode)
+    def _append(self, admitted: Admitted, received_at: float, decode: float) -> None:
+        if admitted.admission is None:  # pragma: no cover - admit() admits every append
+            raise RuntimeError("an append reached handle() without its admission")
+        rollout = self._target(admitted.track)
+        deliver_input(rollout, admitted.admission, received_at=received_at, decode=decode)
 
     # --- graceful shutdown ----------------------------------------------------------
 

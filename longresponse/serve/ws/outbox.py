@@ -40,7 +40,15 @@ WS_PATH = "/v1/responses"
 class Outbox:
     """The connection's protocol core and its bounded queue of encoded events."""
 
-    def __init__(self, config: ServerConfig, mode: Mode, *, multi_agent: bool = False) -> None:
+    def __init__(
+        self,
+        config: ServerConfig,
+        mode: Mode,
+        *,
+        multi_agent: bool = False,
+        drop: Callable[[], object] | None = None,
+        send_texts: Callable[[list[bytes]], Awaitable[None]] | None = None,
+    ) -> None:
         self.config = config
         self.connection = Connection(
             Role.SERVER,
@@ -61,11 +69,13 @@ class Outbox:
         #: Most bytes ever waiting (above the budget by at most one event, and
         #: by the error replies).
         self.high_water_bytes = 0
-        #: Cancelled when a slow reader is abandoned (it is stuck in a send).
-        self.writer: asyncio.Task[None] | None = None
-        #: Drops the connection outright (``serve.seam.abort``), set by the endpoint.
-        self.drop: Callable[[], object] | None = None
-        self.send_texts: Callable[[list[bytes]], Awaitable[None]] | None = None  # seam
+        #: The task in :meth:`write_to`, cancelled when a slow reader is abandoned
+        #: (it is stuck in a send).
+        self._writer: asyncio.Task[None] | None = None
+        #: Drops the connection outright (``serve.seam.abort``), given by the endpoint.
+        self.drop = drop
+        #: Sends several texts in one transport write (``serve.seam.SEND_TEXTS_KEY``).
+        self.send_texts = send_texts
 
     def __len__(self) -> int:
         return len(self._queue)
@@ -118,8 +128,8 @@ class Outbox:
                 # The writer is stuck in a send the reader does not drain, so
                 # it cannot flush a close frame: abandon the socket instead.
                 self.close(CLOSE_CODES["slow_reader"], "slow_reader")
-                if self.writer is not None:
-                    self.writer.cancel()
+                if self._writer is not None:
+                    self._writer.cancel()
                 self._queue.clear()
                 self.queued_bytes = 0
                 if self.drop is not None:
@@ -135,6 +145,7 @@ class Outbox:
 
     async def write_to(self, send: Send) -> None:
         """Drain the queue to the socket until the session closes it or the peer is gone."""
+        self._writer = asyncio.current_task()
         while True:
             await self._ready.wait()
             self._ready.clear()

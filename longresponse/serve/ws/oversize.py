@@ -27,6 +27,13 @@ itself (:func:`plain_text_frames`: a server's text frame is a two- to
 ten-byte header and the payload, unmasked), byte for byte what wsproto
 writes, at a fifth of its cost per frame; with an extension, wsproto frames
 them.
+
+Neither is a public API: :meth:`LingeringWSProtocol.handle_message` copies
+uvicorn's ``WSProtocol.handle_message`` but for the refusal, and
+:func:`plain_text_frames` reads wsproto's private frame layer
+(``_proto``, ``_outbound_opcode``). ``pyproject.toml`` bounds both packages
+to the versions checked, and ``tests/serve/ws/test_oversize.py`` fails when
+the copied source (by its digest) or the attributes read change.
 """
 
 from __future__ import annotations

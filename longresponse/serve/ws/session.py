@@ -44,7 +44,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Final, Protocol
 
 from protocol import (
@@ -78,6 +78,7 @@ from ..skeleton import check_create_skeleton
 from ..transport import Transport
 from ..turns import Turns
 from ..types import Receive, Scope, Send
+from .admitted import Admitted
 from .append import AppendShape
 from .outbox import Outbox
 from .shipped import ShippedShape
@@ -103,9 +104,12 @@ DRAIN_POLL_INTERVAL: Final = 0.02
 class Shape(Protocol):
     """What a connection speaks, given decoded, checked and admitted client events."""
 
-    def admit(self, event: ClientEvent, track: ResponseTrack | None) -> ClientEvent: ...
+    def admit(self, event: ClientEvent, track: ResponseTrack | None) -> Admitted:
+        """Admit ``event`` for the response ``track`` (the protocol core's ``admit``
+        hook). Raises :class:`ProtocolError` to refuse it: nothing is recorded."""
 
-    def handle(self, event: ClientEvent, received_at: float, decode: float) -> None: ...
+    def handle(self, admitted: Admitted, received_at: float, decode: float) -> None:
+        """Act on an event recorded by the protocol core, as :meth:`admit` admitted it."""
 
     @property
     def busy(self) -> bool:
@@ -134,9 +138,17 @@ class _Tasks:
         task.add_done_callback(self.running.discard)
         return task
 
+    def open(self, group: asyncio.TaskGroup) -> None:
+        """Start tasks in ``group`` from now on."""
+        self.group = group
+
+    def close(self) -> None:
+        """Start no more tasks (the group has ended)."""
+        self.group = None
+
     def cancel(self) -> None:
         """Cancel every task, and start no more."""
-        self.group = None
+        self.close()
         for task in list(self.running):
             task.cancel()
 
@@ -153,10 +165,16 @@ class Session:
         send_timing: bool = False,
         owner: str = "",
         multi_agent: bool = False,
+        drop: Callable[[], object] | None = None,
+        send_texts: Callable[[list[bytes]], Awaitable[None]] | None = None,
     ) -> None:
+        """``drop`` drops the connection outright (a slow reader); ``send_texts``
+        sends several texts in one transport write, where the server can."""
         self.config = config
         self.turns = turns
-        self.outbox = Outbox(config, transport.mode, multi_agent=multi_agent)
+        self.outbox = Outbox(
+            config, transport.mode, multi_agent=multi_agent, drop=drop, send_texts=send_texts
+        )
         #: The session's tasks; the shapes start theirs there too (not through a
         #: method of the session, which would make a reference cycle with it).
         self._tasks = _Tasks()
@@ -179,9 +197,10 @@ class Session:
             self.shape = self.append = AppendShape(
                 config, turns, self.outbox, spawn=self._tasks, send_timing=send_timing, owner=owner
             )
-        self._decoded_at = 0.0
         #: This connection's record in the inspector (None with the inspector off).
-        self.seen: ConnectionRecord | None = None
+        self.seen: ConnectionRecord | None = turns.inspector.open_connection(
+            self, transport, owner
+        )
         #: Graceful shutdown has begun: client messages are no longer read.
         self.draining = False
 
@@ -207,8 +226,8 @@ class Session:
         """Run the session until the peer leaves or we close it."""
         try:
             async with asyncio.TaskGroup() as group:
-                self._tasks.group = group
-                writer = self.outbox.writer = self._tasks(self.outbox.write_to(send))
+                self._tasks.open(group)
+                writer = self._tasks(self.outbox.write_to(send))
                 reader = self._tasks(self._read_loop(receive))
                 self._tasks(self._expire())
                 await asyncio.wait({writer, reader}, return_when=asyncio.FIRST_COMPLETED)
@@ -220,7 +239,7 @@ class Session:
         except* StreamClosed:
             pass
         finally:
-            self._tasks.group = None
+            self._tasks.close()
             if self.append is not None:
                 self.append.release()
             if self.shipped is not None:  # its rollouts end with the connection
@@ -276,7 +295,6 @@ class Session:
         """
         if self.draining or self.outbox.closing is not None:
             return
-        self._decoded_at = received_at
         event: object = None
         try:
             if len(data) <= self.connection.max_message_bytes:  # else refused unread
@@ -289,21 +307,21 @@ class Session:
                 async with self.turns.settled_checks((), None, as_items(event.input)):
                     if self.outbox.closing is not None:  # closed meanwhile: dropped
                         return
-                    self.connection.receive_event(event, admit=self._admit)
+                    admitted, admitted_at = self._receive(event)
             else:
-                self.connection.receive_event(event, admit=self._admit)
-            event = self.connection.next_event()
+                admitted, admitted_at = self._receive(event)
+            event = admitted.event
             if self.seen is not None:
-                self.seen.client(event, len(data))  # type: ignore[arg-type]
-            decode = self._decoded_at - received_at
+                self.seen.client(admitted.event, len(data))
+            decode = admitted_at - received_at
             if self.append is None or not isinstance(event, ResponseCreate):
-                self.shape.handle(event, received_at, decode)  # type: ignore[arg-type]
+                self.shape.handle(admitted, received_at, decode)
                 return
             # An append-mode create is admitted now: its costly checks first, off
             # the loop (the shipped shape's lanes do so when they run a create).
             async with self.turns.settled(event, as_items(event.input)):
                 if self.outbox.closing is None:  # else closed meanwhile: nothing is sent
-                    self.shape.handle(event, received_at, decode)
+                    self.shape.handle(admitted, received_at, decode)
         except ProtocolError as error:
             lane = error.stream_id
             if error.code == ErrorCode.INVALID_STREAM_ID:
@@ -317,9 +335,23 @@ class Session:
             if error.close_code is not None:
                 self.outbox.close(error.close_code, error.code)
 
-    def _admit(self, event: ClientEvent, track: ResponseTrack | None) -> ClientEvent:
-        self._decoded_at = time.perf_counter()  # decoded and checked: admission starts
-        return self.shape.admit(event, track)
+    def _receive(self, event: ClientEvent) -> tuple[Admitted, float]:
+        """Check, admit and record ``event`` (``Connection.receive_event``, the
+        shape's ``admit`` as its hook): what admission found, to hand to the
+        shape's ``handle``, and when admission began (decoding and the core's
+        checks ended). Raises :class:`ProtocolError`; nothing is recorded then."""
+        taken: list[tuple[Admitted, float]] = []
+
+        def admit(event: ClientEvent, track: ResponseTrack | None) -> ClientEvent:
+            began = time.perf_counter()
+            admitted = self.shape.admit(event, track)
+            taken.append((admitted, began))
+            return admitted.event
+
+        self.connection.receive_event(event, admit=admit)
+        self.connection.next_event()  # the event just recorded: admitted.event
+        (found,) = taken  # the core admits every client event it records, once
+        return found
 
     # --- graceful shutdown ----------------------------------------------------
 
@@ -367,7 +399,7 @@ class ResponsesEndpoint:
         cut off.
         """
         self.draining = True
-        self.turns.inspector.stopping = True  # the inspector's feeds end too
+        self.turns.inspector.stop()  # the inspector's feeds end too
         try:
             for session in list(self.sessions):
                 session.stop_intake()
@@ -422,17 +454,16 @@ class ResponsesEndpoint:
             send_timing=timing,
             owner=owner,
             multi_agent=MULTI_AGENT_BETA in _betas(headers),
+            drop=lambda: abort(scope, "slow WebSocket reader"),
+            send_texts=scope.get(SEND_TEXTS_KEY),
         )
         if self.draining:  # accepted as the server began to stop: it will not serve
             session.restart()
-        session.outbox.drop = lambda: abort(scope, "slow WebSocket reader")
-        session.outbox.send_texts = scope.get(SEND_TEXTS_KEY)
         # Counted before the handshake completes, so a client that sees the
         # 101 also sees its session counted.
         self.live_sessions += 1
         self.last_session = session
         self.sessions.add(session)
-        session.seen = self.turns.inspector.open_connection(session, transport, owner)
         try:
             await send({"type": "websocket.accept", "subprotocol": subprotocol})
             await session.serve(receive, send)

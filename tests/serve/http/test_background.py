@@ -200,13 +200,13 @@ def test_running_background_responses_are_limited(make_server: Any) -> None:
     assert full.value.code == "too_many_background_responses"
     # Requests that are not background ones are not counted.
     assert client.responses.create(model="sim", input="now").status == "completed"
-    assert small.app.state.background.running == 1
+    assert small.app.parts.background.running == 1
     client.responses.cancel(first.id)  # answered once it is over: its place is free
-    assert small.app.state.background.running == 0
+    assert small.app.parts.background.running == 0
     second = client.responses.create(model="sim", input="two", background=True, metadata=SLOW)
     assert second.status == "queued"
     client.responses.cancel(second.id)
-    assert small.app.state.background.running == 0
+    assert small.app.parts.background.running == 0
 
 
 def test_a_failed_background_response_is_kept(make_server: Any) -> None:
@@ -342,7 +342,7 @@ def test_one_key_at_its_quota_does_not_stop_another(make_server: Any) -> None:
     mine.append(a.responses.create(model="sim", input="a", background=True, metadata=SLOW))
     for made in (*mine[1:], theirs):
         (a if made in mine else b).responses.cancel(made.id)
-    assert keyed.app.state.background.running == 0
+    assert keyed.app.parts.background.running == 0
 
 
 def test_the_maximum_duration_ends_a_response_incomplete(make_server: Any) -> None:
@@ -358,7 +358,7 @@ def test_the_maximum_duration_ends_a_response_incomplete(make_server: Any) -> No
     assert any(event.type == "response.output_text.delta" for event in events)
     stored = client.responses.retrieve(made.id)
     assert (stored.status, stored.incomplete_details.reason) == ("incomplete", "max_duration")
-    assert short.app.state.background.running == 0
+    assert short.app.parts.background.running == 0
 
 
 def test_a_follower_that_never_reads_is_cut_off(

@@ -31,21 +31,21 @@ BODY = {
 
 
 def ledger(server: Any) -> list[Any]:
-    persistence = server.app.state.persistence
-    future = asyncio.run_coroutine_threadsafe(persistence.store.usage(), server.app.state.loop)
+    persistence = server.app.parts.persistence
+    future = asyncio.run_coroutine_threadsafe(persistence.store.usage(), server.app.parts.loop)
     return list(future.result(5))
 
 
 def test_count_equals_the_input_a_create_reads(server: Any) -> None:
     client = openai_client(server)
     before = ledger(server)
-    resolutions = server.app.state.models.resolutions
+    resolutions = server.app.parts.models.resolutions
     counted = client.responses.input_tokens.count(**BODY)
     assert counted.object == "response.input_tokens"
     assert counted.input_tokens > 0
     # Nothing stored, billed or sampled: the ledger has no new record.
     assert ledger(server) == before
-    assert server.app.state.models.resolutions == resolutions + 1  # resolved, not run
+    assert server.app.parts.models.resolutions == resolutions + 1  # resolved, not run
     created = client.responses.create(**BODY)
     assert created.usage is not None
     assert created.usage.input_tokens == counted.input_tokens

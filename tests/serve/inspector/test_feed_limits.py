@@ -34,7 +34,7 @@ def unread_feed(port: int, key: str) -> Iterator[socket.socket]:
 
 
 def watchers(server: Any) -> int:
-    return len(server.app.state.inspector.watchers)
+    return len(server.app.parts.inspector.watchers)
 
 
 def test_one_key_at_its_feed_quota_does_not_stop_another(make_server: Any) -> None:

@@ -448,7 +448,7 @@ async def test_each_rollout_keeps_a_bounded_ring_and_rollouts_are_pruned(
     make_server: Any,
 ) -> None:
     server = make_server()
-    inspector = server.app.state.inspector
+    inspector = server.app.parts.inspector
     inspector.ring = 16
     inspector.max_rollouts = 3
     async with httpx.AsyncClient(base_url=server.http_url) as http, connect(server.url) as client:
@@ -670,7 +670,7 @@ async def test_an_http_create_refused_before_its_turn_leaves_no_body_behind(
     make_server: Any,
 ) -> None:
     server = make_server()
-    creates = server.app.state.inspector.http.creates
+    creates = server.app.parts.inspector.http.creates
     async with httpx.AsyncClient(base_url=server.http_url) as http:
         for body in (
             {"model": "no-such-model", "input": "x" * 100_000},

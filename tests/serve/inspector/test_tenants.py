@@ -188,7 +188,7 @@ def test_the_access_log_redacts_every_spelling_of_key() -> None:
 
 def test_refused_websocket_creates_keep_no_body(make_server: Any) -> None:
     server = make_server()
-    inspector = server.app.state.inspector
+    inspector = server.app.parts.inspector
     body = {
         "type": "response.create",
         "model": "sim",

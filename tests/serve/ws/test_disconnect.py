@@ -21,7 +21,7 @@ TOOL = {"type": "function", "name": "read_file", "parameters": {"type": "object"
 
 async def live_rollouts(server: Any) -> list[Any]:
     """The rollouts of the server's latest session, once it has one."""
-    endpoint = server.app.state.endpoint
+    endpoint = server.app.parts.endpoint
     await wait_until(
         lambda: endpoint.last_session is not None and endpoint.last_session.rollouts,
         "a session with a rollout",
@@ -32,7 +32,7 @@ async def live_rollouts(server: Any) -> list[Any]:
 def assert_all_rollouts_ended(server: Any, rollouts: list[Any]) -> None:
     """Every rollout the session ran ended, and the closed session forgot them
     (what they carried is freed with it, not by a full collection: issue 20)."""
-    session = server.app.state.endpoint.last_session
+    session = server.app.parts.endpoint.last_session
     assert session is not None
     assert rollouts
     for rollout in rollouts:
@@ -103,7 +103,7 @@ async def test_slow_reader_is_disconnected_with_bounded_memory(make_server: Any)
         rollouts = await live_rollouts(running)
         # Never read: the server must stop buffering and let go of us.
         await wait_until(lambda: running.live_sessions == 0, "the session to end", seconds=30)
-    session = running.app.state.endpoint.last_session
+    session = running.app.parts.endpoint.last_session
     assert session.close_reason == "slow_reader"
     assert session.outbox_high_water <= 8
     assert_all_rollouts_ended(running, rollouts)
