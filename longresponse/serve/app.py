@@ -26,14 +26,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 
-from ..backends.registry import ModelRegistry, close_backends, open_backends, serve_backends
+from ..backends.registry import (
+    Backend,
+    ModelRegistry,
+    close_backends,
+    open_backends,
+    serve_backends,
+)
 from ..config import ServerConfig
 from ..engine.admission import HostedTools, Pipeline
 from ..engine.classifier import Policy
@@ -123,6 +129,103 @@ class ServerParts:
         return self._services.loop
 
 
+class _ServerPages:
+    """``GET /v1/models``, ``/metrics`` and ``/healthz``: what the server says of itself."""
+
+    def __init__(
+        self,
+        models: ModelRegistry,
+        metrics: ServerMetrics,
+        endpoint: ResponsesEndpoint,
+        services: _Services,
+    ) -> None:
+        self._models = models
+        self._metrics = metrics
+        self._endpoint = endpoint
+        self._services = services
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/v1/models", self.list_models),
+            Route("/metrics", self.metrics_page),
+            Route("/healthz", self.health),
+        ]
+
+    async def list_models(self, request: Request) -> JSONResponse:
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    {"id": spec.name, "object": "model", "created": 0, "owned_by": spec.owned_by}
+                    for spec in self._models.specs()
+                ],
+            }
+        )
+
+    async def metrics_page(self, request: Request) -> Response:
+        return Response(self._metrics.render(), media_type=METRICS_CONTENT_TYPE)
+
+    async def health(self, request: Request) -> JSONResponse:
+        """200 while the store answers, 503 (``"store": "down"``) while it does not."""
+        body: dict[str, object] = {"status": "ok", "live_sessions": self._endpoint.live_sessions}
+        persistence = self._services.persistence
+        try:
+            if persistence is None:
+                raise StoreError("the store is not open")
+            async with asyncio.timeout(HEALTH_STORE_TIMEOUT):
+                await persistence.store.ping()
+            body["store"] = "up"
+        except (StoreError, TimeoutError) as exc:
+            body.update(status="degraded", store="down", store_error=str(exc) or "timed out")
+            return JSONResponse(body, status_code=503)
+        return JSONResponse(body)
+
+
+def _lifespan(
+    config: ServerConfig,
+    services: _Services,
+    metrics: ServerMetrics,
+    background: BackgroundResponses,
+    backends: list[Backend],
+    turns: Turns,
+) -> Callable[[Starlette], contextlib.AbstractAsyncContextManager[None]]:
+    """The app's lifespan: opens the store, its write-behind queue, the
+    compaction key and the loop-lag monitor at startup; at shutdown ends what
+    still runs, drains the queue and closes the store and the backends."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        store = open_store(config.store, ttl=config.store_ttl)
+        await store.ping()  # an unreachable store stops the startup (StoreError)
+        persistence = Persistence(store, overlapped=config.switches.overlapped_post_inference)
+        persistence.start()
+        secret = configured_compaction_secret(config.compaction_key)
+        compaction_key = (
+            CompactionKey.derive(secret, lifetime=config.compaction_lifetime)
+            if secret is not None
+            else CompactionKey(
+                await stored_compaction_key(store), lifetime=config.compaction_lifetime
+            )
+        )
+        monitor = LoopLagMonitor(metrics)
+        services.open(persistence, compaction_key, monitor)
+        lag = asyncio.create_task(monitor.run(), name="loop-lag")
+        try:
+            yield
+        finally:
+            lag.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await lag
+            await background.aclose()  # what still runs ends failed, and is stored
+            await persistence.drain()  # a clean stop loses no queued write
+            await store.aclose()
+            await close_backends(backends)
+            turns.close()
+            services.close()
+
+    return lifespan
+
+
 def create_app(config: ServerConfig | None = None) -> Seam:
     """The longresponse ASGI app for ``config`` (defaults: embedded sim model, SQLite)."""
     config = config or ServerConfig()
@@ -166,65 +269,8 @@ def create_app(config: ServerConfig | None = None) -> Seam:
     chat = ChatCompletions(config, http, models, pipeline)  # POST /v1/chat/completions
     metrics.registry.register(chat.collector())
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        store = open_store(config.store, ttl=config.store_ttl)
-        await store.ping()  # an unreachable store stops the startup (StoreError)
-        persistence = Persistence(store, overlapped=config.switches.overlapped_post_inference)
-        persistence.start()
-        secret = configured_compaction_secret(config.compaction_key)
-        compaction_key = (
-            CompactionKey.derive(secret, lifetime=config.compaction_lifetime)
-            if secret is not None
-            else CompactionKey(
-                await stored_compaction_key(store), lifetime=config.compaction_lifetime
-            )
-        )
-        monitor = LoopLagMonitor(metrics)
-        services.open(persistence, compaction_key, monitor)
-        lag = asyncio.create_task(monitor.run(), name="loop-lag")
-        try:
-            yield
-        finally:
-            lag.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await lag
-            await background.aclose()  # what still runs ends failed, and is stored
-            await persistence.drain()  # a clean stop loses no queued write
-            await store.aclose()
-            await close_backends(backends)
-            turns.close()
-            services.close()
-
-    async def list_models(request: Request) -> JSONResponse:
-        return JSONResponse(
-            {
-                "object": "list",
-                "data": [
-                    {"id": spec.name, "object": "model", "created": 0, "owned_by": spec.owned_by}
-                    for spec in models.specs()
-                ],
-            }
-        )
-
-    async def metrics_page(request: Request) -> Response:
-        return Response(metrics.render(), media_type=METRICS_CONTENT_TYPE)
-
-    async def health(request: Request) -> JSONResponse:
-        """200 while the store answers, 503 (``"store": "down"``) while it does not."""
-        body: dict[str, object] = {"status": "ok", "live_sessions": endpoint.live_sessions}
-        persistence = services.persistence
-        try:
-            if persistence is None:
-                raise StoreError("the store is not open")
-            async with asyncio.timeout(HEALTH_STORE_TIMEOUT):
-                await persistence.store.ping()
-            body["store"] = "up"
-        except (StoreError, TimeoutError) as exc:
-            body.update(status="degraded", store="down", store_error=str(exc) or "timed out")
-            return JSONResponse(body, status_code=503)
-        return JSONResponse(body)
-
+    pages = _ServerPages(models, metrics, endpoint, services)
+    lifespan = _lifespan(config, services, metrics, background, backends, turns)
     app = Starlette(
         routes=[
             WebSocketRoute("/v1/responses", endpoint),
@@ -232,9 +278,7 @@ def create_app(config: ServerConfig | None = None) -> Seam:
             *InputTokens(http).routes(),
             *http.routes(),
             *chat.routes(),
-            Route("/v1/models", list_models),
-            Route("/metrics", metrics_page),
-            Route("/healthz", health),
+            *pages.routes(),
             *InspectRoutes(
                 inspector,
                 persistence=lambda: services.persistence,
