@@ -66,10 +66,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Final
 
 import msgspec
@@ -319,73 +320,18 @@ class ChatCompletions:
         return Response(_encoder.encode(turn.completion()), media_type="application/json")
 
     async def _sse(self, turn: ChatTurn, prompt: ChatPrompt, scope: Scope) -> AsyncIterator[bytes]:
-        queue: asyncio.Queue[bytes | None] = asyncio.Queue(SSE_QUEUE_DEPTH)
-        timeout = self.config.slow_reader_timeout
-        dropped = False
-
-        async def put(record: bytes) -> bool:
-            """Queue ``record``; a reader that leaves the queue full too long is dropped."""
-            nonlocal dropped
-            try:
-                async with asyncio.timeout(timeout):
-                    await queue.put(record)
-            except TimeoutError:
-                abort(scope, "slow chat stream reader")
-                dropped = True
-                return False
-            return True
-
-        async def produce() -> None:
-            nonlocal dropped
-            try:
-                try:
-                    async for chunk in turn.chunks():
-                        if not await put(b"data: " + _encoder.encode(chunk) + b"\n\n"):
-                            return
-                    await self._remember(turn, prompt)
-                except Exception as exc:  # the model failed: say so, then end the stream
-                    if isinstance(exc, UpstreamError):
-                        log_upstream_failure(exc, model=turn.model, response_id=turn.completion_id)
-                    error = _upstream(exc) if isinstance(exc, UpstreamError) else _server_error(exc)
-                    if not await put(b"data: " + _encoder.encode(error_body(error)) + b"\n\n"):
-                        return
-                if not await put(DONE_RECORD):
-                    return
-                # The whole stream is queued; its reader still has to take it in time.
-                try:
-                    async with asyncio.timeout(timeout):
-                        await queue.join()
-                except TimeoutError:
-                    abort(scope, "chat stream reader left its last records")
-                    dropped = True
-            finally:
-                with contextlib.suppress(asyncio.QueueFull):
-                    queue.put_nowait(None)
-
-        async def taken() -> bytes | None:
-            """The next record; None once the producer is done and nothing is left."""
-            if not queue.empty():
-                return queue.get_nowait()
-            getter = asyncio.ensure_future(queue.get())
-            try:
-                await asyncio.wait((getter, producer), return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                if not getter.done():
-                    getter.cancel()
-            if getter.done() and not getter.cancelled():
-                return getter.result()
-            return queue.get_nowait() if not queue.empty() else None
-
+        remember = functools.partial(self._remember, turn, prompt)
+        stream = _ChatStream(turn, scope, self.config.slow_reader_timeout, remember)
         self.running += 1
         # Owned here: cancelled with this generator when the client goes away.
-        producer = asyncio.get_running_loop().create_task(produce())
+        producer = asyncio.get_running_loop().create_task(stream.produce())
         try:
             turn_started = time.monotonic()
-            while (record := await taken()) is not None:
+            while (record := await stream.taken(producer)) is not None:
                 if peer_gone(scope):
                     return  # the client left: the finally stops the turn
                 yield record
-                queue.task_done()  # written: the producer waits for this at the end
+                stream.written()
                 if record is DONE_RECORD:
                     return
                 if time.monotonic() - turn_started >= WRITE_SLICE_SECONDS:  # others' turn
@@ -393,7 +339,7 @@ class ChatCompletions:
                     turn_started = time.monotonic()
         finally:
             self.running -= 1
-            if turn.finish_reason is None or dropped:
+            if turn.finish_reason is None or stream.dropped:
                 self.stopped += 1
             await stop_task(producer)  # its cleanup closes the engine's stream
 
@@ -488,3 +434,86 @@ class _ChatCounters(Collector):
         yield GaugeMetricFamily(
             "longresponse_chat_running", "Chat completions running now.", value=chat.running
         )
+
+
+class _ChatStream:
+    """One streamed chat completion between the engine and its reader.
+
+    :meth:`produce` (a task) queues the engine's chunks as SSE records, then
+    an error record if the model failed, then ``[DONE]``; the response's body
+    takes them (:meth:`taken`) and marks each written (:meth:`written`). A
+    reader that leaves the queue full, or its last records unread, for
+    ``timeout`` seconds is dropped (``dropped``), and the producer ends.
+    """
+
+    def __init__(
+        self,
+        turn: ChatTurn,
+        scope: Scope,
+        timeout: float,
+        remember: Callable[[], Awaitable[None]],
+    ) -> None:
+        self._turn = turn
+        self._scope = scope
+        self._timeout = timeout
+        self._remember = remember
+        self._queue: asyncio.Queue[bytes | None] = asyncio.Queue(SSE_QUEUE_DEPTH)
+        #: The reader was too slow and has been let go.
+        self.dropped = False
+
+    async def _put(self, record: bytes) -> bool:
+        """Queue ``record``; a reader that leaves the queue full too long is dropped."""
+        try:
+            async with asyncio.timeout(self._timeout):
+                await self._queue.put(record)
+        except TimeoutError:
+            abort(self._scope, "slow chat stream reader")
+            self.dropped = True
+            return False
+        return True
+
+    async def produce(self) -> None:
+        turn = self._turn
+        try:
+            try:
+                async for chunk in turn.chunks():
+                    if not await self._put(b"data: " + _encoder.encode(chunk) + b"\n\n"):
+                        return
+                await self._remember()
+            except Exception as exc:  # the model failed: say so, then end the stream
+                if isinstance(exc, UpstreamError):
+                    log_upstream_failure(exc, model=turn.model, response_id=turn.completion_id)
+                error = _upstream(exc) if isinstance(exc, UpstreamError) else _server_error(exc)
+                if not await self._put(b"data: " + _encoder.encode(error_body(error)) + b"\n\n"):
+                    return
+            if not await self._put(DONE_RECORD):
+                return
+            # The whole stream is queued; its reader still has to take it in time.
+            try:
+                async with asyncio.timeout(self._timeout):
+                    await self._queue.join()
+            except TimeoutError:
+                abort(self._scope, "chat stream reader left its last records")
+                self.dropped = True
+        finally:
+            with contextlib.suppress(asyncio.QueueFull):
+                self._queue.put_nowait(None)
+
+    async def taken(self, producer: asyncio.Task[None]) -> bytes | None:
+        """The next record; None once ``producer`` is done and nothing is left."""
+        queue = self._queue
+        if not queue.empty():
+            return queue.get_nowait()
+        getter = asyncio.ensure_future(queue.get())
+        try:
+            await asyncio.wait((getter, producer), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not getter.done():
+                getter.cancel()
+        if getter.done() and not getter.cancelled():
+            return getter.result()
+        return queue.get_nowait() if not queue.empty() else None
+
+    def written(self) -> None:
+        """The last record taken is written: the producer waits for this at the end."""
+        self._queue.task_done()
