@@ -393,7 +393,7 @@ class TurnReader:
             self.begun, exc.output_started = True, self.started
             raise
 
-    def read(self, event: _Event) -> Iterator[SampleChunk]:
+    def read(self, event: _Event) -> Iterator[SampleChunk]:  # noqa: C901 (a branch per event type)
         """The chunks of ``event`` (Usage then Stop for the terminal one).
 
         Raises :class:`UpstreamError` for ``response.failed`` and ``error``.

@@ -238,7 +238,7 @@ def _unanswered(open_calls: dict[str, str]) -> None:
 # --- items -> messages (a backend's direction) ---------------------------------
 
 
-def messages_from_items(
+def messages_from_items(  # noqa: C901 (a branch per item type)
     items: Sequence[Item], instructions: str | None = None
 ) -> list[ChatMessage]:
     """The chat messages of a context: ``instructions`` as a leading system

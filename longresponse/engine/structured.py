@@ -300,7 +300,9 @@ def check_format(text_format: TextFormat | None, limits: SchemaLimits = _DEFAULT
         _check_strict(schema, schema, "#", 0)
 
 
-def _check_strict(schema: Any, root: Mapping[str, Any], where: str, nesting: int) -> None:
+def _check_strict(  # noqa: C901 (strict mode's rules, one after another)
+    schema: Any, root: Mapping[str, Any], where: str, nesting: int
+) -> None:
     if not isinstance(schema, Mapping):
         raise _refuse(where, "strict mode needs a schema object here")
     unknown = sorted(set(schema) - STRICT_KEYWORDS)

@@ -124,25 +124,9 @@ class _Writer:
             types = ["object"] if "properties" in schema else ["string"]
         kind = "null" if depth > _DEEP and "null" in types else types[0]
         if kind == "object":
-            result: dict[str, Any] = {}
-            for key, sub in (schema.get("properties") or {}).items():
-                if not self.left:
-                    self.complete = False
-                    break
-                result[key] = self.value(sub, depth + 1)
-            return result
+            return self._object(schema, depth)
         if kind == "array":
-            low = int(schema.get("minItems", 0))
-            count = low if depth > _DEEP else max(low, 1)
-            if "maxItems" in schema:
-                count = min(count, int(schema["maxItems"]))
-            items: list[Any] = []
-            for _ in range(count):  # each item costs a token: the budget ends the loop
-                if not self.left:
-                    self.complete = False
-                    break
-                items.append(self.value(schema.get("items", {}), depth + 1))
-            return items
+            return self._array(schema, depth)
         if kind in ("integer", "number"):
             return _number(schema, integer=kind == "integer")
         if kind == "boolean":
@@ -150,6 +134,28 @@ class _Writer:
         if kind == "null":
             return None
         return self._string(schema)
+
+    def _object(self, schema: Mapping[str, Any], depth: int) -> dict[str, Any]:
+        result: dict[str, Any] = {}
+        for key, sub in (schema.get("properties") or {}).items():
+            if not self.left:
+                self.complete = False
+                break
+            result[key] = self.value(sub, depth + 1)
+        return result
+
+    def _array(self, schema: Mapping[str, Any], depth: int) -> list[Any]:
+        low = int(schema.get("minItems", 0))
+        count = low if depth > _DEEP else max(low, 1)
+        if "maxItems" in schema:
+            count = min(count, int(schema["maxItems"]))
+        items: list[Any] = []
+        for _ in range(count):  # each item costs a token: the budget ends the loop
+            if not self.left:
+                self.complete = False
+                break
+            items.append(self.value(schema.get("items", {}), depth + 1))
+        return items
 
     def _string(self, schema: Mapping[str, Any]) -> str:
         room = self.left * _CHARS_PER_TOKEN
