@@ -67,8 +67,6 @@ class Started:
     items: list[Item]
     reply: Reply
     segment: Segment | None = None
-    #: Why post-inference refused the finished turn (``"store_unavailable"``), if it did.
-    refused: str | None = None
 
 
 def resolve_model(
