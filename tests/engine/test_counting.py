@@ -15,15 +15,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from longresponse.backends.registry import ModelRegistry
-from longresponse.config import ServerConfig, SimConfig
+from longresponse.config import SimConfig
 from longresponse.engine.limits import EngineLimits
 from longresponse.engine.render import TokenCache, render_prefix, render_text, tokenize_text
 from longresponse.engine.rollout import Rollout
-from longresponse.serve.ws.session import Outbox
 from protocol import Mode
 from protocol.events import ResponseCreate, ResponseDone
 from protocol.items import FunctionCallOutput, Item, Message
 from tests.engine.test_engine import done_events
+from tests.support.memory_sink import MemorySink
 
 _texts = st.text(st.characters(codec="utf-8"), max_size=400)
 _items = st.lists(
@@ -81,17 +81,17 @@ def _run(sim: SimConfig, text: str) -> tuple[Rollout, list[ResponseDone]]:
     """One create of ``text`` on a sim model configured by ``sim``, to its end."""
 
     async def scenario() -> tuple[Rollout, list[ResponseDone]]:
-        outbox = Outbox(ServerConfig(), Mode.APPEND)
+        sink = MemorySink(Mode.APPEND)
         model = ModelRegistry(sim).resolve("sim")
         rollout = Rollout(
             request=ResponseCreate(model="sim", input=text),
             model=model,
             limits=EngineLimits(pause_timeout=60),
         )
-        reply = rollout.open_reply("resp_count", outbox, mode=Mode.APPEND)
+        reply = rollout.open_reply("resp_count", sink, mode=Mode.APPEND)
         reply.announce_created()
         await rollout.run()
-        return rollout, await done_events(outbox)
+        return rollout, done_events(sink)
 
     return asyncio.run(scenario())
 
@@ -143,13 +143,13 @@ def test_near_the_window_the_count_comes_first() -> None:
 
 def test_a_turn_cut_off_before_its_first_output_still_counts_its_input() -> None:
     async def scenario() -> Rollout:
-        outbox = Outbox(ServerConfig(), Mode.APPEND)
+        sink = MemorySink(Mode.APPEND)
         model = ModelRegistry().resolve("sim")
         request = ResponseCreate(
             model="sim", input=_big(500), metadata={"sim_ttft_ms": "60000"}
         )  # the first token is a minute away
         rollout = Rollout(request=request, model=model, limits=EngineLimits(pause_timeout=60))
-        rollout.open_reply("resp_cut", outbox, mode=Mode.APPEND).announce_created()
+        rollout.open_reply("resp_cut", sink, mode=Mode.APPEND).announce_created()
         rollout.task = asyncio.get_running_loop().create_task(rollout.run())
         for _ in range(100):
             await asyncio.sleep(0)
@@ -172,11 +172,11 @@ def test_a_turn_cut_off_before_its_first_output_still_counts_its_input() -> None
 
 def test_new_tokens_are_counted_when_a_reader_tokenized_the_cache_first() -> None:
     async def scenario() -> Rollout:
-        outbox = Outbox(ServerConfig(), Mode.APPEND)
+        sink = MemorySink(Mode.APPEND)
         model = ModelRegistry().resolve("sim")
         request = ResponseCreate(model="sim", input=_big(500), metadata={"sim_ttft_ms": "100"})
         rollout = Rollout(request=request, model=model, limits=EngineLimits(pause_timeout=60))
-        rollout.open_reply("resp_read", outbox, mode=Mode.APPEND).announce_created()
+        rollout.open_reply("resp_read", sink, mode=Mode.APPEND).announce_created()
         task = asyncio.get_running_loop().create_task(rollout.run())
         for _ in range(100):
             await asyncio.sleep(0)

@@ -1,4 +1,5 @@
-"""The engine driven directly: a Rollout on the simulated model, writing into a real Outbox.
+"""The engine driven directly: a Rollout on the simulated model, writing into a
+:class:`~tests.support.memory_sink.MemorySink` (no socket, no serve layer).
 
 These cover timings a socket can hardly produce on demand: a cancel that
 arrives while the rollout's post-inference is under way.
@@ -7,47 +8,31 @@ arrives while the rollout's post-inference is under way.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from typing import Any
 
 from longresponse.backends.registry import ModelRegistry
-from longresponse.config import ServerConfig
 from longresponse.engine.limits import EngineLimits
 from longresponse.engine.rollout import Rollout
-from longresponse.engine.stream import ServerClosed
-from longresponse.serve.ws.session import Outbox
-from protocol import Mode, ResponseState, decode_server_event
+from protocol import Mode, ResponseState
 from protocol.events import ResponseCreate, ResponseDone
 from protocol.response import Response
+from tests.support.memory_sink import MemorySink
 
 
-async def done_events(outbox: Outbox) -> list[ResponseDone]:
-    """The ``response.done`` events queued in ``outbox``: its writer drains it, then closes."""
-    sent = []
-
-    async def send(message: dict[str, Any]) -> None:
-        if message["type"] == "websocket.send":
-            event = decode_server_event(message["text"])
-            if isinstance(event, ResponseDone):
-                sent.append(event)
-
-    outbox.close(1000, "the test is over")
-    with contextlib.suppress(ServerClosed):
-        await outbox.write_to(send)
-    assert not len(outbox)
-    return sent
+def done_events(sink: MemorySink) -> list[ResponseDone]:
+    """The ``response.done`` events the rollout sent."""
+    return [event for event in sink.events if isinstance(event, ResponseDone)]
 
 
 def test_a_cancel_during_post_inference_comes_too_late() -> None:
     async def scenario() -> tuple[list[Response], list[ResponseDone]]:
-        outbox = Outbox(ServerConfig(), Mode.APPEND)
+        sink = MemorySink(Mode.APPEND)
         model = ModelRegistry().resolve("sim")
         rollout = Rollout(
             request=ResponseCreate(model="sim", input="hello"),
             model=model,
             limits=EngineLimits(pause_timeout=60),
         )
-        reply = rollout.open_reply("resp_engine", outbox, mode=Mode.APPEND)
+        reply = rollout.open_reply("resp_engine", sink, mode=Mode.APPEND)
         billing_started = asyncio.Event()
         release = asyncio.Event()
         billed: list[Response] = []
@@ -65,7 +50,7 @@ def test_a_cancel_during_post_inference_comes_too_late() -> None:
         rollout.request_cancel()  # too late: the answer is complete
         release.set()
         await rollout.task
-        return billed, await done_events(outbox)
+        return billed, done_events(sink)
 
     billed, done = asyncio.run(scenario())
     assert [r.status for r in billed] == ["completed"]
@@ -74,20 +59,20 @@ def test_a_cancel_during_post_inference_comes_too_late() -> None:
 
 def test_a_rollout_cut_off_ends_cancelled_for_its_bill() -> None:
     async def scenario() -> ResponseState:
-        outbox = Outbox(ServerConfig(), Mode.APPEND)
+        sink = MemorySink(Mode.APPEND)
         model = ModelRegistry().resolve("sim")
         request = ResponseCreate(
             model="sim", input="hello", metadata={"sim_output_tokens": "100000"}
         )
         rollout = Rollout(request=request, model=model, limits=EngineLimits(pause_timeout=60))
-        reply = rollout.open_reply("resp_cut", outbox, mode=Mode.APPEND)
+        reply = rollout.open_reply("resp_cut", sink, mode=Mode.APPEND)
         reply.announce_created()
         rollout.task = asyncio.get_running_loop().create_task(rollout.run())
         for _ in range(1000):  # let it stream some events (it yields per chunk)
-            if len(outbox) >= 10:
+            if len(sink.events) >= 10:
                 break
             await asyncio.sleep(0)
-        assert len(outbox) >= 10
+        assert len(sink.events) >= 10
         rollout.task.cancel()  # the connection is gone
         try:
             await rollout.task
