@@ -8,6 +8,7 @@ still look at the app's state (live sessions) to check cleanup.
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -66,7 +67,7 @@ class RunningServer:
         if wait:
             self.thread.join(timeout=10)
         else:
-            STOPPING.append(self)
+            STOPPING.append(self.thread)  # the thread alone: the app can be freed
 
     @property
     def port(self) -> int:
@@ -141,17 +142,18 @@ def make_server(tmp_path: Any, served_process: None) -> Iterator[Callable[..., R
         running.stop(wait=False)
 
 
-#: Servers asked to exit and not yet joined (:meth:`RunningServer.stop`).
-STOPPING: list[RunningServer] = []
+#: The threads of servers asked to exit and not yet joined (:meth:`RunningServer.stop`).
+STOPPING: list[threading.Thread] = []
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _join_stopped_servers() -> Iterator[None]:
     yield
-    while STOPPING:
-        running = STOPPING.pop()
-        running.thread.join(timeout=10)
-        assert not running.thread.is_alive(), "a test server did not exit"
+    for thread in STOPPING:
+        thread.join(timeout=10)
+    stuck = [thread.name for thread in STOPPING if thread.is_alive()]
+    STOPPING.clear()
+    assert not stuck, f"test servers that did not exit: {stuck}"
 
 
 @pytest.fixture(autouse=True)

@@ -42,6 +42,19 @@ def test_a_run_without_the_engine_says_what_is_missing_in_one_line(tmp_path: Pat
     assert "failed" not in done.stdout
 
 
+def test_on_xdist_workers_each_test_of_the_tier_fails_with_the_line(tmp_path: Path) -> None:
+    done = run_pytest(
+        "tests/llama/test_docs_commands.py",
+        "-n",
+        "2",
+        env={"LONGRESPONSE_ENGINE_CACHE": str(tmp_path)},
+    )
+    assert done.returncode == pytest.ExitCode.TESTS_FAILED, done.stdout + done.stderr
+    assert "3 errors" in done.stdout  # each fails at its setup, none runs
+    said = "the engine (llama-server, SmolLM2); make engine installs"
+    assert done.stdout.count(said) == 3
+
+
 def test_deselecting_the_tier_runs_the_rest(tmp_path: Path) -> None:
     done = run_pytest(
         "tests/llama/test_docs_commands.py",

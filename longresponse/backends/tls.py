@@ -7,6 +7,10 @@ twice per backend. An :class:`ssl.SSLContext` holds settings and the trust
 store, no connection's state, and is safe to share between clients and
 connections: it is built once, on first use, as httpx builds its default
 (``SSL_CERT_FILE`` and ``SSL_CERT_DIR`` are read then).
+
+It is for clients that speak HTTP/1.1 and present no certificate of their
+own: a client that needs HTTP/2 or a client certificate would change the
+context for every backend (``load_cert_chain``, ALPN), so it makes its own.
 """
 
 from __future__ import annotations

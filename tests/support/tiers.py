@@ -11,8 +11,9 @@ test that asks for ``redis_url`` needs redis-server, wherever it lives) or
 from its module's ``pytestmark``. Before anything runs,
 :func:`pytest_collection_finish` checks that what the selected tests need is
 there, and otherwise ends the run with one line naming what is missing and
-the command that installs it: the tests themselves still fail, never skip,
-when a part goes missing under them.
+the command that installs it (under pytest-xdist a worker cannot end the
+run, so each test of such a tier fails with that line instead): the tests
+themselves still fail, never skip, when a part goes missing under them.
 """
 
 from __future__ import annotations
@@ -95,25 +96,45 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.xdist_group("engine"))
 
 
-def missing(items: list[pytest.Item]) -> list[tuple[str, str]]:
-    """What the selected ``items`` need and this machine lacks: (part, command)."""
+def lacking(items: list[pytest.Item]) -> dict[str, list[tuple[str, str]]]:
+    """Each tier the selected ``items`` need whose part this machine lacks:
+    tier -> [(part, the command that installs it)]."""
     tiers = {mark.name for item in items for mark in item.iter_markers() if mark.name in NEEDS}
-    return [
-        (part, command)
+    found = {
+        tier: [(part, command) for part, present, command in NEEDS[tier] if not present()]
         for tier in sorted(tiers)
-        for part, present, command in NEEDS[tier]
-        if not present()
-    ]
+    }
+    return {tier: parts for tier, parts in found.items() if parts}
+
+
+def _said(lacking: list[tuple[str, str]]) -> str:
+    parts = ", ".join(part for part, _ in lacking)
+    commands = " and ".join(dict.fromkeys(command for _, command in lacking))
+    return (
+        f"missing for the selected tests: {parts}; {commands} installs "
+        "(make test does all), or run only the fast tier: make test-fast"
+    )
+
+
+#: Under pytest-xdist, what this worker's tests lack (a worker cannot end the
+#: run: its output is not shown, and the controller collects nothing itself).
+_LACKING: dict[str, str] = {}
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    if session.config.option.collectonly:
+    if session.config.option.collectonly or not (missing := lacking(session.items)):
         return
-    if lacking := missing(session.items):
-        parts = ", ".join(part for part, _ in lacking)
-        commands = " and ".join(dict.fromkeys(command for _, command in lacking))
-        pytest.exit(
-            f"missing for the selected tests: {parts}; {commands} installs "
-            "(make test does all), or run only the fast tier: make test-fast",
-            returncode=pytest.ExitCode.USAGE_ERROR,
-        )
+    if hasattr(session.config, "workerinput"):
+        _LACKING.update((tier, _said(parts)) for tier, parts in missing.items())
+        return
+    pytest.exit(
+        _said([part for parts in missing.values() for part in parts]),
+        returncode=pytest.ExitCode.USAGE_ERROR,
+    )
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """On an xdist worker, each test of a tier whose part is missing fails with the line."""
+    for mark in item.iter_markers():
+        if said := _LACKING.get(mark.name):
+            pytest.fail(said, pytrace=False)
