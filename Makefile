@@ -74,7 +74,7 @@ test: lint test-services
 # (tests/support/tiers.py names the tiers it leaves out).
 FAST := not (engine or npm or browser or services or slow)
 test-fast: $(VENV)/.installed-test
-	$(BIN)/python -m pytest -q -m "$(FAST)"
+	$(BIN)/python -m pytest -q -n $(WORKERS) -m "$(FAST)"
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache tests/clients/node_modules
