@@ -20,7 +20,7 @@ from typing import Any, Final
 
 from protocol import MAX_ITEMS_PER_EVENT, MAX_MESSAGE_BYTES
 
-from .backends.kinds import KINDS
+from .backend_kinds import KINDS
 
 __all__ = [
     "BACKGROUND_ENDINGS_BYTES",
@@ -272,7 +272,7 @@ class BackendConfig:
 
     #: The model name clients ask for (and ``GET /v1/models`` lists).
     name: str
-    #: One of ``longresponse.backends.kinds.KINDS``.
+    #: One of ``longresponse.backend_kinds.KINDS``.
     kind: str
     #: The engine's API root, e.g. ``http://127.0.0.1:8000/v1``.
     base_url: str

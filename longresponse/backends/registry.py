@@ -21,9 +21,9 @@ from typing import Any, Protocol
 
 from protocol import ErrorCode, RemoteProtocolError
 
+from ..backend_kinds import KINDS
 from ..config import BackendConfig, SimConfig
 from ..engine.sampling import ModelSpec, Sampler
-from .kinds import KINDS
 from .settings import SettingsError
 from .sim.sampler import sim_spec
 

@@ -41,10 +41,10 @@ from collections.abc import Mapping
 from typing import Any, Final
 from urllib.parse import urlsplit, urlunsplit
 
+from ..backend_kinds import KINDS
 from ..config import BY_NAME, SETTINGS, BackendConfig, ranged
 from ..settings import SettingsError, read_toml
 from ..settings import add_arguments as add_setting_arguments
-from .kinds import KINDS
 
 __all__ = [
     "ENV",

@@ -54,7 +54,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
-from ..backends.kinds import KINDS
+from ..backend_kinds import KINDS
 
 __all__ = [
     "ABLATED",

@@ -3,9 +3,11 @@
 ``chat`` (an engine's Chat Completions API), ``responses`` (a Responses API
 over HTTP, SSE) and ``responses-ws`` (its WebSocket mode). A new kind is named
 here and nowhere else: the registry opens a backend by its kind's entry
-(``registry.py``, importing the class only when a model of that kind is
-configured), and the settings offer and check the kinds listed here
-(``settings.py``). The module imports nothing, so both can read it.
+(``backends/registry.py``, importing the class only when a model of that kind
+is configured), and the settings offer and check the kinds listed here
+(``config.py``, ``backends/settings.py``). The module imports nothing and
+stands below both, so the settings read it without an import up into the
+backends.
 """
 
 from __future__ import annotations
