@@ -95,6 +95,7 @@ def test_unguarded_parsing_in_two_threads_corrupts_the_shared_state() -> None:
     assert "AST constructor recursion depth mismatch" in done.stdout, done.stdout
 
 
+@pytest.mark.slow  # races two threads for a second
 @pytest.mark.usefixtures("eager_switching")
 def test_guarded_parsing_in_two_threads_never_fails() -> None:
     errors, parsed = race(ast.parse)

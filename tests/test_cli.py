@@ -33,6 +33,7 @@ def test_help_documents_every_flag() -> None:
         assert action.help, action
 
 
+@pytest.mark.slow  # a server process
 async def test_server_process_serves_a_rollout(server_process: ServerProcess) -> None:
     async with connect(server_process.url) as client:
         await client.create(model="sim", input="hello from a real process")
@@ -85,6 +86,7 @@ def test_a_bench_command_without_the_extra_names_it_in_one_line(
     assert lines[0].startswith(f"longresponse {command}: ")
 
 
+@pytest.mark.slow  # a server process
 def test_the_server_serves_without_the_bench_extra(
     without_bench_extra: dict[str, str], tmp_path: Any
 ) -> None:

@@ -7,9 +7,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow  # the example as a process, with real tools
 def test_agent_loop_example_runs_real_tools(server: Any) -> None:
     result = subprocess.run(
         [

@@ -258,6 +258,7 @@ def test_a_bad_variable_is_refused_naming_it(
     assert str(refused.value).startswith(message)
 
 
+@pytest.mark.slow  # server processes that refuse to start
 def test_serve_exits_2_on_an_out_of_range_variable_as_on_the_flag() -> None:
     by_variable = subprocess.run(
         [sys.executable, "-m", "longresponse", "serve"],
@@ -326,6 +327,7 @@ def served_by_environment(tmp_path: Path) -> Iterator[int]:
         stop_process(process, signal.SIGINT, STOP_TIMEOUT)
 
 
+@pytest.mark.slow  # a server process
 def test_a_server_takes_its_settings_from_the_environment(served_by_environment: int) -> None:
     base = f"http://127.0.0.1:{served_by_environment}"
     with httpx.Client(base_url=base, timeout=30) as http:

@@ -78,6 +78,7 @@ def chain(client: Any, turns: int, **extra: Any) -> str:
     return str(first.id)
 
 
+@pytest.mark.slow  # six stored HTTP turns through a stand-in engine
 def test_an_http_chain_keeps_one_key_for_its_whole_life(make_server: Any, engine: StandIn) -> None:
     """Every request of a stored HTTP chain is hydrated in a new rollout; each
     still carries the key of the chain's first response, and another chain

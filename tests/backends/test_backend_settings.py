@@ -145,6 +145,7 @@ def test_a_missing_key_names_the_variable_never_a_value() -> None:
         open_backends([BackendConfig(name="m", kind="smoke-signals", base_url="http://h")])
 
 
+@pytest.mark.slow  # server processes that refuse to start
 def test_serve_refuses_a_bad_configuration_with_exit_2(tmp_path: Path) -> None:
     bad = write(tmp_path, '[models.m]\nkind = "chat"\nbase_url = "http://h/v1"\ntimeout = 1\n')
     for argv, message in [

@@ -44,6 +44,7 @@ async def test_echo_streams_the_frame_count_times(echo: EchoProcess) -> None:
     assert conn.closed
 
 
+@pytest.mark.slow  # a whole (tiny) benchmark
 def test_throughput_tiny(tmp_path: Path) -> None:
     args = build_parser().parse_args(
         ["bench-throughput", "--output-tokens", "3000", "--repeats", "2", "--out", str(tmp_path)]
@@ -81,6 +82,7 @@ def test_throughput_refuses_an_unknown_shape(capsys: pytest.CaptureFixture[str])
     assert "--shapes" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # a whole (tiny) benchmark
 def test_scale_tiny(tmp_path: Path) -> None:
     args = build_parser().parse_args(
         ["bench-scale", "--connections", "20", "--batch", "8", "--out", str(tmp_path)]

@@ -305,6 +305,7 @@ def cached_tokens(completion: Any) -> int:
 # --- slow readers -----------------------------------------------------------------
 
 
+@pytest.mark.slow  # waits out the slow-reader timeout
 def test_a_stalled_reader_of_a_stream_that_fits_the_queue_is_dropped(
     make_server: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -280,6 +280,7 @@ def test_sealing_is_authenticated_and_bound_to_the_owner() -> None:
         CompactionKey.derive("")
 
 
+@pytest.mark.slow  # two server processes, one after the other
 def test_two_processes_on_one_sqlite_store_share_the_key_across_restarts(tmp_path: Any) -> None:
     store = f"sqlite:///{tmp_path}/shared.db"
     with ServerProcess("--store", store) as first, ServerProcess("--store", store) as second:

@@ -201,6 +201,7 @@ def test_the_caps_apply_over_http_too(make_server: Any) -> None:
     assert len(records) <= 30 + 4
 
 
+@pytest.mark.slow  # streams 30,000 tokens
 async def test_a_long_answer_counts_its_tokens_exactly(server: Any) -> None:
     """The padding streams word by word; its usage is the whole text's tokens."""
     from longresponse.engine.render import encode

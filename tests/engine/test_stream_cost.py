@@ -6,9 +6,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from tests.support.paths import ROOT
 
 
+@pytest.mark.slow  # runs the script as a process
 def test_the_stream_cost_script_streams_a_delta_a_token() -> None:
     counted = {}
     for tokens in (100, 300):

@@ -31,6 +31,7 @@ def only_call(response: Any) -> Any:
     return call
 
 
+@pytest.mark.slow  # waits out a listing timeout
 @pytest.mark.parametrize("which", ["down", "garbage", "hanging"])
 def test_a_server_that_cannot_list_fails_the_listing(
     hosted_server: RunningServer, mcp_server: LoopbackMcp, which: str
@@ -78,6 +79,7 @@ def test_a_tool_error_is_the_calls_error(
     assert call.status == "failed"
 
 
+@pytest.mark.slow  # waits out an MCP timeout
 def test_a_hanging_call_times_out(hosted_server: RunningServer, mcp_server: LoopbackMcp) -> None:
     call = call_of(hosted_server, mcp_server.sse_url, "slow")
     assert call.error.type == "http_error"
@@ -120,6 +122,7 @@ def test_listing_size_and_calls_per_response(make_server: Any, mcp_server: Loopb
     assert response.status == "completed"
 
 
+@pytest.mark.slow  # waits out an MCP timeout
 def test_a_hanging_call_stalls_no_one_else(make_server: Any, mcp_server: LoopbackMcp) -> None:
     import dataclasses
 

@@ -13,6 +13,7 @@ import socket
 import time
 from typing import Any
 
+import pytest
 import trio
 import wsproto
 import wsproto.events as ws
@@ -33,8 +34,11 @@ def turn(conn: Any) -> list[Any]:
             return events
 
 
-def drain(sock: socket.socket, conn: wsproto.WSConnection, seconds: float) -> tuple[list[Any], Any]:
-    """Read frames until the socket closes or ``seconds`` pass; return (events, close)."""
+def drain(
+    sock: socket.socket, conn: wsproto.WSConnection, seconds: float, *, pauses: bool = False
+) -> tuple[list[Any], Any]:
+    """Read frames until the socket closes, a response ends (or, with
+    ``pauses``, waits for tool output) or ``seconds`` pass; return (events, close)."""
     events: list[Any] = []
     close: Any = None
     sock.settimeout(0.5)
@@ -64,6 +68,7 @@ def drain(sock: socket.socket, conn: wsproto.WSConnection, seconds: float) -> tu
             and events[-1].get("type") == "response.done"
             and events[-1]["response"]["status"]
             in {"cancelled", "completed", "failed", "incomplete"}
+            | ({"requires_action"} if pauses else set())
         ):
             break
     return events, close
@@ -189,6 +194,7 @@ async def test_cancel_while_blocked_on_a_full_outbox(make_server: Any) -> None:
 # --- 3. error replies are not bounded by send_queue_depth ------------------
 
 
+@pytest.mark.slow  # floods a stuck socket for seconds
 async def test_error_replies_grow_the_outbox_without_bound(make_server: Any) -> None:
     """Session._emit_error appends past send_queue_depth ("the reader is what
     limits client messages"), but a client that writes and never reads is
@@ -273,7 +279,7 @@ async def test_cancel_without_id_right_after_create_targets_the_new_rollout(
         sock.sendall(conn.send(ws.TextMessage(json.dumps(first))))
         events, _ = [], None
         while not events or events[-1].get("type") != "response.done":
-            got, _ = drain(sock, conn, seconds=2)
+            got, _ = drain(sock, conn, seconds=2, pauses=True)
             events.extend(got)
         r1 = events[-1]["response"]["id"]
         assert events[-1]["response"]["status"] == "requires_action"

@@ -81,19 +81,17 @@ def test_official_sdk_sees_the_envelope(server: Any) -> None:
 
 def test_keys_are_checked_before_routing_answers(make_server: Any) -> None:
     keyed = make_server(api_keys=("right",))
-    base = keyed.http_url
-    for method, path in KNOWN:
-        for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": "right"}):
-            reply = httpx.request(method, f"{base}{path}", headers=headers, timeout=10)
-            envelope(reply, 401, "invalid_api_key")
-    # An unknown route is 404 whatever the key; a wrong method needs the key first.
-    envelope(httpx.get(f"{base}/v1/nope", timeout=10), 404, "unknown_url")
-    envelope(httpx.delete(f"{base}/v1/models", timeout=10), 401, "invalid_api_key")
-    right = {"authorization": "Bearer right"}
-    envelope(httpx.delete(f"{base}/v1/models", headers=right, timeout=10), 405,
-             "method_not_allowed")  # fmt: skip
-    assert httpx.get(f"{base}/v1/models", headers=right, timeout=10).status_code == 200
-    assert httpx.get(f"{base}/healthz", headers=right, timeout=10).json()["status"] == "ok"
+    with httpx.Client(base_url=keyed.http_url, timeout=10) as http:
+        for method, path in KNOWN:
+            for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": "right"}):
+                envelope(http.request(method, path, headers=headers), 401, "invalid_api_key")
+        # An unknown route is 404 whatever the key; a wrong method needs the key first.
+        envelope(http.get("/v1/nope"), 404, "unknown_url")
+        envelope(http.delete("/v1/models"), 401, "invalid_api_key")
+        right = {"authorization": "Bearer right"}
+        envelope(http.delete("/v1/models", headers=right), 405, "method_not_allowed")
+        assert http.get("/v1/models", headers=right).status_code == 200
+        assert http.get("/healthz", headers=right).json()["status"] == "ok"
     with pytest.raises(openai.AuthenticationError):
         openai_client(keyed, "wrong").models.list()
     assert [m.id for m in openai_client(keyed, "right").models.list()] == ["sim", "sim-alt"]

@@ -2,8 +2,9 @@
 
 ``engine`` (the real llama-server and its model), ``npm`` (the Node clients),
 ``browser`` (Debian's chromium and chromedriver), ``services`` (redis-server,
-nginx) and ``slow`` (kill -9 cycles, soaks, whole benchmarks: correct, but
-more than the fast tier's minute allows). ``make test`` runs every tier;
+nginx) and ``slow`` (server processes, kill -9 cycles, waits that run a
+timeout out, whole benchmarks: correct, but more than the fast tier's minute
+allows; each such test says why beside its marker). ``make test`` runs every tier;
 ``make test-fast`` deselects all five.
 
 A test gets a marker from the fixtures it uses (:data:`BY_FIXTURE`: every
@@ -35,7 +36,7 @@ MARKERS: Final = {
     "npm": "needs the Node clients from npm: Codex, the TypeScript SDK (make node-clients)",
     "browser": "needs Debian's chromium and chromedriver (make test-services)",
     "services": "needs redis-server or nginx (make test-services)",
-    "slow": "correct but too long for the fast tier: crash cycles, soaks, benchmarks",
+    "slow": "correct but too long for the fast tier: processes, timeouts run out, benchmarks",
     "serial": "measures another client's delay: runs alone, after the parallel part of make test",
 }
 

@@ -361,6 +361,7 @@ def test_the_maximum_duration_ends_a_response_incomplete(make_server: Any) -> No
     assert short.app.parts.background.running == 0
 
 
+@pytest.mark.slow  # waits out the slow-reader timeout
 def test_a_follower_that_never_reads_is_cut_off(
     make_server: Any, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.support.http_clients import unread_request
 from tests.support.waiting import wait_for
@@ -64,6 +65,7 @@ def test_a_feed_ends_after_its_lifetime(make_server: Any) -> None:
     wait_for(lambda: watchers(server) == 0, "no feed")
 
 
+@pytest.mark.slow  # waits out the slow-reader timeout
 def test_a_feed_that_is_never_read_is_cut_off(make_server: Any) -> None:
     server = make_server(api_keys=("key-a",), slow_reader_timeout=0.3, inspector_watchers=1)
     client = httpx.Client(

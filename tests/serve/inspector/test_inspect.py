@@ -522,6 +522,7 @@ def test_a_watcher_that_falls_behind_is_told_and_dropped() -> None:
     assert [d for _, d in drained[:-1]] == [{"n": 1}, {"n": 2}]
 
 
+@pytest.mark.slow  # a server process's graceful shutdown
 def test_an_open_feed_does_not_hold_up_a_graceful_shutdown() -> None:
     """SIGTERM with a feed open: the feed ends and the process exits well within
     the drain timeout (a feed is not a turn to wait for)."""
@@ -619,6 +620,7 @@ def test_an_http_chain_is_one_rollout_and_a_fork_opens_another(make_server: Any)
     assert forked["parent"] == first["id"]
 
 
+@pytest.mark.slow  # a server process, its log read back
 def test_a_key_in_the_address_never_reaches_the_access_log() -> None:
     # The page carries its key as ?key= (a browser cannot set a header on a page
     # load or an EventSource), and uvicorn's access log prints the query: a real

@@ -207,6 +207,7 @@ def test_input_a_response_cannot_take_is_a_request_error(beta: Any) -> None:
     assert until(beta, *TERMINAL)[-1].type == "response.completed"
 
 
+@pytest.mark.slow  # a two-second stream at 60 tokens/s
 def test_a_response_created_without_multi_agent_takes_no_injected_input(beta: Any) -> None:
     beta.response.create(
         model="sim",
@@ -223,6 +224,7 @@ def test_a_response_created_without_multi_agent_takes_no_injected_input(beta: An
     assert until(beta, *TERMINAL)[-1].type == "response.completed"
 
 
+@pytest.mark.slow  # waits out the pause timeout
 def test_a_multi_agent_response_whose_outputs_never_come_ends_incomplete(
     make_server: Any,
 ) -> None:

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -509,9 +510,11 @@ def fuzz(machine: Callable[[RunningServer], SocketFuzz], make_server: Any) -> No
     assert healthy(server)
 
 
+@pytest.mark.slow  # hypothesis's examples, each over a real socket
 def test_append_mode_over_a_real_socket(make_server: Any) -> None:
     fuzz(AppendFuzz, make_server)
 
 
+@pytest.mark.slow  # hypothesis's examples, each over a real socket
 def test_shipped_shape_over_a_real_socket(make_server: Any) -> None:
     fuzz(ShippedFuzz, make_server)
