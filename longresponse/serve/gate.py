@@ -265,4 +265,7 @@ def owner_of(scope: Scope, keys: ApiKeys) -> str:
     or, for a request that did not pass the gate, found now. Raises
     :class:`Unauthorized` without a valid key."""
     owner = scope.get(OWNER_KEY)
-    return owner if isinstance(owner, str) else keys.owner(authorization(scope))
+    if isinstance(owner, str):
+        return owner
+    written = authorization(scope)
+    return keys.owner(written)
