@@ -19,6 +19,7 @@ from longresponse.config import ServerConfig
 from longresponse.serve.app import create_app
 from longresponse.serve.collector import set_switch_interval
 from longresponse.serve.ws.oversize import LingeringWSProtocol
+from longresponse.serve.ws.session import Session
 from longresponse.server_process import ServerProcess
 from tests.support import ast_guard
 from tests.support.http_clients import OPEN_CLIENTS, SHARED_CLIENTS
@@ -38,7 +39,10 @@ class RunningServer:
         self.config = config
         #: the run's one server (the ``server`` fixture), which tests share
         self.shared = shared
-        self.app = create_app(config)
+        #: The WebSocket session opened last (kept here, for tests that look
+        #: at a connection's state after it closed; the server keeps none).
+        self.last_session: Session | None = None
+        self.app = create_app(config, on_session=self._opened)
         self.server = uvicorn.Server(
             uvicorn.Config(
                 self.app,
@@ -51,6 +55,9 @@ class RunningServer:
                 log_level="warning",
             )
         )
+
+    def _opened(self, session: Session) -> None:
+        self.last_session = session
 
     def start(self) -> RunningServer:
         self.thread = start_in_thread(self.server, "the test server")

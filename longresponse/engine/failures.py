@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import TypeVar
 
 import msgspec
 
@@ -78,6 +79,9 @@ def cut_to_window(
     return prefix, items_to_drop(len(prefix), lengths, window)
 
 
+_E = TypeVar("_E", bound=BaseException)
+
+
 def failure(exc: Exception, response_id: str) -> ResponseError:
     """The ``error`` of a response that failed while running."""
     if isinstance(exc, ContextLengthExceeded):
@@ -88,6 +92,22 @@ def failure(exc: Exception, response_id: str) -> ResponseError:
         return ResponseError(code=exc.code, message=exc.message)
     log.exception("response %s failed", response_id, exc_info=exc)
     return ResponseError(code="server_error", message="The model failed.")
+
+
+def untraced(exc: _E) -> _E:
+    """``exc`` and the exceptions it was raised from or during, their
+    tracebacks dropped, once the failure is logged and answered: a traceback
+    holds the frames that raised it, and a frame whose ``self`` keeps the
+    exception (a segment's failure, read later by its transport) makes a
+    cycle that only a full collection frees, with every token array the
+    frames held (issue 28: +13 MiB kept per refused 8 MB create)."""
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        link.__traceback__ = None
+        link = link.__cause__ or link.__context__
+    return exc
 
 
 def kept(produced: list[Item]) -> list[Item]:

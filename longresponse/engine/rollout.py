@@ -251,8 +251,17 @@ class Rollout:
             self.on_terminal = on_terminal
 
     def adopt(self, task: asyncio.Task[None]) -> None:
-        """``task`` runs :meth:`run` (the session owns it); a cancel reaches it."""
+        """``task`` runs :meth:`run` (the session owns it); a cancel reaches it.
+
+        Forgotten once done: a cancelled task keeps its ``CancelledError``,
+        whose traceback holds the frames that ran this rollout, a cycle that
+        only a full collection would free, with the rollout's input."""
         self.task = task
+        task.add_done_callback(self._forget_task)
+
+    def _forget_task(self, task: asyncio.Task[None]) -> None:
+        if self.task is task:
+            self.task = None
 
     def _current(self) -> Reply:
         if self.reply is None:  # pragma: no cover - a serve-layer bug
@@ -506,8 +515,9 @@ class Rollout:
                 ResponseState.INCOMPLETE if reply.incomplete_reason else ResponseState.COMPLETED
             )
         except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if self._cancel_requested and task is not None and task.uncancel() == 0:
+            # No local names the task: a cancelled task keeps its error, whose
+            # traceback holds this frame, and the frame would hold the task.
+            if self._cancel_requested and _uncancelled():
                 # Our own client asked (response.cancel): what the turn streamed
                 # stays in the Response, its open item cut short, and is billed.
                 await self.cut_short(reply, None)
@@ -843,3 +853,10 @@ class Rollout:
         if self.on_timing is not None:
             self.on_timing(self.timings[-1])
         await self._current().send_timing(self.timings[-1].as_metrics())
+
+
+def _uncancelled() -> bool:
+    """Whether the current task, asked to stop by its own rollout, has no
+    other cancellation pending once that one is taken back."""
+    task = asyncio.current_task()
+    return task is not None and task.uncancel() == 0

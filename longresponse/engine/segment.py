@@ -46,7 +46,7 @@ from protocol.items import Item
 from protocol.response import Response
 
 from .boundary import Boundary
-from .failures import failure
+from .failures import failure, untraced
 from .reply import Reply
 from .rollout import Rollout
 from .sampling import ModelSpec
@@ -150,8 +150,8 @@ class Segment:
             raise
         except Exception as exc:
             failed = True
-            self.exception = exc
-            reply.fail(failure(exc, self.id))
+            reply.fail(failure(exc, self.id))  # logged there, traceback and all
+            self.exception = untraced(exc)
             with contextlib.suppress(Exception):
                 await reply.announce(ResponseFailed, ResponseState.FAILED)
             return None

@@ -63,7 +63,7 @@ from .metrics import LoopLagMonitor, ServerMetrics
 from .request_ids import RequestIds
 from .seam import Seam
 from .turns import Turns
-from .ws.session import ResponsesEndpoint
+from .ws.session import ResponsesEndpoint, Session
 
 __all__ = ["HEALTH_STORE_TIMEOUT", "ResponsesEndpoint", "ServerParts", "create_app"]
 
@@ -226,8 +226,13 @@ def _lifespan(
     return lifespan
 
 
-def create_app(config: ServerConfig | None = None) -> Seam:
-    """The longresponse ASGI app for ``config`` (defaults: embedded sim model, SQLite)."""
+def create_app(
+    config: ServerConfig | None = None, *, on_session: Callable[[Session], object] | None = None
+) -> Seam:
+    """The longresponse ASGI app for ``config`` (defaults: embedded sim model, SQLite).
+
+    ``on_session`` is told of each WebSocket session as it opens (a test's
+    view of a connection's state; the server itself keeps no closed one)."""
     config = config or ServerConfig()
     encode("")  # load the tokenizer now, not inside the first request
     if config.mcp.allowed_hosts:  # the hosted mcp tool's SDK: now, not in a turn
@@ -254,7 +259,7 @@ def create_app(config: ServerConfig | None = None) -> Seam:
         compaction_key=services.get_compaction_key,
         inspector=inspector,
     )
-    endpoint = ResponsesEndpoint(config, turns, keys)
+    endpoint = ResponsesEndpoint(config, turns, keys, on_session=on_session)
     background = BackgroundResponses(
         turns,
         max_running=config.max_background,

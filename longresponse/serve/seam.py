@@ -92,7 +92,13 @@ class Seam:
             send_texts = getattr(getattr(send, "__self__", None), "send_texts", None)
             if scope["type"] == "websocket" and callable(send_texts):
                 scope[SEND_TEXTS_KEY] = send_texts
-        await self.app(scope, receive, send)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            # The server's protocol keeps the scope: the protocol's own methods
+            # left in it would make a cycle that only a full collection frees.
+            for key in (ABORT_KEY, GONE_KEY, SEND_TEXTS_KEY):
+                scope.pop(key, None)
 
     def __getattr__(self, name: str) -> Any:
         # ``state``, ``routes``... of the wrapped application.

@@ -374,7 +374,7 @@ def test_a_segment_from_before_a_compaction_continues_from_the_store(server: Any
         assert compacted, "the conversation crossed the threshold"
         # The first segment ended in a context the rollout has since replaced.
         first = responses[0]
-        session = server.app.parts.endpoint.last_session.shipped
+        session = server.last_session.shipped
         hydrated_before = session.hydrations
         conn.response.create(
             model="sim",

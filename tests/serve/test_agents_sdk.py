@@ -58,8 +58,7 @@ def test_agents_sdk_runs_two_tools_over_websocket(server: Any) -> None:
         model_settings=ModelSettings(metadata={"sim_tool_calls": "2"}),
     )
 
-    endpoint = server.app.parts.endpoint
-    before = endpoint.last_session
+    before = server.last_session
     live_before = server.live_sessions
 
     async def run() -> tuple[str, Any]:
@@ -99,7 +98,7 @@ def test_agents_sdk_runs_two_tools_over_websocket(server: Any) -> None:
         assert f"[{call_id}]" in final_output
 
     # And the transport was our WebSocket endpoint: one new session ran 3 segments.
-    session = endpoint.last_session
+    session = server.last_session
     assert session is not None
     assert session is not before
     assert session.shipped is not None

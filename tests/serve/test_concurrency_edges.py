@@ -137,7 +137,7 @@ def test_fork_after_in_place_continuation_with_longer_instructions(make_server: 
         )
         c = turn(conn)[-1]
         assert c["type"] == "response.completed", c
-        session = running.app.parts.endpoint.last_session
+        session = running.last_session
         child, _ = session.shipped.cache.lookup(c["response"]["id"])
         full = list(render_prefix(None, []))
         for item in child.context:
@@ -171,8 +171,8 @@ async def test_cancel_while_blocked_on_a_full_outbox(make_server: Any) -> None:
     }
     with sock:
         sock.sendall(conn.send(ws.TextMessage(json.dumps(create))))
-        await wait_until(lambda: running.app.parts.endpoint.last_session is not None, "a session")
-        session = running.app.parts.endpoint.last_session
+        await wait_until(lambda: running.last_session is not None, "a session")
+        session = running.last_session
         # Wait until the rollout is parked in emit on a full outbox.
         await wait_until(
             lambda: len(session.outbox) >= 4 and session.rollouts, "a full outbox", seconds=20
@@ -211,8 +211,8 @@ async def test_error_replies_grow_the_outbox_without_bound(make_server: Any) -> 
     }
     with sock:
         sock.sendall(conn.send(ws.TextMessage(json.dumps(flood))))
-        await wait_until(lambda: running.app.parts.endpoint.last_session is not None, "a session")
-        session = running.app.parts.endpoint.last_session
+        await wait_until(lambda: running.last_session is not None, "a session")
+        session = running.last_session
         await wait_until(lambda: len(session.outbox) >= 4, "a full outbox", seconds=20)
         junk = conn.send(ws.TextMessage("x")) * 5000
         sock.sendall(junk)
@@ -293,7 +293,7 @@ async def test_cancel_without_id_right_after_create_targets_the_new_rollout(
         )
         sock.sendall(burst)
         await trio.sleep(0.5)
-        session = running.app.parts.endpoint.last_session
+        session = running.last_session
         states = {rid: r.state.value for rid, r in session.rollouts.items()}
     assert states.get(r1) == "requires_action", states
     assert "cancelled" in states.values(), states

@@ -53,7 +53,7 @@ async def test_the_outbox_is_bounded_in_bytes(make_server: Any) -> None:
     with sock:
         sock.sendall(conn.send(ws.TextMessage(json.dumps(create))))
         await wait_until(lambda: running.live_sessions == 0, "every session to end", seconds=30)
-    outbox = running.app.parts.endpoint.last_session.outbox
+    outbox = running.last_session.outbox
     assert outbox.closing[1] == "slow_reader"
     assert 0 < outbox.high_water_bytes < 4096 + 2048  # the budget, plus one step's deltas
     assert outbox.high_water < 100
@@ -68,7 +68,7 @@ async def test_a_small_byte_budget_still_streams_everything(make_server: Any) ->
     assert isinstance(done, ResponseDone)
     assert done.response.status == "completed"
     assert [e.sequence_number for e in events] == list(range(len(events)))
-    outbox = running.app.parts.endpoint.last_session.outbox
+    outbox = running.last_session.outbox
     largest = max(len(encode_event(event)) for event in events)
     assert largest > 512
     # The budget is checked before each step of the stream: past it by one
@@ -94,7 +94,7 @@ async def test_a_long_rollouts_bookkeeping_does_not_grow_with_its_calls(server: 
             ended = (await client.until_done())[-1]
             assert isinstance(ended, ResponseDone)
             assert ended.response.status == "completed"
-        session = server.app.parts.endpoint.last_session
+        session = server.last_session
         tracks = list(session.connection.responses.values())
         assert len(tracks) == 21
         *finished, live = tracks
@@ -331,8 +331,8 @@ def test_a_closed_session_is_freed_without_a_collection(make_server: Any, append
     try:
         one_rollout()
         wait_for(lambda: endpoint.live_sessions == 0, "the session to end")
-        closed = weakref.ref(endpoint.last_session)
-        one_rollout()  # the endpoint's last_session is the next one's
+        closed = weakref.ref(server.last_session)
+        one_rollout()  # the harness's last_session is the next one's
         wait_for(lambda: endpoint.live_sessions == 0, "the session to end")
         assert closed() is None, gc.get_referrers(closed())
     finally:

@@ -23,7 +23,7 @@ import dataclasses
 import logging
 import re
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 from protocol import ErrorCode, ProtocolError, RemoteProtocolError
 from protocol.events import ResponseCreate
@@ -145,6 +145,17 @@ class Lanes:
         for lane in self._lanes.values():
             self.queued -= lane.drop_queued()
 
+    def release(self) -> None:
+        """The connection is over: forget the lanes and the hooks into the shape
+        that owns them. A hook is a bound method of its owner, so the two make a
+        cycle that only a full collection frees (the server's collector runs
+        those rarely), with the connection's outbox and protocol state in it."""
+        self.stop_intake()
+        self._lanes.clear()
+        self._run = _closed
+        self._report = _closed
+        self._spawn = _closed
+
     async def _serve(self, lane: Lane) -> None:
         while lane.queue:
             async with self._in_flight:
@@ -172,3 +183,9 @@ class Lanes:
                     )
                 finally:
                     self.active -= 1
+
+
+def _closed(*_: object) -> NoReturn:
+    """A hook of :class:`Lanes` after :meth:`Lanes.release`: never called, as
+    nothing reaches a closed connection's lanes."""
+    raise RuntimeError("the connection's lanes are released")

@@ -146,31 +146,37 @@ class Outbox:
     async def write_to(self, send: Send) -> None:
         """Drain the queue to the socket until the session closes it or the peer is gone."""
         self._writer = asyncio.current_task()
-        while True:
-            await self._ready.wait()
-            self._ready.clear()
-            turn = time.monotonic()
-            while self._queue:
-                texts = self._take_batch()
-                self._space.set()
-                try:
-                    if len(texts) > 1 and self.send_texts is not None:
-                        await self.send_texts(texts)
-                    else:
-                        await send({"type": "websocket.send", "text": texts[0].decode()})
-                except Exception as exc:  # the server side of the socket is gone
-                    raise PeerGone("send failed") from exc
-                # Not held while the writer waits for the next event: a traceback
-                # that keeps this frame would keep the batch's bytes with it.
-                del texts
-                if time.monotonic() - turn >= WRITE_SLICE_SECONDS:  # others' turn
-                    await asyncio.sleep(0)
-                    turn = time.monotonic()
-            if self.closing is not None:
-                code, reason = self.closing
-                with contextlib.suppress(Exception):
-                    await send({"type": "websocket.close", "code": code, "reason": reason})
-                raise ServerClosed("closed by server")
+        try:
+            while True:
+                await self._ready.wait()
+                self._ready.clear()
+                turn = time.monotonic()
+                while self._queue:
+                    texts = self._take_batch()
+                    self._space.set()
+                    try:
+                        if len(texts) > 1 and self.send_texts is not None:
+                            await self.send_texts(texts)
+                        else:
+                            await send({"type": "websocket.send", "text": texts[0].decode()})
+                    except Exception as exc:  # the server side of the socket is gone
+                        raise PeerGone("send failed") from exc
+                    # Not held while the writer waits for the next event: a traceback
+                    # that keeps this frame would keep the batch's bytes with it.
+                    del texts
+                    if time.monotonic() - turn >= WRITE_SLICE_SECONDS:  # others' turn
+                        await asyncio.sleep(0)
+                        turn = time.monotonic()
+                if self.closing is not None:
+                    code, reason = self.closing
+                    with contextlib.suppress(Exception):
+                        await send({"type": "websocket.close", "code": code, "reason": reason})
+                    raise ServerClosed("closed by server")
+        finally:
+            # A cancelled task keeps its error, whose traceback holds this
+            # frame: the outbox must not keep the task (a cycle with it, its
+            # socket and its connection's state, freed only by a full collection).
+            self._writer = None
 
     def _take_batch(self) -> list[bytes]:
         """The oldest queued event, and with ``send_texts`` those after it that fit a batch."""

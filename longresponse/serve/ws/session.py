@@ -375,12 +375,19 @@ class Session:
 class ResponsesEndpoint:
     """The WebSocket endpoint of ``/v1/responses`` (pure ASGI)."""
 
-    def __init__(self, config: ServerConfig, turns: Turns, keys: ApiKeys | None = None) -> None:
+    def __init__(
+        self,
+        config: ServerConfig,
+        turns: Turns,
+        keys: ApiKeys | None = None,
+        *,
+        on_session: Callable[[Session], object] | None = None,
+    ) -> None:
         self.config = config
         self.turns = turns
         self.keys = keys or ApiKeys()
         self.live_sessions = 0  # for tests and metrics
-        self.last_session: Session | None = None
+        self._on_session = on_session
         #: The sessions being served, for a graceful shutdown.
         self.sessions: set[Session] = set()
         self.draining = False
@@ -462,7 +469,8 @@ class ResponsesEndpoint:
         # Counted before the handshake completes, so a client that sees the
         # 101 also sees its session counted.
         self.live_sessions += 1
-        self.last_session = session
+        if self._on_session is not None:
+            self._on_session(session)
         self.sessions.add(session)
         try:
             await send({"type": "websocket.accept", "subprotocol": subprotocol})

@@ -251,9 +251,11 @@ class ShippedShape:
 
     async def release_dropped(self, *, every: bool = False) -> None:
         """Release the samplers of rollouts the cache let go (``every``: all of them,
-        the connection is closing); one a segment still runs is left to it."""
+        the connection is closing, and the lanes let go of this shape); one a
+        segment still runs is left to it."""
         if every:
             self.cache.clear()
+            self.lanes.release()
         for rollout in self.cache.take_dropped():
             if every or not rollout.busy:
                 await rollout.close()

@@ -258,7 +258,7 @@ def test_websocket_hydration_after_reconnect_and_restart(tmp_path: Any) -> None:
             while (event := conn.recv()).type != "response.completed":
                 assert event.type != "error", event
             assert "«survive me»" in event.response.output_text
-            assert first.app.parts.endpoint.last_session.shipped.hydrations == 1
+            assert first.last_session.shipped.hydrations == 1
     finally:
         first.stop()
     second = RunningServer(ServerConfig(port=0, store=store)).start()

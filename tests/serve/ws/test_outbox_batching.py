@@ -56,7 +56,7 @@ async def test_queued_events_share_a_write(
     assert batches, "no write carried more than one event"
     assert min(batches) >= 2
     assert sum(batches) < len(events)  # lone events still go out by themselves
-    assert running.app.parts.endpoint.last_session.outbox.send_texts is not None
+    assert running.last_session.outbox.send_texts is not None
 
 
 @pytest.fixture

@@ -280,7 +280,7 @@ def test_fork_from_an_older_segment(server: Any, conn: Any) -> None:
     other = turn(conn)[-1].response.output_text
     assert "«branch one»" in other
     assert "branch two" not in other
-    shipped = server.app.parts.endpoint.last_session.shipped
+    shipped = server.last_session.shipped
     assert shipped.forks >= 1
 
 
@@ -297,7 +297,7 @@ def test_changed_instructions_and_tools_mid_chain(server: Any, conn: Any) -> Non
     first = turn(conn)
     (call,) = function_calls(first)
     assert call.name == "get_weather"
-    session = server.app.parts.endpoint.last_session
+    session = server.last_session
     rollout, _ = session.shipped.cache.lookup(first[-1].response.id)
     rendered_before = rollout.tokens.items_rendered
     conn.response.create(
@@ -356,7 +356,7 @@ def test_generate_false_warm_up_then_chain(server: Any, conn: Any) -> None:
     response = warm[-1].response
     assert response.status == "completed"
     assert response.output == []
-    session = server.app.parts.endpoint.last_session
+    session = server.last_session
     rollout, _ = session.shipped.cache.lookup(response.id)
     rendered = rollout.tokens.items_rendered
     conn.response.create(
@@ -565,7 +565,7 @@ def test_connection_cache_budget_evicts_oldest_rollouts(make_server: Any) -> Non
         assert "«conversation 5" in turn(conn)[-1].response.output_text
         conn.response.create(model="sim", previous_response_id=ids[0], input="more", store=False)
         expect_error(conn, "previous_response_not_found", "previous_response_id")
-        shipped = tiny.app.parts.endpoint.last_session.shipped
+        shipped = tiny.last_session.shipped
         assert shipped.cache.evictions > 0
         assert shipped.cache.nbytes <= 20_000
 
@@ -582,7 +582,7 @@ def test_connection_cache_keeps_a_running_total_of_its_size(make_server: Any) ->
                 **({"previous_response_id": previous} if index % 3 else {}),
             )
             previous = turn(conn)[-1].response.id
-        cache = tiny.app.parts.endpoint.last_session.shipped.cache
+        cache = tiny.last_session.shipped.cache
         assert cache.evictions > 0
         # Every rollout is idle: the running total is the sum of their sizes.
         assert cache.nbytes == sum(r.nbytes for r in cache.rollouts)
