@@ -28,6 +28,7 @@ __all__ = [
     "BACKGROUND_MAX_DURATION",
     "BY_NAME",
     "CHAT_MAX_IN_FLIGHT",
+    "CHAT_MAX_IN_FLIGHT_PER_KEY",
     "CHAT_PREFIX_CACHE_TOKENS",
     "COMPACTION_LIFETIME",
     "CONNECTION_CACHE_BYTES",
@@ -170,6 +171,9 @@ CHAT_PREFIX_CACHE_TOKENS: Final = 1024 * 1024
 #: ``POST /v1/chat/completions``: completions running at once; one more is
 #: refused with 429 ``rate_limit_exceeded`` and ``Retry-After``, as engines do.
 CHAT_MAX_IN_FLIGHT: Final = 1024
+#: Of those, what one API key may run at once (with keys on), so that one key
+#: cannot fill the limit in all: its next gets the same 429, other keys' do not.
+CHAT_MAX_IN_FLIGHT_PER_KEY: Final = 256
 #: A writer draining a long queue to a fast reader (WebSocket or SSE) gives
 #: the event loop a turn after this long, so other connections never wait
 #: behind it (not a flag: it only trades a little throughput for fairness).
@@ -413,6 +417,8 @@ class ServerConfig:
     chat_prefix_cache_tokens: int = CHAT_PREFIX_CACHE_TOKENS
     #: The chat endpoint's completions at once (more: 429 with Retry-After).
     chat_max_in_flight: int = CHAT_MAX_IN_FLIGHT
+    #: Of those, what one API key may run at once.
+    chat_max_in_flight_per_key: int = CHAT_MAX_IN_FLIGHT_PER_KEY
 
 
 # --- the settings, each declared once ----------------------------------------
@@ -786,6 +792,9 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     _n("chat_max_in_flight", int, CHAT_MAX_IN_FLIGHT, 1, 1_000_000,
        "POST /v1/chat/completions: completions running at once; one more gets 429 "
        "rate_limit_exceeded with Retry-After, as an engine's queue limit does"),
+    _n("chat_max_in_flight_per_key", int, CHAT_MAX_IN_FLIGHT_PER_KEY, 1, 1_000_000,
+       "POST /v1/chat/completions: of those, what one API key may run at once (with keys "
+       "on); its next gets the same 429, other keys' do not"),
     Setting("log_level", str, "info", "log verbosity",
             choices=("critical", "error", "warning", "info", "debug"), field=None),
 )  # fmt: skip

@@ -10,6 +10,16 @@ waited up to 98 ms at a time (issue 20). :class:`ScanProcess` reads texts of
 on first use), where nothing it holds is the server's; shorter texts, whose
 longest search is a few milliseconds, are read in the calling thread. The
 findings are the same either way: it is the same function.
+
+The child ends with its server, however the server ends. Its parent is the
+fork server, not the server, and every child of a fork server holds the
+fork server's "alive" pipe and the resource tracker's, so a child left
+waiting for work after a ``kill -9`` of the server kept all three processes
+(about 46 MB) alive, reparented to init, a trio per crash (issue 28). The
+child watches the server's process (a pidfd on Linux, read by a thread of
+its own; elsewhere a check once a second) and exits when it ends; the fork
+server then reads the end of its pipe and exits, and the resource tracker
+after it. A parent-death signal would not do: it watches the fork server.
 """
 
 from __future__ import annotations
@@ -17,7 +27,9 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import select
 import threading
+import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Final
@@ -81,7 +93,9 @@ class ScanProcess:
                 # What the fork server loads first: the classifier, not the
                 # server's __main__ (which a script may run unguarded).
                 context.set_forkserver_preload([scan.__module__])
-                self._pool = ProcessPoolExecutor(1, mp_context=context)
+                self._pool = ProcessPoolExecutor(
+                    1, mp_context=context, initializer=_end_with, initargs=(os.getpid(),)
+                )
             return self._pool
 
 
@@ -89,3 +103,28 @@ def _scan_in_child(text: str) -> tuple[int, list[Finding]]:
     """What the child runs: its process id and the findings."""
     return os.getpid(), scan(text)
 
+
+def _end_with(server: int) -> None:
+    """The child's start: a thread that ends the child when process ``server`` ends."""
+    threading.Thread(target=_watch, args=(server,), name="end-with-server", daemon=True).start()
+
+
+def _watch(server: int) -> None:
+    try:
+        handle = os.pidfd_open(server)  # Linux 5.3+: readable once the process ends
+    except (AttributeError, OSError):  # no pidfds here, or the server is gone already
+        while _alive(server):
+            time.sleep(1.0)
+    else:
+        select.select([handle], [], [])
+    os._exit(0)  # nobody waits for what the child was reading
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True

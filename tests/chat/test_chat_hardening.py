@@ -295,6 +295,39 @@ def test_one_key_cannot_see_anothers_prompt_in_the_cache(make_server: Any) -> No
     assert cached[2] == 0  # but nobody else's
 
 
+def test_one_key_at_its_in_flight_limit_does_not_stop_another(make_server: Any) -> None:
+    """keyA at ``--chat-max-in-flight-per-key`` gets 429 with the shipped
+    envelope; keyB is still served (the limit in all, 2, was keyA's to fill)."""
+    keyed = make_server(
+        api_keys=("key-a", "key-b"), chat_max_in_flight=2, chat_max_in_flight_per_key=1
+    )
+    chat = keyed.app.parts.chat
+    slow = {"sim_output_tokens": "100000", "sim_tokens_per_second": "5"}
+    a = openai_client(keyed, "key-a")
+    held = a.chat.completions.create(
+        model="sim", messages=[user("long")], stream=True, metadata=slow
+    )
+    with held:
+        next(iter(held))  # running: its first chunk is out
+        url = f"{keyed.http_url}/v1/chat/completions"
+        refused = httpx.post(url, json=GOOD, headers={"authorization": "Bearer key-a"})
+        served = httpx.post(url, json=GOOD, headers={"authorization": "Bearer key-b"})
+    assert refused.status_code == 429, refused.text
+    assert refused.headers["retry-after"] == "1"
+    error = refused.json()["error"]
+    assert (error["type"], error["code"], error["param"]) == (
+        "rate_limit_error",
+        "rate_limit_exceeded",
+        None,
+    )
+    assert "this API key" in error["message"]
+    assert served.status_code == 200, served.text
+    assert served.json()["choices"][0]["finish_reason"] == "stop"
+    wait_for(lambda: chat.running == 0, "keyA's stream to end")
+    again = httpx.post(url, json=GOOD, headers={"authorization": "Bearer key-a"})
+    assert again.status_code == 200, again.text
+
+
 def cached_tokens(completion: Any) -> int:
     assert completion.usage is not None
     assert completion.usage.prompt_tokens_details is not None

@@ -35,6 +35,16 @@ tool is offered, with the script's arguments (so a test can have Codex run a
 harmless command). With no scripted tool offered, the calls are as without a
 script.
 
+Arguments made from a schema are charged to a budget of work, the
+Response's output budget (``max_output_tokens``, else
+:data:`~.structured.DEFAULT_ANSWER_TOKENS`) shared by the turn's calls: a
+value costs one, a string one more per
+:data:`~.structured.CHARS_PER_TOKEN` characters, an array of ``minItems``
+its item's cost times the count, charged before the array exists. A call
+whose arguments would cost more is not started and the Response stops
+(``max_output_tokens``): nested ``minItems``, each within its cap, can
+multiply to 10^8 elements, and were built and encoded on the event loop.
+
 A value outside its range (or not finite) is refused up front with
 ``invalid_value`` (:func:`check_sim_metadata`, the ``check_request`` of the
 sim's :class:`~longresponse.engine.sampling.ModelSpec`, run only for a
@@ -117,7 +127,7 @@ from ...engine.sampling import (
     latest_listings,
 )
 from .patterns import pattern_example
-from .structured import answer_in_format
+from .structured import CHARS_PER_TOKEN, DEFAULT_ANSWER_TOKENS, answer_in_format
 
 __all__ = [
     "MAX_SIM_OUTPUT_TOKENS",
@@ -127,6 +137,7 @@ __all__ = [
     "MAX_SIM_TTFT_MS",
     "QUOTE_CHARS",
     "SIM_YIELD_SECONDS",
+    "OutOfBudget",
     "SimSampler",
     "check_sim_metadata",
     "example_for_schema",
@@ -303,36 +314,90 @@ def _plausible_string(schema: Mapping[str, Any], seed: int, name: str) -> str:
     return text
 
 
-def example_for_schema(schema: Any, seed: int, name: str = "value") -> Any:
+class OutOfBudget(Exception):
+    """The value a schema asks for costs more than the budget it was given."""
+
+
+def example_for_schema(
+    schema: Any, seed: int, name: str = "value", budget: int = DEFAULT_ANSWER_TOKENS
+) -> Any:
     """A deterministic value that satisfies a (simple) JSON schema: every
     property given (required or not), enums respected, a whole number where a
-    number is asked for, strings that look like what their field holds."""
-    if not isinstance(schema, dict):
-        return f"{name}-{seed}"
-    if schema.get("enum"):
-        return schema["enum"][seed % len(schema["enum"])]
-    if "const" in schema:
-        return schema["const"]
-    for key in ("anyOf", "oneOf"):
-        if schema.get(key):
-            return example_for_schema(schema[key][0], seed, name)
-    kind = schema.get("type", "object" if "properties" in schema else "string")
-    if isinstance(kind, list):
-        kind = next((k for k in kind if k != "null"), "null")
-    if kind == "object":
-        props = schema.get("properties") or {}
-        return {key: example_for_schema(sub, seed, key) for key, sub in props.items()}
-    if kind == "array":
-        value = example_for_schema(schema.get("items", {}), seed, name)
+    number is asked for, strings that look like what their field holds.
+
+    The value costs at most ``budget`` (:class:`_Example` says how it is
+    counted); one that would cost more raises :class:`OutOfBudget` before it
+    is built, having built nothing larger than the budget."""
+    return _Example(budget).value(schema, seed, name)
+
+
+class _Example:
+    """Builds :func:`example_for_schema`'s value, charging it to a budget of work.
+
+    Every value costs one (an array or object too), a string one more per
+    :data:`CHARS_PER_TOKEN` characters: about the tokens the value takes at
+    least, so the budget is the Response's output budget. An array of
+    ``minItems`` repeats one item: its cost is the item's times the count,
+    charged (and refused) before the list exists, so nested ``minItems``
+    multiply within the budget, never past it."""
+
+    __slots__ = ("left",)
+
+    def __init__(self, budget: int) -> None:
+        self.left = budget
+
+    def _afford(self, cost: int) -> None:
+        if cost > self.left:
+            raise OutOfBudget(f"the value costs more than the {self.left} left")
+
+    def _charge(self, cost: int) -> None:
+        self._afford(cost)
+        self.left -= cost
+
+    def value(self, schema: Any, seed: int, name: str) -> Any:
+        self._charge(1)
+        return self._value(schema, seed, name)
+
+    def _value(self, schema: Any, seed: int, name: str) -> Any:
+        if not isinstance(schema, dict):
+            return self._string(f"{name}-{seed}")
+        if schema.get("enum"):
+            return schema["enum"][seed % len(schema["enum"])]
+        if "const" in schema:
+            return schema["const"]
+        for key in ("anyOf", "oneOf"):
+            if schema.get(key):  # the first branch is the value, charged once
+                return self._value(schema[key][0], seed, name)
+        kind = schema.get("type", "object" if "properties" in schema else "string")
+        if isinstance(kind, list):
+            kind = next((k for k in kind if k != "null"), "null")
+        if kind == "object":
+            props = schema.get("properties") or {}
+            return {key: self.value(sub, seed, key) for key, sub in props.items()}
+        if kind == "array":
+            return self._array(schema, seed, name)
+        if kind in ("integer", "number"):
+            return _whole_number(schema, seed)
+        if kind == "boolean":
+            return seed % 2 == 0
+        if kind == "null":
+            return None
+        low = schema.get("minLength")
+        if isinstance(low, int):  # padded to it: refused before the padding is made
+            self._afford(low // CHARS_PER_TOKEN)
+        return self._string(_plausible_string(schema, seed, name))
+
+    def _array(self, schema: Mapping[str, Any], seed: int, name: str) -> list[Any]:
         low = schema.get("minItems")
-        return [value] * (low if isinstance(low, int) and low > 1 else 1)
-    if kind in ("integer", "number"):
-        return _whole_number(schema, seed)
-    if kind == "boolean":
-        return seed % 2 == 0
-    if kind == "null":
-        return None
-    return _plausible_string(schema, seed, name)
+        count = low if isinstance(low, int) and low > 1 else 1
+        before = self.left
+        value = self.value(schema.get("items", {}), seed, name)
+        self._charge((before - self.left) * (count - 1))  # the other copies
+        return [value] * count
+
+    def _string(self, text: str) -> str:
+        self._charge(len(text) // CHARS_PER_TOKEN)
+        return text
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -434,17 +499,21 @@ def _matches(offer: _Offer, entry: Mapping[str, Any]) -> bool:
     return offer.kind == kind
 
 
-def _call_input(offer: _Offer, seed: int) -> str:
+def _call_input(offer: _Offer, seed: int, work: _Example) -> str:
     """What the model writes for a call of ``offer``: a function's JSON
     arguments, a custom tool's text (a regex grammar's example when one can be
-    made), a harmless command, a small new file, a screenshot."""
+    made), a harmless command, a small new file, a screenshot.
+
+    Arguments made from a schema are charged to ``work``, the turn's budget
+    for all its calls; raises :class:`OutOfBudget` when they would cost more
+    than is left (nothing larger than what is left is built)."""
     tool = offer.tool
     if offer.kind == "mcp":
         schema = offer.schema if isinstance(offer.schema, dict) else {"type": "object"}
-        return msgspec.json.encode(example_for_schema(schema, seed)).decode()
+        return msgspec.json.encode(work.value(schema, seed, "value")).decode()
     if isinstance(tool, FunctionTool):
         schema = tool.parameters or {"type": "object"}
-        return msgspec.json.encode(example_for_schema(schema, seed)).decode()
+        return msgspec.json.encode(work.value(schema, seed, "value")).decode()
     if isinstance(tool, CustomTool):
         grammar = tool.format
         if isinstance(grammar, CustomGrammarFormat) and grammar.syntax == "regex":
@@ -554,8 +623,13 @@ class SimSampler:
         budget = request.max_output_tokens
         if calls:
             seed = sum(isinstance(item, ClientCall) for item in request.context)
+            work = _Example(DEFAULT_ANSWER_TOKENS if budget is None else budget)
             for offset, (offer, scripted) in enumerate(calls):
-                arguments = scripted or _call_input(offer, seed + offset)
+                try:
+                    arguments = scripted or _call_input(offer, seed + offset, work)
+                except OutOfBudget:  # the call would not fit: it is not started
+                    yield Stop("max_output_tokens")
+                    return
                 if budget is not None:
                     budget -= len(encode(arguments))
                     if budget < 0:  # the call would not fit: it is not started

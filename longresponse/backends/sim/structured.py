@@ -14,7 +14,7 @@ character of each class: ``longresponse.backends.sim.patterns``).
 
 The answer is bounded by the Response's output budget before it is built:
 every value costs at least one token, and a string one more per
-:data:`_CHARS_PER_TOKEN` characters, so an array of ``minItems`` (or a
+:data:`CHARS_PER_TOKEN` characters, so an array of ``minItems`` (or a
 padded ``minLength``) stops where the budget does, and a ``$ref`` cycle
 ends after :data:`_GIVE_UP` levels. An answer cut short this way is
 reported incomplete (the model ran out of tokens), never sent as complete.
@@ -33,7 +33,7 @@ from protocol.response import FormatJSONObject, FormatJSONSchema, TextFormat
 from ...json_schema import resolve_ref, schema_types
 from .patterns import pattern_example, pattern_matches
 
-__all__ = ["DEFAULT_ANSWER_TOKENS", "answer_in_format", "value_for_schema"]
+__all__ = ["CHARS_PER_TOKEN", "DEFAULT_ANSWER_TOKENS", "answer_in_format", "value_for_schema"]
 
 #: A value for each string ``format`` strict mode knows.
 _FORMAT_VALUES: Final[Mapping[str, str]] = {
@@ -56,7 +56,7 @@ _GIVE_UP: Final = 32
 
 #: A string costs one token per this many characters (fewer than any tokenizer
 #: packs into one; the cost only bounds the work, the real count cuts the answer).
-_CHARS_PER_TOKEN: Final = 64
+CHARS_PER_TOKEN: Final = 64
 
 #: The output budget when a request sets none (the simulated models' largest answer).
 DEFAULT_ANSWER_TOKENS: Final = 128_000
@@ -158,9 +158,9 @@ class _Writer:
         return items
 
     def _string(self, schema: Mapping[str, Any]) -> str:
-        room = self.left * _CHARS_PER_TOKEN
+        room = self.left * CHARS_PER_TOKEN
         value = _string(schema, self.text, room)
-        if not self._charge(len(value) // _CHARS_PER_TOKEN):
+        if not self._charge(len(value) // CHARS_PER_TOKEN):
             value = value[:room]
         return value
 

@@ -65,6 +65,7 @@ completion renders it) gives ``{"count", "max_model_len", "tokens"}``.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import logging
@@ -158,6 +159,8 @@ class ChatCompletions:
         #: answer did (the client left, or read too slowly).
         self.requests = 0
         self.running = 0
+        #: Turns running now, by the owner of their API key (keys on).
+        self._running_per_key: collections.Counter[str] = collections.Counter()
         self.stopped = 0
         #: Requests refused with 429 because ``chat_max_in_flight`` were running.
         self.refused_busy = 0
@@ -174,7 +177,7 @@ class ChatCompletions:
         self.requests += 1
         try:
             owner = self.http.owner(request)
-            self._check_room()
+            self._check_room(owner)
             data = await self.http.read_body(request)
             try:  # the limits first, on the body's skeleton (``serve/skeleton.py``)
                 await check_chat_skeleton(data, self.pipeline.limits, self._check_messages)
@@ -190,9 +193,9 @@ class ChatCompletions:
             return response
         if body.stream:
             return StreamingResponse(
-                self._sse(turn, prompt, request.scope), media_type="text/event-stream"
+                self._sse(turn, prompt, request.scope, owner), media_type="text/event-stream"
             )
-        return await self._json(turn, prompt, request)
+        return await self._json(turn, prompt, request, owner)
 
     def _check_messages(self, count: int) -> None:
         """A create's item limit, on the messages. Raises :class:`RemoteProtocolError`."""
@@ -200,8 +203,11 @@ class ChatCompletions:
         if count > limit:
             raise too_many_items(count, limit, what="messages", param="messages")
 
-    def _check_room(self) -> None:
-        """Refuse a completion beyond ``--chat-max-in-flight`` (429, retry in a second)."""
+    def _check_room(self, owner: str) -> None:
+        """Refuse a completion beyond ``--chat-max-in-flight``, or beyond
+        ``--chat-max-in-flight-per-key`` of ``owner``'s (an API key's owner;
+        ``""``, keys off, has no limit of its own): 429, retry in a second.
+        Raises :class:`RemoteProtocolError`, counting the refusal."""
         limit = self.config.chat_max_in_flight
         if self.running >= limit:
             self.refused_busy += 1
@@ -211,6 +217,26 @@ class ChatCompletions:
                 status=429,
                 error_type="rate_limit_error",
             )
+        per_key = self.config.chat_max_in_flight_per_key
+        if owner and self._running_per_key[owner] >= per_key:
+            self.refused_busy += 1
+            raise RemoteProtocolError(
+                f"{per_key} completions of this API key are running, its limit. Retry later.",
+                code=ErrorCode.RATE_LIMIT_EXCEEDED,
+                status=429,
+                error_type="rate_limit_error",
+            )
+
+    def _began(self, owner: str) -> None:
+        """A turn of ``owner``'s runs: counted in all and per key until :meth:`_ended`."""
+        self.running += 1
+        self._running_per_key[owner] += 1
+
+    def _ended(self, owner: str) -> None:
+        self.running -= 1
+        self._running_per_key[owner] -= 1
+        if not self._running_per_key[owner]:
+            del self._running_per_key[owner]
 
     def collector(self) -> Collector:
         """The endpoint's counters for ``/metrics``."""
@@ -289,7 +315,9 @@ class ChatCompletions:
         digests = await asyncio.to_thread(_answer_digests, prompt, answer)
         self.cache.insert(digests)
 
-    async def _json(self, turn: ChatTurn, prompt: ChatPrompt, request: Request) -> Response:
+    async def _json(
+        self, turn: ChatTurn, prompt: ChatPrompt, request: Request, owner: str
+    ) -> Response:
         """The whole answer as one ``chat.completion``; a client that hangs up
         first stops the turn (its ``http.disconnect`` is watched meanwhile)."""
 
@@ -305,11 +333,11 @@ class ChatCompletions:
             await self._remember(turn, prompt)
             return None
 
-        self.running += 1
+        self._began(owner)
         try:
             work = await while_connected(request.receive, run())
         finally:
-            self.running -= 1
+            self._ended(owner)
         if work.cancelled():  # the client is gone: nobody reads this
             self.stopped += 1
             return Response(status_code=499)
@@ -319,10 +347,12 @@ class ChatCompletions:
             return http_error(failed)
         return Response(_encoder.encode(turn.completion()), media_type="application/json")
 
-    async def _sse(self, turn: ChatTurn, prompt: ChatPrompt, scope: Scope) -> AsyncIterator[bytes]:
+    async def _sse(
+        self, turn: ChatTurn, prompt: ChatPrompt, scope: Scope, owner: str
+    ) -> AsyncIterator[bytes]:
         remember = functools.partial(self._remember, turn, prompt)
         stream = _ChatStream(turn, scope, self.config.slow_reader_timeout, remember)
-        self.running += 1
+        self._began(owner)
         # Owned here: cancelled with this generator when the client goes away.
         producer = asyncio.get_running_loop().create_task(stream.produce())
         try:
@@ -338,7 +368,7 @@ class ChatCompletions:
                     await asyncio.sleep(0)
                     turn_started = time.monotonic()
         finally:
-            self.running -= 1
+            self._ended(owner)
             if turn.finish_reason is None or stream.dropped:
                 self.stopped += 1
             await stop_task(producer)  # its cleanup closes the engine's stream
