@@ -1,0 +1,96 @@
+"""Issue 28's memory attacks, rerun: ``.venv/bin/python scripts/issue28_attacks.py [name...]``.
+
+Against a fresh ``longresponse serve`` (memory store; but for ``append``, the
+simulated model's window cut to 2,000 tokens so that a long input is
+refused), each attack
+runs ``ROUNDS`` times and prints the server's RSS (``/metrics``) before, after
+and its growth per round:
+
+- ``refused``: an 8 MB HTTP create, refused ``context_length_exceeded``;
+- ``ws-failed``: a WebSocket whose 12 MB ``response.create`` fails, closed;
+- ``append``: an append-mode connection that appends a 3 MB tool output
+  into a paused rollout, cancels it mid-turn and closes.
+
+Names filter the attacks by substring. The figures are in docs/RELIABILITY.md.
+"""
+
+import json
+import re
+import sys
+import time
+
+import httpx
+from websockets.sync.client import connect as ws_connect
+
+from longresponse.server_process import ServerProcess
+from protocol import APPEND_SUBPROTOCOL
+
+ROUNDS = 10
+TOOL = {"type": "function", "name": "read_file", "parameters": {"type": "object"}}
+
+
+def rss(url):
+    page = httpx.get(url + "/metrics", timeout=30).text
+    return float(re.search(r"^process_resident_memory_bytes (\S+)$", page, re.M).group(1)) / 2**20
+
+
+def text(megabytes):
+    return "word " * (megabytes * 1024 * 1024 // 5)
+
+
+def refused(server):
+    body = json.dumps({"model": "sim", "input": text(8)}).encode()
+    with httpx.Client(base_url=server.http_url, timeout=120) as http:
+        reply = http.post(
+            "/v1/responses", content=body, headers={"content-type": "application/json"}
+        )
+    assert reply.status_code == 400, reply.text[:200]
+
+
+def ws_failed(server):
+    with ws_connect(server.url, max_size=None) as socket:
+        socket.send(json.dumps({"type": "response.create", "model": "sim", "input": text(12)}))
+        while json.loads(socket.recv(timeout=120))["type"] not in ("response.failed", "error"):
+            pass
+
+
+def append(server):
+    with ws_connect(server.url, subprotocols=[APPEND_SUBPROTOCOL], max_size=None) as socket:
+        socket.send(json.dumps({"type": "response.create", "model": "sim", "input": "go",
+                                "tools": [TOOL], "metadata": {"sim_output_tokens": "100000"}}))
+        while (event := json.loads(socket.recv(timeout=120)))["type"] != "response.done":
+            pass
+        (call,) = event["response"]["output"]
+        output = {"type": "function_call_output", "call_id": call["call_id"], "output": text(3)}
+        socket.send(json.dumps({"type": "response.append", "input": [output]}))
+        while json.loads(socket.recv(timeout=120))["type"] != "response.output_item.added":
+            pass
+        socket.send(json.dumps({"type": "response.cancel"}))
+        while json.loads(socket.recv(timeout=120))["type"] != "response.done":
+            pass
+
+
+ATTACKS = {"refused": refused, "ws-failed": ws_failed, "append": append}
+
+
+def main(names):
+    for name, attack in ATTACKS.items():
+        if names and not any(n in name for n in names):
+            continue
+        flags = ["--store", "memory://", "--max-message-bytes", str(32 * 1024 * 1024)]
+        if name != "append":  # refused: past the window
+            flags += ["--sim-context-window", "2000"]
+        with ServerProcess(*flags) as server:
+            attack(server)  # the first round's one-off costs (imports, caches)
+            time.sleep(1)
+            before = rss(server.http_url)
+            for _ in range(ROUNDS):
+                attack(server)
+            time.sleep(2)
+            after = rss(server.http_url)
+        print(f"{name}: RSS {before:.0f} -> {after:.0f} MiB after {ROUNDS} rounds, "
+              f"{(after - before) / ROUNDS:+.1f} MiB a round", flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
