@@ -22,7 +22,10 @@ the operation in flight.
 Each has the limits of :class:`McpLimits` (``--mcp-*`` flags): connecting and
 the initialize handshake within ``connect_timeout``, the operation within
 ``call_timeout``, a listing or an output of at most so many bytes, so many
-calls per Response. A server that is down, slow, answers an error or
+calls per Response; its answers are read through the server's one HTTP
+pool (``longresponse.hosted.pool``), with the session's headers on each of
+its requests and each answer cut off at its operation's limit as it is read
+(the operation fails with that limit's error). A server that is down, slow, answers an error or
 garbage, or hangs fails that operation with :class:`McpFailure` and a
 message of this module's own (never the exception's text, which may quote a
 URL with credentials): the rollout goes on.
@@ -43,7 +46,7 @@ import logging
 import math
 import types
 from collections.abc import AsyncIterator, Sequence
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlsplit
 
 import msgspec
@@ -54,6 +57,9 @@ from protocol.items import McpListedTool, McpTool, Tool
 
 from ..config import McpLimits
 from ..engine.hosted import McpFailure
+
+if TYPE_CHECKING:
+    from .pool import Answers, McpPool
 
 __all__ = ["McpLimits", "McpServers", "check_mcp_tools", "load_sdk", "redact_mcp_tools"]
 
@@ -82,8 +88,12 @@ def load_sdk() -> Any:
     import mcp.client.streamable_http
     import mcp.shared.exceptions
 
+    from . import pool
+
     return types.SimpleNamespace(
         httpx2=httpx2,
+        McpPool=pool.McpPool,
+        Answers=pool.Answers,
         Client=mcp.Client,
         sse_client=mcp.client.sse.sse_client,
         streamable_http_client=mcp.client.streamable_http.streamable_http_client,
@@ -199,9 +209,10 @@ class McpServers:
     """The ``mcp`` tools of one request, their secrets with them (the engine's
     ``McpHost``; see the module docstring)."""
 
-    def __init__(self, tools: dict[str, McpTool], limits: McpLimits) -> None:
+    def __init__(self, tools: dict[str, McpTool], limits: McpLimits, pool: McpPool) -> None:
         self._tools = tools
         self.limits = limits
+        self._pool = pool
         self.calls = 0
         #: The session open with each server for the turn: (its owner, the client).
         self._open: dict[str, tuple[_Session, Any]] = {}
@@ -234,7 +245,11 @@ class McpServers:
         allowed = _names_filter(tool.allowed_tools)  # none given: every tool
         listed: list[McpListedTool] = []
         size = 0
-        async with self._using(tool) as client:
+        too_large = (
+            f"MCP server {server_label!r} lists more than {self.limits.max_listing_bytes} "
+            "bytes of tools (--mcp-max-listing-bytes)."
+        )
+        async with self._using(tool, self.limits.max_listing_bytes, too_large) as client:
             cursor: str | None = None
             async with self._deadline(tool, "listing"):
                 while True:
@@ -257,12 +272,7 @@ class McpServers:
                         )
                         size += len(msgspec.json.encode(item))
                         if size > self.limits.max_listing_bytes:
-                            raise McpFailure(
-                                f"MCP server {server_label!r} lists more than "
-                                f"{self.limits.max_listing_bytes} bytes of tools "
-                                "(--mcp-max-listing-bytes).",
-                                code=LIMIT_EXCEEDED,
-                            )
+                            raise McpFailure(too_large, code=LIMIT_EXCEEDED)
                         listed.append(item)
                     cursor = page.next_cursor
                     if not cursor:
@@ -285,7 +295,12 @@ class McpServers:
             raise McpFailure("The call's arguments are not JSON.", code=-32602) from None
         if not isinstance(parsed, dict):
             raise McpFailure("The call's arguments are not a JSON object.", code=-32602)
-        async with self._using(tool) as client, self._deadline(tool, "call"):
+        too_large = (
+            f"The output of {name!r} is larger than {self.limits.max_output_bytes} bytes "
+            "(--mcp-max-output-bytes)."
+        )
+        limit = self.limits.max_output_bytes
+        async with self._using(tool, limit, too_large) as client, self._deadline(tool, "call"):
             result = await client.call_tool(name, parsed)
         texts = [part.text for part in result.content if getattr(part, "type", "") == "text"]
         if texts:
@@ -294,12 +309,8 @@ class McpServers:
             output = msgspec.json.encode(result.structured_content).decode()
         else:
             output = ""
-        if len(output.encode()) > self.limits.max_output_bytes:
-            raise McpFailure(
-                f"The output of {name!r} is larger than {self.limits.max_output_bytes} bytes "
-                "(--mcp-max-output-bytes).",
-                code=LIMIT_EXCEEDED,
-            )
+        if len(output.encode()) > limit:
+            raise McpFailure(too_large, code=LIMIT_EXCEEDED)
         if result.is_error:
             raise McpFailure(output, kind="mcp_tool_execution_error")
         return output
@@ -315,18 +326,25 @@ class McpServers:
         return _Deadline(self.limits.call_timeout, tool.server_label, what)
 
     @contextlib.asynccontextmanager
-    async def _using(self, tool: McpTool) -> AsyncIterator[Any]:
-        """The session with ``tool``'s server, opened if none is; one that failed
-        (or was cancelled) is ended, never used again."""
+    async def _using(self, tool: McpTool, limit: int, too_large: str) -> AsyncIterator[Any]:
+        """The session with ``tool``'s server, opened if none is, its answers held
+        to ``limit`` (``longresponse.hosted.pool``: one larger fails the operation
+        with ``too_large``, :data:`LIMIT_EXCEEDED`); one that failed (or was
+        cancelled) is ended, never used again."""
         label = tool.server_label
         kept = self._open.get(label)
         if kept is None:
-            session = _Session(tool, self.limits)
+            session = _Session(tool, self.limits, self._pool, load_sdk().Answers(limit, too_large))
             kept = self._open[label] = (session, await session.open())
+        else:
+            kept[0].answers.expect(limit, too_large)
+        answers = kept[0].answers
         try:
             yield kept[1]
         except BaseException as exc:
             await self._drop(label)
+            if answers.refused is not None and isinstance(exc, Exception):
+                raise McpFailure(answers.refused, code=LIMIT_EXCEEDED) from None
             if isinstance(exc, Exception) and not isinstance(exc, McpFailure):
                 raise _failure(label, exc, "the operation") from None
             raise
@@ -370,8 +388,10 @@ class _Session:
     ``mcp_protocol_error`` -32603.
     """
 
-    def __init__(self, tool: McpTool, limits: McpLimits) -> None:
-        self._tool, self._limits = tool, limits
+    def __init__(self, tool: McpTool, limits: McpLimits, pool: McpPool, answers: Answers) -> None:
+        self._tool, self._limits, self._pool = tool, limits, pool
+        #: What its answers may weigh (each operation says: :meth:`McpServers._using`).
+        self.answers = answers
         self._client: Any = None
 
     def _transport(self) -> Any:
@@ -388,13 +408,20 @@ class _Session:
         slack = limits.call_timeout + limits.connect_timeout + 1.0
         timeout = sdk.httpx2.Timeout(slack, connect=limits.connect_timeout + 1.0)
         if urlsplit(url).path.rstrip("/").endswith("/sse"):
+            # The SDK asks for a client with its own timeouts and no headers: ours
+            # go on each request, through the pool (longresponse.hosted.pool).
+            pool, answers, ours = self._pool, self.answers, headers
+
+            def session_client(headers: Any = None, timeout: Any = None, auth: Any = None) -> Any:
+                return pool.client(ours, answers, timeout)
+
             return sdk.sse_client(
                 url,
-                headers=headers,
                 timeout=limits.connect_timeout + 1.0,
                 sse_read_timeout=slack,
+                httpx_client_factory=session_client,
             )
-        client = sdk.httpx2.AsyncClient(headers=headers, timeout=timeout)
+        client = self._pool.client(headers, self.answers, timeout)
         return sdk.streamable_http_client(
             url, http_client=client, max_sse_event_size=limits.max_output_bytes + 65536
         ), client
@@ -423,6 +450,8 @@ class _Session:
             raise
         except BaseException as exc:
             await self._close_http()
+            if isinstance(exc, Exception) and self.answers.refused is not None:
+                raise McpFailure(self.answers.refused, code=LIMIT_EXCEEDED) from None
             if isinstance(exc, Exception):
                 raise _failure(label, exc, "connecting") from None
             raise
