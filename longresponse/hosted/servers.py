@@ -317,8 +317,8 @@ class McpServers:
 
     async def aclose(self) -> None:
         """End the MCP sessions kept open for the turn (see the module docstring)."""
-        for label in list(self._open):
-            await self._drop(label)
+        if self._open:
+            await self._drop(next(iter(self._open)))
 
     # --- one MCP session per server for a turn -------------------------------------
 
@@ -350,10 +350,18 @@ class McpServers:
             raise
 
     async def _drop(self, label: str) -> None:
-        kept = self._open.pop(label, None)
-        if kept is not None:
+        """End ``label``'s session, and first every session opened after it: a
+        session's task group and cancel scopes are the turn's task's, nested in
+        the order they were opened, and must end last-opened first (ended out
+        of order, anyio cancels the turn's task itself). The others are opened
+        again by their next operation."""
+        if label not in self._open:
+            return
+        opened = list(self._open)
+        for later in reversed(opened[opened.index(label) :]):
+            session, _ = self._open.pop(later)
             with contextlib.suppress(Exception):
-                await kept[0].close()
+                await session.close()
 
 
 class _Deadline:
