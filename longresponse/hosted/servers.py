@@ -45,7 +45,7 @@ import functools
 import logging
 import math
 import types
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlsplit
 
@@ -55,7 +55,8 @@ from protocol import ErrorCode, RemoteProtocolError
 from protocol.events import ResponseCreate
 from protocol.items import McpListedTool, McpTool, Tool
 
-from ..config import McpLimits
+from ..config import McpLimits, SchemaLimits
+from ..engine.admission import check_parameters
 from ..engine.hosted import McpFailure
 
 if TYPE_CHECKING:
@@ -87,6 +88,7 @@ def load_sdk() -> Any:
     import mcp.client.sse
     import mcp.client.streamable_http
     import mcp.shared.exceptions
+    import pydantic
 
     from . import pool
 
@@ -98,6 +100,7 @@ def load_sdk() -> Any:
         sse_client=mcp.client.sse.sse_client,
         streamable_http_client=mcp.client.streamable_http.streamable_http_client,
         MCPError=mcp.shared.exceptions.MCPError,
+        ValidationError=pydantic.ValidationError,
     )
 
 
@@ -209,10 +212,24 @@ class McpServers:
     """The ``mcp`` tools of one request, their secrets with them (the engine's
     ``McpHost``; see the module docstring)."""
 
-    def __init__(self, tools: dict[str, McpTool], limits: McpLimits, pool: McpPool) -> None:
+    def __init__(
+        self,
+        tools: dict[str, McpTool],
+        limits: McpLimits,
+        pool: McpPool,
+        *,
+        schema_limits: SchemaLimits,
+        in_worker: Callable[..., Awaitable[Any]],
+    ) -> None:
+        """``pool``: the server's HTTP pool (``longresponse.hosted.pool``);
+        ``schema_limits`` and ``in_worker``: what a listed tool's schema is held
+        to, and where it is checked, off the event loop (the server's check
+        workers: :func:`listing_refusal`)."""
         self._tools = tools
         self.limits = limits
         self._pool = pool
+        self._schema_limits = schema_limits
+        self._in_worker = in_worker
         self.calls = 0
         #: The session open with each server for the turn: (its owner, the client).
         self._open: dict[str, tuple[_Session, Any]] = {}
@@ -249,7 +266,8 @@ class McpServers:
             f"MCP server {server_label!r} lists more than {self.limits.max_listing_bytes} "
             "bytes of tools (--mcp-max-listing-bytes)."
         )
-        async with self._using(tool, self.limits.max_listing_bytes, too_large) as client:
+        limit = self.limits.max_listing_bytes
+        async with self._using(tool, limit, too_large, "listing its tools") as client:
             cursor: str | None = None
             async with self._deadline(tool, "listing"):
                 while True:
@@ -277,6 +295,12 @@ class McpServers:
                     cursor = page.next_cursor
                     if not cursor:
                         break
+        refusal = await self._in_worker(listing_refusal, listed, self._schema_limits)
+        if refusal is not None:
+            raise McpFailure(
+                f"MCP server {server_label!r} lists a tool this server cannot offer: {refusal}",
+                code=INTERNAL_ERROR,
+            )
         return listed
 
     async def call(self, server_label: str, name: str, arguments: str) -> str:
@@ -300,7 +324,8 @@ class McpServers:
             "(--mcp-max-output-bytes)."
         )
         limit = self.limits.max_output_bytes
-        async with self._using(tool, limit, too_large) as client, self._deadline(tool, "call"):
+        using = self._using(tool, limit, too_large, "calling a tool")
+        async with using as client, self._deadline(tool, "call"):
             result = await client.call_tool(name, parsed)
         texts = [part.text for part in result.content if getattr(part, "type", "") == "text"]
         if texts:
@@ -326,11 +351,13 @@ class McpServers:
         return _Deadline(self.limits.call_timeout, tool.server_label, what)
 
     @contextlib.asynccontextmanager
-    async def _using(self, tool: McpTool, limit: int, too_large: str) -> AsyncIterator[Any]:
+    async def _using(
+        self, tool: McpTool, limit: int, too_large: str, when: str
+    ) -> AsyncIterator[Any]:
         """The session with ``tool``'s server, opened if none is, its answers held
         to ``limit`` (``longresponse.hosted.pool``: one larger fails the operation
         with ``too_large``, :data:`LIMIT_EXCEEDED`); one that failed (or was
-        cancelled) is ended, never used again."""
+        cancelled) is ended, never used again (its failure says ``when``)."""
         label = tool.server_label
         kept = self._open.get(label)
         if kept is None:
@@ -346,7 +373,7 @@ class McpServers:
             if answers.refused is not None and isinstance(exc, Exception):
                 raise McpFailure(answers.refused, code=LIMIT_EXCEEDED) from None
             if isinstance(exc, Exception) and not isinstance(exc, McpFailure):
-                raise _failure(label, exc, "the operation") from None
+                raise _failure(label, exc, when) from None
             raise
 
     async def _drop(self, label: str) -> None:
@@ -362,6 +389,25 @@ class McpServers:
             session, _ = self._open.pop(later)
             with contextlib.suppress(Exception):
                 await session.close()
+
+
+def listing_refusal(listed: Sequence[McpListedTool], limits: SchemaLimits) -> str | None:
+    """Why a listed tool's ``inputSchema`` could not be a function's ``parameters``
+    (``engine.admission.check_parameters``: an object schema, the schema limits,
+    the metaschema), for the first that could not; ``None`` if all could. Pure:
+    run in a check worker."""
+    for tool in listed:
+        schema = tool.input_schema
+        try:
+            if not isinstance(schema, dict):
+                raise RemoteProtocolError(
+                    f"Invalid schema for function {tool.name!r}: not a JSON object.",
+                    code=ErrorCode.INVALID_VALUE,
+                )
+            check_parameters(tool.name, schema, "inputSchema", limits)
+        except RemoteProtocolError as refusal:
+            return refusal.message
+    return None
 
 
 class _Deadline:
@@ -489,6 +535,13 @@ def _failure(label: str, exc: BaseException, when: str) -> McpFailure:
             f"MCP server {label!r} answered error {found.code}: "
             f"{found.message.splitlines()[0][:200] if found.message else ''}",
             code=found.code,
+        )
+    if isinstance(found, sdk.ValidationError):
+        errors = found.errors()
+        where = "/".join(str(part) for part in errors[0]["loc"])[:200] if errors else ""
+        return McpFailure(
+            f"MCP server {label!r} sent an answer that is not MCP while {when} (at {where!r}).",
+            code=INTERNAL_ERROR,
         )
     if isinstance(found, sdk.httpx2.HTTPStatusError):
         status = found.response.status_code

@@ -292,7 +292,13 @@ class Turns:
                 check_mcp_tools(request.tools, self.config.mcp)
             # authorization and headers go to the MCP servers only, never further
             request, tools = redact_mcp_tools(request)
-            mcp = McpServers(tools, self.config.mcp, self.mcp_pool())
+            mcp = McpServers(
+                tools,
+                self.config.mcp,
+                self.mcp_pool(),
+                schema_limits=self.config.schema_limits,
+                in_worker=self.in_worker,
+            )
         admitted = admit_turn(
             request,
             pipeline=self.pipeline,

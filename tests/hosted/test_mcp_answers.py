@@ -89,3 +89,47 @@ def test_a_hostile_output_is_cut_off_at_its_limit(
     )
     assert response.output[-1].type == "message"  # the model went on
     assert peak < PEAK_BOUND < HOSTILE_BYTES, f"peak +{peak >> 20} MiB"
+
+
+@pytest.mark.parametrize(
+    ("kind", "why"),
+    [
+        (
+            "minimum",
+            "lists a tool this server cannot offer: "
+            "Invalid schema for function 'odd': 'zero' is not of type 'number'.",
+        ),
+        (
+            "minitems",
+            "lists a tool this server cannot offer: Invalid schema for function 'odd': "
+            "at '#/properties/xs': 'minItems' above 10000 (20000).",
+        ),
+        # the SDK refuses this one itself, as not MCP (its listing is typed)
+        (
+            "properties",
+            "sent an answer that is not MCP while listing its tools "
+            "(at 'tools/0/inputSchema/properties').",
+        ),
+    ],
+)
+def test_a_listed_schema_no_client_could_give_fails_only_its_listing(
+    small_server: RunningServer, mcp_server: LoopbackMcp, kind: str, why: str
+) -> None:
+    """A listed tool's ``inputSchema`` is held to what a function's ``parameters``
+    must be (the metaschema, the schema limits): one that is not fails its
+    server's listing, precisely; the other server's tools are offered and
+    called."""
+    client = openai_client(small_server)
+    odd = {**mcp_tool(mcp_server.hostile_url(kind, "list")), "server_label": "odd"}
+    good = mcp_tool(mcp_server.http_url, allowed_tools=["add"], require_approval="never")
+    response = client.responses.create(model="sim", input="go", tools=[odd, good])
+    assert response.status == "completed"
+    listings = {
+        item.server_label: item for item in response.output if item.type == "mcp_list_tools"
+    }
+    assert listings["odd"].tools == []
+    assert listings["odd"].error == f"MCP server 'odd' {why}"
+    assert listings["loop"].error is None
+    assert [tool.name for tool in listings["loop"].tools] == ["add"]
+    (call,) = [item for item in response.output if item.type == "mcp_call"]
+    assert (call.server_label, call.name, call.error) == ("loop", "add", None)

@@ -109,6 +109,18 @@ HOSTILE_BYTES = 64 << 20
 _MIB = 1 << 20
 
 
+#: Schemas of a listed tool (``odd``) that no client could give as ``parameters``.
+ODD_SCHEMAS: dict[str, dict[str, Any]] = {
+    "minimum": {"type": "object", "properties": {"n": {"type": "number", "minimum": "zero"}}},
+    "properties": {"type": "object", "properties": [{"n": {"type": "string"}}]},
+    "minitems": {
+        "type": "object",
+        "properties": {"xs": {"type": "array", "minItems": 20_000, "items": {"type": "integer"}}},
+        "required": ["xs"],
+    },
+}
+
+
 def _hostile_parts(method: str, request_id: object) -> tuple[bytes, bytes]:
     """The JSON around a hostile answer's text: a call's output, or a listed
     tool's description."""
@@ -138,7 +150,8 @@ async def hostile_app(scope: Any, receive: Any, send: Any) -> None:
     then answers its listing or a call (path ``/{kind}/{list|call}/mcp``) with
     ``HOSTILE_BYTES`` of text: ``huge`` with its Content-Length, ``endless``
     streamed without one and never ended, ``bomb`` as gzip (about 64 KiB that
-    inflate to 64 MiB). It stops sending when the client hangs up."""
+    inflate to 64 MiB). It stops sending when the client hangs up. A ``kind``
+    of :data:`ODD_SCHEMAS` lists the tool ``odd`` with that schema instead."""
     if scope["type"] != "http":
         return
     kind, target = scope["path"].strip("/").split("/")[:2]
@@ -160,7 +173,9 @@ async def hostile_app(scope: Any, receive: Any, send: Any) -> None:
         await send({"type": "http.response.body", "body": b""})
         return
     headers = [(b"content-type", b"application/json"), (b"mcp-session-id", b"hostile")]
-    hostile = method == {"list": "tools/list", "call": "tools/call"}[target]
+    hostile = (
+        kind not in ODD_SCHEMAS and method == {"list": "tools/list", "call": "tools/call"}[target]
+    )
     if not hostile:
         if method == "initialize":
             result: Any = {
@@ -168,6 +183,8 @@ async def hostile_app(scope: Any, receive: Any, send: Any) -> None:
                 "capabilities": {"tools": {}},
                 "serverInfo": {"name": "hostile", "version": "1"},
             }
+        elif kind in ODD_SCHEMAS:
+            result = {"tools": [{"name": "odd", "inputSchema": ODD_SCHEMAS[kind]}]}
         else:  # the listing of a server whose calls are hostile
             result = {"tools": [{"name": "dump", "inputSchema": {"type": "object"}}]}
         answer = json.dumps({"jsonrpc": "2.0", "id": request["id"], "result": result}).encode()
