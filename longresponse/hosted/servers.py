@@ -122,13 +122,22 @@ def check_mcp_tools(tools: Sequence[Tool], limits: McpLimits) -> None:
     :class:`RemoteProtocolError` (nothing accepted): ``connector_id`` or
     ``tunnel_id`` (OpenAI's hosted connectors and tunnels:
     ``unsupported_parameter``), no ``server_url`` (``missing_required_parameter``),
-    a URL that is not http(s), a host not allowed (``--mcp-allow-host``) or a
-    ``server_label`` given twice (``invalid_value``)."""
+    a URL that is not http(s), a host not allowed (``--mcp-allow-host``), a
+    ``server_label`` given twice, or more ``mcp`` tools than
+    ``--mcp-max-servers`` (``invalid_value``, ``param`` the first one too many:
+    checked before anything is connected to)."""
     labels: set[str] = set()
     for index, tool in enumerate(tools):
         if not isinstance(tool, McpTool):
             continue
         where = f"tools[{index}]"
+        if len(labels) == limits.max_servers:
+            raise RemoteProtocolError(
+                f"Invalid value for '{where}': a request may name at most "
+                f"{limits.max_servers} mcp tools (--mcp-max-servers).",
+                code=ErrorCode.INVALID_VALUE,
+                param=where,
+            )
         for field in ("connector_id", "tunnel_id"):
             if isinstance(getattr(tool, field), str):
                 raise RemoteProtocolError(
