@@ -12,8 +12,8 @@ to each of its requests: they are never set on anything another session
 uses, and a pooled connection carries no header from one request to the next.
 
 Every answer is read through :class:`_BoundedBody`, which inflates it itself
-(``gzip`` and ``deflate``, the encodings it asks for; any other fails the
-read) in pieces of at most :data:`PIECE_BYTES`, counting the bytes received
+(``gzip`` and ``deflate``, the encodings it asks for; an answer in any
+other fails when read) in pieces of at most :data:`PIECE_BYTES`, counting the bytes received
 and the bytes inflated as they come. An answer that is not a stream of
 events may be at most :meth:`Answers.body_limit` bytes of either, what the session's
 operation expects (:meth:`Answers.expect`: a listing's or an output's limit,
@@ -50,7 +50,14 @@ ACCEPTED_ENCODINGS: Final = "gzip, deflate"
 
 class AnswerTooLarge(httpx2.StreamError):
     """An answer passed the limit of :class:`Answers`. A stream error of the
-    SDK's HTTP client, which the SDK turns into the request's failure at once."""
+    SDK's HTTP client, which the SDK turns into the request's failure at once
+    (any other error of a read would end the session's tasks, and anyio would
+    cancel the turn's task with them)."""
+
+
+class AnswerUnreadable(httpx2.StreamError):
+    """An answer in an encoding not asked for (:data:`ACCEPTED_ENCODINGS`): failed
+    when read, as :class:`AnswerTooLarge` is."""
 
 
 class Answers:
@@ -63,11 +70,14 @@ class Answers:
     def __init__(self, limit: int, too_large: str) -> None:
         self.limit, self._too_large = limit, too_large
         self.refused: str | None = None
+        #: An answer came in an encoding not asked for.
+        self.unreadable = False
 
     def expect(self, limit: int, too_large: str) -> None:
         """The next operation's answers are at most :meth:`body_limit` of ``limit``;
         one larger fails it with ``too_large``. Forgets an earlier refusal."""
         self.limit, self._too_large, self.refused = limit, too_large, None
+        self.unreadable = False
 
     def body_limit(self) -> int:
         return 2 * self.limit + ENVELOPE_BYTES
@@ -103,11 +113,14 @@ class _BoundedBody(httpx2.AsyncByteStream):
     docstring); ``limit`` ``None``: a stream of events, its pieces bounded only."""
 
     def __init__(self, inner: Any, encoding: str, answers: Answers, limit: int | None) -> None:
-        self._inner = inner
-        self._inflater = _Inflater(encoding) if encoding != "identity" else None
+        self._inner, self._encoding = inner, encoding
+        self._inflater = _Inflater(encoding) if encoding in ("gzip", "deflate") else None
         self._answers, self._limit = answers, limit
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
+        if self._encoding not in ("identity", "gzip", "deflate"):
+            self._answers.unreadable = True
+            raise AnswerUnreadable(f"an MCP answer in {self._encoding[:20]!r}, not asked for")
         received = inflated = 0
         limit = self._limit
         async for chunk in self._inner:
@@ -141,11 +154,6 @@ class _SessionTransport(httpx2.AsyncBaseTransport):
         request.headers["accept-encoding"] = ACCEPTED_ENCODINGS
         response = await self._pool.handle_async_request(request)
         encoding = response.headers.get("content-encoding", "identity").strip().lower()
-        if encoding not in ("identity", "gzip", "deflate"):
-            await response.aclose()
-            raise httpx2.DecodingError(
-                f"an MCP answer in an encoding not asked for: {encoding[:20]!r}"
-            )
         headers = [
             (name, value)
             for name, value in response.headers.multi_items()

@@ -381,6 +381,8 @@ class McpServers:
             await self._drop(label)
             if answers.refused is not None and isinstance(exc, Exception):
                 raise McpFailure(answers.refused, code=LIMIT_EXCEEDED) from None
+            if answers.unreadable and isinstance(exc, Exception):
+                raise _unreadable(label, when) from None
             if isinstance(exc, Exception) and not isinstance(exc, McpFailure):
                 raise _failure(label, exc, when) from None
             raise
@@ -515,6 +517,8 @@ class _Session:
             await self._close_http()
             if isinstance(exc, Exception) and self.answers.refused is not None:
                 raise McpFailure(self.answers.refused, code=LIMIT_EXCEEDED) from None
+            if isinstance(exc, Exception) and self.answers.unreadable:
+                raise _unreadable(label, "connecting") from None
             if isinstance(exc, Exception):
                 raise _failure(label, exc, "connecting") from None
             raise
@@ -530,6 +534,13 @@ class _Session:
     async def _close_http(self) -> None:
         if self._http is not None:
             await self._http.aclose()
+
+
+def _unreadable(label: str, when: str) -> McpFailure:
+    return McpFailure(
+        f"MCP server {label!r} answered in an encoding this server did not ask for while {when}.",
+        code=INTERNAL_ERROR,
+    )
 
 
 def _failure(label: str, exc: BaseException, when: str) -> McpFailure:
