@@ -56,8 +56,8 @@ class AnswerTooLarge(httpx2.StreamError):
 
 
 class AnswerUnreadable(httpx2.StreamError):
-    """An answer in an encoding not asked for (:data:`ACCEPTED_ENCODINGS`): failed
-    when read, as :class:`AnswerTooLarge` is."""
+    """An answer in an encoding not asked for (:data:`ACCEPTED_ENCODINGS`), or one
+    that does not inflate: failed when read, as :class:`AnswerTooLarge` is."""
 
 
 class Answers:
@@ -70,14 +70,14 @@ class Answers:
     def __init__(self, limit: int, too_large: str) -> None:
         self.limit, self._too_large = limit, too_large
         self.refused: str | None = None
-        #: An answer came in an encoding not asked for.
-        self.unreadable = False
+        #: Why an answer could not be read (its encoding), if one could not.
+        self.unreadable: str | None = None
 
     def expect(self, limit: int, too_large: str) -> None:
         """The next operation's answers are at most :meth:`body_limit` of ``limit``;
         one larger fails it with ``too_large``. Forgets an earlier refusal."""
         self.limit, self._too_large, self.refused = limit, too_large, None
-        self.unreadable = False
+        self.unreadable = None
 
     def body_limit(self) -> int:
         return 2 * self.limit + ENVELOPE_BYTES
@@ -119,8 +119,7 @@ class _BoundedBody(httpx2.AsyncByteStream):
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         if self._encoding not in ("identity", "gzip", "deflate"):
-            self._answers.unreadable = True
-            raise AnswerUnreadable(f"an MCP answer in {self._encoding[:20]!r}, not asked for")
+            raise self._unreadable("in an encoding this server did not ask for")
         received = inflated = 0
         limit = self._limit
         async for chunk in self._inner:
@@ -128,11 +127,18 @@ class _BoundedBody(httpx2.AsyncByteStream):
             if limit is not None and received > limit:
                 raise self._answers.refuse()
             pieces = [chunk] if self._inflater is None else self._inflater.pieces(chunk)
-            for piece in pieces:
-                inflated += len(piece)
-                if limit is not None and inflated > limit:
-                    raise self._answers.refuse()
-                yield piece
+            try:
+                for piece in pieces:
+                    inflated += len(piece)
+                    if limit is not None and inflated > limit:
+                        raise self._answers.refuse()
+                    yield piece
+            except zlib.error:
+                raise self._unreadable(f"whose {self._encoding} does not inflate") from None
+
+    def _unreadable(self, why: str) -> AnswerUnreadable:
+        self._answers.unreadable = why
+        return AnswerUnreadable(f"an MCP answer {why}")
 
     async def aclose(self) -> None:
         await self._inner.aclose()

@@ -381,8 +381,8 @@ class McpServers:
             await self._drop(label)
             if answers.refused is not None and isinstance(exc, Exception):
                 raise McpFailure(answers.refused, code=LIMIT_EXCEEDED) from None
-            if answers.unreadable and isinstance(exc, Exception):
-                raise _unreadable(label, when) from None
+            if answers.unreadable is not None and isinstance(exc, Exception):
+                raise _unreadable(label, answers.unreadable, when) from None
             if isinstance(exc, Exception) and not isinstance(exc, McpFailure):
                 raise _failure(label, exc, when) from None
             raise
@@ -517,8 +517,8 @@ class _Session:
             await self._close_http()
             if isinstance(exc, Exception) and self.answers.refused is not None:
                 raise McpFailure(self.answers.refused, code=LIMIT_EXCEEDED) from None
-            if isinstance(exc, Exception) and self.answers.unreadable:
-                raise _unreadable(label, "connecting") from None
+            if isinstance(exc, Exception) and self.answers.unreadable is not None:
+                raise _unreadable(label, self.answers.unreadable, "connecting") from None
             if isinstance(exc, Exception):
                 raise _failure(label, exc, "connecting") from None
             raise
@@ -536,10 +536,10 @@ class _Session:
             await self._http.aclose()
 
 
-def _unreadable(label: str, when: str) -> McpFailure:
+def _unreadable(label: str, why: str, when: str) -> McpFailure:
+    """An answer the pool could not read (``why``: its encoding)."""
     return McpFailure(
-        f"MCP server {label!r} answered in an encoding this server did not ask for while {when}.",
-        code=INTERNAL_ERROR,
+        f"MCP server {label!r} sent an answer {why} while {when}.", code=INTERNAL_ERROR
     )
 
 

@@ -135,22 +135,27 @@ def test_a_listed_schema_no_client_could_give_fails_only_its_listing(
     assert (call.server_label, call.name, call.error) == ("loop", "add", None)
 
 
-def test_an_answer_in_an_encoding_not_asked_for_fails_at_once(
-    small_server: RunningServer, mcp_server: LoopbackMcp
+@pytest.mark.parametrize(
+    ("kind", "why"),
+    [
+        ("brotli", "in an encoding this server did not ask for"),
+        ("corrupt", "whose gzip does not inflate"),
+    ],
+)
+def test_an_answer_that_cannot_be_decoded_fails_its_call_at_once(
+    small_server: RunningServer, mcp_server: LoopbackMcp, kind: str, why: str
 ) -> None:
     """The server asks for gzip or deflate only (what it inflates within its
-    limits); an answer in another fails its call at once, not at the timeout."""
+    limits); an answer in another, or one that does not inflate, fails its call
+    at once, precisely (not at the timeout; it used to cancel the turn)."""
     client = openai_client(small_server)
     tool = mcp_tool(
-        mcp_server.hostile_url("brotli", "call"), allowed_tools=["dump"], require_approval="never"
+        mcp_server.hostile_url(kind, "call"), allowed_tools=["dump"], require_approval="never"
     )
     response = client.responses.create(model="sim", input="go", tools=[tool])
     (call,) = [item for item in response.output if item.type == "mcp_call"]
     assert call.status == "failed"
     assert call.error.type == "mcp_protocol_error"
-    assert call.error.message == (
-        "MCP server 'loop' answered in an encoding this server did not ask for while "
-        "calling a tool."
-    )
+    assert call.error.message == f"MCP server 'loop' sent an answer {why} while calling a tool."
     assert "--mcp-call-timeout" not in call.error.message
     assert response.output[-1].type == "message"

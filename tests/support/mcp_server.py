@@ -150,7 +150,8 @@ async def hostile_app(scope: Any, receive: Any, send: Any) -> None:
     then answers its listing or a call (path ``/{kind}/{list|call}/mcp``) with
     ``HOSTILE_BYTES`` of text: ``huge`` with its Content-Length, ``endless``
     streamed without one and never ended, ``bomb`` as gzip (about 64 KiB that
-    inflate to 64 MiB), ``brotli`` labelled ``br`` (never asked for). It stops
+    inflate to 64 MiB), ``brotli`` labelled ``br`` (never asked for), ``corrupt`` labelled
+    ``gzip`` and sent plain. It stops
     sending when the client hangs up. A ``kind`` of :data:`ODD_SCHEMAS` lists
     the tool ``odd`` with that schema instead."""
     if scope["type"] != "http":
@@ -207,8 +208,10 @@ async def hostile_app(scope: Any, receive: Any, send: Any) -> None:
             headers.append((b"content-length", str(length).encode()))
         elif kind == "bomb":
             headers.append((b"content-encoding", b"gzip"))
-        elif kind == "brotli":  # not asked for: read as nothing else
+        elif kind == "brotli":  # not asked for
             headers.append((b"content-encoding", b"br"))
+        elif kind == "corrupt":  # said to be gzip, and not
+            headers.append((b"content-encoding", b"gzip"))
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         if kind == "bomb":
             first, middle, last = _gzip_bomb(head, tail)
