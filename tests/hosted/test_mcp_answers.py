@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from longresponse.config import ServerConfig
 from tests.conftest import RunningServer, openai_client
 from tests.hosted.conftest import LIMITS, mcp_tool
 from tests.support.mcp_server import HOSTILE_BYTES, LoopbackMcp
@@ -28,8 +29,6 @@ PEAK_BOUND = 8 << 20
 @pytest.fixture(scope="module")
 def small_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     store = tmp_path_factory.mktemp("answers") / "responses.db"
-    from longresponse.config import ServerConfig
-
     config = dataclasses.replace(ServerConfig(port=0), store=f"sqlite:///{store}", mcp=SMALL)
     running = RunningServer(config).start()
     yield running
