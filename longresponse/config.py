@@ -340,6 +340,8 @@ class McpLimits:
     max_output_bytes: int = 1 << 20
     #: MCP calls one Response may make.
     max_calls: int = 64
+    #: ``mcp`` tools (MCP servers, a session each) one request may name.
+    max_servers: int = 16
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -742,6 +744,9 @@ SETTINGS: Final[tuple[Setting, ...]] = (
        field="mcp.max_output_bytes"),
     _n("mcp_max_calls", int, _MCP_DEFAULTS.max_calls, 1, 100_000,
        "MCP calls one Response may make; further calls fail", field="mcp.max_calls"),
+    _n("mcp_max_servers", int, _MCP_DEFAULTS.max_servers, 1, 1_000,
+       "mcp tools (MCP servers) one request may name; a request naming more is refused",
+       field="mcp.max_servers"),
     _switch("incremental_validation",
             "validate only new input (off: the whole history, every time)"),
     _switch("incremental_classification",

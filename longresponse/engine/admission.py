@@ -98,6 +98,7 @@ __all__ = [
     "HostedTools",
     "Pipeline",
     "Switches",
+    "check_parameters",
     "name_refusal",
     "parameters_refusal",
     "too_many_tools",
@@ -373,7 +374,7 @@ class Pipeline:
             )
         names.add(tool.name)
         if isinstance(tool, FunctionTool) and tool.parameters is not None:
-            _check_parameters(tool.name, tool.parameters, f"{where}.parameters", self.limits)
+            check_parameters(tool.name, tool.parameters, f"{where}.parameters", self.limits)
 
     def check_text_format(self, text_format: TextFormat | None) -> None:
         """A ``json_schema`` format's name and schema (strict rules when ``strict``).
@@ -643,12 +644,13 @@ def parameters_refusal(name: str, why: str, param: str) -> RemoteProtocolError:
     )
 
 
-def _check_parameters(
+def check_parameters(
     name: str, schema: dict[str, object], param: str, limits: SchemaLimits
 ) -> None:
-    """A function's ``parameters``: an object schema (as the shipped API
-    requires), within the size limits (a cheap walk, first), valid under the
-    metaschema."""
+    """A function's ``parameters`` (or an MCP server's listed ``inputSchema``):
+    an object schema (as the shipped API requires), within the size limits (a
+    cheap walk, first), valid under the metaschema. Raises
+    :class:`RemoteProtocolError` (:func:`parameters_refusal`); nothing changes."""
     fault = schema_limits(schema, limits)
     if fault is not None:
         raise parameters_refusal(name, fault.message, fault.param(param))

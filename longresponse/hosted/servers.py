@@ -22,7 +22,10 @@ the operation in flight.
 Each has the limits of :class:`McpLimits` (``--mcp-*`` flags): connecting and
 the initialize handshake within ``connect_timeout``, the operation within
 ``call_timeout``, a listing or an output of at most so many bytes, so many
-calls per Response. A server that is down, slow, answers an error or
+calls per Response; its answers are read through the server's one HTTP
+pool (``longresponse.hosted.pool``), with the session's headers on each of
+its requests and each answer cut off at its operation's limit as it is read
+(the operation fails with that limit's error). A server that is down, slow, answers an error or
 garbage, or hangs fails that operation with :class:`McpFailure` and a
 message of this module's own (never the exception's text, which may quote a
 URL with credentials): the rollout goes on.
@@ -42,8 +45,8 @@ import functools
 import logging
 import math
 import types
-from collections.abc import AsyncIterator, Sequence
-from typing import Any, Final
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlsplit
 
 import msgspec
@@ -52,8 +55,12 @@ from protocol import ErrorCode, RemoteProtocolError
 from protocol.events import ResponseCreate
 from protocol.items import McpListedTool, McpTool, Tool
 
-from ..config import McpLimits
+from ..config import McpLimits, SchemaLimits
+from ..engine.admission import check_parameters
 from ..engine.hosted import McpFailure
+
+if TYPE_CHECKING:
+    from .pool import Answers, McpPool
 
 __all__ = ["McpLimits", "McpServers", "check_mcp_tools", "load_sdk", "redact_mcp_tools"]
 
@@ -81,13 +88,19 @@ def load_sdk() -> Any:
     import mcp.client.sse
     import mcp.client.streamable_http
     import mcp.shared.exceptions
+    import pydantic
+
+    from . import pool
 
     return types.SimpleNamespace(
         httpx2=httpx2,
+        McpPool=pool.McpPool,
+        Answers=pool.Answers,
         Client=mcp.Client,
         sse_client=mcp.client.sse.sse_client,
         streamable_http_client=mcp.client.streamable_http.streamable_http_client,
         MCPError=mcp.shared.exceptions.MCPError,
+        ValidationError=pydantic.ValidationError,
     )
 
 
@@ -109,13 +122,22 @@ def check_mcp_tools(tools: Sequence[Tool], limits: McpLimits) -> None:
     :class:`RemoteProtocolError` (nothing accepted): ``connector_id`` or
     ``tunnel_id`` (OpenAI's hosted connectors and tunnels:
     ``unsupported_parameter``), no ``server_url`` (``missing_required_parameter``),
-    a URL that is not http(s), a host not allowed (``--mcp-allow-host``) or a
-    ``server_label`` given twice (``invalid_value``)."""
+    a URL that is not http(s), a host not allowed (``--mcp-allow-host``), a
+    ``server_label`` given twice, or more ``mcp`` tools than
+    ``--mcp-max-servers`` (``invalid_value``, ``param`` the first one too many:
+    checked before anything is connected to)."""
     labels: set[str] = set()
     for index, tool in enumerate(tools):
         if not isinstance(tool, McpTool):
             continue
         where = f"tools[{index}]"
+        if len(labels) == limits.max_servers:
+            raise RemoteProtocolError(
+                f"Invalid value for '{where}': a request may name at most "
+                f"{limits.max_servers} mcp tools (--mcp-max-servers).",
+                code=ErrorCode.INVALID_VALUE,
+                param=where,
+            )
         for field in ("connector_id", "tunnel_id"):
             if isinstance(getattr(tool, field), str):
                 raise RemoteProtocolError(
@@ -199,9 +221,24 @@ class McpServers:
     """The ``mcp`` tools of one request, their secrets with them (the engine's
     ``McpHost``; see the module docstring)."""
 
-    def __init__(self, tools: dict[str, McpTool], limits: McpLimits) -> None:
+    def __init__(
+        self,
+        tools: dict[str, McpTool],
+        limits: McpLimits,
+        pool: McpPool,
+        *,
+        schema_limits: SchemaLimits,
+        in_worker: Callable[..., Awaitable[Any]],
+    ) -> None:
+        """``pool``: the server's HTTP pool (``longresponse.hosted.pool``);
+        ``schema_limits`` and ``in_worker``: what a listed tool's schema is held
+        to, and where it is checked, off the event loop (the server's check
+        workers: :func:`listing_refusal`)."""
         self._tools = tools
         self.limits = limits
+        self._pool = pool
+        self._schema_limits = schema_limits
+        self._in_worker = in_worker
         self.calls = 0
         #: The session open with each server for the turn: (its owner, the client).
         self._open: dict[str, tuple[_Session, Any]] = {}
@@ -234,7 +271,12 @@ class McpServers:
         allowed = _names_filter(tool.allowed_tools)  # none given: every tool
         listed: list[McpListedTool] = []
         size = 0
-        async with self._using(tool) as client:
+        too_large = (
+            f"MCP server {server_label!r} lists more than {self.limits.max_listing_bytes} "
+            "bytes of tools (--mcp-max-listing-bytes)."
+        )
+        limit = self.limits.max_listing_bytes
+        async with self._using(tool, limit, too_large, "listing its tools") as client:
             cursor: str | None = None
             async with self._deadline(tool, "listing"):
                 while True:
@@ -257,16 +299,17 @@ class McpServers:
                         )
                         size += len(msgspec.json.encode(item))
                         if size > self.limits.max_listing_bytes:
-                            raise McpFailure(
-                                f"MCP server {server_label!r} lists more than "
-                                f"{self.limits.max_listing_bytes} bytes of tools "
-                                "(--mcp-max-listing-bytes).",
-                                code=LIMIT_EXCEEDED,
-                            )
+                            raise McpFailure(too_large, code=LIMIT_EXCEEDED)
                         listed.append(item)
                     cursor = page.next_cursor
                     if not cursor:
                         break
+        refusal = await self._in_worker(listing_refusal, listed, self._schema_limits)
+        if refusal is not None:
+            raise McpFailure(
+                f"MCP server {server_label!r} lists a tool this server cannot offer: {refusal}",
+                code=INTERNAL_ERROR,
+            )
         return listed
 
     async def call(self, server_label: str, name: str, arguments: str) -> str:
@@ -285,7 +328,13 @@ class McpServers:
             raise McpFailure("The call's arguments are not JSON.", code=-32602) from None
         if not isinstance(parsed, dict):
             raise McpFailure("The call's arguments are not a JSON object.", code=-32602)
-        async with self._using(tool) as client, self._deadline(tool, "call"):
+        too_large = (
+            f"The output of {name!r} is larger than {self.limits.max_output_bytes} bytes "
+            "(--mcp-max-output-bytes)."
+        )
+        limit = self.limits.max_output_bytes
+        using = self._using(tool, limit, too_large, "calling a tool")
+        async with using as client, self._deadline(tool, "call"):
             result = await client.call_tool(name, parsed)
         texts = [part.text for part in result.content if getattr(part, "type", "") == "text"]
         if texts:
@@ -294,20 +343,16 @@ class McpServers:
             output = msgspec.json.encode(result.structured_content).decode()
         else:
             output = ""
-        if len(output.encode()) > self.limits.max_output_bytes:
-            raise McpFailure(
-                f"The output of {name!r} is larger than {self.limits.max_output_bytes} bytes "
-                "(--mcp-max-output-bytes).",
-                code=LIMIT_EXCEEDED,
-            )
+        if len(output.encode()) > limit:
+            raise McpFailure(too_large, code=LIMIT_EXCEEDED)
         if result.is_error:
             raise McpFailure(output, kind="mcp_tool_execution_error")
         return output
 
     async def aclose(self) -> None:
         """End the MCP sessions kept open for the turn (see the module docstring)."""
-        for label in list(self._open):
-            await self._drop(label)
+        if self._open:
+            await self._drop(next(iter(self._open)))
 
     # --- one MCP session per server for a turn -------------------------------------
 
@@ -315,27 +360,65 @@ class McpServers:
         return _Deadline(self.limits.call_timeout, tool.server_label, what)
 
     @contextlib.asynccontextmanager
-    async def _using(self, tool: McpTool) -> AsyncIterator[Any]:
-        """The session with ``tool``'s server, opened if none is; one that failed
-        (or was cancelled) is ended, never used again."""
+    async def _using(
+        self, tool: McpTool, limit: int, too_large: str, when: str
+    ) -> AsyncIterator[Any]:
+        """The session with ``tool``'s server, opened if none is, its answers held
+        to ``limit`` (``longresponse.hosted.pool``: one larger fails the operation
+        with ``too_large``, :data:`LIMIT_EXCEEDED`); one that failed (or was
+        cancelled) is ended, never used again (its failure says ``when``)."""
         label = tool.server_label
         kept = self._open.get(label)
         if kept is None:
-            session = _Session(tool, self.limits)
+            session = _Session(tool, self.limits, self._pool, load_sdk().Answers(limit, too_large))
             kept = self._open[label] = (session, await session.open())
+        else:
+            kept[0].answers.expect(limit, too_large)
+        answers = kept[0].answers
         try:
             yield kept[1]
         except BaseException as exc:
             await self._drop(label)
+            if answers.refused is not None and isinstance(exc, Exception):
+                raise McpFailure(answers.refused, code=LIMIT_EXCEEDED) from None
+            if answers.unreadable is not None and isinstance(exc, Exception):
+                raise _unreadable(label, answers.unreadable, when) from None
             if isinstance(exc, Exception) and not isinstance(exc, McpFailure):
-                raise _failure(label, exc, "the operation") from None
+                raise _failure(label, exc, when) from None
             raise
 
     async def _drop(self, label: str) -> None:
-        kept = self._open.pop(label, None)
-        if kept is not None:
+        """End ``label``'s session, and first every session opened after it: a
+        session's task group and cancel scopes are the turn's task's, nested in
+        the order they were opened, and must end last-opened first (ended out
+        of order, anyio cancels the turn's task itself). The others are opened
+        again by their next operation."""
+        if label not in self._open:
+            return
+        opened = list(self._open)
+        for later in reversed(opened[opened.index(label) :]):
+            session, _ = self._open.pop(later)
             with contextlib.suppress(Exception):
-                await kept[0].close()
+                await session.close()
+
+
+def listing_refusal(listed: Sequence[McpListedTool], limits: SchemaLimits) -> str | None:
+    """Why a listed tool's ``inputSchema`` could not be a function's ``parameters``
+    (``engine.admission.check_parameters``: an object schema, the schema limits,
+    the metaschema), for the first that could not; ``None`` if all could. Pure:
+    run in a check worker."""
+    for tool in listed:
+        schema = tool.input_schema
+        try:
+            if not isinstance(schema, dict):
+                raise RemoteProtocolError(
+                    f"Invalid schema for function {tool.name!r}: not a JSON object.",
+                    code=ErrorCode.INVALID_VALUE,
+                )
+            check_parameters(tool.name, schema, "inputSchema", limits)
+        except RemoteProtocolError as refusal:
+            return refusal.message
+    return None
 
 
 class _Deadline:
@@ -370,8 +453,10 @@ class _Session:
     ``mcp_protocol_error`` -32603.
     """
 
-    def __init__(self, tool: McpTool, limits: McpLimits) -> None:
-        self._tool, self._limits = tool, limits
+    def __init__(self, tool: McpTool, limits: McpLimits, pool: McpPool, answers: Answers) -> None:
+        self._tool, self._limits, self._pool = tool, limits, pool
+        #: What its answers may weigh (each operation says: :meth:`McpServers._using`).
+        self.answers = answers
         self._client: Any = None
 
     def _transport(self) -> Any:
@@ -388,13 +473,20 @@ class _Session:
         slack = limits.call_timeout + limits.connect_timeout + 1.0
         timeout = sdk.httpx2.Timeout(slack, connect=limits.connect_timeout + 1.0)
         if urlsplit(url).path.rstrip("/").endswith("/sse"):
+            # The SDK asks for a client with its own timeouts and no headers: ours
+            # go on each request, through the pool (longresponse.hosted.pool).
+            pool, answers, ours = self._pool, self.answers, headers
+
+            def session_client(headers: Any = None, timeout: Any = None, auth: Any = None) -> Any:
+                return pool.client(ours, answers, timeout)
+
             return sdk.sse_client(
                 url,
-                headers=headers,
                 timeout=limits.connect_timeout + 1.0,
                 sse_read_timeout=slack,
+                httpx_client_factory=session_client,
             )
-        client = sdk.httpx2.AsyncClient(headers=headers, timeout=timeout)
+        client = self._pool.client(headers, self.answers, timeout)
         return sdk.streamable_http_client(
             url, http_client=client, max_sse_event_size=limits.max_output_bytes + 65536
         ), client
@@ -423,6 +515,10 @@ class _Session:
             raise
         except BaseException as exc:
             await self._close_http()
+            if isinstance(exc, Exception) and self.answers.refused is not None:
+                raise McpFailure(self.answers.refused, code=LIMIT_EXCEEDED) from None
+            if isinstance(exc, Exception) and self.answers.unreadable is not None:
+                raise _unreadable(label, self.answers.unreadable, "connecting") from None
             if isinstance(exc, Exception):
                 raise _failure(label, exc, "connecting") from None
             raise
@@ -440,6 +536,13 @@ class _Session:
             await self._http.aclose()
 
 
+def _unreadable(label: str, why: str, when: str) -> McpFailure:
+    """An answer the pool could not read (``why``: its encoding)."""
+    return McpFailure(
+        f"MCP server {label!r} sent an answer {why} while {when}.", code=INTERNAL_ERROR
+    )
+
+
 def _failure(label: str, exc: BaseException, when: str) -> McpFailure:
     """Our own account of what went wrong with ``label``'s server (see :class:`_Session`)."""
 
@@ -452,6 +555,13 @@ def _failure(label: str, exc: BaseException, when: str) -> McpFailure:
             f"MCP server {label!r} answered error {found.code}: "
             f"{found.message.splitlines()[0][:200] if found.message else ''}",
             code=found.code,
+        )
+    if isinstance(found, sdk.ValidationError):
+        errors = found.errors()
+        where = "/".join(str(part) for part in errors[0]["loc"])[:200] if errors else ""
+        return McpFailure(
+            f"MCP server {label!r} sent an answer that is not MCP while {when} (at {where!r}).",
+            code=INTERNAL_ERROR,
         )
     if isinstance(found, sdk.httpx2.HTTPStatusError):
         status = found.response.status_code

@@ -220,6 +220,7 @@ def _lifespan(
             await persistence.drain()  # a clean stop loses no queued write
             await store.aclose()
             await close_backends(backends)
+            await turns.aclose_hosted()
             turns.close()
             services.close()
 

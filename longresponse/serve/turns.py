@@ -39,7 +39,7 @@ import contextlib
 import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Final, TypeVar
+from typing import TYPE_CHECKING, Final, TypeVar
 
 from protocol import ErrorCode, RemoteProtocolError, ResponseState
 from protocol.events import ResponseCreate
@@ -57,7 +57,7 @@ from ..engine.sampling import ModelSpec
 from ..engine.stream import EventSink
 from ..engine.timing import TurnTiming
 from ..engine.turn import Started, admit_turn, open_turn, resolve_model
-from ..hosted import McpServers, check_mcp_tools, redact_mcp_tools
+from ..hosted import McpServers, check_mcp_tools, load_sdk, redact_mcp_tools
 from ..ids import new_id
 from ..storage.persistence import Persistence, StoreWriteFailed
 from .continuation import Continuation
@@ -66,6 +66,9 @@ from .inspector.records import RolloutRecord
 from .metrics import ServerMetrics
 from .scan_process import ScanProcess
 from .transport import Transport
+
+if TYPE_CHECKING:
+    from ..hosted.pool import McpPool
 
 __all__ = ["CHECK_WORKERS", "Caller", "StoreRefused", "Turns"]
 
@@ -135,6 +138,20 @@ class Turns:
         self._checker = ThreadPoolExecutor(CHECK_WORKERS, thread_name_prefix="longresponse-check")
         #: Where the workers read very long texts with the secrets classifier.
         self._scanner = ScanProcess()
+        #: The HTTP pool (and TLS context) of every MCP session: made now if the
+        #: operator allowed an MCP host, not in a turn (``longresponse.hosted.pool``).
+        self._mcp_pool: McpPool | None = load_sdk().McpPool() if config.mcp.allowed_hosts else None
+
+    def mcp_pool(self) -> McpPool:
+        """The pool of the MCP sessions (made now if it was not at start)."""
+        if self._mcp_pool is None:
+            self._mcp_pool = load_sdk().McpPool()
+        return self._mcp_pool
+
+    async def aclose_hosted(self) -> None:
+        """Close the MCP sessions' connections (the server is stopping)."""
+        if self._mcp_pool is not None:
+            await self._mcp_pool.aclose()
 
     def close(self) -> None:
         """Stop the check workers (a check still waiting for one is dropped)."""
@@ -275,7 +292,13 @@ class Turns:
                 check_mcp_tools(request.tools, self.config.mcp)
             # authorization and headers go to the MCP servers only, never further
             request, tools = redact_mcp_tools(request)
-            mcp = McpServers(tools, self.config.mcp)
+            mcp = McpServers(
+                tools,
+                self.config.mcp,
+                self.mcp_pool(),
+                schema_limits=self.config.schema_limits,
+                in_worker=self.in_worker,
+            )
         admitted = admit_turn(
             request,
             pipeline=self.pipeline,
