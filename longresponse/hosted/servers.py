@@ -90,12 +90,12 @@ def load_sdk() -> Any:
     import mcp.shared.exceptions
     import pydantic
 
-    from . import pool
+    from .pool import Answers, McpPool
 
     return types.SimpleNamespace(
         httpx2=httpx2,
-        McpPool=pool.McpPool,
-        Answers=pool.Answers,
+        McpPool=McpPool,
+        Answers=Answers,
         Client=mcp.Client,
         sse_client=mcp.client.sse.sse_client,
         streamable_http_client=mcp.client.streamable_http.streamable_http_client,
