@@ -10,8 +10,11 @@ timeout must not be allowed to do.
 
 :class:`Seam` wraps the application. For each HTTP and WebSocket connection it
 puts an ``abort`` callable in the scope (under :data:`ABORT_KEY`) before any
-middleware wraps the server's ``send``: the callable aborts the server's own
-transport (uvicorn's protocol objects hold it as ``transport``). An endpoint
+middleware wraps the server's ``send``: the callable resets the server's own
+transport (uvicorn's protocol objects hold it as ``transport``): ``SO_LINGER``
+zero, then ``abort()``, so that the kernel drops what the client never read
+instead of keeping it, with the socket, in FIN-WAIT-1 for as long as the
+client holds its end open. An endpoint
 that cuts off a slow reader calls :func:`abort` with its scope; under a server
 without such a transport the call does nothing and the connection closes as
 the server closes it.
@@ -38,7 +41,11 @@ stream whose queued records go out without a pause would write them all.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import logging
+import socket
+import struct
 from collections.abc import AsyncIterable, AsyncIterator, Coroutine
 from typing import Any, Final, TypeVar
 
@@ -66,6 +73,8 @@ ABORT_KEY: Final = "longresponse.abort"
 GONE_KEY: Final = "longresponse.gone"
 #: Where a WebSocket scope carries ``send_texts(texts)``, if the server has it.
 SEND_TEXTS_KEY: Final = "longresponse.send_texts"
+#: ``SO_LINGER`` on, with no time to linger: ``close()`` resets the connection.
+_LINGER_ZERO: Final = struct.pack("ii", 1, 0)
 
 
 def _transport_of(send: Send) -> Any:
@@ -87,7 +96,7 @@ class Seam:
         if scope["type"] in ("http", "websocket"):
             transport = _transport_of(send)
             if transport is not None:
-                scope[ABORT_KEY] = transport.abort
+                scope[ABORT_KEY] = functools.partial(_reset, transport)
                 scope[GONE_KEY] = transport.is_closing
             send_texts = getattr(getattr(send, "__self__", None), "send_texts", None)
             if scope["type"] == "websocket" and callable(send_texts):
@@ -103,6 +112,18 @@ class Seam:
     def __getattr__(self, name: str) -> Any:
         # ``state``, ``routes``... of the wrapped application.
         return getattr(self.app, name)
+
+
+def _reset(transport: Any) -> None:
+    """Close ``transport`` with a reset: what its peer never read is dropped
+    by the kernel too. (A plain close sends a FIN after that data, and the
+    socket stays in FIN-WAIT-1, its send buffer full, for as long as the
+    peer keeps it open without reading.)"""
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_ZERO)
+    transport.abort()
 
 
 def abort(scope: Scope, why: str) -> bool:
