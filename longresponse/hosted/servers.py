@@ -44,6 +44,7 @@ import contextlib
 import functools
 import logging
 import math
+import re
 import types
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final
@@ -92,6 +93,10 @@ def load_sdk() -> Any:
 
     from .pool import Answers, McpPool
 
+    for name in ("mcp.client.sse", "mcp.client.streamable_http", "mcp.shared.session"):
+        logger = logging.getLogger(name)
+        if _QUIETED not in logger.filters:
+            logger.addFilter(_QUIETED)
     return types.SimpleNamespace(
         httpx2=httpx2,
         McpPool=McpPool,
@@ -102,6 +107,28 @@ def load_sdk() -> Any:
         MCPError=mcp.shared.exceptions.MCPError,
         ValidationError=pydantic.ValidationError,
     )
+
+
+class _TenantText(logging.Filter):
+    """The MCP SDK's own errors, as debug lines without a traceback.
+
+    Their text is a tenant's server's (a URL from its ``endpoint`` event, the
+    body it sent), and the SDK writes it at ERROR with a traceback: a tenant
+    could fill the operator's log. What failed is said by this module's own
+    line (the server's label and the failure's kind), and the SDK's at
+    ``--log-level debug``."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno > logging.DEBUG:
+            if not logging.getLogger(record.name).isEnabledFor(logging.DEBUG):
+                return False
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            record.exc_info = record.exc_text = None
+            record.stack_info = None
+        return True
+
+
+_QUIETED: Final = _TenantText()
 
 
 def _host_key(url: str) -> tuple[str, str, str] | None:
@@ -173,6 +200,38 @@ def check_mcp_tools(tools: Sequence[Tool], limits: McpLimits) -> None:
                 param=f"{where}.server_label",
             )
         labels.add(tool.server_label)
+        _check_header_fields(tool, where)
+
+
+#: A header's name: an HTTP token (RFC 9110 §5.1).
+_FIELD_NAME: Final = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+#: What no header's value may hold (RFC 9110 §5.5): a line break ends the
+#: header and starts another one, of the client's making.
+_FIELD_VALUE_FORBIDDEN: Final = re.compile(r"[\r\n\0]")
+
+
+def _check_header_fields(tool: McpTool, where: str) -> None:
+    """The tool's ``authorization`` and ``headers`` are valid HTTP fields.
+    Raises :class:`RemoteProtocolError` ``invalid_value``; the message never
+    quotes a value (they are secrets)."""
+    fields: list[tuple[str, str | None, object]] = [
+        (f"{where}.authorization", None, tool.authorization)
+    ]
+    if isinstance(tool.headers, dict):
+        fields += [(f"{where}.headers", name, value) for name, value in tool.headers.items()]
+    for param, name, value in fields:
+        if name is not None and not _FIELD_NAME.fullmatch(name):
+            raise RemoteProtocolError(
+                f"Invalid '{param}': a header's name must be an HTTP token.",
+                code=ErrorCode.INVALID_VALUE,
+                param=param,
+            )
+        if isinstance(value, str) and _FIELD_VALUE_FORBIDDEN.search(value):
+            raise RemoteProtocolError(
+                f"Invalid '{param}': a header's value may not hold a line break or NUL.",
+                code=ErrorCode.INVALID_VALUE,
+                param=param,
+            )
 
 
 def redact_mcp_tools(request: ResponseCreate) -> tuple[ResponseCreate, dict[str, McpTool]]:

@@ -4,6 +4,9 @@ nested in the turn's task)."""
 
 from __future__ import annotations
 
+import logging
+from typing import Any
+
 import pytest
 
 from tests.conftest import RunningServer, openai_client
@@ -57,3 +60,50 @@ def test_more_mcp_tools_than_allowed_are_refused_before_any_connection(
     assert answer.status_code == 200, answer.text[:500]
     listings = [item for item in answer.json()["output"] if item["type"] == "mcp_list_tools"]
     assert [item.get("error") for item in listings] == [None] * 16
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"authorization": "sk-secret\r\nX-Injected: 1"}, "tools[0].authorization"),
+        ({"headers": {"X-Key": "sk-secret\nX-Injected: 1"}}, "tools[0].headers"),
+        ({"headers": {"X-Key": "sk-secret\x00"}}, "tools[0].headers"),
+        ({"headers": {"X Key: 1\r\nX-Injected": "v"}}, "tools[0].headers"),
+    ],
+    ids=["authorization CR/LF", "header value LF", "header value NUL", "header name"],
+)
+def test_a_header_field_that_would_break_a_line_is_refused_unquoted(
+    hosted_server: RunningServer, mcp_server: LoopbackMcp, fields: dict[str, Any], param: str
+) -> None:
+    """An ``mcp`` tool's ``authorization`` or header holding a line break would
+    end its header and start one of the client's making (issue 28 found such a
+    secret written whole into a dependency's debug line): refused before
+    anything is connected to, the secret quoted nowhere."""
+    seen = len(SEEN_HEADERS)
+    tool = mcp_tool(mcp_server.http_url, allowed_tools=["add"], **fields)
+    answer = post(hosted_server, {"model": "sim", "input": "go", "tools": [tool]})
+    assert answer.status_code == 400, answer.text[:500]
+    error = answer.json()["error"]
+    assert (error["code"], error["param"]) == ("invalid_value", param)
+    assert "secret" not in answer.text
+    assert "Injected" not in answer.text
+    assert len(SEEN_HEADERS) == seen
+
+
+@pytest.mark.slow  # waits out the MCP connect timeout
+def test_a_tenants_server_writes_nothing_of_its_own_into_the_log(
+    hosted_server: RunningServer, mcp_server: LoopbackMcp, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An SSE server whose ``endpoint`` event names another origin: the MCP SDK
+    refuses it and logs the URL (the tenant's text) at ERROR with a traceback.
+    The listing fails, saying so in the server's own words, and the log has
+    nothing of the tenant's text."""
+    caplog.set_level(logging.INFO)
+    tool = {**mcp_tool(mcp_server.elsewhere_url), "server_label": "elsewhere"}
+    answer = post(hosted_server, {"model": "sim", "input": "go", "tools": [tool]})
+    assert answer.status_code == 200, answer.text[:500]
+    (listing,) = [item for item in answer.json()["output"] if item["type"] == "mcp_list_tools"]
+    assert listing["error"].startswith("MCP server 'elsewhere' ")
+    assert "ELSEWHERE" not in listing["error"]
+    assert not [r for r in caplog.records if "ELSEWHERE" in r.getMessage() or r.exc_info]
+    assert "ELSEWHERE" not in caplog.text

@@ -694,7 +694,46 @@ SURFACES: Final[dict[str, Callable[[], list[Case]]]] = {
     "WebSocket, the shipped shape": lambda: ws_create(append=False),
     "WebSocket, append mode": lambda: ws_create(append=True),
     "inspector API": inspector_cases,
+    "a tenant's tools (issue 28)": lambda: tenant_tool_cases(),
 }
+
+
+#: The loopback address the harness's server allows ``mcp`` tools to name:
+#: nothing listens there, and nothing may try (the cases are refused first).
+MCP_HOST: Final = "127.0.0.1:9"
+
+
+def tenant_tool_cases() -> list[Case]:
+    """Issue 28's attacks through the tools a create offers."""
+    bodies = Responses()
+    grid = {"type": "array", "minItems": 10_000, "items": {"type": "integer"}}
+    hostile = {
+        "type": "function",
+        "name": "grid",
+        "parameters": {
+            "type": "object",
+            "properties": {"rows": {"type": "array", "minItems": 10_000, "items": grid}},
+            "required": ["rows"],
+        },
+    }
+    mcp = [
+        {"type": "mcp", "server_label": f"s{i}", "server_url": f"http://{MCP_HOST}/mcp"}
+        for i in range(500)
+    ]
+    return [
+        # 10^8 argument elements asked for in 300 bytes: the simulated model
+        # charges them to the output budget first, and the call does not fit.
+        Case(
+            "a tool whose arguments multiply past the budget",
+            post("/v1/responses", bodies.body(tools=[hostile], tool_choice="required")),
+            Outcome(200),
+        ),
+        Case(
+            "500 mcp tools",
+            post("/v1/responses", bodies.body(tools=mcp)),
+            Outcome(400, "invalid_value", "tools[16]"),
+        ),
+    ]
 
 
 #: Issue 20's multi-megabyte bodies, far past a limit, against a server with
@@ -876,6 +915,7 @@ def harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
         "--store", f"sqlite:///{store}",
         "--max-message-bytes", str(MESSAGE_BYTES),
         "--slow-reader-timeout", str(SLOW_READER_TIMEOUT),
+        "--mcp-allow-host", MCP_HOST,
     )  # fmt: skip
     yield from running_harness(flags)
 

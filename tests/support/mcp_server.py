@@ -104,6 +104,23 @@ async def hanging_app(scope: Any, receive: Any, send: Any) -> None:
     await asyncio.sleep(3600)
 
 
+async def elsewhere_app(scope: Any, receive: Any, send: Any) -> None:
+    """An SSE server whose ``endpoint`` event names another origin (a URL of
+    the tenant's making, which the MCP SDK refuses and logs), then waits."""
+    if scope["type"] != "http":
+        return
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [(b"content-type", b"text/event-stream")],
+        }
+    )
+    endpoint = b"event: endpoint\ndata: http://tenant-text.invalid/ELSEWHERE\n\n"
+    await send({"type": "http.response.body", "body": endpoint, "more_body": True})
+    await asyncio.sleep(3600)
+
+
 #: Bytes of text in each hostile answer (64 MiB; the gzip bomb sends 64 KiB of it).
 HOSTILE_BYTES = 64 << 20
 _MIB = 1 << 20
@@ -240,12 +257,15 @@ class LoopbackMcp:
             self._start(garbage_app),
             self._start(hanging_app),
             self._start(hostile_app),
+            self._start(elsewhere_app),
         ]
         self.http_url = f"http://127.0.0.1:{self._port(0)}/mcp"
         self.sse_url = f"http://127.0.0.1:{self._port(1)}/sse"
         #: Not MCP: garbage, and a stream that hangs.
         self.garbage_url = f"http://127.0.0.1:{self._port(2)}/mcp"
         self.hanging_url = f"http://127.0.0.1:{self._port(3)}/mcp"
+        #: SSE whose ``endpoint`` names another origin.
+        self.elsewhere_url = f"http://127.0.0.1:{self._port(5)}/sse"
 
     def hostile_url(self, kind: str, target: str) -> str:
         """The hostile server's URL answering ``target`` (``list`` or ``call``)
