@@ -6,10 +6,17 @@ The classifier's regular expressions are such calls, each scanning as far as
 it must: on 15 MB of ``sk-sk-…`` one search ran 2.3 s in one piece, and with
 the whole scan in a worker thread another client's ``GET /healthz`` still
 waited up to 98 ms at a time (issue 20). :class:`ScanProcess` reads texts of
-:data:`FAR_CHARS` characters or more in a child process instead (one, started
-on first use), where nothing it holds is the server's; shorter texts, whose
-longest search is a few milliseconds, are read in the calling thread. The
-findings are the same either way: it is the same function.
+:data:`FAR_CHARS` characters or more in a child process instead, where
+nothing it holds is the server's; shorter texts, whose longest search is a
+few milliseconds, are read in the calling thread. The findings are the same
+either way: it is the same function.
+
+The children are shared fairly between API keys (issue 28: one key's three
+15 MB texts, 12 s each, held the one child and another key's 300
+Ki-character text waited 15.9 s): a key reads in one child at a time, up to
+:data:`SCAN_CHILDREN` children (started as needed) read at once, and keys
+waiting for a child are served round-robin (``fair_share.FairSlots``; why
+children and not slices of a text: that module's docstring).
 
 The child ends with its server, however the server ends. Its parent is the
 fork server, not the server, and every child of a fork server holds the
@@ -35,8 +42,9 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Final
 
 from ..engine.classifier import Finding, scan
+from .fair_share import FairSlots
 
-__all__ = ["FAR_CHARS", "ScanProcess"]
+__all__ = ["FAR_CHARS", "SCAN_CHILDREN", "ScanProcess"]
 
 log = logging.getLogger(__name__)
 
@@ -45,29 +53,41 @@ log = logging.getLogger(__name__)
 #: 2 ms; the hop to the child costs about 1 ms).
 FAR_CHARS: Final = 256 * 1024
 
+#: Children that read at once, each for another key: twice the cores, at
+#: least 2 and at most 8 (each about 20 MiB; the operating system shares the
+#: cores between those reading, so a short text beside long ones is read
+#: at half its speed at worst on 2 cores, 4 children).
+SCAN_CHILDREN: Final = max(2, min(8, 2 * (os.cpu_count() or 1)))
+
 
 class ScanProcess:
     """:func:`~longresponse.engine.classifier.scan`, in a child process for long
     texts. Thread-safe; :meth:`close` stops the child."""
 
-    def __init__(self, far_chars: int = FAR_CHARS) -> None:
+    def __init__(self, far_chars: int = FAR_CHARS, children: int = SCAN_CHILDREN) -> None:
         self.far_chars = far_chars
+        self.children = children
+        #: A child for each key that reads, round-robin when all are taken.
+        self.slots = FairSlots(children, per_key=1)
         self._pool: ProcessPoolExecutor | None = None
         self._lock = threading.Lock()
         self._closed = False
         #: The process id of the child that read the last long text (None before).
         self.child_pid: int | None = None
 
-    def scan(self, text: str) -> list[Finding]:
-        """The findings in ``text``, as :func:`scan` returns them. Blocks the
-        calling thread (never the event loop's) while the child reads; if the
-        child cannot (it died, or the server is closing), the text is read here."""
+    def scan(self, text: str, key: str = "") -> list[Finding]:
+        """The findings in ``text``, as :func:`scan` returns them, read for the
+        API key ``key``. Blocks the calling thread (never the event loop's)
+        while ``key`` waits its turn for a child and while the child reads; if
+        the child cannot (it died, or the server is closing), the text is read
+        here."""
         if len(text) < self.far_chars:
             return scan(text)
         pool = self._started()
         if pool is not None:
             try:
-                self.child_pid, found = pool.submit(_scan_in_child, text).result()
+                with self.slots.holding(key):
+                    self.child_pid, found = pool.submit(_scan_in_child, text).result()
                 return found
             except (BrokenProcessPool, RuntimeError) as exc:  # died, or shut down
                 log.warning("the classifier's child process failed (%r); reading in place", exc)
@@ -94,7 +114,10 @@ class ScanProcess:
                 # server's __main__ (which a script may run unguarded).
                 context.set_forkserver_preload([scan.__module__])
                 self._pool = ProcessPoolExecutor(
-                    1, mp_context=context, initializer=_end_with, initargs=(os.getpid(),)
+                    self.children,
+                    mp_context=context,
+                    initializer=_end_with,
+                    initargs=(os.getpid(),),
                 )
             return self._pool
 

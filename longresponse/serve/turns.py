@@ -20,8 +20,10 @@ Admission's checks whose cost grows with what the client sent (a tool's
 metaschema: about 0.4 ms a property, in pure Python; the secrets
 classifier over a long text: 12 ms a MB of plain text, read in a child
 process from 256 Ki characters on, ``scan_process``) run in a worker
-thread before the turn starts: :meth:`Turns.settled` hands them to a pool of
-:data:`CHECK_WORKERS` threads and the pipeline keeps their verdicts (a
+thread before the turn starts: :meth:`Turns.settled` hands them to the
+check workers (``fair_share.CheckWorkers``: threads and classifier children
+shared round-robin between API keys, so one key's long reads do not hold
+another key's short ones) and the pipeline keeps their verdicts (a
 refusal too), which admission then finds decided. The interpreter hands
 itself to a waiting thread every :data:`SWITCH_INTERVAL`, so the event loop,
 and every other client, waits about that long at a time, not the whole
@@ -34,11 +36,10 @@ that failed is billed and counted too, and never stored.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
+import functools
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Final, TypeVar
 
 from protocol import ErrorCode, RemoteProtocolError, ResponseState
@@ -61,6 +62,7 @@ from ..hosted import McpServers, check_mcp_tools, load_sdk, redact_mcp_tools
 from ..ids import new_id
 from ..storage.persistence import Persistence, StoreWriteFailed
 from .continuation import Continuation
+from .fair_share import CheckWorkers
 from .inspector.observer import Inspector
 from .inspector.records import RolloutRecord
 from .metrics import ServerMetrics
@@ -70,12 +72,9 @@ from .transport import Transport
 if TYPE_CHECKING:
     from ..hosted.pool import McpPool
 
-__all__ = ["CHECK_WORKERS", "Caller", "StoreRefused", "Turns"]
+__all__ = ["Caller", "StoreRefused", "Turns"]
 
 _T = TypeVar("_T")
-
-#: Worker threads that run admission's costly checks off the event loop.
-CHECK_WORKERS: Final = 2
 
 #: The code of a parameter the server knows but cannot honour with the rest
 #: of the request (``background: true`` with ``store: false``).
@@ -135,9 +134,10 @@ class Turns:
         self.metrics = metrics
         self._persistence = persistence
         self._compaction_key = compaction_key
-        self._checker = ThreadPoolExecutor(CHECK_WORKERS, thread_name_prefix="longresponse-check")
+        #: The threads that run admission's costly checks, shared between keys.
+        self.checker = CheckWorkers()
         #: Where the workers read very long texts with the secrets classifier.
-        self._scanner = ScanProcess()
+        self.scanner = ScanProcess()
         #: The HTTP pool (and TLS context) of every MCP session: made now if the
         #: operator allowed an MCP host, not in a turn (``longresponse.hosted.pool``).
         self._mcp_pool: McpPool | None = load_sdk().McpPool() if config.mcp.allowed_hosts else None
@@ -155,16 +155,17 @@ class Turns:
 
     def close(self) -> None:
         """Stop the check workers (a check still waiting for one is dropped)."""
-        self._checker.shutdown(wait=False, cancel_futures=True)
-        self._scanner.close()
+        self.checker.close()
+        self.scanner.close()
 
-    async def in_worker(self, work: Callable[..., _T], *args: object) -> _T:
-        """``work(*args)`` in a check worker, off the event loop (pure work only:
-        it must touch nothing the loop changes meanwhile). Raises what it raises."""
-        return await asyncio.get_running_loop().run_in_executor(self._checker, work, *args)
+    async def in_worker(self, work: Callable[..., _T], *args: object, owner: str) -> _T:
+        """``work(*args)`` in a check worker, off the event loop, in ``owner``'s
+        turn (pure work only: it must touch nothing the loop changes
+        meanwhile). Raises what it raises."""
+        return await self.checker.run(owner, work, *args)
 
     def settled(
-        self, request: ResponseCreate, items: Sequence[Item] = ()
+        self, request: ResponseCreate, items: Sequence[Item] = (), *, owner: str
     ) -> contextlib.AbstractAsyncContextManager[None]:
         """:meth:`settled_checks` for a create's tools and ``text.format``, and the
         ``items`` it will admit (its input, and the history it validates again).
@@ -172,23 +173,28 @@ class Turns:
         secrets (:meth:`start_turn`), so that it finds their verdict kept."""
         request, _ = redact_mcp_tools(request)
         text_format = request.text.format if request.text is not None else None
-        return self.settled_checks(request.tools, text_format, items)
+        return self.settled_checks(request.tools, text_format, items, owner=owner)
 
     @contextlib.asynccontextmanager
     async def settled_checks(
-        self, tools: Sequence[Tool], text_format: TextFormat | None, items: Sequence[Item] = ()
+        self,
+        tools: Sequence[Tool],
+        text_format: TextFormat | None,
+        items: Sequence[Item] = (),
+        *,
+        owner: str,
     ) -> AsyncIterator[None]:
         """Check ``tools`` and ``text_format``, and read the long texts of ``items``
-        with the secrets classifier, in a worker thread, unless the pipeline
+        with the secrets classifier, in a worker thread in the turn of ``owner``
+        (the API key's owner; ``""`` with keys off), unless the pipeline
         keeps their verdicts already (``Pipeline.settle``): admission inside
         the block finds them decided and runs nothing costly on the event loop.
         Never raises: a refusal is kept and raised by admission, where each
         transport turns it into its error. What was read ahead of ``items`` and
         not admitted is dropped when the block ends."""
         if not self.pipeline.settled(tools, text_format, items):
-            loop = asyncio.get_running_loop()
-            settle, read = self.pipeline.settle, self._scanner.scan
-            await loop.run_in_executor(self._checker, settle, tools, text_format, items, read)
+            read = functools.partial(self.scanner.scan, key=owner)
+            await self.checker.run(owner, self.pipeline.settle, tools, text_format, items, read)
         try:
             yield
         finally:
@@ -297,7 +303,7 @@ class Turns:
                 self.config.mcp,
                 self.mcp_pool(),
                 schema_limits=self.config.schema_limits,
-                in_worker=self.in_worker,
+                in_worker=functools.partial(self.in_worker, owner=owner),
             )
         admitted = admit_turn(
             request,

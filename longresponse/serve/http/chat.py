@@ -267,7 +267,9 @@ class ChatCompletions:
         tools = tools_from_chat(body.tools)
         text_format = format_from_chat(body.response_format)
         try:
-            async with self.http.turns.settled_checks(tools, text_format):  # off the loop
+            async with self.http.turns.settled_checks(
+                tools, text_format, owner=owner
+            ):  # off the loop
                 self.pipeline.check_tools(tools)
                 self.pipeline.check_text_format(text_format)
         except RemoteProtocolError as error:

@@ -97,13 +97,17 @@ class CompactHTTP:
             assert compactor is not None  # the lifespan loaded the key
             items = as_items(body.input)  # counted already (_decode)
             history = await self._history(body.previous_response_id, owner)
-            async with self.turns.settled_checks([], None, [*history, *items]):  # off the loop
+            async with self.turns.settled_checks(
+                [], None, [*history, *items], owner=owner
+            ):  # off the loop
                 admission = self.turns.pipeline.admit(
                     items, history=history, cached=False, compactor=compactor
                 )
             context = drain([*history, *admission.items], compactor).items
             # Summarizing and sealing grow with the context: in a check worker.
-            item, window = await self.turns.in_worker(compact, context, compactor, model.summarize)
+            item, window = await self.turns.in_worker(
+                compact, context, compactor, model.summarize, owner=owner
+            )
         except ProtocolError as error:
             return http_error(error)
         self.compactions += 1

@@ -83,7 +83,7 @@ class InputTokens:
             continuation = await http.stored_continuation(body, new_items, owner)
             compactor = http.turns.compactor(owner)
             # The costly checks, off the loop.
-            async with http.turns.settled(body, [*continuation.history, *new_items]):
+            async with http.turns.settled(body, [*continuation.history, *new_items], owner=owner):
                 admission = http.turns.pipeline.admit(
                     new_items,
                     history=continuation.history,

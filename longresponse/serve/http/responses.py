@@ -192,7 +192,7 @@ class ResponsesHTTP:
             new_items = as_items(body.input)
             continuation = await self.stored_continuation(body, new_items, owner)
             # The costly checks, off the loop (HTTP validates its history again).
-            async with self.turns.settled(body, [*continuation.history, *new_items]):
+            async with self.turns.settled(body, [*continuation.history, *new_items], owner=owner):
                 if body.background:  # owned by the server from here on
                     created = await self.background.create(
                         body,

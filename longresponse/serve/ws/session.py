@@ -172,6 +172,8 @@ class Session:
         sends several texts in one transport write, where the server can."""
         self.config = config
         self.turns = turns
+        #: The API key's owner (``""`` with keys off): whose turn its checks take.
+        self.owner = owner
         self.outbox = Outbox(
             config, transport.mode, multi_agent=multi_agent, drop=drop, send_texts=send_texts
         )
@@ -198,9 +200,7 @@ class Session:
                 config, turns, self.outbox, spawn=self._tasks, send_timing=send_timing, owner=owner
             )
         #: This connection's record in the inspector (None with the inspector off).
-        self.seen: ConnectionRecord | None = turns.inspector.open_connection(
-            self, transport, owner
-        )
+        self.seen: ConnectionRecord | None = turns.inspector.open_connection(self, transport, owner)
         #: Graceful shutdown has begun: client messages are no longer read.
         self.draining = False
 
@@ -304,7 +304,9 @@ class Session:
             if isinstance(event, ResponseAppend | ResponseInject | ResponseSteer):
                 # Input into a live response: its costly checks first, off the
                 # loop (the secrets classifier on long texts), then admission.
-                async with self.turns.settled_checks((), None, as_items(event.input)):
+                async with self.turns.settled_checks(
+                    (), None, as_items(event.input), owner=self.owner
+                ):
                     if self.outbox.closing is not None:  # closed meanwhile: dropped
                         return
                     admitted, admitted_at = self._receive(event)
@@ -319,7 +321,7 @@ class Session:
                 return
             # An append-mode create is admitted now: its costly checks first, off
             # the loop (the shipped shape's lanes do so when they run a create).
-            async with self.turns.settled(event, as_items(event.input)):
+            async with self.turns.settled(event, as_items(event.input), owner=self.owner):
                 if self.outbox.closing is None:  # else closed meanwhile: nothing is sent
                     self.shape.handle(admitted, received_at, decode)
         except ProtocolError as error:

@@ -211,7 +211,7 @@ class ShippedShape:
         self.forks += continuation.forked
         # The costly checks, off the loop (the history's too when checked again).
         checked = continuation.checked if not continuation.cached else []
-        async with self.turns.settled(request, [*checked, *new_items]):
+        async with self.turns.settled(request, [*checked, *new_items], owner=self.owner):
             caller = Caller(
                 Transport.WS,
                 self.sink,
