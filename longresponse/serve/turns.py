@@ -61,6 +61,7 @@ from ..hosted import McpServers, check_mcp_tools, load_sdk, redact_mcp_tools
 from ..ids import new_id
 from ..storage.persistence import Persistence, StoreWriteFailed
 from .continuation import Continuation
+from .input_budget import InputBudget
 from .inspector.observer import Inspector
 from .inspector.records import RolloutRecord
 from .metrics import ServerMetrics
@@ -130,6 +131,10 @@ class Turns:
         )
         #: The inspector's observations (off unless the app gives one).
         self.inspector = inspector or Inspector(enabled=False)
+        #: Bytes of input live responses hold, per key (``serve.input_budget``).
+        self.input_budget = InputBudget(
+            config.max_live_input_bytes, config.max_live_input_bytes_per_key
+        )
         self.models = models
         self.pipeline = pipeline
         self.metrics = metrics
