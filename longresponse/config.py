@@ -45,6 +45,8 @@ __all__ = [
     "MAX_BACKGROUND_PER_KEY",
     "MAX_IN_FLIGHT",
     "MAX_LANES",
+    "MAX_LIVE_INPUT_BYTES",
+    "MAX_LIVE_INPUT_BYTES_PER_KEY",
     "MAX_PENDING_STEERS",
     "MAX_QUEUED",
     "MAX_RESPONSE_EVENTS",
@@ -102,6 +104,12 @@ MAX_QUEUED: Final = 64
 #: Steering submissions queued for one response (``response.steer``); beyond it,
 #: ``response.steer.failed`` ``too_many_pending_steers``.
 MAX_PENDING_STEERS: Final = 8
+#: Bytes of input one live response may hold that its model has not taken in
+#: yet (appended, injected or steered: ``longresponse.serve.input_budget``);
+#: twice the largest message, so one message always fits.
+MAX_LIVE_INPUT_BYTES: Final = 32 * 1024 * 1024
+#: Bytes of such input one API key may hold across its connections.
+MAX_LIVE_INPUT_BYTES_PER_KEY: Final = 128 * 1024 * 1024
 #: Bytes of cached rollout state one connection may keep for continuations.
 CONNECTION_CACHE_BYTES: Final = 256 * 1024 * 1024
 #: Seconds a running response may stay silent (a long prefill, a slow engine)
@@ -359,6 +367,9 @@ class ServerConfig:
     max_lanes: int = MAX_LANES
     max_queued: int = MAX_QUEUED
     max_pending_steers: int = MAX_PENDING_STEERS
+    #: Bytes of input not yet taken in by the model, per live response and per key.
+    max_live_input_bytes: int = MAX_LIVE_INPUT_BYTES
+    max_live_input_bytes_per_key: int = MAX_LIVE_INPUT_BYTES_PER_KEY
     connection_cache_bytes: int = CONNECTION_CACHE_BYTES
     connection_lifetime: float = CONNECTION_LIFETIME
     shutdown_drain_timeout: float = SHUTDOWN_DRAIN_TIMEOUT
@@ -627,6 +638,13 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     _n("max_pending_steers", int, MAX_PENDING_STEERS, 1, 4096,
        "shipped shape: response.steer submissions queued per response; beyond it "
        "response.steer.failed (too_many_pending_steers)"),
+    _n("max_live_input_bytes", int, MAX_LIVE_INPUT_BYTES, 1024, 1024 * _GIB,
+       "bytes of input one live response may hold that its model has not taken in yet "
+       "(response.append, response.inject, response.steer); one more message is refused "
+       "input_budget_exceeded (steers: too_many_pending_steers)"),
+    _n("max_live_input_bytes_per_key", int, MAX_LIVE_INPUT_BYTES_PER_KEY, 1024, 1024 * _GIB,
+       "bytes of such input one API key may hold across its connections (keys off: the "
+       "server's one tenant); one more message is refused the same way"),
     _n("connection_cache_bytes", int, CONNECTION_CACHE_BYTES, 1, 1024 * _GIB,
        "shipped shape: approximate bytes of rollout state one connection keeps for "
        "previous_response_id (least recently used rollouts are evicted)"),

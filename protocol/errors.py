@@ -51,6 +51,8 @@ class ErrorCode(enum.StrEnum):
     DUPLICATE_CALL_ID = "duplicate_call_id"
     TOO_MANY_PENDING_CALLS = "too_many_pending_calls"
     TOO_MANY_ROLLOUTS = "too_many_rollouts"
+    # Input into a live response beyond the bytes it (or its key) may hold.
+    INPUT_BUDGET_EXCEEDED = "input_budget_exceeded"
     INVALID_ENCRYPTED_CONTENT = "invalid_encrypted_content"
     SERVER_ERROR = "server_error"
     # A real model behind the server (longresponse.backends) failed.

@@ -11,6 +11,16 @@ and its growth per round:
 - ``append``: an append-mode connection that appends a 3 MB tool output
   into a paused rollout, cancels it mid-turn and closes.
 
+Then the live-input attacks (item 6), once each against a fresh server with
+the default flags, printing the RSS before, while the input is held (the
+connections open) and after they close, and how many messages were refused:
+
+- ``live-appends``: 40 appends of 8 MiB into one rollout waiting for its
+  first token;
+- ``live-injects``: 20 multi-agent injects of 8 MiB beside a pending call;
+- ``live-steers``: 8 connections, each steering one response waiting for its
+  first token with 8 steers of 8 MiB.
+
 Names filter the attacks by substring. The figures are in docs/RELIABILITY.md.
 """
 
@@ -71,9 +81,93 @@ def append(server):
 
 
 ATTACKS = {"refused": refused, "ws-failed": ws_failed, "append": append}
+WAITING = {"sim_tool_calls": "0", "sim_ttft_ms": "600000"}
+
+
+def user(megabytes):
+    return [{"type": "message", "role": "user",
+             "content": [{"type": "input_text", "text": text(megabytes)}]}]  # fmt: skip
+
+
+def until(socket, *types):
+    while (event := json.loads(socket.recv(timeout=300)))["type"] not in types:
+        pass
+    return event
+
+
+def live_appends(server, sockets):
+    socket = ws_connect(server.url, subprotocols=[APPEND_SUBPROTOCOL], max_size=None)
+    sockets.append(socket)
+    socket.send(json.dumps({"type": "response.create", "model": "sim", "input": "go",
+                            "metadata": WAITING}))  # fmt: skip
+    rid = until(socket, "response.created")["response"]["id"]
+    body = json.dumps({"type": "response.append", "response_id": rid, "input": user(8)})
+    for _ in range(40):
+        socket.send(body)
+    socket.send(json.dumps({"type": "response.cancel", "response_id": "resp_none"}))
+    refused = 0
+    while until(socket, "error")["error"]["code"] != "response_not_found":
+        refused += 1
+    return refused, 40
+
+
+def live_injects(server, sockets):
+    socket = ws_connect(server.url, max_size=None,
+                        additional_headers={"OpenAI-Beta": "responses_multi_agent=v1"})  # fmt: skip
+    sockets.append(socket)
+    socket.send(json.dumps({"type": "response.create", "model": "sim", "input": "go",
+                            "tools": [TOOL], "multi_agent": {"enabled": True}}))  # fmt: skip
+    rid = until(socket, "response.created")["response"]["id"]
+    until(socket, "response.output_item.done")
+    body = json.dumps({"type": "response.inject", "response_id": rid, "input": user(8)})
+    refused = 0
+    for _ in range(20):
+        socket.send(body)
+        refused += until(socket, "response.inject.created", "error")["type"] == "error"
+    return refused, 20
+
+
+def live_steers(server, sockets):
+    refused = 0
+    for _ in range(8):
+        socket = ws_connect(server.url, max_size=None)
+        sockets.append(socket)
+        socket.send(json.dumps({"type": "response.create", "model": "sim", "input": "go",
+                                "metadata": WAITING}))  # fmt: skip
+        rid = until(socket, "response.created")["response"]["id"]
+        body = json.dumps({"type": "response.steer", "previous_response_id": rid,
+                           "input": text(8)})  # fmt: skip
+        for _ in range(8):
+            socket.send(body)
+            event = until(socket, "response.steer.accepted", "response.steer.failed")
+            refused += event["type"] == "response.steer.failed"
+    return refused, 64
+
+
+LIVE = {"live-appends": live_appends, "live-injects": live_injects, "live-steers": live_steers}
+
+
+def live(names):
+    for name, attack in LIVE.items():
+        if names and not any(n in name for n in names):
+            continue
+        with ServerProcess("--store", "memory://") as server:
+            time.sleep(1)
+            before = rss(server.http_url)
+            sockets = []
+            refused, sent = attack(server, sockets)
+            held = rss(server.http_url)
+            for socket in sockets:
+                socket.close()
+            time.sleep(2)
+            after = rss(server.http_url)
+        print(f"{name}: {sent - refused} of {sent} messages of 8 MiB kept, {refused} refused; "
+              f"RSS {before:.0f} -> {held:.0f} MiB while held ({held - before:+.0f}), "
+              f"{after:.0f} after the connections closed", flush=True)  # fmt: skip
 
 
 def main(names):
+    live(names)
     for name, attack in ATTACKS.items():
         if names and not any(n in name for n in names):
             continue

@@ -62,6 +62,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol
 
 from protocol import Mode, ResponseState
 from protocol.events import (
@@ -104,7 +105,15 @@ from .stream import EventSink, StreamClosed
 from .timing import TurnTiming
 from .turn_loop import INCOMPLETE_STOPS, TurnInput, TurnLoop
 
-__all__ = ["Boundary", "Rollout"]
+__all__ = ["Boundary", "HeldInput", "Rollout"]
+
+
+class HeldInput(Protocol):
+    """What the owner of delivered input holds for it until the model takes it
+    in (the serve layer's byte budget: ``longresponse.serve.input_budget``)."""
+
+    def release(self) -> None:
+        """The input is consumed, or never will be; called once or more."""
 
 
 class Rollout:
@@ -155,6 +164,8 @@ class Rollout:
         self._inbox: list[Item] = (
             list(input_items) if input_items is not None else as_items(request.input)
         )
+        #: What is held for the input waiting in the inbox, released as it drains.
+        self._inbox_holds: list[HeldInput] = []
         self._wakeup = asyncio.Event()
         self._resume_mark: float | None = clock()
         self._cancel_requested = False
@@ -270,10 +281,13 @@ class Rollout:
 
     # --- called by the serve layer (already checked by the protocol core) ----
 
-    def deliver(self, items: list[Item], received_at: float) -> None:
+    def deliver(self, items: list[Item], received_at: float, held: HeldInput | None = None) -> None:
         """Deliver appended items into the inbox; resume the loop if no call is
-        pending any more."""
+        pending any more. ``held`` is released when the items are drained (or the
+        rollout is closed)."""
         self._inbox.extend(items)
+        if held is not None:
+            self._inbox_holds.append(held)
         if not self._current().pending_calls:
             paused = self._waiting or self.state is ResponseState.REQUIRES_ACTION
             if paused and self._resume_mark is None:
@@ -373,6 +387,7 @@ class Rollout:
     def deliver_segment_input(self, items: list[Item], received_at: float) -> None:
         """Deliver the next Response's new input (a segment's), drained by its turn."""
         self._inbox = list(items)
+        self._release_inbox()  # what waited there before is dropped
         self._resume_mark = received_at
 
     # --- the sampler's lifetime ------------------------------------------------
@@ -384,7 +399,8 @@ class Rollout:
     async def close(self) -> None:
         """The rollout's owner is done with it: its sampler (and any it replaced)
         lets go of what it holds (an upstream socket). A sampler used again later
-        reopens it."""
+        reopens it. What is held for input still in the inbox is released."""
+        self._release_inbox()
         await self._release(current=True)
 
     async def _release(self, *, current: bool) -> None:
@@ -663,9 +679,16 @@ class Rollout:
         """Drain the inbox as it joins the context; a compaction item in it replaces
         the context."""
         taken, self._inbox = drain(self._inbox, self.compactor), []
+        self._release_inbox()
         if taken.replaces:
             self._start_window()
         return taken
+
+    def _release_inbox(self) -> None:
+        """The input held for the inbox is taken in (or dropped): release its holds."""
+        holds, self._inbox_holds = self._inbox_holds, []
+        for held in holds:
+            held.release()
 
     # --- counting a turn's new input (``longresponse.engine.counting``) ----------
 

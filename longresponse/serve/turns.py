@@ -63,6 +63,7 @@ from ..ids import new_id
 from ..storage.persistence import Persistence, StoreWriteFailed
 from .continuation import Continuation
 from .fair_share import CheckWorkers
+from .input_budget import InputBudget
 from .inspector.observer import Inspector
 from .inspector.records import RolloutRecord
 from .metrics import ServerMetrics
@@ -129,6 +130,10 @@ class Turns:
         )
         #: The inspector's observations (off unless the app gives one).
         self.inspector = inspector or Inspector(enabled=False)
+        #: Bytes of input live responses hold, per key (``serve.input_budget``).
+        self.input_budget = InputBudget(
+            config.max_live_input_bytes, config.max_live_input_bytes_per_key
+        )
         self.models = models
         self.pipeline = pipeline
         self.metrics = metrics

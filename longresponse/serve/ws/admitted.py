@@ -15,6 +15,7 @@ from protocol import ResponseTrack
 from protocol.events import ClientEvent
 
 from ...engine.admission import Admission
+from ..input_budget import Hold
 
 __all__ = ["Admitted"]
 
@@ -30,3 +31,5 @@ class Admitted:
     track: ResponseTrack | None = None
     #: The admitted items of an append, inject or steer.
     admission: Admission | None = None
+    #: The bytes of live input the items hold (``longresponse.serve.input_budget``).
+    hold: Hold | None = None

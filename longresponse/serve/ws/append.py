@@ -41,6 +41,7 @@ from ...config import ServerConfig
 from ...engine.rollout import Rollout
 from ...engine.stream import EventSink, StreamClosed
 from ..continuation import check_continuation
+from ..input_budget import InputLedger
 from ..transport import Transport
 from ..turns import Caller, Turns
 from .admitted import Admitted
@@ -60,6 +61,7 @@ class AppendShape:
         turns: Turns,
         sink: EventSink,
         *,
+        ledger: InputLedger,
         spawn: Callable[[Coroutine[Any, Any, None]], Any],
         send_timing: bool = False,
         owner: str = "",
@@ -67,6 +69,8 @@ class AppendShape:
         self.config = config
         self.turns = turns
         self.sink = sink
+        #: The bytes of input this connection's rollouts hold in their inboxes.
+        self.ledger = ledger
         self._spawn = spawn
         self.send_timing = send_timing
         self.owner = owner
@@ -82,19 +86,29 @@ class AppendShape:
 
     # --- admission, before the protocol core records the event ----------------
 
-    def admit(self, event: ClientEvent, track: ResponseTrack | None) -> Admitted:
-        """Validate and classify an append's or inject's items: the event with the
-        admitted items, its target and its admission.
+    def admit(self, event: ClientEvent, track: ResponseTrack | None, size: int) -> Admitted:
+        """Validate and classify an append's or inject's items (a message of
+        ``size`` bytes): the event with the admitted items, its target, its
+        admission and the bytes it holds.
 
         Raises :class:`ProtocolError` to refuse it (the protocol core then
-        records nothing); an inject also when its rollout is already ending.
+        records nothing); an inject also when its rollout is already ending,
+        and either when the rollout or the key holds too much input already.
         """
         if not isinstance(event, ResponseAppend | ResponseInject) or track is None:
             return Admitted(event, track)
         rollout = self._target(track)
         finished = isinstance(event, ResponseInject) and rollout.terminal
-        event, admission = admit_input(self.turns, rollout, event, finished=finished)
-        return Admitted(event, track, admission)
+        event, admission, hold = admit_input(
+            self.turns,
+            rollout,
+            event,
+            track.response_id,
+            ledger=self.ledger,
+            size=size,
+            finished=finished,
+        )
+        return Admitted(event, track, admission, hold)
 
     # --- recorded events --------------------------------------------------------
 
@@ -195,7 +209,9 @@ class AppendShape:
         if admitted.admission is None:  # pragma: no cover - admit() admits every append
             raise RuntimeError("an append reached handle() without its admission")
         rollout = self._target(admitted.track)
-        deliver_input(rollout, admitted.admission, received_at=received_at, decode=decode)
+        deliver_input(
+            rollout, admitted.admission, admitted.hold, received_at=received_at, decode=decode
+        )
 
     # --- graceful shutdown ----------------------------------------------------------
 

@@ -104,9 +104,10 @@ DRAIN_POLL_INTERVAL: Final = 0.02
 class Shape(Protocol):
     """What a connection speaks, given decoded, checked and admitted client events."""
 
-    def admit(self, event: ClientEvent, track: ResponseTrack | None) -> Admitted:
-        """Admit ``event`` for the response ``track`` (the protocol core's ``admit``
-        hook). Raises :class:`ProtocolError` to refuse it: nothing is recorded."""
+    def admit(self, event: ClientEvent, track: ResponseTrack | None, size: int) -> Admitted:
+        """Admit ``event`` (a message of ``size`` bytes) for the response ``track``
+        (the protocol core's ``admit`` hook). Raises :class:`ProtocolError` to
+        refuse it: nothing is recorded."""
 
     def handle(self, admitted: Admitted, received_at: float, decode: float) -> None:
         """Act on an event recorded by the protocol core, as :meth:`admit` admitted it."""
@@ -177,6 +178,8 @@ class Session:
         self.outbox = Outbox(
             config, transport.mode, multi_agent=multi_agent, drop=drop, send_texts=send_texts
         )
+        #: The bytes of input this connection's responses hold (their key's budget's).
+        self.live_input = turns.input_budget.open(owner)
         #: The session's tasks; the shapes start theirs there too (not through a
         #: method of the session, which would make a reference cycle with it).
         self._tasks = _Tasks()
@@ -190,6 +193,7 @@ class Session:
                 config,
                 turns,
                 self.outbox,
+                ledger=self.live_input,
                 spawn=self._tasks,
                 send_timing=send_timing,
                 owner=owner,
@@ -197,7 +201,13 @@ class Session:
             )
         else:
             self.shape = self.append = AppendShape(
-                config, turns, self.outbox, spawn=self._tasks, send_timing=send_timing, owner=owner
+                config,
+                turns,
+                self.outbox,
+                ledger=self.live_input,
+                spawn=self._tasks,
+                send_timing=send_timing,
+                owner=owner,
             )
         #: This connection's record in the inspector (None with the inspector off).
         self.seen: ConnectionRecord | None = turns.inspector.open_connection(self, transport, owner)
@@ -244,6 +254,7 @@ class Session:
                 self.append.release()
             if self.shipped is not None:  # its rollouts end with the connection
                 await self.shipped.release_dropped(every=True)
+            self.live_input.close()  # whatever input is still held, the key's budget gets back
 
     async def _expire(self) -> None:
         """The connection lifetime limit: an error event, then a normal close."""
@@ -309,9 +320,9 @@ class Session:
                 ):
                     if self.outbox.closing is not None:  # closed meanwhile: dropped
                         return
-                    admitted, admitted_at = self._receive(event)
+                    admitted, admitted_at = self._receive(event, len(data))
             else:
-                admitted, admitted_at = self._receive(event)
+                admitted, admitted_at = self._receive(event, len(data))
             event = admitted.event
             if self.seen is not None:
                 self.seen.client(admitted.event, len(data))
@@ -337,7 +348,7 @@ class Session:
             if error.close_code is not None:
                 self.outbox.close(error.close_code, error.code)
 
-    def _receive(self, event: ClientEvent) -> tuple[Admitted, float]:
+    def _receive(self, event: ClientEvent, size: int) -> tuple[Admitted, float]:
         """Check, admit and record ``event`` (``Connection.receive_event``, the
         shape's ``admit`` as its hook): what admission found, to hand to the
         shape's ``handle``, and when admission began (decoding and the core's
@@ -346,7 +357,7 @@ class Session:
 
         def admit(event: ClientEvent, track: ResponseTrack | None) -> ClientEvent:
             began = time.perf_counter()
-            admitted = self.shape.admit(event, track)
+            admitted = self.shape.admit(event, track, size)
             taken.append((admitted, began))
             return admitted.event
 

@@ -46,6 +46,7 @@ from ...engine.admission import Admission
 from ...engine.segment import Segment
 from ...engine.stream import EventSink
 from ..continuation import continue_from
+from ..input_budget import InputLedger
 from ..transport import Transport
 from ..turns import Caller, Turns
 from .admitted import Admitted
@@ -75,6 +76,7 @@ class ShippedShape:
         turns: Turns,
         sink: _Sink,
         *,
+        ledger: InputLedger,
         spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]],
         send_timing: bool = False,
         owner: str = "",
@@ -82,6 +84,8 @@ class ShippedShape:
     ) -> None:
         self.turns = turns
         self.sink = sink
+        #: The bytes of input this connection's responses hold (injected, steered).
+        self.ledger = ledger
         #: The connection was opened with the multi-agent beta.
         self.multi_agent = multi_agent
         self.send_timing = send_timing
@@ -97,23 +101,28 @@ class ShippedShape:
             report=sink.error,
             spawn=spawn,
         )
-        self.steering = Steering(sink, turns.pipeline, max_pending=config.max_pending_steers)
+        self.steering = Steering(
+            sink, turns.pipeline, ledger, max_pending=config.max_pending_steers
+        )
         #: What the connection did, for tests and operators.
         self.segments_run = 0
         self.forks = 0
         self.hydrations = 0
 
-    def admit(self, event: ClientEvent, track: ResponseTrack | None) -> Admitted:
-        """An inject's or a steer's items, admitted for the segment it names. (A
-        create is admitted when its lane runs it, after its continuation.)
+    def admit(self, event: ClientEvent, track: ResponseTrack | None, size: int) -> Admitted:
+        """An inject's or a steer's items (a message of ``size`` bytes), admitted
+        for the segment it names, with the bytes they hold. (A create is admitted
+        when its lane runs it, after its continuation.)
 
         Raises :class:`RemoteProtocolError` for an inject into a segment that does
-        not wait for input (created without ``multi_agent``) or whose turns are
-        over, and for a steer :meth:`Steering.admit` refuses.
+        not wait for input (created without ``multi_agent``), whose turns are
+        over or that holds too much input already (or its key does), and for a
+        steer :meth:`Steering.admit` refuses.
         """
         if isinstance(event, ResponseSteer) and track is not None:
             segment = self.running.get(track.response_id)
-            return Admitted(event, track, self.steering.admit(event, track.response_id, segment))
+            admission, hold = self.steering.admit(event, track.response_id, segment, size)
+            return Admitted(event, track, admission, hold)
         if not isinstance(event, ResponseInject) or track is None:
             return Admitted(event, track)
         segment = self.running.get(track.response_id)
@@ -124,10 +133,16 @@ class ShippedShape:
                 code=ErrorCode.INVALID_VALUE,
                 param="response_id",
             )
-        event, admission = admit_input(
-            self.turns, segment.rollout, event, finished=segment.finishing
+        event, admission, hold = admit_input(
+            self.turns,
+            segment.rollout,
+            event,
+            track.response_id,
+            ledger=self.ledger,
+            size=size,
+            finished=segment.finishing,
         )
-        return Admitted(event, track, admission)
+        return Admitted(event, track, admission, hold)
 
     def handle(self, admitted: Admitted, received_at: float, decode: float) -> None:
         event = admitted.event
@@ -135,11 +150,13 @@ class ShippedShape:
             self.submit(event, received_at, decode)
         elif isinstance(event, ResponseSteer):
             segment = self.running[event.previous_response_id]
-            self.steering.accept(event, _admission(admitted).items, segment)
+            self.steering.accept(event, _admission(admitted).items, segment, admitted.hold)
         elif isinstance(event, ResponseInject):
             segment = self.running[event.response_id]
             admission = _admission(admitted)
-            deliver_input(segment.rollout, admission, received_at=received_at, decode=decode)
+            deliver_input(
+                segment.rollout, admission, admitted.hold, received_at=received_at, decode=decode
+            )
             send_receipt(self.sink, self.sink.track(event.response_id))
         # response.processed: tolerated, never answered
 
@@ -224,6 +241,8 @@ class ShippedShape:
                 request, beta=self.multi_agent, transport=Transport.WS
             )
             started = self.turns.start_turn(request, new_items, caller, continuation, waits=waits)
+        # The steering input is the segment's now (its inbox, then its context).
+        self.steering.committed(steers)
         self.segments_run += 1
         assert started.segment is not None
         segment_id = started.reply.id

@@ -6,7 +6,11 @@ Theory of operation
 (at most ``max_pending_steers`` per segment; the protocol core has checked
 the shape and that the segment is live, and answers every refusal with
 ``response.steer.failed``). :meth:`Steering.admit` admits its items for the
-segment; :meth:`Steering.accept` queues them, answers
+segment and holds their bytes in the connection's live-input ledger
+(``longresponse.serve.input_budget``: a steer past the response's or the
+key's budget is refused ``too_many_pending_steers``, the nearest code the
+shipped API has, the message naming the budget); :meth:`Steering.accept`
+queues them, answers
 ``response.steer.accepted`` and stops the segment's rollout at its next safe
 point (:meth:`Rollout.steer`). When the segment ends (:meth:`Steering.after`):
 
@@ -21,6 +25,8 @@ point (:meth:`Rollout.steer`). When the segment ends (:meth:`Steering.after`):
 - ``failed``, or a successor that could not start: ``response.steer.failed``
   hands each input back (``response_not_active``, ``successor_creation_failed``).
 
+A steer's bytes are released when a segment commits it
+(:meth:`Steering.committed`), when it is handed back, or with the connection.
 The steers queued and held are this class's alone.
 """
 
@@ -50,6 +56,7 @@ from ...engine.rollout import Boundary
 from ...engine.segment import Segment
 from ...engine.stream import EventSink
 from ...ids import new_id
+from ..input_budget import Hold, InputLedger
 
 __all__ = ["Steer", "Steering"]
 
@@ -57,20 +64,25 @@ __all__ = ["Steer", "Steering"]
 @dataclasses.dataclass(frozen=True, slots=True)
 class Steer:
     """One accepted ``response.steer``: its id, the segment it steers, its admitted
-    items, and the input as sent (handed back if it is never committed)."""
+    items, the input as sent (handed back if it is never committed), and the
+    bytes it holds until then."""
 
     id: str
     target: str
     items: list[Item]
     sent: str | list[Any]
+    hold: Hold | None = None
 
 
 class Steering:
     """One shipped-shape connection's steers (see the module docstring)."""
 
-    def __init__(self, sink: EventSink, pipeline: Pipeline, *, max_pending: int) -> None:
+    def __init__(
+        self, sink: EventSink, pipeline: Pipeline, ledger: InputLedger, *, max_pending: int
+    ) -> None:
         self._sink = sink
         self._pipeline = pipeline
+        self._ledger = ledger
         self.max_pending = max_pending
         #: Accepted steers by the running segment they steer, in arrival order.
         self._queued: dict[str, list[Steer]] = {}
@@ -78,10 +90,13 @@ class Steering:
         #: ``response.steer.pending``).
         self._held: dict[str | None, list[Steer]] = {}
 
-    def admit(self, event: ResponseSteer, target: str, segment: Segment | None) -> Admission:
-        """A steer's items, admitted for the running ``segment`` of response
-        ``target``. Raises :class:`RemoteProtocolError` (the core answers
-        ``response.steer.failed``); nothing changes."""
+    def admit(
+        self, event: ResponseSteer, target: str, segment: Segment | None, size: int
+    ) -> tuple[Admission, Hold]:
+        """A steer's items (a message of ``size`` bytes), admitted for the running
+        ``segment`` of response ``target``, and the bytes they hold. Raises
+        :class:`RemoteProtocolError` (the core answers ``response.steer.failed``);
+        nothing changes."""
         if segment is None:  # pragma: no cover - a live response is a running segment
             raise RemoteProtocolError(
                 f"Response {target!r} is no longer accepting steering input.",
@@ -104,18 +119,35 @@ class Steering:
                 param="previous_response_id",
                 status=429,
             )
-        return self._pipeline.admit(
-            as_items(event.input),
-            history=segment.rollout.history(),
-            tools=segment.rollout.request.tools,
-            compactor=segment.rollout.compactor,
-        )
+        try:
+            hold = self._ledger.hold(target, size)
+        except RemoteProtocolError as refused:
+            raise RemoteProtocolError(
+                refused.message,
+                code=ErrorCode.TOO_MANY_PENDING_STEERS,
+                param="previous_response_id",
+                status=429,
+            ) from None
+        try:
+            admission = self._pipeline.admit(
+                as_items(event.input),
+                history=segment.rollout.history(),
+                tools=segment.rollout.request.tools,
+                compactor=segment.rollout.compactor,
+            )
+        except BaseException:
+            hold.release()
+            raise
+        return admission, hold
 
-    def accept(self, event: ResponseSteer, items: list[Item], segment: Segment) -> None:
-        """Queue an admitted steer (``items``) for its ``segment``'s successor;
-        ``response.steer.accepted``; the segment's rollout stops at its next safe point."""
+    def accept(
+        self, event: ResponseSteer, items: list[Item], segment: Segment, hold: Hold | None
+    ) -> None:
+        """Queue an admitted steer (``items``, holding ``hold``) for its ``segment``'s
+        successor; ``response.steer.accepted``; the segment's rollout stops at its
+        next safe point."""
         target = event.previous_response_id
-        steer = Steer(new_id("steer"), target, items, event.input)
+        steer = Steer(new_id("steer"), target, items, event.input, hold)
         self._queued.setdefault(target, []).append(steer)
         track = self._sink.track(target)
         self._sink.push(
@@ -135,6 +167,13 @@ class Steering:
             return []
         del self._held[lane]
         return held
+
+    @staticmethod
+    def committed(steers: list[Steer]) -> None:
+        """A segment took ``steers``' items as its input: their bytes are its now."""
+        for steer in steers:
+            if steer.hold is not None:
+                steer.hold.release()
 
     def ended(self, segment_id: str) -> list[Steer]:
         """The steers queued for a segment that just ended (forgotten here)."""
@@ -184,6 +223,7 @@ class Steering:
 
     def failed(self, steers: list[Steer], error: ProtocolError, lane: str | None) -> None:
         """Hand back accepted steering input that will not be committed."""
+        self.committed(steers)  # its bytes are given back too
         for steer in steers:
             track = self._sink.track(steer.target)
             self._sink.push(
