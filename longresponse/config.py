@@ -43,6 +43,7 @@ __all__ = [
     "KEEPALIVE_INTERVAL",
     "MAX_BACKGROUND",
     "MAX_BACKGROUND_PER_KEY",
+    "MAX_CONNECTIONS_PER_KEY",
     "MAX_IN_FLIGHT",
     "MAX_LANES",
     "MAX_PENDING_STEERS",
@@ -97,6 +98,10 @@ SLOW_READER_TIMEOUT: Final = 30.0
 MAX_IN_FLIGHT: Final = 16
 #: Distinct named lanes (``stream_id``) per connection; the default lane is free.
 MAX_LANES: Final = 32
+#: WebSocket connections one API key may hold open at once (with keys on);
+#: one more is refused at the handshake with 429 ``too_many_connections``, so
+#: one key cannot take the process's file descriptors from the others.
+MAX_CONNECTIONS_PER_KEY: Final = 256
 #: Creates waiting (not yet running) per connection; beyond it, an error.
 MAX_QUEUED: Final = 64
 #: Steering submissions queued for one response (``response.steer``); beyond it,
@@ -358,6 +363,7 @@ class ServerConfig:
     max_in_flight: int = MAX_IN_FLIGHT
     max_lanes: int = MAX_LANES
     max_queued: int = MAX_QUEUED
+    max_connections_per_key: int = MAX_CONNECTIONS_PER_KEY
     max_pending_steers: int = MAX_PENDING_STEERS
     connection_cache_bytes: int = CONNECTION_CACHE_BYTES
     connection_lifetime: float = CONNECTION_LIFETIME
@@ -624,6 +630,9 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     _n("max_queued", int, MAX_QUEUED, 1, 1_000_000,
        "shipped shape: creates waiting to run per connection; beyond it an error "
        "(websocket_queue_limit_reached)"),
+    _n("max_connections_per_key", int, MAX_CONNECTIONS_PER_KEY, 1, 1_000_000,
+       "WebSocket connections one API key may hold open at once (with keys on); one more "
+       "is refused at the handshake with 429 (too_many_connections)"),
     _n("max_pending_steers", int, MAX_PENDING_STEERS, 1, 4096,
        "shipped shape: response.steer submissions queued per response; beyond it "
        "response.steer.failed (too_many_pending_steers)"),
