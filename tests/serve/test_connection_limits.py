@@ -4,20 +4,34 @@
   next handshake refused with HTTP 429 and the shipped error envelope
   (``too_many_connections``), while another key connects and is served; a
   connection closed gives its place back.
+- At the process's open-file limit (a server process started with a low
+  ``RLIMIT_NOFILE``, flooded with connections past it), the server backs off
+  accepting: its log stays small (at most a line a second of the flood), a
+  connection already open still gets its answers, and once the flood lets
+  go new connections are served (``longresponse.serve.accept``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import resource
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect as ws_connect
 
+from longresponse.server_process import free_port
 from tests.conftest import openai_client
 from tests.support.shipped_ws import TERMINAL, sdk_turn
+from tests.support.waiting import wait_for
 
 
 def _bearer(key: str) -> dict[str, str]:
@@ -70,3 +84,78 @@ def test_a_key_at_its_connection_cap_is_refused_while_another_connects(
         assert _answered(again)
     assert server.app.parts.endpoint.open_per_key == {}
 
+
+#: The server process's open-file limit in the flood test: room for its own
+#: files, the classifier's pipes and a few dozen connections.
+FD_LIMIT = 64
+#: Seconds the flood holds its connections.
+FLOOD_SECONDS = 3.0
+
+
+def _low_fd_limit() -> None:  # runs in the child, before exec
+    resource.setrlimit(resource.RLIMIT_NOFILE, (FD_LIMIT, FD_LIMIT))
+
+
+def _healthy(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / 100  # utime + stime, in ticks of 1/100 s
+
+
+@pytest.mark.slow  # holds a flood of connections for 3 s, and waits out the server's back-off
+def test_at_the_open_file_limit_the_server_backs_off_and_serves_its_connections(
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    log_path = tmp_path / "server.log"
+    command = [sys.executable, "-m", "longresponse", "serve", "--port", str(port),
+               "--store", "memory://", "--log-level", "info"]  # fmt: skip
+    url = f"ws://127.0.0.1:{port}/v1/responses"
+    with log_path.open("wb") as log_file:
+        process = subprocess.Popen(
+            command, stdout=log_file, stderr=subprocess.STDOUT, preexec_fn=_low_fd_limit
+        )
+    flood: list[socket.socket] = []
+    try:
+        wait_for(lambda: _healthy(port) or process.poll() is not None, "the server", 20)
+        assert process.poll() is None, log_path.read_text()
+        with ws_connect(url, open_timeout=10) as held:
+            assert _answered(held)  # the classifier and the store warmed up
+            logged_before = log_path.stat().st_size
+            cpu_before = _cpu_seconds(process.pid)
+            # Past the limit: the kernel completes every handshake into the
+            # listening socket's backlog; the server runs out of descriptors.
+            for _ in range(FD_LIMIT + 200):
+                flood.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+            time.sleep(FLOOD_SECONDS)
+            assert _answered(held), "an open connection was not served during the flood"
+            cpu = _cpu_seconds(process.pid) - cpu_before
+            logged = log_path.read_bytes()[logged_before:].decode(errors="replace")
+            for sock in flood:
+                sock.close()
+            flood.clear()
+            # Let go, the waiting connections are accepted (and end); new ones are served.
+            with ws_connect(url, open_timeout=10) as fresh:
+                assert _answered(fresh)
+    finally:
+        for sock in flood:
+            sock.close()
+        process.send_signal(2)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    lines = [line for line in logged.splitlines() if "accept" in line]
+    print(f"flood: {len(logged)} bytes of log, {len(lines)} accept lines, {cpu:.2f} s of CPU")
+    assert "cannot accept connections: Too many open files" in logged
+    # At most a line a second of the flood (and one for the second it began in).
+    assert 1 <= len(lines) <= FLOOD_SECONDS + 2, logged[:2000]
+    assert len(logged) < 4096, logged[:2000]
+    assert cpu < FLOOD_SECONDS / 2, f"the server spent {cpu:.2f} s of CPU in {FLOOD_SECONDS} s"
