@@ -347,6 +347,10 @@ class McpLimits:
     max_calls: int = 64
     #: ``mcp`` tools (MCP servers, a session each) one request may name.
     max_servers: int = 16
+    #: MCP listings and calls running at once in the server, and of one API
+    #: key's (with keys on); one more fails at once, its limit named.
+    max_in_flight: int = 256
+    max_in_flight_per_key: int = 32
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -756,6 +760,12 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     _n("mcp_max_servers", int, _MCP_DEFAULTS.max_servers, 1, 1_000,
        "mcp tools (MCP servers) one request may name; a request naming more is refused",
        field="mcp.max_servers"),
+    _n("mcp_max_in_flight", int, _MCP_DEFAULTS.max_in_flight, 1, 100_000,
+       "MCP listings and calls running at once in the server; one more fails at once "
+       "(mcp_protocol_error -32001), the Response goes on", field="mcp.max_in_flight"),
+    _n("mcp_max_in_flight_per_key", int, _MCP_DEFAULTS.max_in_flight_per_key, 1, 100_000,
+       "of those, what one API key may run at once (with keys on); its next fails the "
+       "same way, other keys' do not", field="mcp.max_in_flight_per_key"),
     _switch("incremental_validation",
             "validate only new input (off: the whole history, every time)"),
     _switch("incremental_classification",
