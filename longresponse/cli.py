@@ -116,6 +116,8 @@ def uvicorn_config(config: ServerConfig, *, log_level: str = "info") -> object:
         host=config.host,
         port=config.port,
         ws=LingeringWSProtocol,  # wsproto, with a 1009 that reaches the client
+        # asyncio's loop, backing off accept() at the open-file limit.
+        loop="longresponse.serve.accept:AcceptLoop",
         # Messages up to max_message_bytes get an error event and the socket
         # stays usable; uvicorn refuses (close 1009) beyond twice that, before
         # buffering more.

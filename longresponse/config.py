@@ -43,6 +43,7 @@ __all__ = [
     "KEEPALIVE_INTERVAL",
     "MAX_BACKGROUND",
     "MAX_BACKGROUND_PER_KEY",
+    "MAX_CONNECTIONS_PER_KEY",
     "MAX_IN_FLIGHT",
     "MAX_LANES",
     "MAX_LIVE_INPUT_BYTES",
@@ -99,6 +100,10 @@ SLOW_READER_TIMEOUT: Final = 30.0
 MAX_IN_FLIGHT: Final = 16
 #: Distinct named lanes (``stream_id``) per connection; the default lane is free.
 MAX_LANES: Final = 32
+#: WebSocket connections one API key may hold open at once (with keys on);
+#: one more is refused at the handshake with 429 ``too_many_connections``, so
+#: one key cannot take the process's file descriptors from the others.
+MAX_CONNECTIONS_PER_KEY: Final = 256
 #: Creates waiting (not yet running) per connection; beyond it, an error.
 MAX_QUEUED: Final = 64
 #: Steering submissions queued for one response (``response.steer``); beyond it,
@@ -350,6 +355,10 @@ class McpLimits:
     max_calls: int = 64
     #: ``mcp`` tools (MCP servers, a session each) one request may name.
     max_servers: int = 16
+    #: MCP listings and calls running at once in the server, and of one API
+    #: key's (with keys on); one more fails at once, its limit named.
+    max_in_flight: int = 256
+    max_in_flight_per_key: int = 32
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -366,6 +375,7 @@ class ServerConfig:
     max_in_flight: int = MAX_IN_FLIGHT
     max_lanes: int = MAX_LANES
     max_queued: int = MAX_QUEUED
+    max_connections_per_key: int = MAX_CONNECTIONS_PER_KEY
     max_pending_steers: int = MAX_PENDING_STEERS
     #: Bytes of input not yet taken in by the model, per live response and per key.
     max_live_input_bytes: int = MAX_LIVE_INPUT_BYTES
@@ -635,6 +645,9 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     _n("max_queued", int, MAX_QUEUED, 1, 1_000_000,
        "shipped shape: creates waiting to run per connection; beyond it an error "
        "(websocket_queue_limit_reached)"),
+    _n("max_connections_per_key", int, MAX_CONNECTIONS_PER_KEY, 1, 1_000_000,
+       "WebSocket connections one API key may hold open at once (with keys on); one more "
+       "is refused at the handshake with 429 (too_many_connections)"),
     _n("max_pending_steers", int, MAX_PENDING_STEERS, 1, 4096,
        "shipped shape: response.steer submissions queued per response; beyond it "
        "response.steer.failed (too_many_pending_steers)"),
@@ -765,6 +778,12 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     _n("mcp_max_servers", int, _MCP_DEFAULTS.max_servers, 1, 1_000,
        "mcp tools (MCP servers) one request may name; a request naming more is refused",
        field="mcp.max_servers"),
+    _n("mcp_max_in_flight", int, _MCP_DEFAULTS.max_in_flight, 1, 100_000,
+       "MCP listings and calls running at once in the server; one more fails at once "
+       "(mcp_protocol_error -32001), the Response goes on", field="mcp.max_in_flight"),
+    _n("mcp_max_in_flight_per_key", int, _MCP_DEFAULTS.max_in_flight_per_key, 1, 100_000,
+       "of those, what one API key may run at once (with keys on); its next fails the "
+       "same way, other keys' do not", field="mcp.max_in_flight_per_key"),
     _switch("incremental_validation",
             "validate only new input (off: the whole history, every time)"),
     _switch("incremental_classification",

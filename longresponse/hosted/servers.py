@@ -22,7 +22,9 @@ the operation in flight.
 Each has the limits of :class:`McpLimits` (``--mcp-*`` flags): connecting and
 the initialize handshake within ``connect_timeout``, the operation within
 ``call_timeout``, a listing or an output of at most so many bytes, so many
-calls per Response; its answers are read through the server's one HTTP
+calls per Response, so many listings and calls running at once in the server
+and of one API key's (:class:`McpInFlight`: one more fails at once, before
+it connects, its limit named); its answers are read through the server's one HTTP
 pool (``longresponse.hosted.pool``), with the session's headers on each of
 its requests and each answer cut off at its operation's limit as it is read
 (the operation fails with that limit's error). A server that is down, slow, answers an error or
@@ -40,13 +42,14 @@ spend at all.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import logging
 import math
 import re
 import types
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlsplit
 
@@ -63,7 +66,14 @@ from ..engine.hosted import McpFailure
 if TYPE_CHECKING:
     from .pool import Answers, McpPool
 
-__all__ = ["McpLimits", "McpServers", "check_mcp_tools", "load_sdk", "redact_mcp_tools"]
+__all__ = [
+    "McpInFlight",
+    "McpLimits",
+    "McpServers",
+    "check_mcp_tools",
+    "load_sdk",
+    "redact_mcp_tools",
+]
 
 log = logging.getLogger(__name__)
 # The SDK's HTTP client logs each request's URL at INFO: a line per MCP
@@ -276,6 +286,51 @@ def _passes(wanted: tuple[set[str] | None, bool | None], name: str, read_only: b
     return wants_read_only is None or wants_read_only == read_only
 
 
+class McpInFlight:
+    """The server's MCP listings and calls running now, in all and by the owner
+    of their API key: one per server, shared by every request's
+    :class:`McpServers`, so that one key's slow MCP server cannot hold the
+    server's connections and tasks (``--mcp-max-in-flight``,
+    ``--mcp-max-in-flight-per-key``; the owner ``""``, keys off, is held by
+    the limit in all alone)."""
+
+    __slots__ = ("_limits", "by_owner", "running")
+
+    def __init__(self, limits: McpLimits) -> None:
+        self._limits = limits
+        self.running = 0
+        self.by_owner: collections.Counter[str] = collections.Counter()
+
+    @contextlib.contextmanager
+    def slot(self, owner: str) -> Iterator[None]:
+        """A place for one listing or call of ``owner``'s while it runs. Raises
+        :class:`McpFailure` (:data:`LIMIT_EXCEEDED`) beyond either limit; then
+        nothing is held."""
+        per_key = self._limits.max_in_flight_per_key
+        if owner and self.by_owner[owner] >= per_key:
+            raise McpFailure(
+                f"This API key has {per_key} MCP listings and calls running, the most "
+                "allowed (--mcp-max-in-flight-per-key). Retry later.",
+                code=LIMIT_EXCEEDED,
+            )
+        limit = self._limits.max_in_flight
+        if self.running >= limit:
+            raise McpFailure(
+                f"This server runs {limit} MCP listings and calls, the most it runs at "
+                "once (--mcp-max-in-flight). Retry later.",
+                code=LIMIT_EXCEEDED,
+            )
+        self.running += 1
+        self.by_owner[owner] += 1
+        try:
+            yield
+        finally:
+            self.running -= 1
+            self.by_owner[owner] -= 1
+            if not self.by_owner[owner]:
+                del self.by_owner[owner]
+
+
 class McpServers:
     """The ``mcp`` tools of one request, their secrets with them (the engine's
     ``McpHost``; see the module docstring)."""
@@ -288,8 +343,12 @@ class McpServers:
         *,
         schema_limits: SchemaLimits,
         in_worker: Callable[..., Awaitable[Any]],
+        in_flight: McpInFlight,
+        owner: str = "",
     ) -> None:
         """``pool``: the server's HTTP pool (``longresponse.hosted.pool``);
+        ``in_flight``: the server's listings and calls running, where this
+        request's count as ``owner``'s;
         ``schema_limits`` and ``in_worker``: what a listed tool's schema is held
         to, and where it is checked, off the event loop (the server's check
         workers: :func:`listing_refusal`)."""
@@ -298,6 +357,7 @@ class McpServers:
         self._pool = pool
         self._schema_limits = schema_limits
         self._in_worker = in_worker
+        self._in_flight, self._owner = in_flight, owner
         self.calls = 0
         #: The session open with each server for the turn: (its owner, the client).
         self._open: dict[str, tuple[_Session, Any]] = {}
@@ -335,9 +395,10 @@ class McpServers:
             "bytes of tools (--mcp-max-listing-bytes)."
         )
         limit = self.limits.max_listing_bytes
-        async with self._using(tool, limit, too_large, "listing its tools") as client:
-            cursor: str | None = None
-            async with self._deadline(tool, "listing"):
+        using = self._using(tool, limit, too_large, "listing its tools")
+        with self._in_flight.slot(self._owner):
+            async with using as client, self._deadline(tool, "listing"):
+                cursor: str | None = None
                 while True:
                     page = await client.list_tools(cursor=cursor)
                     for entry in page.tools:
@@ -393,8 +454,9 @@ class McpServers:
         )
         limit = self.limits.max_output_bytes
         using = self._using(tool, limit, too_large, "calling a tool")
-        async with using as client, self._deadline(tool, "call"):
-            result = await client.call_tool(name, parsed)
+        with self._in_flight.slot(self._owner):
+            async with using as client, self._deadline(tool, "call"):
+                result = await client.call_tool(name, parsed)
         texts = [part.text for part in result.content if getattr(part, "type", "") == "text"]
         if texts:
             output = "\n".join(texts)

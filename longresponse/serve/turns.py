@@ -58,7 +58,7 @@ from ..engine.sampling import ModelSpec
 from ..engine.stream import EventSink
 from ..engine.timing import TurnTiming
 from ..engine.turn import Started, admit_turn, open_turn, resolve_model
-from ..hosted import McpServers, check_mcp_tools, load_sdk, redact_mcp_tools
+from ..hosted import McpInFlight, McpServers, check_mcp_tools, load_sdk, redact_mcp_tools
 from ..ids import new_id
 from ..storage.persistence import Persistence, StoreWriteFailed
 from .continuation import Continuation
@@ -146,6 +146,8 @@ class Turns:
         #: The HTTP pool (and TLS context) of every MCP session: made now if the
         #: operator allowed an MCP host, not in a turn (``longresponse.hosted.pool``).
         self._mcp_pool: McpPool | None = load_sdk().McpPool() if config.mcp.allowed_hosts else None
+        #: The MCP listings and calls running, in all and per key (``--mcp-max-in-flight*``).
+        self.mcp_in_flight = McpInFlight(config.mcp)
 
     def mcp_pool(self) -> McpPool:
         """The pool of the MCP sessions (made now if it was not at start)."""
@@ -309,6 +311,8 @@ class Turns:
                 self.mcp_pool(),
                 schema_limits=self.config.schema_limits,
                 in_worker=functools.partial(self.in_worker, owner=owner),
+                in_flight=self.mcp_in_flight,
+                owner=owner,
             )
         admitted = admit_turn(
             request,

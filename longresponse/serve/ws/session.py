@@ -41,6 +41,7 @@ cut off.
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import logging
 import time
@@ -86,6 +87,7 @@ from .shipped import ShippedShape
 __all__ = [
     "DRAIN_POLL_INTERVAL",
     "MULTI_AGENT_BETA",
+    "TOO_MANY_CONNECTIONS",
     "Outbox",
     "ResponsesEndpoint",
     "Session",
@@ -96,6 +98,8 @@ log = logging.getLogger(__name__)
 #: The ``OpenAI-Beta`` value that opens a connection to the multi-agent beta
 #: (``response.inject`` and ``multi_agent`` creates in the shipped shape).
 MULTI_AGENT_BETA: Final = "responses_multi_agent=v1"
+#: The error code of a handshake beyond ``--max-connections-per-key`` (HTTP 429).
+TOO_MANY_CONNECTIONS: Final = "too_many_connections"
 #: How often a graceful shutdown looks which sessions' turns are done (it
 #: polls, as uvicorn's own shutdown does: a turn ends in many places).
 DRAIN_POLL_INTERVAL: Final = 0.02
@@ -403,6 +407,9 @@ class ResponsesEndpoint:
         self._on_session = on_session
         #: The sessions being served, for a graceful shutdown.
         self.sessions: set[Session] = set()
+        #: Connections open (or being opened) by the owner of their API key
+        #: (keys on; ``""``, keys off, has no limit of its own).
+        self.open_per_key: collections.Counter[str] = collections.Counter()
         self.draining = False
 
     def wants_append(self, scope: Scope, headers: dict[str, list[str]]) -> bool:
@@ -434,12 +441,15 @@ class ResponsesEndpoint:
             for session in list(self.sessions):
                 session.restart()
 
-    async def _refuse(self, scope: Scope, send: Send, message: str) -> None:
-        refusal = RemoteProtocolError(message, code="invalid_api_key", status=401)
+    async def _refuse(self, scope: Scope, send: Send, refusal: RemoteProtocolError) -> None:
+        """Answer the handshake with ``refusal`` (the shipped error envelope, its
+        status) instead of accepting it; nothing of a session exists yet."""
         log_refusal(f"WebSocket {scope['path']}", refusal, request_id(scope))
         body = json.dumps(error_body(refusal)).encode()
         if "websocket.http.response" in scope.get("extensions", {}):
             headers = [(b"content-type", b"application/json")]
+            if refusal.status == 429:
+                headers.append((b"retry-after", b"1"))
             await send(
                 {
                     "type": "websocket.http.response.start",
@@ -451,6 +461,20 @@ class ResponsesEndpoint:
         else:  # pragma: no cover - servers without the denial extension answer 403
             await send({"type": "websocket.close", "code": 1008})
 
+    def _room_for(self, owner: str) -> RemoteProtocolError | None:
+        """The refusal of one more connection of ``owner``'s beyond
+        ``--max-connections-per-key``, or ``None`` if it has room."""
+        limit = self.config.max_connections_per_key
+        if not owner or self.open_per_key[owner] < limit:
+            return None
+        return RemoteProtocolError(
+            f"This API key has {limit} WebSocket connections open, the most allowed "
+            "(--max-connections-per-key). Close one and try again.",
+            code=TOO_MANY_CONNECTIONS,
+            status=429,
+            error_type="rate_limit_error",
+        )
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         message = await receive()
         if message["type"] != "websocket.connect":  # pragma: no cover - ASGI contract
@@ -460,8 +484,25 @@ class ResponsesEndpoint:
             authorization = headers.get("authorization", [])
             owner = self.keys.owner(authorization[0] if authorization else None)
         except Unauthorized as exc:
-            await self._refuse(scope, send, str(exc))
+            await self._refuse(
+                scope, send, RemoteProtocolError(str(exc), code="invalid_api_key", status=401)
+            )
             return
+        if (refusal := self._room_for(owner)) is not None:
+            await self._refuse(scope, send, refusal)
+            return
+        self.open_per_key[owner] += 1
+        try:
+            await self._serve(scope, receive, send, headers, owner)
+        finally:
+            self.open_per_key[owner] -= 1
+            if not self.open_per_key[owner]:
+                del self.open_per_key[owner]
+
+    async def _serve(
+        self, scope: Scope, receive: Receive, send: Send, headers: dict[str, list[str]], owner: str
+    ) -> None:
+        """Accept the handshake and serve its session to the end."""
         subprotocol = (
             APPEND_SUBPROTOCOL if APPEND_SUBPROTOCOL in scope.get("subprotocols", []) else None
         )
