@@ -94,6 +94,7 @@ def test_an_http_chain_keeps_one_key_for_its_whole_life(make_server: Any, engine
     assert affinity_key(None, other) != affinity_key(None, first)
 
 
+@pytest.mark.slow  # four stored HTTP turns through a stand-in engine
 def test_prompt_cache_key_names_the_key_across_chains(make_server: Any, engine: StandIn) -> None:
     """Conversations the client gives one ``prompt_cache_key`` share one key
     (and one llama.cpp home slot), whatever their chains."""

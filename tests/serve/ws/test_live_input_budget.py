@@ -142,6 +142,7 @@ def all_given_back(server: Any) -> None:
 # --- append mode ----------------------------------------------------------------
 
 
+@pytest.mark.slow  # its rollouts wait 600 ms for their first token, so that input piles up
 def test_appends_past_a_responses_budget_are_refused_and_the_rollout_goes_on(
     make_server: Any,
 ) -> None:
@@ -169,6 +170,7 @@ def test_appends_past_a_responses_budget_are_refused_and_the_rollout_goes_on(
     all_given_back(server)
 
 
+@pytest.mark.slow  # its rollouts wait 600 ms for their first token, so that input piles up
 def test_a_keys_budget_is_shared_by_its_connections_and_not_by_another_key(
     keyed: Any,
 ) -> None:
@@ -201,6 +203,7 @@ def test_a_keys_budget_is_shared_by_its_connections_and_not_by_another_key(
     all_given_back(keyed)
 
 
+@pytest.mark.slow  # its rollouts wait 600 ms for their first token, so that input piles up
 def test_input_held_by_a_paused_rollout_is_given_back_when_its_connection_closes(
     keyed: Any,
 ) -> None:
@@ -232,6 +235,7 @@ def test_input_held_by_a_paused_rollout_is_given_back_when_its_connection_closes
 # --- the shipped shape: steers and multi-agent injects ------------------------
 
 
+@pytest.mark.slow  # its rollouts wait 600 ms for their first token, so that input piles up
 def test_steers_past_a_responses_budget_fail_and_the_accepted_ones_are_committed(
     make_server: Any,
 ) -> None:
