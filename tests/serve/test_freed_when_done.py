@@ -137,3 +137,26 @@ def test_an_append_rollout_that_took_large_input_keeps_nothing_once_closed(
                 pass
             assert event["response"]["status"] in ("cancelled", "requires_action", "completed")
     freed(running, before)
+
+
+def test_a_shipped_connection_closed_mid_response_keeps_nothing(
+    make_server: Any, collector_off: None
+) -> None:
+    """A shipped-shape response still running (its model waiting for its first
+    token, a steer queued for it) when its client goes: the lane's task is
+    cancelled, and nothing of the connection stays."""
+    running = make_server()
+    before = alive()
+    waiting = {"sim_tool_calls": "0", "sim_ttft_ms": "5000"}
+    for _ in range(3):
+        with ws_connect(running.url, max_size=None) as socket:
+            socket.send(json.dumps({"type": "response.create", "model": "sim", "input": "go",
+                                    "metadata": waiting}))  # fmt: skip
+            while (event := json.loads(socket.recv(timeout=30)))["type"] != "response.created":
+                pass
+            steer = {"type": "response.steer", "previous_response_id": event["response"]["id"],
+                     "input": LONG}  # fmt: skip
+            socket.send(json.dumps(steer))
+            while json.loads(socket.recv(timeout=30))["type"] != "response.steer.accepted":
+                pass
+    freed(running, before)

@@ -65,7 +65,14 @@ class Lane:
         self.queue.append(queued)
         if self.task is None or self.task.done():
             self.task = start()
+            self.task.add_done_callback(self._forget)
 
+    def _forget(self, task: asyncio.Task[None]) -> None:
+        """A lane lets go of its task once done: a cancelled task keeps its
+        error, whose traceback holds the frame serving this lane (a cycle,
+        freed only by a full collection, with the requests' input in it)."""
+        if self.task is task:
+            self.task = None
     def drop_queued(self) -> int:
         """Drop the requests still waiting; how many there were."""
         count = len(self.queue)
