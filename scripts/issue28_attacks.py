@@ -8,6 +8,7 @@ and its growth per round:
 
 - ``refused``: an 8 MB HTTP create, refused ``context_length_exceeded``;
 - ``ws-failed``: a WebSocket whose 12 MB ``response.create`` fails, closed;
+- ``idle``: 2,000 WebSockets opened, left idle for a second and closed (a round);
 - ``append``: an append-mode connection that appends a 3 MB tool output
   into a paused rollout, cancels it mid-turn and closes.
 
@@ -26,6 +27,7 @@ Names filter the attacks by substring. The figures are in docs/RELIABILITY.md.
 
 import json
 import re
+import socket
 import sys
 import time
 
@@ -80,7 +82,26 @@ def append(server):
             pass
 
 
-ATTACKS = {"refused": refused, "ws-failed": ws_failed, "append": append}
+def idle(server):
+    """2,000 WebSockets opened, left idle for a second, then closed."""
+    import wsproto
+    import wsproto.events as ws
+
+    sockets = []
+    for _ in range(2000):
+        sock = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+        conn = wsproto.WSConnection(wsproto.ConnectionType.CLIENT)
+        sock.sendall(conn.send(ws.Request(host="127.0.0.1", target="/v1/responses")))
+        conn.receive_data(sock.recv(4096))
+        assert isinstance(next(conn.events()), ws.AcceptConnection)
+        sockets.append((sock, conn))
+    time.sleep(1)
+    for sock, conn in sockets:
+        sock.sendall(conn.send(ws.CloseConnection(code=1000)))
+        sock.close()
+
+
+ATTACKS = {"refused": refused, "ws-failed": ws_failed, "append": append, "idle": idle}
 WAITING = {"sim_tool_calls": "0", "sim_ttft_ms": "600000"}
 
 
@@ -174,16 +195,17 @@ def main(names):
         flags = ["--store", "memory://", "--max-message-bytes", str(32 * 1024 * 1024)]
         if name != "append":  # refused: past the window
             flags += ["--sim-context-window", "2000"]
+        rounds = 3 if name == "idle" else ROUNDS
         with ServerProcess(*flags) as server:
             attack(server)  # the first round's one-off costs (imports, caches)
             time.sleep(1)
             before = rss(server.http_url)
-            for _ in range(ROUNDS):
+            for _ in range(rounds):
                 attack(server)
             time.sleep(2)
             after = rss(server.http_url)
-        print(f"{name}: RSS {before:.0f} -> {after:.0f} MiB after {ROUNDS} rounds, "
-              f"{(after - before) / ROUNDS:+.1f} MiB a round", flush=True)  # fmt: skip
+        print(f"{name}: RSS {before:.0f} -> {after:.0f} MiB after {rounds} rounds, "
+              f"{(after - before) / rounds:+.1f} MiB a round", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":
