@@ -54,13 +54,10 @@ from .state import (
 
 #: Subprotocol that opts a WebSocket connection into append mode.
 APPEND_SUBPROTOCOL = "longresponse.append.v1"
-#: The historical beta header value that also selects append mode.
-APPEND_BETA_HEADER = "responses_websockets=2026-02-04"
 #: Upgrade header (value ``true``) asking for ``responsesapi.websocket_timing`` events.
 TIMING_HEADER = "x-responsesapi-include-timing-metrics"
 
 __all__ = [
-    "APPEND_BETA_HEADER",
     "APPEND_SUBPROTOCOL",
     "CLOSED",
     "CLOSE_CODES",

@@ -49,7 +49,6 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Final, Protocol
 
 from protocol import (
-    APPEND_BETA_HEADER,
     APPEND_SUBPROTOCOL,
     CLOSE_CODES,
     TIMING_HEADER,
@@ -412,10 +411,12 @@ class ResponsesEndpoint:
         self.open_per_key: collections.Counter[str] = collections.Counter()
         self.draining = False
 
-    def wants_append(self, scope: Scope, headers: dict[str, list[str]]) -> bool:
-        if APPEND_SUBPROTOCOL in scope.get("subprotocols", []):
-            return True
-        return APPEND_BETA_HEADER in _betas(headers)
+    @staticmethod
+    def wants_append(scope: Scope) -> bool:
+        """Append mode is asked for by its subprotocol, and by nothing else: the
+        ``OpenAI-Beta: responses_websockets=…`` values gateways in front of the
+        shipped API send are for the shipped shape (``protocol/SPEC.md`` §2)."""
+        return APPEND_SUBPROTOCOL in scope.get("subprotocols", [])
 
     async def drain(self, *, abandon: Callable[[], bool] = lambda: False) -> None:
         """Graceful shutdown: every session stops reading, and closes 1012 as soon as
@@ -507,7 +508,7 @@ class ResponsesEndpoint:
             APPEND_SUBPROTOCOL if APPEND_SUBPROTOCOL in scope.get("subprotocols", []) else None
         )
         timing = any(v.strip().lower() == "true" for v in headers.get(TIMING_HEADER, []))
-        transport = Transport.APPEND if self.wants_append(scope, headers) else Transport.WS
+        transport = Transport.APPEND if self.wants_append(scope) else Transport.WS
         session = Session(
             self.config,
             self.turns,

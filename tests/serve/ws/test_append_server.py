@@ -343,15 +343,6 @@ async def test_timing_events_only_when_asked(server: Any) -> None:
         assert isinstance(nxt, ErrorEvent)  # no timing event came first
 
 
-async def test_beta_header_selects_append_mode(server: Any) -> None:
-    headers = [("OpenAI-Beta", "responses_websockets=2026-02-04")]
-    async with connect(server.url, subprotocols=(), headers=headers) as client:
-        assert client.subprotocol is None
-        await client.create(model="sim", input="hello")
-        done = (await client.until_done())[-1]
-        assert done.response.status == "completed"  # type: ignore[union-attr]
-
-
 @pytest.mark.parametrize("n", [1, 3])
 async def test_without_tools_the_model_answers(server: Any, n: int) -> None:
     async with connect(server.url) as client:

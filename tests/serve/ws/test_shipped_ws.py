@@ -19,7 +19,7 @@ from openai import AsyncOpenAI
 from openai.types.responses.responses_server_event import ResponsesServerEvent
 
 from tests.support.http_clients import openai_client
-from tests.support.shipped_ws import TERMINAL
+from tests.support.shipped_ws import TERMINAL, sdk_turn
 
 STRICT = pydantic.TypeAdapter(ResponsesServerEvent)
 SHIPPED_TYPES = {
@@ -599,3 +599,35 @@ def test_an_oversized_create_on_a_lane_gets_its_error_on_that_lane(make_server: 
         assert error.stream_id == "big"
         conn.response.create(model="sim", input="fits", store=False, stream_id="big")
         assert turn(conn)[-1].stream_id == "big"
+
+
+@pytest.mark.parametrize(
+    "beta",
+    [
+        "responses_websockets=2026-02-04",
+        "responses_websockets=2026-02-04,responses_websockets=2026-02-06",
+    ],
+)
+def test_a_responses_websockets_beta_header_selects_nothing(server: Any, beta: str) -> None:
+    """Gateways in front of the shipped API send ``OpenAI-Beta:
+    responses_websockets=…`` for its WebSocket: the connection speaks the
+    shipped shape all the same, and the official SDK's tool loop runs (issue
+    29: the header put it in append mode, ``response.done`` came instead of
+    ``response.completed``, and the loop stopped)."""
+    tool = {"type": "function", "name": "read_file", "parameters": {"type": "object"}}
+    client = openai_client(server)
+    with client.responses.connect(extra_headers={"OpenAI-Beta": beta}) as conn:
+        conn.response.create(model="sim", input="read it", tools=[tool], store=False)
+        first = sdk_turn(conn)
+        assert first[-1].type == "response.completed"
+        (call,) = [item for item in first[-1].response.output if item.type == "function_call"]
+        conn.response.create(
+            model="sim",
+            previous_response_id=first[-1].response.id,
+            input=[{"type": "function_call_output", "call_id": call.call_id, "output": "42"}],
+            tools=[tool],
+            store=False,
+        )
+        second = sdk_turn(conn)
+    assert second[-1].type == "response.completed"
+    assert second[-1].response.id != first[-1].response.id
