@@ -16,7 +16,7 @@ answered longer ago is refused as ``unknown_call_id`` rather than
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Set
+from collections.abc import Iterator, Sequence, Set
 from typing import Final
 
 from ._wire import wire_type
@@ -28,7 +28,14 @@ from .events import (
     ResponseIncomplete,
     ServerEvent,
 )
-from .items import CallOutput, Item, McpApprovalResponse, Message, answered_call_id
+from .items import (
+    CallOutput,
+    InputItem,
+    ItemReference,
+    McpApprovalResponse,
+    Message,
+    answered_call_id,
+)
 from .state import ResponseState, ResponseStateMachine
 
 __all__ = [
@@ -122,10 +129,12 @@ class ResponseTrack:
         return f"ResponseTrack({self.response_id!r}, {self.state.value}, seq={self.next_sequence})"
 
 
-def check_append_items(items: list[Item], track: ResponseTrack) -> list[str]:
+def check_append_items(items: Sequence[InputItem], track: ResponseTrack) -> list[str]:
     """The call ids an append's items answer; raises :class:`LocalProtocolError`
     (nothing recorded) for an item an append cannot carry, or an output whose
-    ``call_id`` is unknown or already answered."""
+    ``call_id`` is unknown or already answered. An item reference passes: the
+    server replaces it with the stored item before its core checks the append
+    (a client's core cannot know what it names)."""
     response_id = track.response_id
     seen: list[str] = []
     for index, item in enumerate(items):
@@ -152,6 +161,8 @@ def check_append_items(items: list[Item], track: ResponseTrack) -> list[str]:
                     response_id=response_id,
                 )
             seen.append(call_id)
+        elif isinstance(item, ItemReference):
+            continue
         elif isinstance(item, Message):
             if item.role == "assistant":
                 raise LocalProtocolError(

@@ -6,7 +6,8 @@ derived from msgspec's error (``$.input[2].call_id`` becomes the shipped
 ``param`` spelling ``input[2].call_id``), raised ``from`` the original.
 
 One tolerance costs a second pass: the shipped API accepts input messages
-without ``"type": "message"`` (``{"role": "user", "content": "hi"}``). The
+without ``"type": "message"`` (``{"role": "user", "content": "hi"}``), and
+item references without ``"type": "item_reference"`` (``{"id": "msg_..."}``). The
 fast path decodes typed events directly; only when msgspec reports a missing
 ``type`` on an input item is the frame decoded generically, the tag filled in,
 and the result converted.
@@ -135,12 +136,15 @@ def _invalid_json(exc: Exception) -> RemoteProtocolError:
     return RemoteProtocolError(f"The frame {reason}.", code=ErrorCode.INVALID_JSON)
 
 
-def _fill_message_tags(data: bytes | bytearray | str) -> Any:
+def _fill_item_tags(data: bytes | bytearray | str) -> Any:
     raw = msgspec.json.decode(data)
     if isinstance(raw, dict) and isinstance(raw.get("input"), list):
         for item in raw["input"]:
-            if isinstance(item, dict) and "type" not in item and "role" in item:
-                item["type"] = "message"
+            if isinstance(item, dict) and "type" not in item:
+                if "role" in item:
+                    item["type"] = "message"
+                elif "id" in item:  # the bare {"id": ...}: a reference to a stored item
+                    item["type"] = "item_reference"
     return raw
 
 
@@ -221,7 +225,7 @@ def _decode_tolerant(data: bytes | str) -> ClientEvent:
     # The typed pass stopped at the untyped item, so the rest of the frame is
     # unchecked: the generic pass can still find malformed JSON.
     try:
-        event: ClientEvent = msgspec.convert(_fill_message_tags(data), ClientEvent)
+        event: ClientEvent = msgspec.convert(_fill_item_tags(data), ClientEvent)
         return event
     except msgspec.ValidationError as exc:
         raise _validation_error(exc, CLIENT_EVENT_TYPES) from exc
@@ -250,7 +254,7 @@ def decode_create_body(data: bytes | bytearray | str) -> ResponseCreate:
                 and _ITEM_PATH.match(match["path"])
                 and (match["what"] == "Object missing required field `type`")
             ):
-                raw = _fill_message_tags(data)
+                raw = _fill_item_tags(data)
                 body: ResponseCreate = msgspec.convert(raw, _ResponseCreateBody)
                 return body
             raise

@@ -26,7 +26,7 @@ import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 from ._wire import wire_type
-from .items import ContentPart, Item, OutputText, Refusal, Tool, ToolChoice
+from .items import ContentPart, InputItem, Item, OutputText, Refusal, Tool, ToolChoice
 from .response import (
     ConversationRef,
     PromptCacheMode,
@@ -225,7 +225,9 @@ class ResponseCreate(_Event, frozen=True, kw_only=True, tag="response.create"):
     """
 
     model: str | UnsetType = UNSET
-    input: str | list[Item] = msgspec.field(default_factory=list)
+    #: Items or references to stored ones (``item_reference``), resolved by the
+    #: server before anything reads them (``as_items`` refuses one left).
+    input: str | list[InputItem] = msgspec.field(default_factory=list)
     instructions: str | None = None
     tools: list[Tool] = msgspec.field(default_factory=list)
     tool_choice: ToolChoice = "auto"
@@ -281,7 +283,7 @@ class ResponseAppend(_Event, frozen=True, kw_only=True, tag="response.append"):
     Without ``response_id`` it targets the connection's latest response.
     """
 
-    input: str | list[Item]
+    input: str | list[InputItem]
     response_id: str | None = None
 
 

@@ -9,6 +9,7 @@ output items with fields this project does not model.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Final, Literal
 
 import msgspec
@@ -45,8 +46,10 @@ __all__ = [
     "ImageGenerationTool",
     "InputFile",
     "InputImage",
+    "InputItem",
     "InputText",
     "Item",
+    "ItemReference",
     "LocalShellCall",
     "LocalShellCallOutput",
     "LocalShellExec",
@@ -462,6 +465,22 @@ Item = (
     | CompactionTrigger
 )
 
+
+
+class ItemReference(_Tagged, frozen=True, tag="item_reference"):
+    """Input only: an item of the client's stored responses, named by its ``id``
+    (``{"type": "item_reference", "id": ...}``, or the bare ``{"id": ...}``).
+
+    The server replaces it with the stored item before anything reads the
+    input; no :data:`Item` is ever a reference (:func:`as_items` refuses one).
+    """
+
+    id: str
+
+
+#: An item of a request's ``input`` as sent: an item, or a reference to a stored one.
+InputItem = Item | ItemReference
+
 #: A call of a client-executed tool: the client runs it and answers by ``call_id``.
 ClientCall = (
     FunctionCall | CustomToolCall | LocalShellCall | ShellCall | ApplyPatchCall | ComputerCall
@@ -534,11 +553,21 @@ def output_text(output: CallOutput) -> str:
     return "computer_screenshot"
 
 
-def as_items(value: str | list[Item]) -> list[Item]:
-    """An ``input`` as items: a bare string is one user message (shipped rule)."""
+def as_items(value: str | Sequence[InputItem]) -> list[Item]:
+    """An ``input`` as items: a bare string is one user message (shipped rule).
+
+    Item references must have been resolved first (the server does so where it
+    receives a request); one left raises :class:`ValueError` (the caller broke
+    that rule), and nothing changes.
+    """
     if isinstance(value, str):
         return [Message(role="user", content=value)]
-    return list(value)
+    items: list[Item] = []
+    for item in value:
+        if isinstance(item, ItemReference):
+            raise ValueError(f"the item reference {item.id!r} was not resolved")
+        items.append(item)
+    return items
 
 
 def item_text(content: str | list[ContentPart]) -> str:

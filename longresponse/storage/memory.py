@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from .records import (
     StoredResponse,
@@ -12,6 +12,7 @@ from .records import (
     decode_record,
     decode_usage,
     encode_record,
+    held_item_ids,
     is_expired,
     ledger_order,
 )
@@ -33,6 +34,8 @@ class MemoryStore:
         self._clock = clock
         #: id -> (owner, expires_at or None, msgpack blob)
         self._records: dict[str, tuple[str, float | None, bytes]] = {}
+        #: (owner, item id) -> the id of the record written last that holds it
+        self._items: dict[tuple[str, str], str] = {}
         #: response_id -> msgpack UsageRecord (never expires)
         self._usage: dict[str, bytes] = {}
         #: name -> server secret (this process only)
@@ -42,6 +45,8 @@ class MemoryStore:
         """Store ``record``; nothing changes if it cannot be encoded."""
         expires_at = None if self.ttl is None else self._clock() + self.ttl
         self._records[record.id] = (record.owner, expires_at, encode_record(record))
+        for item_id in held_item_ids(record):
+            self._items[record.owner, item_id] = record.id
 
     async def get(self, response_id: str, *, owner: str) -> StoredResponse | None:
         """The record, or ``None`` if missing, expired (then dropped) or foreign."""
@@ -54,6 +59,12 @@ class MemoryStore:
             return False
         del self._records[response_id]
         return True
+
+    async def holding(self, item_ids: Collection[str], *, owner: str) -> list[StoredResponse]:
+        """The visible records of ``owner`` written last holding these item ids."""
+        found = {self._items.get((owner, item_id)) for item_id in item_ids}
+        blobs = (self._visible(response_id, owner) for response_id in found if response_id)
+        return [decode_record(blob) for blob in blobs if blob is not None]
 
     async def put_usage(self, record: UsageRecord) -> None:
         """Add ``record`` to the ledger, replacing its ``response_id``; unchanged if unencodable."""
@@ -75,6 +86,8 @@ class MemoryStore:
         ]
         for key in expired:
             del self._records[key]
+        if expired:  # the index entries of records gone
+            self._items = {key: held for key, held in self._items.items() if held in self._records}
         return len(expired)
 
     async def ping(self) -> None:
@@ -86,6 +99,7 @@ class MemoryStore:
     async def aclose(self) -> None:
         """Forget every record and the ledger."""
         self._records.clear()
+        self._items.clear()
         self._usage.clear()
 
     def _visible(self, response_id: str, owner: str) -> bytes | None:

@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Final
 
 import msgspec
@@ -320,6 +320,24 @@ class Persistence:
                 record = await self.store.get(response_id, owner=owner)
         return record
 
+    async def items(self, item_ids: Collection[str], *, owner: str) -> dict[str, Item]:
+        """The stored items of ``owner`` with these ids (input, output and
+        context items of its stored responses), by id; an id missing from the
+        result is held by none (or by another owner's only).
+
+        On a store shared with other processes, ids not found are looked up
+        again for up to :data:`CROSS_PROCESS_GRACE` seconds, as :meth:`get` does.
+        Raises :class:`StoreError` if the store fails.
+        """
+        wanted = set(item_ids)
+        found = _items_of(await self.store.holding(wanted, owner=owner), wanted)
+        if len(found) < len(wanted) and getattr(self.store, "shared", False):
+            deadline = time.monotonic() + CROSS_PROCESS_GRACE
+            while len(found) < len(wanted) and time.monotonic() < deadline:
+                await asyncio.sleep(CROSS_PROCESS_POLL)
+                found = _items_of(await self.store.holding(wanted, owner=owner), wanted)
+        return found
+
     async def delete(self, response_id: str, *, owner: str) -> bool:
         pending = self._pending.get(response_id)
         if pending is not None:
@@ -361,6 +379,17 @@ class Persistence:
             if isinstance(item, McpApprovalRequest)
         )
         return Conversation(items=items, last=last, pending=pending, root_id=chain[-1].response.id)
+
+
+def _items_of(records: list[StoredResponse], wanted: set[str]) -> dict[str, Item]:
+    found: dict[str, Item] = {}
+    for record in records:
+        for items in (record.input_items, record.response.output, record.context or ()):
+            for item in items:
+                item_id = getattr(item, "id", None)
+                if item_id in wanted:
+                    found[item_id] = item
+    return found
 
 
 def _usage_record(response: Response, *, owner: str, transport: str) -> UsageRecord:

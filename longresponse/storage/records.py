@@ -2,7 +2,10 @@
 
 A :class:`StoredResponse` is one finished Response plus what is needed to
 rebuild its conversation: its own NEW input items and the id of the response
-it continued. A :class:`UsageRecord` is one entry of the billing ledger.
+it continued. Every item it holds (input, output, context) with an id can be
+found again by that id, per owner (:meth:`ResponseStore.holding`: an input
+``item_reference``); when two records of one owner hold the same id, the
+later written one answers. A :class:`UsageRecord` is one entry of the billing ledger.
 Every backend keeps both as msgpack blobs (one reused encoder, one reused
 decoder per type), so what comes back is what went in, whichever backend holds
 it; the helpers here are that codec. :class:`ResponseStore` is the interface;
@@ -13,6 +16,7 @@ the ttl, the owner and the ledger.
 from __future__ import annotations
 
 import math
+from collections.abc import Collection, Iterator
 from typing import Final, Protocol
 
 import msgspec
@@ -29,6 +33,7 @@ __all__ = [
     "decode_record",
     "decode_usage",
     "encode_record",
+    "held_item_ids",
     "is_expired",
     "ledger_order",
 ]
@@ -78,6 +83,11 @@ class ResponseStore(Protocol):
 
     async def delete(self, response_id: str, *, owner: str) -> bool:
         """Delete the record; ``False`` if there was none visible to ``owner``."""
+
+    async def holding(self, item_ids: Collection[str], *, owner: str) -> list[StoredResponse]:
+        """The records of ``owner`` that hold items with these ids (each record
+        once, in no order): for each id, the record written last that holds it,
+        if it is still visible to ``owner`` (not deleted, not expired)."""
 
     async def put_usage(self, record: UsageRecord) -> None:
         """Add ``record`` to the usage ledger, replacing one with the same ``response_id``.
@@ -131,6 +141,15 @@ def decode_usage(blob: bytes) -> UsageRecord:
         return _usage_decoder.decode(blob)
     except msgspec.DecodeError as exc:
         raise StoreError(f"a usage record no longer decodes: {exc}") from exc
+
+
+def held_item_ids(record: StoredResponse) -> Iterator[str]:
+    """The ids of the items ``record`` holds: its input, output and context items."""
+    for items in (record.input_items, record.response.output, record.context or ()):
+        for item in items:
+            item_id = getattr(item, "id", None)
+            if isinstance(item_id, str):
+                yield item_id
 
 
 def ledger_order(record: UsageRecord) -> tuple[float, str]:

@@ -1,13 +1,17 @@
 """RedisStore: records and the ledger in Redis, shared by every process and host.
 
-One key per record, set with ``PX`` (Redis expires it); the owner is checked
-after ``GET``, and ``delete`` is one Lua script that reads the owner out of
-the blob and deletes only on a match (atomic: no other client runs between
-the check and the ``DEL``). The ledger is one hash without expiry.
+One key per record, set with ``PX`` (Redis expires it), and one per item id
+it holds, naming it (set with the record, in one ``MULTI``, with the same
+``PX``); the owner is checked after ``GET``, and ``delete`` is one Lua
+script that reads the owner out of the blob and deletes only on a match
+(atomic: no other client runs between the check and the ``DEL``; the item
+keys are left to name a record that is gone). The ledger is one hash
+without expiry.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Final
 
 import redis.asyncio
@@ -21,11 +25,13 @@ from .records import (
     decode_record,
     decode_usage,
     encode_record,
+    held_item_ids,
     ledger_order,
 )
 
 __all__ = [
     "REDIS_CONNECT_TIMEOUT",
+    "REDIS_ITEM_PREFIX",
     "REDIS_KEY_PREFIX",
     "REDIS_SECRET_PREFIX",
     "REDIS_TIMEOUT",
@@ -40,6 +46,9 @@ REDIS_TIMEOUT: Final = 5.0
 
 #: Redis key of a record: ``longresponse:response:{id}``.
 REDIS_KEY_PREFIX: Final = "longresponse:response:"
+#: Redis key naming the record that holds an item: ``longresponse:item:{owner}:{item id}``
+#: -> response id (the owner is a digest: it holds no ``:``).
+REDIS_ITEM_PREFIX: Final = "longresponse:item:"
 #: Redis hash of the usage ledger: field ``response_id`` -> msgpack UsageRecord.
 REDIS_USAGE_KEY: Final = "longresponse:usage"
 #: Redis key of a server secret: ``longresponse:secret:{name}``.
@@ -79,10 +88,15 @@ class RedisStore:
         self._delete_if_owner = self._redis.register_script(_DELETE_IF_OWNER)
 
     async def put(self, record: StoredResponse) -> None:
-        """``SET`` the record (with ``PX`` = ttl when there is one)."""
+        """``SET`` the record and its item keys in one ``MULTI`` (with ``PX`` = ttl
+        when there is one)."""
         px = None if self.ttl is None else max(1, round(self.ttl * 1000))
         try:
-            await self._redis.set(_redis_key(record.id), encode_record(record), px=px)
+            async with self._redis.pipeline(transaction=True) as pipe:
+                pipe.set(_redis_key(record.id), encode_record(record), px=px)
+                for item_id in set(held_item_ids(record)):
+                    pipe.set(_item_key(record.owner, item_id), record.id, px=px)
+                await pipe.execute()
         except redis.exceptions.RedisError as exc:
             raise StoreError(f"Redis store: {exc}") from exc
 
@@ -105,6 +119,30 @@ class RedisStore:
         except redis.exceptions.RedisError as exc:
             raise StoreError(f"Redis store: {exc}") from exc
         return bool(deleted)
+
+    async def holding(self, item_ids: Collection[str], *, owner: str) -> list[StoredResponse]:
+        """The visible records of ``owner`` written last holding these item ids:
+        one ``MGET`` of the item keys, one of the records they name."""
+        wanted = list(dict.fromkeys(item_ids))
+        if not wanted:
+            return []
+        try:
+            named = await self._redis.mget([_item_key(owner, item_id) for item_id in wanted])
+            held = list(dict.fromkeys(name for name in named if isinstance(name, bytes)))
+            if not held:
+                return []
+            blobs = await self._redis.mget([REDIS_KEY_PREFIX.encode() + name for name in held])
+        except redis.exceptions.RedisError as exc:
+            raise StoreError(f"Redis store: {exc}") from exc
+        records = []
+        for blob in blobs:
+            if blob is None:  # deleted or expired since
+                continue
+            assert isinstance(blob, bytes)  # the client does not decode replies to str
+            record = decode_record(blob)
+            if record.owner == owner:
+                records.append(record)
+        return records
 
     async def put_usage(self, record: UsageRecord) -> None:
         """``HSET`` the ledger field ``response_id`` (replacing it); the hash never expires."""
@@ -161,5 +199,9 @@ class RedisStore:
 
 def _redis_key(response_id: str) -> str:
     return REDIS_KEY_PREFIX + response_id
+
+
+def _item_key(owner: str, item_id: str) -> str:
+    return f"{REDIS_ITEM_PREFIX}{owner}:{item_id}"
 
 

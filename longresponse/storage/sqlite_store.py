@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import math
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Final, TypeVar
 
@@ -27,6 +28,7 @@ from .records import (
     decode_record,
     decode_usage,
     encode_record,
+    held_item_ids,
 )
 
 __all__ = ["SQLITE_BUSY_TIMEOUT", "SQLITE_PURGE_INTERVAL", "SQLiteStore"]
@@ -48,6 +50,13 @@ CREATE TABLE IF NOT EXISTS responses (
 );
 CREATE INDEX IF NOT EXISTS responses_expires_at
     ON responses (expires_at) WHERE expires_at IS NOT NULL;
+CREATE TABLE IF NOT EXISTS items (
+    owner TEXT NOT NULL,
+    item_id TEXT NOT NULL,
+    response_id TEXT NOT NULL,
+    PRIMARY KEY (owner, item_id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS items_response_id ON items (response_id);
 CREATE TABLE IF NOT EXISTS usage (
     response_id TEXT PRIMARY KEY,
     owner TEXT NOT NULL,
@@ -65,6 +74,14 @@ _VISIBLE: Final = "id = ? AND owner = ? AND (expires_at IS NULL OR expires_at > 
 _GET: Final = f"SELECT data FROM responses WHERE {_VISIBLE}"
 _DELETE: Final = f"DELETE FROM responses WHERE {_VISIBLE}"
 _PURGE: Final = "DELETE FROM responses WHERE expires_at IS NOT NULL AND expires_at <= ?"
+_PUT_ITEM: Final = "INSERT OR REPLACE INTO items (owner, item_id, response_id) VALUES (?, ?, ?)"
+_DELETE_ITEMS: Final = "DELETE FROM items WHERE response_id = ?"
+_PURGE_ITEMS: Final = (
+    "DELETE FROM items WHERE response_id IN"
+    " (SELECT id FROM responses WHERE expires_at IS NOT NULL AND expires_at <= ?)"
+)
+#: Item ids looked up in one statement (well under SQLite's 32,766 variables).
+_HOLDING_BATCH: Final = 500
 _PUT_USAGE: Final = (
     "INSERT OR REPLACE INTO usage (response_id, owner, created_at, data) VALUES (?, ?, ?, ?)"
 )
@@ -134,7 +151,7 @@ class SQLiteStore:
             raise StoreError(f"SQLite store {self.path}: {exc}") from exc
 
     async def put(self, record: StoredResponse) -> None:
-        """Store ``record`` (one statement: written whole or not at all).
+        """Store ``record`` and its items' ids (one transaction: written whole or not at all).
 
         Also deletes expired rows if the last purge is older than
         :data:`SQLITE_PURGE_INTERVAL`.
@@ -147,10 +164,15 @@ class SQLiteStore:
         if purge:
             self._last_purge = now
 
+        items = [(record.owner, item_id, record.id) for item_id in set(held_item_ids(record))]
+
         def put() -> None:
-            self._db.execute(_PUT, row)
-            if purge:
-                self._db.execute(_PURGE, (now,))
+            with self._transaction():
+                self._db.execute(_PUT, row)
+                self._db.executemany(_PUT_ITEM, items)
+                if purge:
+                    self._db.execute(_PURGE_ITEMS, (now,))
+                    self._db.execute(_PURGE, (now,))
 
         await self._run(put)
 
@@ -161,9 +183,51 @@ class SQLiteStore:
         return None if row is None else decode_record(row[0])
 
     async def delete(self, response_id: str, *, owner: str) -> bool:
-        """Delete the record; ``False`` (and nothing deleted) if not visible to ``owner``."""
+        """Delete the record and its items' ids; ``False`` (and nothing deleted) if
+        not visible to ``owner``."""
         args = (response_id, owner, self._clock())
-        return await self._run(lambda: self._db.execute(_DELETE, args).rowcount > 0)
+
+        def delete() -> bool:
+            with self._transaction():
+                deleted: bool = self._db.execute(_DELETE, args).rowcount > 0
+                if deleted:
+                    self._db.execute(_DELETE_ITEMS, (response_id,))
+            return deleted
+
+        return await self._run(delete)
+
+    async def holding(self, item_ids: Collection[str], *, owner: str) -> list[StoredResponse]:
+        """The visible records of ``owner`` written last holding these item ids
+        (the ``items`` table, joined to ``responses``)."""
+        wanted = list(dict.fromkeys(item_ids))
+        now = self._clock()
+
+        def rows() -> list[tuple[bytes]]:
+            found: dict[str, bytes] = {}
+            for start in range(0, len(wanted), _HOLDING_BATCH):
+                batch = wanted[start : start + _HOLDING_BATCH]
+                marks = ", ".join("?" * len(batch))
+                query = (
+                    "SELECT r.id, r.data FROM items i JOIN responses r ON r.id = i.response_id"
+                    f" WHERE i.owner = ? AND i.item_id IN ({marks}) AND r.owner = ?"
+                    " AND (r.expires_at IS NULL OR r.expires_at > ?)"
+                )
+                for response_id, data in self._db.execute(query, (owner, *batch, owner, now)):
+                    found[response_id] = data
+            return [(data,) for data in found.values()]
+
+        return [decode_record(blob) for (blob,) in await self._run(rows)]
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """One transaction on the worker thread: committed whole, or rolled back."""
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
 
     async def put_usage(self, record: UsageRecord) -> None:
         """Add ``record`` to the ``usage`` table (one statement: written whole or not at all)."""
@@ -184,7 +248,14 @@ class SQLiteStore:
         """Delete every expired response row (never a ledger row); the number deleted."""
         now = self._clock()
         self._last_purge = now
-        return await self._run(lambda: self._db.execute(_PURGE, (now,)).rowcount)
+
+        def purge() -> int:
+            with self._transaction():
+                self._db.execute(_PURGE_ITEMS, (now,))
+                purged: int = self._db.execute(_PURGE, (now,)).rowcount
+            return purged
+
+        return await self._run(purge)
 
     async def ping(self) -> None:
         """One read of the file (raises :class:`StoreError` if it fails)."""

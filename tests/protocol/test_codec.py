@@ -13,6 +13,7 @@ from protocol import (
     LocalProtocolError,
     RemoteProtocolError,
     decode_client_event,
+    decode_create_body,
     decode_server_event,
     encode_event,
     error_event,
@@ -21,6 +22,7 @@ from protocol import (
 from protocol.events import (
     ResponseCancel,
 )
+from protocol.items import ItemReference, Message, as_items
 from tests.support.connection_pair import RID
 
 # --- the codec's helpers -----------------------------------------------------
@@ -100,3 +102,35 @@ def test_item_text_joins_the_readable_parts() -> None:
 
 def test_sentinels_name_themselves() -> None:
     assert (repr(NEED_DATA), repr(CLOSED)) == ("NEED_DATA", "CLOSED")
+
+
+# --- item references -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "reference", [{"type": "item_reference", "id": "msg_1"}, {"id": "msg_1"}], ids=["typed", "bare"]
+)
+def test_item_references_decode_on_every_decoder(reference: dict[str, str]) -> None:
+    items = [{"role": "user", "content": "hi"}, reference]
+    frames = [
+        msgspec.json.encode({"type": "response.create", "input": items}),
+        msgspec.json.encode({"type": "response.append", "input": items}),
+    ]
+    for frame in frames:
+        event = decode_client_event(frame)
+        assert not isinstance(event, ResponseCancel)
+        assert event.input[1] == ItemReference(id="msg_1")  # type: ignore[index]
+    body = decode_create_body(msgspec.json.encode({"input": items}))
+    assert body.input[1] == ItemReference(id="msg_1")  # type: ignore[index]
+    # An item with neither a type, a role nor an id is still refused on its type.
+    with pytest.raises(RemoteProtocolError) as refused:
+        decode_create_body(msgspec.json.encode({"input": [{"content": "hi"}]}))
+    assert (refused.value.code, refused.value.param) == (
+        ErrorCode.MISSING_REQUIRED_PARAMETER,
+        "input[0].type",
+    )
+
+
+def test_an_unresolved_reference_is_no_item() -> None:
+    with pytest.raises(ValueError, match="'msg_1' was not resolved"):
+        as_items([Message(role="user", content="hi"), ItemReference(id="msg_1")])

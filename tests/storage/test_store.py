@@ -273,6 +273,52 @@ async def test_ttl_expiry(backend: Backend) -> None:
         assert await forever.get(lasting.id, owner="alice") == lasting
 
 
+ITEM_IDS = {"msg_0", "fco_0", "rs_1", "fc_1", "msg_2"}
+
+
+@on_asyncio
+async def test_items_found_by_id_per_owner(backend: Backend) -> None:
+    owner, other = new_owner(), new_owner()
+    record = make_record(owner=owner)
+    async with contextlib.aclosing(backend.open()) as store:
+        assert await store.holding(ITEM_IDS, owner=owner) == []
+        await store.put(record)
+        # Input and output items alike, each record once.
+        assert await store.holding(ITEM_IDS, owner=owner) == [record]
+        assert await store.holding(["msg_0"], owner=owner) == [record]
+        assert await store.holding(["msg_2", "msg_missing"], owner=owner) == [record]
+        assert await store.holding(["msg_missing"], owner=owner) == []
+        assert await store.holding([], owner=owner) == []
+        # Another owner finds nothing of it, nor by the same ids.
+        assert await store.holding(ITEM_IDS, owner=other) == []
+        assert await store.delete(record.id, owner=owner) is True
+        assert await store.holding(ITEM_IDS, owner=owner) == []
+
+
+@on_asyncio
+async def test_items_of_the_record_written_last(backend: Backend) -> None:
+    owner = new_owner()
+    first, second = make_record(owner=owner, text="first"), make_record(owner=owner, text="second")
+    theirs = make_record(owner=new_owner(), text="theirs")
+    async with contextlib.aclosing(backend.open()) as store:
+        await store.put(first)
+        await store.put(second)
+        await store.put(theirs)  # the same item ids, another owner
+        assert await store.holding(["msg_2"], owner=owner) == [second]
+        assert await store.holding(["msg_2"], owner=theirs.owner) == [theirs]
+
+
+@on_asyncio
+async def test_items_expire_with_their_record(backend: Backend) -> None:
+    owner = new_owner()
+    record = make_record(owner=owner)
+    async with contextlib.aclosing(backend.open(ttl=TTL)) as store:
+        await store.put(record)
+        assert await store.holding(["fc_1"], owner=owner) == [record]
+        await backend.elapse(TTL + 0.05)
+        assert await store.holding(["fc_1"], owner=owner) == []
+
+
 @on_asyncio
 async def test_two_stores_share_records(shared_backend: Backend) -> None:
     one, two = make_record(), make_record()

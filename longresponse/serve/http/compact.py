@@ -54,6 +54,7 @@ from ...engine.counting import token_lengths
 from ...engine.render import render_prefix
 from ...ids import new_id
 from ..errors import http_error
+from ..references import resolve_references
 from .responses import ResponsesHTTP
 
 __all__ = ["COMPACT_PARAMETERS", "LONG_TEXT", "CompactHTTP", "answer_body"]
@@ -92,6 +93,7 @@ class CompactHTTP:
         try:
             owner = self.http.owner(request)
             body = _decode(await self.http.read_body(request), self.http.check_item_count)
+            body = await resolve_references(body, self.http.persistence, owner=owner)
             model = self.turns.resolve(body)  # refuses an unknown model
             compactor = self.turns.compactor(owner)
             assert compactor is not None  # the lifespan loaded the key

@@ -38,6 +38,7 @@ from ...engine.compaction import drain
 from ...engine.counting import token_lengths
 from ...engine.render import items_to_drop, render_prefix
 from ..errors import http_error
+from ..references import resolve_references
 from .responses import ResponsesHTTP
 
 __all__ = ["COUNT_PARAMETERS", "InputTokens"]
@@ -79,6 +80,7 @@ class InputTokens:
                         param=key,
                     )
             model = http.turns.resolve(body)
+            body = await resolve_references(body, http.persistence, owner=owner)
             new_items = as_items(body.input)
             continuation = await http.stored_continuation(body, new_items, owner)
             compactor = http.turns.compactor(owner)

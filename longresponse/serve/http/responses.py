@@ -39,6 +39,7 @@ from ..continuation import Continuation, continue_from
 from ..deadline import DeadlineStream
 from ..errors import http_error, upstream_http_error
 from ..gate import owner_of
+from ..references import resolve_references
 from ..request_ids import request_id
 from ..seam import abort, peer_gone, stop_task, while_connected
 from ..skeleton import check_create_skeleton
@@ -177,6 +178,7 @@ class ResponsesHTTP:
             raw = await self.read_body(request)
             await self.check_skeleton(raw)
             body = decode_create_body(raw)
+            body = await resolve_references(body, self.persistence, owner=owner)
             self.turns.inspector.http.client(body, len(raw))
             if body.stream_id is not msgspec.UNSET:
                 raise RemoteProtocolError(

@@ -72,6 +72,7 @@ from ...engine.stream import StreamClosed
 from ...storage.keys import ApiKeys, Unauthorized
 from ..errors import error_body, log_refusal
 from ..inspector.records import ConnectionRecord
+from ..references import resolve_references
 from ..request_ids import request_id
 from ..seam import SEND_TEXTS_KEY, abort
 from ..skeleton import check_create_skeleton
@@ -300,7 +301,9 @@ class Session:
         """Decode, check, admit and act on one client message; errors become error events.
 
         A ``response.create``'s item, tool and schema limits are checked on its
-        skeleton first, before it is decoded (``longresponse/serve/skeleton.py``).
+        skeleton first, before it is decoded (``longresponse/serve/skeleton.py``);
+        the item references of a create or an append are resolved once it is
+        (``longresponse/serve/references.py``).
 
         An append-mode create's costly checks run in a worker thread first
         (:meth:`Turns.settled`). Once the session is closing (draining, or
@@ -315,6 +318,9 @@ class Session:
                 limits, count = self.turns.pipeline.limits, self.connection.check_item_count
                 await check_create_skeleton(data, limits, count, frame=True)
             event = self.connection.decode_message(data)
+            if isinstance(event, ResponseCreate | ResponseAppend):
+                # Item references become the stored items before anything reads them.
+                event = await resolve_references(event, self.turns.persistence, owner=self.owner)
             if isinstance(event, ResponseAppend | ResponseInject | ResponseSteer):
                 # Input into a live response: its costly checks first, off the
                 # loop (the secrets classifier on long texts), then admission.
