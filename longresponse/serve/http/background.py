@@ -97,6 +97,7 @@ from ..deadline import DeadlineStream
 from ..inspector.watched import WatchedSink
 from ..transport import Transport
 from ..turns import Caller, Turns
+from .sinks import SSE_DONE
 
 __all__ = [
     "MAX_DURATION_REASON",
@@ -427,9 +428,12 @@ class BackgroundResponses:
         return self._follower(_replay([record for number, record in ending if number > after]))
 
     def _follower(self, records: AsyncIterator[bytes]) -> DeadlineStream:
-        """A reader of a log: cut off when a write waits ``slow_reader_timeout``."""
+        """A reader of a log, ``data: [DONE]`` after its last record: cut off when a
+        write waits ``slow_reader_timeout``."""
         return DeadlineStream(
-            records, timeout=self.slow_reader_timeout, why="slow background stream reader"
+            _then_done(records),
+            timeout=self.slow_reader_timeout,
+            why="slow background stream reader",
         )
 
     async def cancel(self, response_id: str, *, owner: str) -> Response | None:
@@ -571,6 +575,12 @@ class BackgroundResponses:
 
 def _size(records: list[tuple[int, bytes]]) -> int:
     return sum(len(record) for _, record in records)
+
+
+async def _then_done(records: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    async for record in records:
+        yield record
+    yield SSE_DONE
 
 
 async def _replay(records: list[bytes]) -> AsyncIterator[bytes]:
