@@ -163,8 +163,9 @@ COMPACTION_LIFETIME: Final = 30 * 86_400.0
 #: Bytes of SSE records one running background response keeps for readers
 #: that resume (``starting_after``); the oldest records go first beyond it.
 BACKGROUND_LOG_BYTES: Final = 4 * 1024 * 1024
-#: Bytes of terminal events of finished background responses kept for a late
-#: ``GET ?stream=true`` (the rest of a finished log is freed); oldest out first.
+#: Bytes of the logs of finished background responses kept for a late
+#: ``GET ?stream=true`` (a log larger than all of it keeps its terminal event
+#: alone); oldest out first.
 BACKGROUND_ENDINGS_BYTES: Final = 16 * 1024 * 1024
 #: On SIGTERM/SIGINT, how long WebSocket turns in flight may run to their end
 #: before every connection is closed 1012 anyway (below Kubernetes' default
@@ -409,7 +410,7 @@ class ServerConfig:
     http_token_cache: bool = False
     http_token_cache_bytes: int = 256 * 1024 * 1024
     #: HTTP ``background: true``: responses running at once, bytes of each
-    #: one's event log, bytes of finished ones' terminal events.
+    #: one's event log, bytes of finished ones' logs.
     max_background: int = MAX_BACKGROUND
     max_background_per_key: int = MAX_BACKGROUND_PER_KEY
     background_max_duration: float = BACKGROUND_MAX_DURATION
@@ -747,8 +748,9 @@ SETTINGS: Final[tuple[Setting, ...]] = (
        "HTTP: bytes of SSE events a running background response keeps for readers resuming "
        "with starting_after (oldest dropped first)"),
     _n("background_endings_bytes", int, BACKGROUND_ENDINGS_BYTES, 1, 1024 * _GIB,
-       "HTTP: bytes of terminal events of finished background responses kept for a late "
-       "GET ?stream=true (oldest dropped first)"),
+       "HTTP: bytes of the event logs of finished background responses kept for a late "
+       "GET ?stream=true, replayed from the first event (oldest dropped first; a log "
+       "larger than this keeps its terminal event alone)"),
     Setting("secrets_policy", str, "flag",
             "what the secrets classifier does with a credential in new input: record it on "
             "the response's metadata, redact it before the model sees it, or refuse the input",

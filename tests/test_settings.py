@@ -342,7 +342,7 @@ def test_a_server_takes_its_settings_from_the_environment(served_by_environment:
             kinds = [
                 json.loads(line.removeprefix("data: "))["type"]
                 for line in reply.iter_lines()
-                if line.startswith("data: ")
+                if line.startswith("data: ") and line != "data: [DONE]"
             ]
     # 400 ms of silence at one keepalive every 50 ms (the default is 15 s).
     assert kinds.count("keepalive") >= 3

@@ -19,6 +19,10 @@ server process's CPU time (``process_cpu_seconds_total``, through
 :mod:`.scrape`) before and after: each rollout of the batch gets an equal
 share of it.
 
+The rollout's final answer is kept with its call ids masked (:data:`CALL_ID`):
+the simulated model quotes every tool output under its call id, which is
+random, so only the masked answers of two transports can be compared.
+
 The floor (:func:`echo_floor`): the same continuation frames are sent to a
 bare Starlette/uvicorn WebSocket echo endpoint (:mod:`.echo`) and the round
 trip of each (send the frame, receive it back) is timed, the median of
@@ -34,6 +38,7 @@ parameter types), which a bare client does not: ``ws-sdk`` rows also get
 from __future__ import annotations
 
 import math
+import re
 import statistics
 import time
 from typing import Any, Final
@@ -48,6 +53,7 @@ from .sdk_transports import sdk_echo_floor, sdk_rollout
 from .trio_transports import http_rollout, ws_rollout
 
 __all__ = [
+    "CALL_ID",
     "ECHO_REPEATS",
     "echo_floor",
     "run_batch",
@@ -58,6 +64,8 @@ __all__ = [
 
 #: Round trips per frame against the echo endpoint (the median is kept).
 ECHO_REPEATS: Final = 7
+#: A call id in the final answer, replaced by ``call_…`` there.
+CALL_ID: Final = re.compile(r"\bcall_[0-9A-Za-z]+")
 
 
 async def server_cpu_seconds(endpoint: Endpoint) -> float:
@@ -128,7 +136,7 @@ async def run_rollout(
     return {
         "error": None,
         "e2e_ms": e2e_ms,
-        "final_answer": answer,
+        "final_answer": CALL_ID.sub("call_…", answer),
         "turns": rows,
         "frames": [turn.frame for turn in turns],
     }

@@ -319,7 +319,7 @@ class _Client:
                 await reply.aread()
                 raise TurnFailed(f"HTTP {reply.status_code}")
             async for line in reply.aiter_lines():
-                if not line.startswith("data: "):
+                if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
                 event = json.loads(line[6:])
                 if event.get("type") == "error":

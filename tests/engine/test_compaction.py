@@ -343,11 +343,11 @@ def test_context_management_streams_over_http_sse(server: Any) -> None:
         stream=True,
         context_management=[{"type": "compaction", "compact_threshold": THRESHOLD}],
     ) as streamed:
-        events = [
-            STRICT_SSE.validate_json(line.removeprefix("data: "))
-            for line in streamed.iter_lines()
-            if line.startswith("data: ")
+        data = [
+            line[len("data: ") :] for line in streamed.iter_lines() if line.startswith("data: ")
         ]
+    assert data[-1] == "[DONE]"  # the stream's end, after its last event
+    events = [STRICT_SSE.validate_json(line) for line in data[:-1]]
     (item,) = compaction_events(events)
     completed = events[-1]
     assert completed.type == "response.completed"

@@ -191,11 +191,9 @@ def test_the_caps_apply_over_http_too(make_server: Any) -> None:
     running = make_server(max_response_events=30)
     body = {"input": "talk", "stream": True, "metadata": {"sim_output_tokens": "400"}}
     with httpx.stream("POST", f"{running.http_url}/v1/responses", json=body, timeout=30) as reply:
-        records = [
-            json.loads(line[len("data: ") :])
-            for line in reply.iter_lines()
-            if line.startswith("data: ")
-        ]
+        data = [line[len("data: ") :] for line in reply.iter_lines() if line.startswith("data: ")]
+    assert data[-1] == "[DONE]"
+    records = [json.loads(line) for line in data[:-1]]
     assert records[-1]["type"] == "response.incomplete"
     assert records[-1]["response"]["incomplete_details"] == {"reason": "max_events"}
     assert len(records) <= 30 + 4

@@ -204,7 +204,7 @@ def test_the_newer_features_responses_hold_to_the_published_resource(server: Any
         seen.append(http.get(f"{base}/v1/responses/{created['id']}").json())
         with http.stream("GET", f"{base}/v1/responses/{created['id']}?stream=true") as stream:
             for line in stream.iter_lines():
-                if line.startswith("data: "):
+                if line.startswith("data: ") and line != "data: [DONE]":
                     event = json.loads(line.removeprefix("data: "))
                     if "response" in event:
                         seen.append(event["response"])

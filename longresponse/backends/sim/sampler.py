@@ -6,7 +6,8 @@ sampler instance lives as long as its rollout, so it may keep reusable state
 across pauses (a real model would keep its KV cache there).
 
 ``sim`` is the embedded default. It is deterministic: what it says depends
-only on its context and request. When function tools are offered and allowed
+only on its context and request (its call ids are random, unique per call,
+and always the same number of tokens: :func:`_call_id`). When function tools are offered and allowed
 it calls them (arguments generated from each tool's JSON schema) until it has
 made ``sim_tool_calls`` calls since the last user message, ``sim_parallel_calls``
 per turn (under ``tool_choice: "required"`` or a named tool, at least one
@@ -67,9 +68,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
-import hashlib
 import math
 import re
+import secrets
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any, Final
@@ -162,6 +163,8 @@ MAX_SIM_TOKENS_PER_SECOND: Final = RANGES["sim_tokens_per_second"].high
 MAX_SIM_TTFT_MS: Final = RANGES["sim_ttft_ms"].high
 #: Generation that has not waited for this long gives the event loop a turn.
 SIM_YIELD_SECONDS: Final = 0.0005
+#: The random decimal digits of a call id (:func:`_call_id`).
+_CALL_ID_DIGITS: Final = 24
 
 
 # --- the simulated model ----------------------------------------------------
@@ -636,7 +639,7 @@ class SimSampler:
                         yield Stop("max_output_tokens")
                         return
                 yield ToolCallStart(
-                    call_id=_call_id(request, offset, _full(offer)),
+                    call_id=_call_id(),
                     name=offer.name,
                     kind=offer.kind,
                     namespace=offer.namespace,
@@ -738,20 +741,13 @@ def _fit(pieces: list[str], budget: int) -> int:
     return fits
 
 
-def _call_id(request: SampleRequest, offset: int, name: str) -> str:
-    """A call id that depends only on the context (the model is deterministic): its
-    length and its last item (whose own call id, or text, is new each turn)."""
-    last = request.context[-1] if request.context else None
-    if isinstance(last, ClientCall):
-        key = last.call_id
-    elif isinstance(last, CallOutput):
-        key = answered_call_id(last)
-    elif isinstance(last, Message):
-        key = item_text(last.content)
-    else:
-        key = type(last).__name__
-    digest = hashlib.sha256(f"{len(request.context)}:{offset}:{name}:{key}".encode())
-    return f"call_{digest.hexdigest()[:24]}"
+def _call_id() -> str:
+    """A fresh call id: ``call_`` and 24 random decimal digits (about 80 bits), so
+    two responses never share one, even for the same context. Digits, not hex:
+    o200k reads them three at a time, one token each, so every call id is the
+    same number of tokens and the usage of a conversation that quotes them
+    stays deterministic (hex ids would cost 13 to 28 tokens at random)."""
+    return f"call_{secrets.randbelow(10**_CALL_ID_DIGITS):0{_CALL_ID_DIGITS}d}"
 
 
 class _Pacer:

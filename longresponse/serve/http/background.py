@@ -39,11 +39,15 @@ How it ends:
   ``max_output_tokens``): nothing failed, the output is cut short. It fires
   wherever the run waits (a long first token, a stalled upstream).
 
-Then the log is freed but for its terminal event, which a byte-bounded table
-keeps for a late ``GET ?stream=true`` (replayed alone, under its own
-``sequence_number``). At most ``max_running`` responses run at once; one more
-gets a 429 (``too_many_background_responses``), and so does one more of an
-API key that runs ``max_per_key`` already (with keys on: keys off is one
+Then what the log still holds moves to a byte-bounded table of finished
+logs (oldest out first), so a late ``GET ?stream=true`` replays it from its
+first event, or after ``starting_after``, as a running one is followed: the
+SDKs' ``stream(response_id=...)`` needs ``response.created`` first. A log
+that was trimmed while it ran starts at the oldest record it kept; one larger
+than the whole table keeps its terminal event alone. At most
+``max_running`` responses run at once; one more gets a 429
+(``too_many_background_responses``), and so does one more of an API key
+that runs ``max_per_key`` already (with keys on: keys off is one
 tenant). Only the owner (API key) of a response finds it here.
 """
 
@@ -93,6 +97,7 @@ from ..deadline import DeadlineStream
 from ..inspector.watched import WatchedSink
 from ..transport import Transport
 from ..turns import Caller, Turns
+from .sinks import SSE_DONE
 
 __all__ = [
     "MAX_DURATION_REASON",
@@ -173,6 +178,10 @@ class EventLog:
     def last(self) -> tuple[int, bytes] | None:
         """The newest record and its ``sequence_number``."""
         return self._records[-1] if self._records else None
+
+    def held(self) -> list[tuple[int, bytes]]:
+        """The records still held, oldest first, each with its ``sequence_number``."""
+        return list(self._records)
 
     def close(self) -> None:
         """No more records will come; readers end once they have read the last."""
@@ -260,8 +269,9 @@ class BackgroundResponses:
         self._running: dict[str, BackgroundResponse] = {}
         #: Running responses by owner (API key).
         self._per_key: collections.Counter[str] = collections.Counter()
-        #: id -> (owner, sequence_number, SSE record) of finished responses' terminal events.
-        self._endings: collections.OrderedDict[str, tuple[str, int, bytes]] = (
+        #: id -> (owner, its records) of finished responses: what their logs held at
+        #: the end, each record with its sequence_number, the terminal event last.
+        self._endings: collections.OrderedDict[str, tuple[str, list[tuple[int, bytes]]]] = (
             collections.OrderedDict()
         )
         self._endings_nbytes = 0
@@ -318,12 +328,13 @@ class BackgroundResponses:
         entry = self._running.get(response_id)
         return entry if entry is not None and entry.owner == owner else None
 
-    def ending(self, response_id: str, *, owner: str) -> tuple[int, bytes] | None:
-        """The kept terminal event of a finished response: its ``sequence_number`` and record."""
+    def ending(self, response_id: str, *, owner: str) -> list[tuple[int, bytes]] | None:
+        """The kept records of a finished response, oldest first, each with its
+        ``sequence_number``; the terminal event is the last."""
         kept = self._endings.get(response_id)
         if kept is None or kept[0] != owner:
             return None
-        return kept[1], kept[2]
+        return kept[1]
 
     def check_deletable(self, response_id: str, *, owner: str) -> None:
         """Raises :class:`RemoteProtocolError` (400) while the response runs."""
@@ -339,7 +350,7 @@ class BackgroundResponses:
         """Drop what is kept of a finished response (it was deleted)."""
         kept = self._endings.pop(response_id, None)
         if kept is not None:
-            self._endings_nbytes -= len(kept[2])
+            self._endings_nbytes -= _size(kept[1])
 
     async def create(
         self,
@@ -386,7 +397,8 @@ class BackgroundResponses:
         ``sequence_number`` N (all without it); ``None`` when ``owner`` has no such response.
 
         A running response is followed live from its log; a finished one replays
-        its kept terminal event alone (nothing if N is not before it). Raises
+        what its log held at the end (from the first event, or after N; nothing
+        if N is not before its terminal event). Raises
         :class:`RemoteProtocolError` (400): ``starting_after`` not a non-negative
         integer; param ``stream`` for a response that was not a background one,
         or whose terminal event is no longer kept.
@@ -413,13 +425,15 @@ class BackgroundResponses:
                 code=ErrorCode.INVALID_VALUE,
                 param="stream",
             )
-        sequence, last = ending
-        return self._follower(_replay([last] if sequence > after else []))
+        return self._follower(_replay([record for number, record in ending if number > after]))
 
     def _follower(self, records: AsyncIterator[bytes]) -> DeadlineStream:
-        """A reader of a log: cut off when a write waits ``slow_reader_timeout``."""
+        """A reader of a log, ``data: [DONE]`` after its last record: cut off when a
+        write waits ``slow_reader_timeout``."""
         return DeadlineStream(
-            records, timeout=self.slow_reader_timeout, why="slow background stream reader"
+            _then_done(records),
+            timeout=self.slow_reader_timeout,
+            why="slow background stream reader",
         )
 
     async def cancel(self, response_id: str, *, owner: str) -> Response | None:
@@ -542,17 +556,31 @@ class BackgroundResponses:
         if entry.timer is not None:
             entry.timer.cancel()
         entry.log.close()
-        last = entry.log.last
-        if last is not None and entry.started.reply.terminal:
-            self._keep_ending(entry.id, entry.owner, *last)
+        records = entry.log.held()
+        if records and entry.started.reply.terminal:
+            self._keep_ending(entry.id, entry.owner, records)
         entry.ended.set()
 
-    def _keep_ending(self, response_id: str, owner: str, sequence: int, record: bytes) -> None:
-        self._endings[response_id] = (owner, sequence, record)
-        self._endings_nbytes += len(record)
+    def _keep_ending(self, response_id: str, owner: str, records: list[tuple[int, bytes]]) -> None:
+        """Keep a finished log for late readers; one larger than the whole table
+        keeps its terminal event alone (as it would once the table had no room)."""
+        if _size(records) > self.endings_bytes:
+            records = records[-1:]
+        self._endings[response_id] = (owner, records)
+        self._endings_nbytes += _size(records)
         while self._endings_nbytes > self.endings_bytes and self._endings:
-            _, (_, _, dropped) = self._endings.popitem(last=False)
-            self._endings_nbytes -= len(dropped)
+            _, (_, dropped) = self._endings.popitem(last=False)
+            self._endings_nbytes -= _size(dropped)
+
+
+def _size(records: list[tuple[int, bytes]]) -> int:
+    return sum(len(record) for _, record in records)
+
+
+async def _then_done(records: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    async for record in records:
+        yield record
+    yield SSE_DONE
 
 
 async def _replay(records: list[bytes]) -> AsyncIterator[bytes]:

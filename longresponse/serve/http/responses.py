@@ -47,7 +47,7 @@ from ..transport import Transport
 from ..turns import Caller, StoreRefused, Turns
 from ..types import Scope
 from .background import BackgroundResponses, check_cancellable
-from .sinks import SSE_QUEUE_DEPTH, RecordingSink, SSESink
+from .sinks import SSE_DONE, SSE_QUEUE_DEPTH, RecordingSink, SSESink
 from .token_cache import HTTPTokenCache
 
 __all__ = ["HTTPTokenCache", "ResponsesHTTP", "hung_up", "too_many_items"]
@@ -507,6 +507,7 @@ class _Run:
                 if time.monotonic() - turn >= WRITE_SLICE_SECONDS:  # others' turn
                     await asyncio.sleep(0)
                     turn = time.monotonic()
+            yield SSE_DONE
         finally:
             await stop_task(producer)  # its cleanup closes the engine's stream
 

@@ -6,6 +6,11 @@ none). A streaming request (``stream: true``) gets each event as a
 Server-Sent Events record from the same core (:class:`SSESink`, framing
 SSE), in a buffer bounded in records and bytes; a reader that leaves it full
 for the slow-reader timeout is cut off and its connection dropped.
+
+Every Responses SSE stream that runs to its end ends with :data:`SSE_DONE`
+after its last event, as the Open Responses spec ends one (its strict
+clients fail without it); the official SDKs and Codex stop at the terminal
+event or skip it.
 """
 
 from __future__ import annotations
@@ -20,7 +25,10 @@ from protocol.events import ServerEvent
 
 from ...engine.stream import ServerClosed
 
-__all__ = ["SSE_QUEUE_BYTES", "SSE_QUEUE_DEPTH", "RecordingSink", "SSESink"]
+__all__ = ["SSE_DONE", "SSE_QUEUE_BYTES", "SSE_QUEUE_DEPTH", "RecordingSink", "SSESink"]
+
+#: The record after the last event of a stream (Open Responses: ``data: [DONE]``).
+SSE_DONE: Final = b"data: [DONE]\n\n"
 
 #: Events buffered between a streaming rollout and its SSE response, and
 #: their most bytes (a record is one whole event; the bound is checked before

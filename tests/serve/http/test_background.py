@@ -84,12 +84,15 @@ def test_it_runs_to_completion_and_is_stored(server: Any) -> None:
     assert (stored.status, stored.background) == ("completed", True)
     assert "«finish me»" in stored.output_text
     assert stored.output_text == final.response.output_text
-    # The stream of a finished response is its terminal event alone, under its own number.
+    # The stream of a finished response is replayed whole, under the same numbers.
+    replayed = read(client.responses.retrieve(made.id, stream=True))
+    assert numbers(replayed) == list(range(final.sequence_number + 1))
+    assert [e.type for e in replayed[:2]] == ["response.created", "response.in_progress"]
+    if len(events) > 1:  # followed live: the replay is what was sent
+        assert [e.to_dict() for e in replayed] == [e.to_dict() for e in events]
     late = read(client.responses.retrieve(made.id, stream=True, starting_after=0))
-    assert [(e.type, e.sequence_number) for e in late] == [
-        ("response.completed", final.sequence_number)
-    ]
-    assert late[0].response.to_dict() == final.response.to_dict()
+    assert [e.to_dict() for e in late] == [e.to_dict() for e in replayed[1:]]
+    assert late[-1].response.to_dict() == final.response.to_dict()
     after_the_end = client.responses.retrieve(
         made.id, stream=True, starting_after=final.sequence_number
     )
@@ -105,6 +108,58 @@ def test_it_runs_to_completion_and_is_stored(server: Any) -> None:
     )
     assert "«finish me»" in follow_up.output_text
     assert "«and then?»" in follow_up.output_text
+
+
+def test_the_sdk_streams_a_finished_response_from_its_first_event(server: Any) -> None:
+    """``client.responses.stream(response_id=...)`` needs ``response.created`` first."""
+    client = openai_client(server)
+    made = client.responses.create(model="sim", input="tell me later", background=True)
+    done = client.responses.retrieve(made.id, stream=True)
+    followed = read(done)  # to its end: it is finished from here on
+    assert followed[-1].type == "response.completed"
+    with client.responses.stream(response_id=made.id) as stream:
+        replayed = list(stream)  # the SDK's own events, its snapshot built from them
+        final = stream.get_final_response()
+    assert [e.type for e in replayed[:2]] == ["response.created", "response.in_progress"]
+    assert replayed[-1].type == "response.completed"
+    assert [(e.type, e.sequence_number) for e in replayed] == [
+        (e.type, e.sequence_number) for e in followed
+    ]
+    assert numbers(replayed) == list(range(len(replayed)))
+    assert final.id == made.id
+    assert final.output_text == client.responses.retrieve(made.id).output_text
+    assert "«tell me later»" in final.output_text
+    # starting_after is still honoured: by the SDK, which filters the replay...
+    with client.responses.stream(response_id=made.id, starting_after=3) as stream:
+        after = list(stream)
+        assert stream.get_final_response().output_text == final.output_text
+    assert numbers(after) == numbers(replayed)[4:]
+    # ...and by the server, asked directly.
+    raw = read(client.responses.retrieve(made.id, stream=True, starting_after=3))
+    assert [e.to_dict() for e in raw] == [e.to_dict() for e in followed[4:]]
+
+
+def test_a_finished_log_larger_than_the_table_keeps_its_end_alone(make_server: Any) -> None:
+    """A finished log is kept whole when it fits ``--background-endings-bytes``, else
+    its terminal event alone; a log trimmed while it ran replays what it held."""
+    small_table = make_server(background_endings_bytes=100_000)
+    client = openai_client(small_table)
+    long = {"sim_output_tokens": "2000", "sim_tokens_per_second": "0"}
+    events = read(
+        client.responses.create(model="sim", input="x", background=True, stream=True, metadata=long)
+    )
+    assert len(events) > 2000  # about 400 kB of records: more than the table holds
+    kept = read(client.responses.retrieve(events[0].response.id, stream=True))
+    assert [e.to_dict() for e in kept] == [events[-1].to_dict()]
+    short = read(client.responses.create(model="sim", input="y", background=True, stream=True))
+    whole = read(client.responses.retrieve(short[0].response.id, stream=True))
+    assert [e.to_dict() for e in whole] == [e.to_dict() for e in short]
+    trimmed = make_server(background_log_bytes=1)
+    client = openai_client(trimmed)
+    events = read(client.responses.create(model="sim", input="z", background=True, stream=True))
+    assert events[-1].type == "response.completed"
+    late = read(client.responses.retrieve(events[-1].response.id, stream=True))
+    assert [e.to_dict() for e in late] == [events[-1].to_dict()]
 
 
 def test_the_stream_resumes_after_a_sequence_number_for_several_readers(server: Any) -> None:
@@ -188,8 +243,11 @@ def test_another_owner_gets_404(make_server: Any) -> None:
     assert one.responses.cancel(made.id).status == "cancelled"
     refused_to_two()  # and once it is stored
     assert one.responses.retrieve(made.id).status == "cancelled"
-    (end,) = read(one.responses.retrieve(made.id, stream=True))
+    replayed = read(one.responses.retrieve(made.id, stream=True))
+    end = replayed[-1]
     assert (end.type, end.response.status) == ("response.failed", "cancelled")
+    assert replayed[0].type == "response.created"
+    assert numbers(replayed) == list(range(end.sequence_number + 1))
 
 
 def test_running_background_responses_are_limited(make_server: Any) -> None:

@@ -131,6 +131,8 @@ def test_streaming_events_match_the_websocket_shape(server: Any) -> None:
     ) as streamed:
         assert streamed.headers["content-type"].startswith("text/event-stream")
         blocks = [b for b in streamed.read().decode().split("\n\n") if b.strip()]
+    assert blocks[-1] == "data: [DONE]"  # the stream's end (Open Responses), no event
+    blocks = blocks[:-1]
     events = []
     for block in blocks:
         lines = dict(line.split(": ", 1) for line in block.splitlines())
@@ -341,3 +343,33 @@ def test_retention_ttl_expires_responses(redis_url: str, make_server: Any) -> No
             client.responses.retrieve(response.id)
         with pytest.raises(openai.BadRequestError):
             client.responses.create(model="sim", previous_response_id=response.id, input="x")
+
+
+def _data_lines(stream: Any) -> list[str]:
+    return [line[len("data: ") :] for line in stream.iter_lines() if line.startswith("data: ")]
+
+
+def test_every_stream_ends_with_done_after_its_terminal_event(server: Any) -> None:
+    """Open Responses ends a stream with ``data: [DONE]``; the SDKs skip it."""
+    base = server.http_url
+    with httpx.Client(base_url=base, timeout=30) as http:
+        body = {"model": "sim", "input": "end me", "stream": True}
+        with http.stream("POST", "/v1/responses", json=body) as reply:
+            data = _data_lines(reply)
+        assert data[-1] == "[DONE]"
+        assert json.loads(data[-2])["type"] == "response.completed"
+        assert "[DONE]" not in data[:-1]
+        made = http.post("/v1/responses", json={**body, "background": True, "stream": False})
+        response_id = made.json()["id"]
+        for query in ("", "&starting_after=2", "&starting_after=100000"):
+            with http.stream("GET", f"/v1/responses/{response_id}?stream=true{query}") as reply:
+                data = _data_lines(reply)
+            assert data[-1] == "[DONE]", query
+            if query != "&starting_after=100000":  # past the end: [DONE] alone
+                assert json.loads(data[-2])["type"] == "response.completed", query
+            else:
+                assert data == ["[DONE]"]
+    # The official SDK reads the same stream and stops at its terminal event.
+    events = list(openai_client(server).responses.create(model="sim", input="end me", stream=True))
+    assert events[-1].type == "response.completed"
+    assert [e.sequence_number for e in events] == list(range(len(events)))

@@ -172,8 +172,9 @@ def sse_events(server: Any, body: dict[str, Any], *, strict: bool = True) -> lis
     ) as streamed:
         assert streamed.status_code == 200
         blocks = [b for b in streamed.read().decode().split("\n\n") if b.strip()]
+    assert blocks[-1] == "data: [DONE]"  # the stream's end, after its last event
     events = []
-    for block in blocks:
+    for block in blocks[:-1]:
         lines = dict(line.split(": ", 1) for line in block.splitlines())
         if strict:
             STREAM_EVENT.validate_json(lines["data"])
