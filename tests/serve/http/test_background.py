@@ -421,15 +421,19 @@ def test_the_maximum_duration_ends_a_response_incomplete(make_server: Any) -> No
     assert short.app.parts.background.running == 0
 
 
-def lingering(port: int) -> list[str]:
-    """The states of the server's connections on ``port`` that are closing
-    (``/proc/net/tcp``: FIN-WAIT-1 04, FIN-WAIT-2 05, CLOSING 0B, LAST-ACK 09)."""
+def lingering(port: int, peer: int) -> list[str]:
+    """The states of the server's end (``port``) of the connection from the
+    client's ``peer`` port while it is closing (``/proc/net/tcp``: FIN-WAIT-1
+    04, FIN-WAIT-2 05, CLOSING 0B, LAST-ACK 09). Other connections to the
+    server (the SDK's, closed by its keep-alive timeout) are not looked at."""
     closing = {"04", "05", "09", "0B"}
     rows = Path("/proc/net/tcp").read_text().splitlines()[1:]
     return [
         state
-        for _, local, _, state, *_ in (row.split() for row in rows)
-        if int(local.rsplit(":", 1)[1], 16) == port and state in closing
+        for _, local, remote, state, *_ in (row.split() for row in rows)
+        if int(local.rsplit(":", 1)[1], 16) == port
+        and int(remote.rsplit(":", 1)[1], 16) == peer
+        and state in closing
     ]
 
 
@@ -473,7 +477,8 @@ def test_a_follower_that_never_reads_is_cut_off(
             30,
             interval=0.05,
         )
-        wait_for(lambda: not lingering(slow.port), "the server's socket to be gone", 5)
+        peer = sock.getsockname()[1]
+        wait_for(lambda: not lingering(slow.port, peer), "the server's socket to be gone", 5)
         assert ending(sock) == "reset"  # not a clean end after the data
         # Dropping the reader does not stop the response: it runs on to its own end
         # (its output budget, on a fast machine before the buffers even fill).
