@@ -173,38 +173,54 @@ def browser() -> Iterator[Any]:
 
 def check_page(driver: Any, base: str, append_id: str, pending: str, shipped: list[str]) -> None:
     """What the page must show (runs in a thread: selenium blocks)."""
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.select import Select
     from selenium.webdriver.support.ui import WebDriverWait
 
-    wait = WebDriverWait(driver, PAGE_WAIT)
+    # The page redraws its rows as the feed speaks: an element read a moment
+    # after it was found may be gone, so each read finds its row again.
+    wait = WebDriverWait(driver, PAGE_WAIT, ignored_exceptions=(StaleElementReferenceException,))
     driver.get(f"{base}/inspect")
-    row = wait.until(
-        lambda d: d.find_element(By.CSS_SELECTOR, f'#rollouts tr[data-rollout-id="{append_id}"]')
-    )
-    shipped_row = driver.find_element(
-        By.CSS_SELECTOR, f'#rollouts tr[data-rollout-id="{shipped[0]}"]'
-    )
+
+    def rollout_row(rid: str) -> Any:
+        return driver.find_element(By.CSS_SELECTOR, f'#rollouts tr[data-rollout-id="{rid}"]')
+
+    def seen(rid: str) -> tuple[str | None, str]:
+        """The row's status and text, read from one element (found again if stale)."""
+
+        def read(_: Any) -> tuple[str | None, str]:
+            row = rollout_row(rid)
+            return row.get_attribute("data-status"), row.text
+
+        return wait.until(read)
+
+    def click(rid: str) -> None:
+        wait.until(lambda d: rollout_row(rid).click() or True)
+
+    wait.until(lambda d: rollout_row(append_id))
     # Both rollouts, with their state: the append one paused on its call.
-    assert row.get_attribute("data-status") == "paused"
-    assert "waiting for" in row.text
-    assert pending in row.text
-    assert "append" in row.text
-    assert shipped_row.get_attribute("data-status") == "completed"
-    assert "shipped" in shipped_row.text
+    status, text = seen(append_id)
+    assert status == "paused"
+    assert "waiting for" in text
+    assert pending in text
+    assert "append" in text
+    status, text = seen(shipped[0])
+    assert status == "completed"
+    assert "shipped" in text
     # The server panel.
     wait.until(lambda d: "up" in d.find_element(By.CSS_SELECTOR, "#server").text)
     panel = driver.find_element(By.CSS_SELECTOR, "#server").text
     assert "event-loop lag" in panel
     assert "paused rollouts" in panel
     # The shipped chain's timeline: one bar per response of the chain.
-    shipped_row.click()
+    click(shipped[0])
     wait.until(
         lambda d: len(d.find_elements(By.CSS_SELECTOR, "#timeline svg.turn-bar")) == len(shipped)
     )
     assert shipped[0] in driver.find_element(By.ID, "detail-id").text
     # The append rollout's timeline: three turns, each a stacked bar of phases.
-    row.click()
+    click(append_id)
     wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#timeline svg.turn-bar")) == 3)
     assert append_id in driver.find_element(By.ID, "detail-id").text
     assert pending in driver.find_element(By.ID, "detail-state").text
