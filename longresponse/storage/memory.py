@@ -6,9 +6,11 @@ import time
 from collections.abc import Callable, Collection
 
 from .records import (
+    StoredConversation,
     StoredResponse,
     UsageRecord,
     check_ttl,
+    decode_conversation,
     decode_record,
     decode_usage,
     encode_record,
@@ -38,6 +40,8 @@ class MemoryStore:
         self._items: dict[tuple[str, str], str] = {}
         #: response_id -> msgpack UsageRecord (never expires)
         self._usage: dict[str, bytes] = {}
+        #: conversation id -> (owner, msgpack StoredConversation)
+        self._conversations: dict[str, tuple[str, bytes]] = {}
         #: name -> server secret (this process only)
         self._secrets: dict[str, bytes] = {}
 
@@ -65,6 +69,27 @@ class MemoryStore:
         found = {self._items.get((owner, item_id)) for item_id in item_ids}
         blobs = (self._visible(response_id, owner) for response_id in found if response_id)
         return [decode_record(blob) for blob in blobs if blob is not None]
+
+    async def put_conversation(self, record: StoredConversation) -> None:
+        """Store ``record``; nothing changes if it cannot be encoded."""
+        self._conversations[record.id] = (record.owner, encode_record(record))
+
+    async def get_conversation(
+        self, conversation_id: str, *, owner: str
+    ) -> StoredConversation | None:
+        """The conversation, or ``None`` if missing or foreign."""
+        entry = self._conversations.get(conversation_id)
+        if entry is None or entry[0] != owner:
+            return None
+        return decode_conversation(entry[1])
+
+    async def delete_conversation(self, conversation_id: str, *, owner: str) -> bool:
+        """Delete the conversation; ``False`` (and nothing deleted) if not ``owner``'s."""
+        entry = self._conversations.get(conversation_id)
+        if entry is None or entry[0] != owner:
+            return False
+        del self._conversations[conversation_id]
+        return True
 
     async def put_usage(self, record: UsageRecord) -> None:
         """Add ``record`` to the ledger, replacing its ``response_id``; unchanged if unencodable."""
@@ -101,6 +126,7 @@ class MemoryStore:
         self._records.clear()
         self._items.clear()
         self._usage.clear()
+        self._conversations.clear()
 
     def _visible(self, response_id: str, owner: str) -> bytes | None:
         entry = self._records.get(response_id)

@@ -6,6 +6,8 @@ it continued. Every item it holds (input, output, context) with an id can be
 found again by that id, per owner (:meth:`ResponseStore.holding`: an input
 ``item_reference``); when two records of one owner hold the same id, the
 later written one answers. A :class:`UsageRecord` is one entry of the billing ledger.
+A :class:`StoredConversation` is one conversation of the Conversations API
+(its metadata and every item in it, in order); it never expires.
 Every backend keeps both as msgpack blobs (one reused encoder, one reused
 decoder per type), so what comes back is what went in, whichever backend holds
 it; the helpers here are that codec. :class:`ResponseStore` is the interface;
@@ -27,9 +29,11 @@ from protocol.response import Response
 __all__ = [
     "ResponseStore",
     "StoreError",
+    "StoredConversation",
     "StoredResponse",
     "UsageRecord",
     "check_ttl",
+    "decode_conversation",
     "decode_record",
     "decode_usage",
     "encode_record",
@@ -52,6 +56,22 @@ class StoredResponse(msgspec.Struct, frozen=True, kw_only=True):
     #: ``response.inject``): its input, calls, their outputs and its answer.
     #: ``None``: its input, then its output.
     context: list[Item] | None = None
+
+
+class StoredConversation(msgspec.Struct, frozen=True, kw_only=True):
+    """One conversation (``conv_...``): its metadata and its items, oldest first.
+
+    Kept as one blob and replaced whole on every change (items added or
+    deleted, metadata updated); it belongs to ``owner`` as a response does.
+    """
+
+    id: str
+    owner: str
+    #: Seconds since the epoch (the API's integer ``created_at``).
+    created_at: int
+    metadata: dict[str, str] = msgspec.field(default_factory=dict)
+    #: Every item of the conversation, each with its id, oldest first.
+    items: list[Item] = msgspec.field(default_factory=list)
 
 
 class UsageRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -89,6 +109,17 @@ class ResponseStore(Protocol):
         once, in no order): for each id, the record written last that holds it,
         if it is still visible to ``owner`` (not deleted, not expired)."""
 
+    async def put_conversation(self, record: StoredConversation) -> None:
+        """Persist ``record`` (replacing the conversation with the same id); never expires."""
+
+    async def get_conversation(
+        self, conversation_id: str, *, owner: str
+    ) -> StoredConversation | None:
+        """The conversation, or ``None`` if missing or owned by someone else."""
+
+    async def delete_conversation(self, conversation_id: str, *, owner: str) -> bool:
+        """Delete the conversation; ``False`` if there was none visible to ``owner``."""
+
     async def put_usage(self, record: UsageRecord) -> None:
         """Add ``record`` to the usage ledger, replacing one with the same ``response_id``.
 
@@ -123,9 +154,10 @@ class StoreError(Exception):
 _encoder: Final = msgspec.msgpack.Encoder()
 _decoder: Final = msgspec.msgpack.Decoder(StoredResponse)
 _usage_decoder: Final = msgspec.msgpack.Decoder(UsageRecord)
+_conversation_decoder: Final = msgspec.msgpack.Decoder(StoredConversation)
 
 
-def encode_record(record: StoredResponse | UsageRecord) -> bytes:
+def encode_record(record: StoredResponse | UsageRecord | StoredConversation) -> bytes:
     return _encoder.encode(record)
 
 
@@ -141,6 +173,13 @@ def decode_usage(blob: bytes) -> UsageRecord:
         return _usage_decoder.decode(blob)
     except msgspec.DecodeError as exc:
         raise StoreError(f"a usage record no longer decodes: {exc}") from exc
+
+
+def decode_conversation(blob: bytes) -> StoredConversation:
+    try:
+        return _conversation_decoder.decode(blob)
+    except msgspec.DecodeError as exc:
+        raise StoreError(f"a stored conversation no longer decodes: {exc}") from exc
 
 
 def held_item_ids(record: StoredResponse) -> Iterator[str]:

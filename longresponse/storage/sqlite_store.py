@@ -21,10 +21,12 @@ from pathlib import Path
 from typing import Final, TypeVar
 
 from .records import (
+    StoredConversation,
     StoredResponse,
     StoreError,
     UsageRecord,
     check_ttl,
+    decode_conversation,
     decode_record,
     decode_usage,
     encode_record,
@@ -64,6 +66,11 @@ CREATE TABLE IF NOT EXISTS usage (
     data BLOB NOT NULL
 );
 CREATE INDEX IF NOT EXISTS usage_owner ON usage (owner, created_at, response_id);
+CREATE TABLE IF NOT EXISTS conversations (
+    id TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,
+    data BLOB NOT NULL
+);
 CREATE TABLE IF NOT EXISTS secrets (name TEXT PRIMARY KEY, value BLOB NOT NULL);
 """
 _PUT: Final = (
@@ -82,6 +89,9 @@ _PURGE_ITEMS: Final = (
 )
 #: Item ids looked up in one statement (well under SQLite's 32,766 variables).
 _HOLDING_BATCH: Final = 500
+_PUT_CONVERSATION: Final = "INSERT OR REPLACE INTO conversations (id, owner, data) VALUES (?, ?, ?)"
+_GET_CONVERSATION: Final = "SELECT data FROM conversations WHERE id = ? AND owner = ?"
+_DELETE_CONVERSATION: Final = "DELETE FROM conversations WHERE id = ? AND owner = ?"
 _PUT_USAGE: Final = (
     "INSERT OR REPLACE INTO usage (response_id, owner, created_at, data) VALUES (?, ?, ?, ?)"
 )
@@ -228,6 +238,27 @@ class SQLiteStore:
             self._db.execute("ROLLBACK")
             raise
         self._db.execute("COMMIT")
+
+    async def put_conversation(self, record: StoredConversation) -> None:
+        """Store ``record`` in the ``conversations`` table (one statement: whole or not at all)."""
+        row = (record.id, record.owner, encode_record(record))
+        await self._run(lambda: self._db.execute(_PUT_CONVERSATION, row))
+
+    async def get_conversation(
+        self, conversation_id: str, *, owner: str
+    ) -> StoredConversation | None:
+        """The conversation, or ``None`` if missing or foreign."""
+        args = (conversation_id, owner)
+        row = await self._run(lambda: self._db.execute(_GET_CONVERSATION, args).fetchone())
+        return None if row is None else decode_conversation(row[0])
+
+    async def delete_conversation(self, conversation_id: str, *, owner: str) -> bool:
+        """Delete the conversation; ``False`` (and nothing deleted) if not ``owner``'s."""
+        args = (conversation_id, owner)
+        deleted: int = await self._run(
+            lambda: self._db.execute(_DELETE_CONVERSATION, args).rowcount
+        )
+        return deleted > 0
 
     async def put_usage(self, record: UsageRecord) -> None:
         """Add ``record`` to the ``usage`` table (one statement: written whole or not at all)."""
