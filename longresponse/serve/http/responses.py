@@ -36,6 +36,7 @@ from ...engine.turn import Started
 from ...storage.keys import ApiKeys, Unauthorized
 from ...storage.persistence import Persistence
 from ..continuation import Continuation, continue_from
+from ..conversations import Conversations
 from ..deadline import DeadlineStream
 from ..errors import http_error, upstream_http_error
 from ..gate import owner_of
@@ -106,6 +107,8 @@ class ResponsesHTTP:
         self.keys = keys
         self._persistence = persistence
         self.background = background or BackgroundResponses(turns)
+        #: The Conversations API's conversations (``conversation`` on a create reads them).
+        self.conversations = Conversations(persistence)
         #: The process-wide token cache, when switched on (the ``http-cached`` design).
         self.token_cache = (
             HTTPTokenCache(config.http_token_cache_bytes) if config.http_token_cache else None
