@@ -23,12 +23,14 @@ from typing import Any, Final
 import msgspec
 
 from protocol import ErrorCode, RemoteProtocolError
+from protocol.events import ResponseCreate
 from protocol.items import Item
 from protocol.response import ConversationRef
 
 from ..ids import new_id
 from ..storage.persistence import Persistence, stored_input_items
-from ..storage.records import StoredConversation
+from ..storage.records import ResponseStore, StoredConversation
+from .continuation import Continuation
 
 __all__ = [
     "MAX_CONVERSATION_ITEMS_PER_CALL",
@@ -127,9 +129,43 @@ def not_found(conversation_id: str, *, param: str = "conversation_id") -> Remote
 class Conversations:
     """The conversations of every key, in the store of the server's persistence."""
 
-    def __init__(self, persistence: Callable[[], Persistence]) -> None:
+    def __init__(self, persistence: Callable[[], Persistence | None]) -> None:
         self._persistence = persistence
         self._lock = asyncio.Lock()
+
+    def _store(self) -> ResponseStore:
+        persistence = self._persistence()
+        if persistence is None:
+            raise RemoteProtocolError(
+                "Conversations need a store, and this server has none.",
+                code="store_unavailable",
+                status=503,
+                error_type="server_error",
+            )
+        return persistence.store
+
+    async def continuation(self, request: ResponseCreate, owner: str) -> Continuation | None:
+        """Where a create with ``conversation`` continues from: the conversation's
+        items, oldest first, before its input; ``None`` without ``conversation``.
+
+        Raises :class:`RemoteProtocolError`: ``mutually_exclusive_parameters``
+        (400, param ``conversation``) with ``previous_response_id`` too;
+        ``conversation_not_found`` (404, param ``conversation``) for an id the
+        key has no conversation of.
+        """
+        conversation_id = conversation_id_of(request.conversation)
+        if conversation_id is None:
+            return None
+        if request.previous_response_id is not None:
+            raise RemoteProtocolError(
+                "Mutually exclusive parameters: Ensure you are only providing one of: "
+                "'previous_response_id' or 'conversation'.",
+                code="mutually_exclusive_parameters",
+                param="conversation",
+            )
+        record = await self.get(conversation_id, owner, param="conversation")
+        history = record.items
+        return Continuation(history=history, checked=history, cached=False, hydrated=True)
 
     async def create(
         self, owner: str, items: Sequence[Item], metadata: dict[str, str] | None
@@ -145,7 +181,7 @@ class Conversations:
             metadata=metadata or {},
             items=stored_input_items(items),
         )
-        await self._persistence().store.put_conversation(record)
+        await self._store().put_conversation(record)
         return record
 
     async def get(
@@ -153,7 +189,7 @@ class Conversations:
     ) -> StoredConversation:
         """``owner``'s conversation; raises :class:`RemoteProtocolError` 404 (at
         ``param``) if there is none (or it is another key's)."""
-        record = await self._persistence().store.get_conversation(conversation_id, owner=owner)
+        record = await self._store().get_conversation(conversation_id, owner=owner)
         if record is None:
             raise not_found(conversation_id, param=param)
         return record
@@ -166,14 +202,14 @@ class Conversations:
             record = await self.get(conversation_id, owner)
             if metadata is not None:
                 record = msgspec.structs.replace(record, metadata=metadata)
-                await self._persistence().store.put_conversation(record)
+                await self._store().put_conversation(record)
         return record
 
     async def delete(self, conversation_id: str, owner: str) -> None:
         """Delete the conversation; raises :class:`RemoteProtocolError` 404 if
         ``owner`` has none of that id."""
         async with self._lock:
-            if not await self._persistence().store.delete_conversation(
+            if not await self._store().delete_conversation(
                 conversation_id, owner=owner
             ):
                 raise not_found(conversation_id)
@@ -192,7 +228,7 @@ class Conversations:
         async with self._lock:
             record = await self.get(conversation_id, owner, param=param)
             changed = msgspec.structs.replace(record, items=[*record.items, *added])
-            await self._persistence().store.put_conversation(changed)
+            await self._store().put_conversation(changed)
         return added
 
     async def delete_item(
@@ -206,7 +242,7 @@ class Conversations:
             if len(kept) == len(record.items):
                 raise item_not_found(item_id)
             record = msgspec.structs.replace(record, items=kept)
-            await self._persistence().store.put_conversation(record)
+            await self._store().put_conversation(record)
         return record
 
 

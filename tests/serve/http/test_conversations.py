@@ -145,3 +145,70 @@ def test_items_add_list_page_retrieve_delete(server: Any) -> None:
     with pytest.raises(openai.BadRequestError) as refused:
         client.conversations.items.list(conv.id, after="msg_never_made")
     assert refused.value.param == "after"
+
+
+# --- `conversation` on a response -------------------------------------------
+
+
+def test_two_turns_in_a_conversation_see_each_other(server: Any) -> None:
+    """The simulated model quotes every user message it reads: the second turn
+    quotes the first's, and the conversation holds both turns' items."""
+    client = openai_client(server)
+    conv = client.conversations.create(items=[{"role": "user", "content": "My name is Ada."}])
+    first = client.responses.create(model="sim", input="First question?", conversation=conv.id)
+    assert first.conversation is not None
+    assert first.conversation.id == conv.id
+    assert "«My name is Ada.»" in first.output_text
+    assert "«First question?»" in first.output_text
+    second = client.responses.create(
+        model="sim", input="Second question?", conversation={"id": conv.id}, store=False
+    )
+    for quoted in ("«My name is Ada.»", "«First question?»", "«Second question?»"):
+        assert quoted in second.output_text
+    items = list(client.conversations.items.list(conv.id, order="asc"))
+    assert [(item.type, item.role) for item in items] == [
+        ("message", "user"),
+        ("message", "user"),
+        ("message", "assistant"),
+        ("message", "user"),
+        ("message", "assistant"),
+    ]
+    assert _texts(items)[:2] == ["My name is Ada.", "First question?"]
+    assert items[2].id == first.output[-1].id
+    assert _texts(items[2:3]) == [first.output_text]
+    assert _texts(items[4:]) == [second.output_text]
+    # The stored response's input item is the conversation's (one id for both).
+    (asked,) = client.responses.input_items.list(first.id).data
+    assert asked.id == items[1].id
+    # Streamed (SSE) alike: the third turn reads the second's answer too.
+    with client.responses.stream(
+        model="sim", input="Third question?", conversation=conv.id
+    ) as stream:
+        third = stream.get_final_response()
+    assert "«Second question?»" in third.output_text
+    assert len(list(client.conversations.items.list(conv.id))) == 7
+
+
+def test_conversation_refusals(make_server: Any) -> None:
+    keyed = make_server(api_keys=("key-one", "key-two"))
+    one, two = openai_client(keyed, "key-one"), openai_client(keyed, "key-two")
+    conv = one.conversations.create()
+    first = one.responses.create(model="sim", input="hello")
+    # With previous_response_id in the same request: refused, nothing appended.
+    with pytest.raises(openai.BadRequestError) as refused:
+        one.responses.create(
+            model="sim", input="again", conversation=conv.id, previous_response_id=first.id
+        )
+    assert refused.value.code == "mutually_exclusive_parameters"
+    assert refused.value.param == "conversation"
+    # An id never made, and another key's conversation: 404, never ignored.
+    for client, conversation in ((one, "conv_never_made"), (two, conv.id)):
+        with pytest.raises(openai.NotFoundError) as missing:
+            client.responses.create(model="sim", input="hi", conversation=conversation)
+        assert missing.value.status_code == 404
+        assert (missing.value.code, missing.value.param) == (
+            "conversation_not_found",
+            "conversation",
+        )
+        assert conversation in missing.value.message
+    assert one.conversations.items.list(conv.id).data == []
