@@ -212,3 +212,41 @@ def test_conversation_refusals(make_server: Any) -> None:
         )
         assert conversation in missing.value.message
     assert one.conversations.items.list(conv.id).data == []
+
+
+def test_conversation_over_the_websocket(make_server: Any) -> None:
+    """The shipped WebSocket reads and extends a conversation as HTTP does, and
+    answers its refusals as error events."""
+    keyed = make_server(api_keys=("key-one", "key-two"))
+    one, two = openai_client(keyed, "key-one"), openai_client(keyed, "key-two")
+    conv = one.conversations.create(items=[{"role": "user", "content": "Remember: blue."}])
+    over_http = one.responses.create(model="sim", input="Over HTTP?", conversation=conv.id)
+    with one.responses.connect() as conn:
+        conn.response.create(model="sim", input="Over the socket?", conversation=conv.id)
+        while (event := conn.recv()).type != "response.completed":
+            assert event.type != "error", event
+        answer = event.response
+        assert answer.conversation is not None
+        assert answer.conversation.id == conv.id
+        for quoted in ("«Remember: blue.»", "«Over HTTP?»", "«Over the socket?»"):
+            assert quoted in answer.output_text
+        conn.response.create(
+            model="sim", input="x", conversation=conv.id, previous_response_id=over_http.id
+        )
+        refused = conn.recv()
+        assert refused.type == "error"
+        assert (refused.error.code, refused.error.param) == (
+            "mutually_exclusive_parameters",
+            "conversation",
+        )
+    # The socket's turn was appended; the next HTTP turn reads it.
+    items = list(one.conversations.items.list(conv.id, order="asc"))
+    assert _texts(items)[3:] == ["Over the socket?", answer.output_text]
+    with two.responses.connect() as conn:
+        conn.response.create(model="sim", input="peek", conversation=conv.id)
+        refused = conn.recv()
+        assert refused.type == "error"
+        assert (refused.error.code, refused.error.param) == (
+            "conversation_not_found",
+            "conversation",
+        )
