@@ -12,6 +12,8 @@ from typing import Any
 import openai
 import pytest
 
+from longresponse.client import connect
+from protocol.events import ErrorEvent
 from tests.support.http_clients import openai_client
 
 
@@ -250,3 +252,14 @@ def test_conversation_over_the_websocket(make_server: Any) -> None:
             "conversation_not_found",
             "conversation",
         )
+
+
+async def test_conversation_is_refused_in_append_mode(server: Any) -> None:
+    """Append mode runs one long Response with no turns to append to a
+    conversation: ``conversation`` is refused there, never ignored."""
+    conv = openai_client(server).conversations.create()
+    async with connect(server.url) as conn:
+        await conn.create(model="sim", input="hi", conversation=conv.id)
+        event = await conn.next_event()
+    assert isinstance(event, ErrorEvent), event
+    assert (event.error.code, event.error.param) == ("invalid_value", "conversation")
