@@ -191,6 +191,21 @@ def test_two_turns_in_a_conversation_see_each_other(server: Any) -> None:
     assert len(list(client.conversations.items.list(conv.id))) == 7
 
 
+def test_a_background_response_in_a_conversation(server: Any) -> None:
+    """A background create reads the conversation too, and its items are in the
+    conversation by the time its terminal event is sent."""
+    client = openai_client(server)
+    conv = client.conversations.create(items=[{"role": "user", "content": "Earlier words."}])
+    made = client.responses.create(
+        model="sim", input="In the background?", conversation=conv.id, background=True
+    )
+    *_, final = client.responses.retrieve(made.id, stream=True)
+    assert final.type == "response.completed"
+    assert "«Earlier words.»" in final.response.output_text
+    items = list(client.conversations.items.list(conv.id, order="asc"))
+    assert _texts(items) == ["Earlier words.", "In the background?", final.response.output_text]
+
+
 def test_conversation_refusals(make_server: Any) -> None:
     keyed = make_server(api_keys=("key-one", "key-two"))
     one, two = openai_client(keyed, "key-one"), openai_client(keyed, "key-two")
@@ -252,6 +267,7 @@ def test_conversation_over_the_websocket(make_server: Any) -> None:
             "conversation_not_found",
             "conversation",
         )
+        assert refused.status == 404
 
 
 async def test_conversation_is_refused_in_append_mode(server: Any) -> None:
