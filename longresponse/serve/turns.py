@@ -433,8 +433,13 @@ class Turns:
             and context_from <= len(rollout.context)
         ):
             context = rollout.context[context_from:]
+        conversation_id = conversation_id_of(request.conversation)
         # Ids given once, so the stored response and the conversation agree.
-        new_items = stored_input_items(started.items)
+        new_items = (
+            stored_input_items(started.items)
+            if request.store or conversation_id is not None
+            else started.items
+        )
         try:
             await self.bill(
                 response,
@@ -444,7 +449,6 @@ class Turns:
                 previous_response_id=request.previous_response_id,
                 store_context=context,
             )
-            conversation_id = conversation_id_of(request.conversation)
             if conversation_id is not None:
                 await self._extend_conversation(
                     conversation_id, owner, [*new_items, *response.output]

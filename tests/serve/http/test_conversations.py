@@ -182,6 +182,12 @@ def test_two_turns_in_a_conversation_see_each_other(server: Any) -> None:
     # The stored response's input item is the conversation's (one id for both).
     (asked,) = client.responses.input_items.list(first.id).data
     assert asked.id == items[1].id
+    # Counting the input tokens reads the conversation as a create would.
+    bare = client.responses.input_tokens.count(model="sim", input="Next?")
+    counted = client.responses.input_tokens.count(model="sim", input="Next?", conversation=conv.id)
+    assert counted.input_tokens > bare.input_tokens
+    with pytest.raises(openai.NotFoundError):
+        client.responses.input_tokens.count(model="sim", input="x", conversation="conv_never_made")
     # Streamed (SSE) alike: the third turn reads the second's answer too.
     with client.responses.stream(
         model="sim", input="Third question?", conversation=conv.id
@@ -189,6 +195,29 @@ def test_two_turns_in_a_conversation_see_each_other(server: Any) -> None:
         third = stream.get_final_response()
     assert "«Second question?»" in third.output_text
     assert len(list(client.conversations.items.list(conv.id))) == 7
+
+
+def test_a_tool_loop_in_a_conversation(server: Any) -> None:
+    """A call's output, sent with only the conversation, answers the call the
+    conversation holds (the simulated model quotes the output)."""
+    client = openai_client(server)
+    conv = client.conversations.create()
+    tool = {
+        "type": "function",
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    }
+    asked = client.responses.create(
+        model="sim", input="Weather in Lyon?", tools=[tool], conversation=conv.id
+    )
+    (call,) = [item for item in asked.output if item.type == "function_call"]
+    output = {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}
+    answer = client.responses.create(
+        model="sim", input=[output], tools=[tool], conversation=conv.id
+    )
+    assert f"[{call.call_id}] «sunny»" in answer.output_text
+    kinds = [item.type for item in client.conversations.items.list(conv.id, order="asc")]
+    assert kinds == ["message", "function_call", "function_call_output", "message"]
 
 
 def test_a_background_response_in_a_conversation(server: Any) -> None:
