@@ -146,7 +146,8 @@ class Conversations:
 
     async def continuation(self, request: ResponseCreate, owner: str) -> Continuation | None:
         """Where a create with ``conversation`` continues from: the conversation's
-        items, oldest first, before its input; ``None`` without ``conversation``.
+        items, oldest first, before its input (its turns share the affinity key
+        of the conversation's id); ``None`` without ``conversation``.
 
         Raises :class:`RemoteProtocolError`: ``mutually_exclusive_parameters``
         (400, param ``conversation``) with ``previous_response_id`` too;
@@ -165,7 +166,10 @@ class Conversations:
             )
         record = await self.get(conversation_id, owner, param="conversation")
         history = record.items
-        return Continuation(history=history, checked=history, cached=False, hydrated=True)
+        # Every turn of the conversation keeps one affinity key: its id's.
+        return Continuation(
+            history=history, checked=history, cached=False, hydrated=True, chain=record.id
+        )
 
     async def create(
         self, owner: str, items: Sequence[Item], metadata: dict[str, str] | None
@@ -209,9 +213,7 @@ class Conversations:
         """Delete the conversation; raises :class:`RemoteProtocolError` 404 if
         ``owner`` has none of that id."""
         async with self._lock:
-            if not await self._store().delete_conversation(
-                conversation_id, owner=owner
-            ):
+            if not await self._store().delete_conversation(conversation_id, owner=owner):
                 raise not_found(conversation_id)
 
     async def append(
