@@ -16,6 +16,7 @@ may: the last write wins.)
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Final
@@ -77,9 +78,7 @@ def decode_conversation_body(raw: bytes | bytearray) -> tuple[list[Item], dict[s
     try:
         body = msgspec.convert(data, _Body)
     except msgspec.ValidationError as exc:
-        raise RemoteProtocolError(
-            f"Invalid request body: {exc}", code=ErrorCode.INVALID_VALUE
-        ) from exc
+        raise _invalid_body(exc) from exc
     items = body.items or []
     if len(items) > MAX_CONVERSATION_ITEMS_PER_CALL:
         raise RemoteProtocolError(
@@ -92,6 +91,26 @@ def decode_conversation_body(raw: bytes | bytearray) -> tuple[list[Item], dict[s
     if body.metadata is not None:
         _check_metadata(body.metadata)
     return items, body.metadata
+
+
+def _invalid_body(exc: msgspec.ValidationError) -> RemoteProtocolError:
+    """``unknown_parameter`` for an unknown key, else ``invalid_value``; the
+    param is the path msgspec names (``items[0].role``)."""
+    found = _AT.search(str(exc))
+    path = found["path"] if found else ""
+    unknown = _UNKNOWN.match(str(exc))
+    if unknown:
+        name = f"{path}.{unknown['name']}" if path else unknown["name"]
+        return RemoteProtocolError(
+            f"Unknown parameter: '{name}'.", code=ErrorCode.UNKNOWN_PARAMETER, param=name
+        )
+    return RemoteProtocolError(
+        f"Invalid request body: {exc}", code=ErrorCode.INVALID_VALUE, param=path or None
+    )
+
+
+_AT: Final = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")
+_UNKNOWN: Final = re.compile(r"Object contains unknown field `(?P<name>[^`]+)`")
 
 
 def _check_metadata(metadata: dict[str, str]) -> None:

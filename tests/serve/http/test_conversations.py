@@ -94,6 +94,13 @@ def test_create_limits(server: Any) -> None:
         client.conversations.update(conv.id, metadata={f"k{i}": "v" for i in range(17)})
     assert refused.value.param == "metadata"
     assert len(client.conversations.items.list(conv.id, limit=100).data) == 20
+    # A key the API does not have, and a bad item, name where they are.
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.conversations.create(extra_body={"colour": "blue"})
+    assert (refused.value.code, refused.value.param) == ("unknown_parameter", "colour")
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.conversations.create(items=[{"role": "nobody", "content": "x"}])
+    assert (refused.value.code, refused.value.param) == ("invalid_value", "items[0].role")
 
 
 def test_items_add_list_page_retrieve_delete(server: Any) -> None:
