@@ -33,6 +33,7 @@ __all__ = [
     "StoredResponse",
     "UsageRecord",
     "check_ttl",
+    "conversation_item_ids",
     "decode_conversation",
     "decode_record",
     "decode_usage",
@@ -120,6 +121,12 @@ class ResponseStore(Protocol):
     async def delete_conversation(self, conversation_id: str, *, owner: str) -> bool:
         """Delete the conversation; ``False`` if there was none visible to ``owner``."""
 
+    async def conversations_holding(
+        self, item_ids: Collection[str], *, owner: str
+    ) -> list[StoredConversation]:
+        """The conversations of ``owner`` that held items with these ids when last
+        written (each once, in no order); the caller checks they still hold them."""
+
     async def put_usage(self, record: UsageRecord) -> None:
         """Add ``record`` to the usage ledger, replacing one with the same ``response_id``.
 
@@ -132,6 +139,7 @@ class ResponseStore(Protocol):
 
     async def ping(self) -> None:
         """Check the store answers; raises :class:`StoreError` if it does not."""
+
     async def secret(self, name: str, candidate: bytes) -> bytes:
         """The server secret ``name``: the one already kept, else ``candidate``, kept now.
 
@@ -191,6 +199,14 @@ def held_item_ids(record: StoredResponse) -> Iterator[str]:
                 yield item_id
 
 
+def conversation_item_ids(record: StoredConversation) -> Iterator[str]:
+    """The ids of the items ``record`` holds."""
+    for item in record.items:
+        item_id = getattr(item, "id", None)
+        if isinstance(item_id, str):
+            yield item_id
+
+
 def ledger_order(record: UsageRecord) -> tuple[float, str]:
     return (record.created_at, record.response_id)
 
@@ -203,4 +219,3 @@ def check_ttl(ttl: float | None) -> float | None:
 
 def is_expired(expires_at: float | None, now: float) -> bool:
     return expires_at is not None and expires_at <= now
-

@@ -26,6 +26,7 @@ from .records import (
     StoreError,
     UsageRecord,
     check_ttl,
+    conversation_item_ids,
     decode_conversation,
     decode_record,
     decode_usage,
@@ -71,6 +72,12 @@ CREATE TABLE IF NOT EXISTS conversations (
     owner TEXT NOT NULL,
     data BLOB NOT NULL
 );
+CREATE TABLE IF NOT EXISTS conversation_items (
+    owner TEXT NOT NULL,
+    item_id TEXT NOT NULL,
+    conversation_id TEXT NOT NULL,
+    PRIMARY KEY (owner, item_id)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS secrets (name TEXT PRIMARY KEY, value BLOB NOT NULL);
 """
 _PUT: Final = (
@@ -92,6 +99,9 @@ _HOLDING_BATCH: Final = 500
 _PUT_CONVERSATION: Final = "INSERT OR REPLACE INTO conversations (id, owner, data) VALUES (?, ?, ?)"
 _GET_CONVERSATION: Final = "SELECT data FROM conversations WHERE id = ? AND owner = ?"
 _DELETE_CONVERSATION: Final = "DELETE FROM conversations WHERE id = ? AND owner = ?"
+_PUT_CONVERSATION_ITEM: Final = (
+    "INSERT OR REPLACE INTO conversation_items (owner, item_id, conversation_id) VALUES (?, ?, ?)"
+)
 _PUT_USAGE: Final = (
     "INSERT OR REPLACE INTO usage (response_id, owner, created_at, data) VALUES (?, ?, ?, ?)"
 )
@@ -240,9 +250,16 @@ class SQLiteStore:
         self._db.execute("COMMIT")
 
     async def put_conversation(self, record: StoredConversation) -> None:
-        """Store ``record`` in the ``conversations`` table (one statement: whole or not at all)."""
+        """Store ``record`` and its items' ids (one transaction: whole or not at all)."""
         row = (record.id, record.owner, encode_record(record))
-        await self._run(lambda: self._db.execute(_PUT_CONVERSATION, row))
+        items = [(record.owner, item_id, record.id) for item_id in conversation_item_ids(record)]
+
+        def put() -> None:
+            with self._transaction():
+                self._db.execute(_PUT_CONVERSATION, row)
+                self._db.executemany(_PUT_CONVERSATION_ITEM, items)
+
+        await self._run(put)
 
     async def get_conversation(
         self, conversation_id: str, *, owner: str
@@ -259,6 +276,29 @@ class SQLiteStore:
             lambda: self._db.execute(_DELETE_CONVERSATION, args).rowcount
         )
         return deleted > 0
+
+    async def conversations_holding(
+        self, item_ids: Collection[str], *, owner: str
+    ) -> list[StoredConversation]:
+        """The conversations of ``owner`` written last holding these item ids
+        (the ``conversation_items`` table, joined to ``conversations``)."""
+        wanted = list(dict.fromkeys(item_ids))
+
+        def rows() -> list[bytes]:
+            found: dict[str, bytes] = {}
+            for start in range(0, len(wanted), _HOLDING_BATCH):
+                batch = wanted[start : start + _HOLDING_BATCH]
+                marks = ", ".join("?" * len(batch))
+                query = (
+                    "SELECT c.id, c.data FROM conversation_items i"
+                    " JOIN conversations c ON c.id = i.conversation_id"
+                    f" WHERE i.owner = ? AND i.item_id IN ({marks}) AND c.owner = ?"
+                )
+                for conversation_id, data in self._db.execute(query, (owner, *batch, owner)):
+                    found[conversation_id] = data
+            return list(found.values())
+
+        return [decode_conversation(blob) for blob in await self._run(rows)]
 
     async def put_usage(self, record: UsageRecord) -> None:
         """Add ``record`` to the ``usage`` table (one statement: written whole or not at all)."""
@@ -291,6 +331,7 @@ class SQLiteStore:
     async def ping(self) -> None:
         """One read of the file (raises :class:`StoreError` if it fails)."""
         await self._run(lambda: self._db.execute("SELECT 1 FROM usage LIMIT 1").fetchone())
+
     async def secret(self, name: str, candidate: bytes) -> bytes:
         """The secret ``name`` in the ``secrets`` table; ``candidate`` if none was kept
         (``INSERT OR IGNORE``: the first process on the file wins)."""
@@ -316,5 +357,3 @@ class SQLiteStore:
         finally:
             self._closed = True
             self._executor.shutdown(wait=False)
-
-

@@ -76,3 +76,23 @@ async def test_conversation_shared_between_stores(shared_backend: Backend) -> No
         assert await two.get_conversation(record.id, owner="alice") == record
         assert await two.delete_conversation(record.id, owner="alice") is True
         assert await one.get_conversation(record.id, owner="alice") is None
+
+
+@on_asyncio
+async def test_conversations_found_by_their_items_per_owner(backend: Backend) -> None:
+    record = make_conversation()
+    other = StoredConversation(
+        id=f"conv_{uuid.uuid4().hex}", owner="alice", created_at=1, items=record.items[2:]
+    )
+    async with contextlib.aclosing(backend.open()) as store:
+        await store.put_conversation(record)
+        (found,) = await store.conversations_holding(["msg_1", "fc_1"], owner="alice")
+        assert found == record
+        assert await store.conversations_holding(["msg_1"], owner="mallory") == []
+        assert await store.conversations_holding(["msg_never"], owner="alice") == []
+        # The conversation written last that held the id answers for it.
+        await store.put_conversation(other)
+        assert await store.conversations_holding(["msg_2"], owner="alice") == [other]
+        # A deleted conversation holds nothing any more.
+        await store.delete_conversation(record.id, owner="alice")
+        assert await store.conversations_holding(["msg_1", "fc_1"], owner="alice") == []

@@ -267,6 +267,26 @@ def test_conversation_refusals(make_server: Any) -> None:
     assert one.conversations.items.list(conv.id).data == []
 
 
+def test_a_conversations_items_are_item_reference_targets(make_server: Any) -> None:
+    """An item added to a conversation can be named by ``item_reference`` (or
+    the bare ``{"id": ...}``) by the key that owns it, and by no other."""
+    keyed = make_server(api_keys=("key-one", "key-two"))
+    one, two = openai_client(keyed, "key-one"), openai_client(keyed, "key-two")
+    conv = one.conversations.create(items=[{"role": "user", "content": "Kept in a conversation."}])
+    (item,) = one.conversations.items.list(conv.id).data
+    for ref in ({"type": "item_reference", "id": item.id}, {"id": item.id}):
+        # store=False: a stored response would hold the item too.
+        answer = one.responses.create(model="sim", input=[ref], store=False)
+        assert "«Kept in a conversation.»" in answer.output_text
+        with pytest.raises(openai.BadRequestError) as refused:
+            two.responses.create(model="sim", input=[ref])
+        assert (refused.value.code, refused.value.param) == ("invalid_value", "input[0].id")
+    one.conversations.items.delete(item.id, conversation_id=conv.id)
+    with pytest.raises(openai.BadRequestError) as refused:
+        one.responses.create(model="sim", input=[{"id": item.id}])
+    assert (refused.value.code, refused.value.param) == ("invalid_value", "input[0].id")
+
+
 def test_conversation_over_the_websocket(make_server: Any) -> None:
     """The shipped WebSocket reads and extends a conversation as HTTP does, and
     answers its refusals as error events."""
