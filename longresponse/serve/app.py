@@ -54,6 +54,7 @@ from .gate import RouteGate, redact_access_log
 from .http.background import BackgroundResponses
 from .http.chat import ChatCompletions
 from .http.compact import CompactHTTP
+from .http.conversations import ConversationsHTTP
 from .http.input_tokens import InputTokens
 from .http.responses import ResponsesHTTP, hung_up
 from .inspector.observer import Inspector
@@ -283,6 +284,7 @@ def create_app(
             *compaction.routes(),
             *InputTokens(http).routes(),
             *http.routes(),
+            *ConversationsHTTP(http, http.conversations).routes(),
             *chat.routes(),
             *pages.routes(),
             *InspectRoutes(

@@ -8,9 +8,9 @@ request (a create over HTTP, ``/input_tokens``, a WebSocket
 input: admission, counting, rendering and the protocol core see only items.
 
 A reference names an item of the API key's own stored responses (their input,
-output and context items, ``Persistence.items``). One that names no such
-item, another key's among them, is refused: ``invalid_value``, param
-``input[i].id``.
+output and context items) or conversations (``Persistence.items``). One that
+names no such item, another key's among them, is refused: ``invalid_value``,
+param ``input[i].id``.
 """
 
 from __future__ import annotations

@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Final, TypeVar
 
@@ -60,8 +61,10 @@ from ..engine.timing import TurnTiming
 from ..engine.turn import Started, admit_turn, open_turn, resolve_model
 from ..hosted import McpInFlight, McpServers, check_mcp_tools, load_sdk, redact_mcp_tools
 from ..ids import new_id
-from ..storage.persistence import Persistence, StoreWriteFailed
+from ..storage.persistence import Persistence, StoreWriteFailed, stored_input_items
+from ..storage.records import StoreError
 from .continuation import Continuation
+from .conversations import Conversations, conversation_id_of
 from .fair_share import CheckWorkers
 from .input_budget import InputBudget
 from .inspector.observer import Inspector
@@ -74,6 +77,8 @@ if TYPE_CHECKING:
     from ..hosted.pool import McpPool
 
 __all__ = ["Caller", "StoreRefused", "Turns"]
+
+log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 
@@ -139,6 +144,8 @@ class Turns:
         self.metrics = metrics
         self._persistence = persistence
         self._compaction_key = compaction_key
+        #: The Conversations API's conversations, in the same store.
+        self.conversations = Conversations(lambda: self.persistence)
         #: The threads that run admission's costly checks, shared between keys.
         self.checker = CheckWorkers()
         #: Where the workers read very long texts with the secrets classifier.
@@ -408,9 +415,12 @@ class Turns:
         durable, before its terminal event is sent.
 
         A response that took input while it ran (``response.inject``) is stored
-        with its items in context order, from ``context_from``. Raises
-        :class:`StoreRefused` when the store fails the write: never acknowledged
-        as completed, the response ends failed (the segment's ``exception``).
+        with its items in context order, from ``context_from``. A response
+        created with ``conversation`` then appends its input and output items
+        to that conversation (a conversation deleted meanwhile gets nothing).
+        Raises :class:`StoreRefused` when the store fails either write: never
+        acknowledged as completed, the response ends failed (the segment's
+        ``exception``); the stored response may have been written then.
         """
         request = started.reply.request
         context = None
@@ -423,16 +433,27 @@ class Turns:
             and context_from <= len(rollout.context)
         ):
             context = rollout.context[context_from:]
+        conversation_id = conversation_id_of(request.conversation)
+        # Ids given once, so the stored response and the conversation agree.
+        new_items = (
+            stored_input_items(started.items)
+            if request.store or conversation_id is not None
+            else started.items
+        )
         try:
             await self.bill(
                 response,
                 owner=owner,
                 transport=transport,
-                store_input=started.items if request.store else None,
+                store_input=new_items if request.store else None,
                 previous_response_id=request.previous_response_id,
                 store_context=context,
             )
-        except StoreWriteFailed as exc:
+            if conversation_id is not None:
+                await self._extend_conversation(
+                    conversation_id, owner, [*new_items, *response.output]
+                )
+        except (StoreWriteFailed, StoreError) as exc:
             raise StoreRefused(
                 ResponseError(
                     code="server_error",
@@ -440,6 +461,14 @@ class Turns:
                     "not complete; retry when the store is back.",
                 )
             ) from exc
+
+    async def _extend_conversation(
+        self, conversation_id: str, owner: str, items: Sequence[Item]
+    ) -> None:
+        try:
+            await self.conversations.append(conversation_id, owner, items)
+        except RemoteProtocolError as gone:  # deleted while the response ran
+            log.info("conversation %s not extended: %s", conversation_id, gone)
 
     async def bill(
         self,

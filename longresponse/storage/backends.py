@@ -56,6 +56,12 @@ get-or-create, first writer wins): a ``secrets`` table for SQLite, one key
 per secret for Redis, a dict for memory (so there a secret is the process's
 own). ``longresponse.storage.server_keys`` keeps the compaction key there.
 
+Every backend also keeps the conversations of the Conversations API
+(:class:`StoredConversation`, one blob each, replaced whole on a change,
+owned per key, never expiring): a ``conversations`` table for SQLite, one key
+per conversation for Redis (deleted by the same owner-checking script), a
+dict for memory.
+
 Failures of the backend itself (disk, network, a blob that no longer decodes)
 raise :class:`StoreError`; a missing, expired or foreign record is not an
 error (``None`` / ``False``).
@@ -64,7 +70,7 @@ error (``None`` / ``False``).
 from __future__ import annotations
 
 from .memory import MemoryStore
-from .records import ResponseStore, StoredResponse, StoreError, UsageRecord
+from .records import ResponseStore, StoredConversation, StoredResponse, StoreError, UsageRecord
 from .redis_store import REDIS_KEY_PREFIX, REDIS_USAGE_KEY, RedisStore
 from .sqlite_store import SQLITE_BUSY_TIMEOUT, SQLITE_PURGE_INTERVAL, SQLiteStore
 
@@ -78,6 +84,7 @@ __all__ = [
     "ResponseStore",
     "SQLiteStore",
     "StoreError",
+    "StoredConversation",
     "StoredResponse",
     "UsageRecord",
     "open_store",

@@ -6,9 +6,12 @@ import time
 from collections.abc import Callable, Collection
 
 from .records import (
+    StoredConversation,
     StoredResponse,
     UsageRecord,
     check_ttl,
+    conversation_item_ids,
+    decode_conversation,
     decode_record,
     decode_usage,
     encode_record,
@@ -38,6 +41,10 @@ class MemoryStore:
         self._items: dict[tuple[str, str], str] = {}
         #: response_id -> msgpack UsageRecord (never expires)
         self._usage: dict[str, bytes] = {}
+        #: conversation id -> (owner, msgpack StoredConversation)
+        self._conversations: dict[str, tuple[str, bytes]] = {}
+        #: (owner, item id) -> the id of the conversation written last that held it
+        self._conversation_items: dict[tuple[str, str], str] = {}
         #: name -> server secret (this process only)
         self._secrets: dict[str, bytes] = {}
 
@@ -66,6 +73,37 @@ class MemoryStore:
         blobs = (self._visible(response_id, owner) for response_id in found if response_id)
         return [decode_record(blob) for blob in blobs if blob is not None]
 
+    async def put_conversation(self, record: StoredConversation) -> None:
+        """Store ``record``; nothing changes if it cannot be encoded."""
+        self._conversations[record.id] = (record.owner, encode_record(record))
+        for item_id in conversation_item_ids(record):
+            self._conversation_items[record.owner, item_id] = record.id
+
+    async def get_conversation(
+        self, conversation_id: str, *, owner: str
+    ) -> StoredConversation | None:
+        """The conversation, or ``None`` if missing or foreign."""
+        entry = self._conversations.get(conversation_id)
+        if entry is None or entry[0] != owner:
+            return None
+        return decode_conversation(entry[1])
+
+    async def delete_conversation(self, conversation_id: str, *, owner: str) -> bool:
+        """Delete the conversation; ``False`` (and nothing deleted) if not ``owner``'s."""
+        entry = self._conversations.get(conversation_id)
+        if entry is None or entry[0] != owner:
+            return False
+        del self._conversations[conversation_id]
+        return True
+
+    async def conversations_holding(
+        self, item_ids: Collection[str], *, owner: str
+    ) -> list[StoredConversation]:
+        """The conversations of ``owner`` written last holding these item ids."""
+        found = {self._conversation_items.get((owner, item_id)) for item_id in item_ids}
+        records = [await self.get_conversation(c, owner=owner) for c in found if c]
+        return [record for record in records if record is not None]
+
     async def put_usage(self, record: UsageRecord) -> None:
         """Add ``record`` to the ledger, replacing its ``response_id``; unchanged if unencodable."""
         self._usage[record.response_id] = encode_record(record)
@@ -92,6 +130,7 @@ class MemoryStore:
 
     async def ping(self) -> None:
         """A dict always answers."""
+
     async def secret(self, name: str, candidate: bytes) -> bytes:
         """The secret ``name`` of this process (a memory store is one process's)."""
         return self._secrets.setdefault(name, candidate)
@@ -101,6 +140,8 @@ class MemoryStore:
         self._records.clear()
         self._items.clear()
         self._usage.clear()
+        self._conversations.clear()
+        self._conversation_items.clear()
 
     def _visible(self, response_id: str, owner: str) -> bytes | None:
         entry = self._records.get(response_id)
@@ -111,7 +152,3 @@ class MemoryStore:
             del self._records[response_id]
             return None
         return blob if record_owner == owner else None
-
-
-
-

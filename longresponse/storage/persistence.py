@@ -322,20 +322,33 @@ class Persistence:
 
     async def items(self, item_ids: Collection[str], *, owner: str) -> dict[str, Item]:
         """The stored items of ``owner`` with these ids (input, output and
-        context items of its stored responses), by id; an id missing from the
-        result is held by none (or by another owner's only).
+        context items of its stored responses, then items of its
+        conversations), by id; an id missing from the result is held by none
+        (or by another owner's only).
 
         On a store shared with other processes, ids not found are looked up
         again for up to :data:`CROSS_PROCESS_GRACE` seconds, as :meth:`get` does.
         Raises :class:`StoreError` if the store fails.
         """
         wanted = set(item_ids)
-        found = _items_of(await self.store.holding(wanted, owner=owner), wanted)
+        found = await self._items(wanted, owner)
         if len(found) < len(wanted) and getattr(self.store, "shared", False):
             deadline = time.monotonic() + CROSS_PROCESS_GRACE
             while len(found) < len(wanted) and time.monotonic() < deadline:
                 await asyncio.sleep(CROSS_PROCESS_POLL)
-                found = _items_of(await self.store.holding(wanted, owner=owner), wanted)
+                found = await self._items(wanted, owner)
+        return found
+
+    async def _items(self, wanted: set[str], owner: str) -> dict[str, Item]:
+        """Stored responses' items first; the ids none holds, in conversations."""
+        found = _items_of(await self.store.holding(wanted, owner=owner), wanted)
+        missing = wanted - found.keys()
+        if missing:
+            for conversation in await self.store.conversations_holding(missing, owner=owner):
+                for item in conversation.items:
+                    item_id = getattr(item, "id", None)
+                    if item_id in missing:
+                        found[item_id] = item
         return found
 
     async def delete(self, response_id: str, *, owner: str) -> bool:

@@ -6,6 +6,8 @@ it continued. Every item it holds (input, output, context) with an id can be
 found again by that id, per owner (:meth:`ResponseStore.holding`: an input
 ``item_reference``); when two records of one owner hold the same id, the
 later written one answers. A :class:`UsageRecord` is one entry of the billing ledger.
+A :class:`StoredConversation` is one conversation of the Conversations API
+(its metadata and every item in it, in order); it never expires.
 Every backend keeps both as msgpack blobs (one reused encoder, one reused
 decoder per type), so what comes back is what went in, whichever backend holds
 it; the helpers here are that codec. :class:`ResponseStore` is the interface;
@@ -27,9 +29,12 @@ from protocol.response import Response
 __all__ = [
     "ResponseStore",
     "StoreError",
+    "StoredConversation",
     "StoredResponse",
     "UsageRecord",
     "check_ttl",
+    "conversation_item_ids",
+    "decode_conversation",
     "decode_record",
     "decode_usage",
     "encode_record",
@@ -52,6 +57,22 @@ class StoredResponse(msgspec.Struct, frozen=True, kw_only=True):
     #: ``response.inject``): its input, calls, their outputs and its answer.
     #: ``None``: its input, then its output.
     context: list[Item] | None = None
+
+
+class StoredConversation(msgspec.Struct, frozen=True, kw_only=True):
+    """One conversation (``conv_...``): its metadata and its items, oldest first.
+
+    Kept as one blob and replaced whole on every change (items added or
+    deleted, metadata updated); it belongs to ``owner`` as a response does.
+    """
+
+    id: str
+    owner: str
+    #: Seconds since the epoch (the API's integer ``created_at``).
+    created_at: int
+    metadata: dict[str, str] = msgspec.field(default_factory=dict)
+    #: Every item of the conversation, each with its id, oldest first.
+    items: list[Item] = msgspec.field(default_factory=list)
 
 
 class UsageRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -89,6 +110,23 @@ class ResponseStore(Protocol):
         once, in no order): for each id, the record written last that holds it,
         if it is still visible to ``owner`` (not deleted, not expired)."""
 
+    async def put_conversation(self, record: StoredConversation) -> None:
+        """Persist ``record`` (replacing the conversation with the same id); never expires."""
+
+    async def get_conversation(
+        self, conversation_id: str, *, owner: str
+    ) -> StoredConversation | None:
+        """The conversation, or ``None`` if missing or owned by someone else."""
+
+    async def delete_conversation(self, conversation_id: str, *, owner: str) -> bool:
+        """Delete the conversation; ``False`` if there was none visible to ``owner``."""
+
+    async def conversations_holding(
+        self, item_ids: Collection[str], *, owner: str
+    ) -> list[StoredConversation]:
+        """The conversations of ``owner`` that held items with these ids when last
+        written (each once, in no order); the caller checks they still hold them."""
+
     async def put_usage(self, record: UsageRecord) -> None:
         """Add ``record`` to the usage ledger, replacing one with the same ``response_id``.
 
@@ -101,6 +139,7 @@ class ResponseStore(Protocol):
 
     async def ping(self) -> None:
         """Check the store answers; raises :class:`StoreError` if it does not."""
+
     async def secret(self, name: str, candidate: bytes) -> bytes:
         """The server secret ``name``: the one already kept, else ``candidate``, kept now.
 
@@ -123,9 +162,10 @@ class StoreError(Exception):
 _encoder: Final = msgspec.msgpack.Encoder()
 _decoder: Final = msgspec.msgpack.Decoder(StoredResponse)
 _usage_decoder: Final = msgspec.msgpack.Decoder(UsageRecord)
+_conversation_decoder: Final = msgspec.msgpack.Decoder(StoredConversation)
 
 
-def encode_record(record: StoredResponse | UsageRecord) -> bytes:
+def encode_record(record: StoredResponse | UsageRecord | StoredConversation) -> bytes:
     return _encoder.encode(record)
 
 
@@ -143,6 +183,13 @@ def decode_usage(blob: bytes) -> UsageRecord:
         raise StoreError(f"a usage record no longer decodes: {exc}") from exc
 
 
+def decode_conversation(blob: bytes) -> StoredConversation:
+    try:
+        return _conversation_decoder.decode(blob)
+    except msgspec.DecodeError as exc:
+        raise StoreError(f"a stored conversation no longer decodes: {exc}") from exc
+
+
 def held_item_ids(record: StoredResponse) -> Iterator[str]:
     """The ids of the items ``record`` holds: its input, output and context items."""
     for items in (record.input_items, record.response.output, record.context or ()):
@@ -150,6 +197,14 @@ def held_item_ids(record: StoredResponse) -> Iterator[str]:
             item_id = getattr(item, "id", None)
             if isinstance(item_id, str):
                 yield item_id
+
+
+def conversation_item_ids(record: StoredConversation) -> Iterator[str]:
+    """The ids of the items ``record`` holds."""
+    for item in record.items:
+        item_id = getattr(item, "id", None)
+        if isinstance(item_id, str):
+            yield item_id
 
 
 def ledger_order(record: UsageRecord) -> tuple[float, str]:
@@ -164,4 +219,3 @@ def check_ttl(ttl: float | None) -> float | None:
 
 def is_expired(expires_at: float | None, now: float) -> bool:
     return expires_at is not None and expires_at <= now
-

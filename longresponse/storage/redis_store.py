@@ -18,10 +18,13 @@ import redis.asyncio
 import redis.exceptions
 
 from .records import (
+    StoredConversation,
     StoredResponse,
     StoreError,
     UsageRecord,
     check_ttl,
+    conversation_item_ids,
+    decode_conversation,
     decode_record,
     decode_usage,
     encode_record,
@@ -31,6 +34,8 @@ from .records import (
 
 __all__ = [
     "REDIS_CONNECT_TIMEOUT",
+    "REDIS_CONVERSATION_ITEM_PREFIX",
+    "REDIS_CONVERSATION_PREFIX",
     "REDIS_ITEM_PREFIX",
     "REDIS_KEY_PREFIX",
     "REDIS_SECRET_PREFIX",
@@ -49,13 +54,18 @@ REDIS_KEY_PREFIX: Final = "longresponse:response:"
 #: Redis key naming the record that holds an item: ``longresponse:item:{owner}:{item id}``
 #: -> response id (the owner is a digest: it holds no ``:``).
 REDIS_ITEM_PREFIX: Final = "longresponse:item:"
+#: Redis key of a conversation: ``longresponse:conversation:{id}`` (no expiry).
+REDIS_CONVERSATION_PREFIX: Final = "longresponse:conversation:"
+#: Redis key naming the conversation that holds an item:
+#: ``longresponse:conversation_item:{owner}:{item id}`` -> conversation id.
+REDIS_CONVERSATION_ITEM_PREFIX: Final = "longresponse:conversation_item:"
 #: Redis hash of the usage ledger: field ``response_id`` -> msgpack UsageRecord.
 REDIS_USAGE_KEY: Final = "longresponse:usage"
 #: Redis key of a server secret: ``longresponse:secret:{name}``.
 REDIS_SECRET_PREFIX: Final = "longresponse:secret:"
 
 # KEYS[1] = record key, ARGV[1] = owner. The blob is the msgpack map of a
-# StoredResponse; cmsgpack is built into Redis's Lua.
+# StoredResponse or a StoredConversation; cmsgpack is built into Redis's Lua.
 _DELETE_IF_OWNER: Final = """
 local blob = redis.call('GET', KEYS[1])
 if not blob then return 0 end
@@ -144,6 +154,69 @@ class RedisStore:
                 records.append(record)
         return records
 
+    async def put_conversation(self, record: StoredConversation) -> None:
+        """``SET`` the conversation and its item keys in one ``MULTI`` (no expiry)."""
+        try:
+            async with self._redis.pipeline(transaction=True) as pipe:
+                pipe.set(REDIS_CONVERSATION_PREFIX + record.id, encode_record(record))
+                for item_id in conversation_item_ids(record):
+                    key = f"{REDIS_CONVERSATION_ITEM_PREFIX}{record.owner}:{item_id}"
+                    pipe.set(key, record.id)
+                await pipe.execute()
+        except redis.exceptions.RedisError as exc:
+            raise StoreError(f"Redis store: {exc}") from exc
+
+    async def get_conversation(
+        self, conversation_id: str, *, owner: str
+    ) -> StoredConversation | None:
+        """The conversation, or ``None`` if missing or foreign (checked after ``GET``)."""
+        try:
+            blob = await self._redis.get(REDIS_CONVERSATION_PREFIX + conversation_id)
+        except redis.exceptions.RedisError as exc:
+            raise StoreError(f"Redis store: {exc}") from exc
+        if blob is None:
+            return None
+        assert isinstance(blob, bytes)  # the client does not decode replies to str
+        record = decode_conversation(blob)
+        return record if record.owner == owner else None
+
+    async def delete_conversation(self, conversation_id: str, *, owner: str) -> bool:
+        """Delete the conversation only if ``owner`` owns it (the same Lua script)."""
+        key = REDIS_CONVERSATION_PREFIX + conversation_id
+        try:
+            deleted = await self._delete_if_owner(keys=[key], args=[owner])
+        except redis.exceptions.RedisError as exc:
+            raise StoreError(f"Redis store: {exc}") from exc
+        return bool(deleted)
+
+    async def conversations_holding(
+        self, item_ids: Collection[str], *, owner: str
+    ) -> list[StoredConversation]:
+        """The conversations of ``owner`` written last holding these item ids:
+        one ``MGET`` of the item keys, one of the conversations they name."""
+        wanted = list(dict.fromkeys(item_ids))
+        if not wanted:
+            return []
+        try:
+            keys = [f"{REDIS_CONVERSATION_ITEM_PREFIX}{owner}:{item_id}" for item_id in wanted]
+            named = await self._redis.mget(keys)
+            held = list(dict.fromkeys(name for name in named if isinstance(name, bytes)))
+            if not held:
+                return []
+            prefix = REDIS_CONVERSATION_PREFIX.encode()
+            blobs = await self._redis.mget([prefix + name for name in held])
+        except redis.exceptions.RedisError as exc:
+            raise StoreError(f"Redis store: {exc}") from exc
+        records = []
+        for blob in blobs:
+            if blob is None:  # deleted since
+                continue
+            assert isinstance(blob, bytes)  # the client does not decode replies to str
+            record = decode_conversation(blob)
+            if record.owner == owner:
+                records.append(record)
+        return records
+
     async def put_usage(self, record: UsageRecord) -> None:
         """``HSET`` the ledger field ``response_id`` (replacing it); the hash never expires."""
         try:
@@ -203,5 +276,3 @@ def _redis_key(response_id: str) -> str:
 
 def _item_key(owner: str, item_id: str) -> str:
     return f"{REDIS_ITEM_PREFIX}{owner}:{item_id}"
-
-

@@ -21,10 +21,13 @@ from pathlib import Path
 from typing import Final, TypeVar
 
 from .records import (
+    StoredConversation,
     StoredResponse,
     StoreError,
     UsageRecord,
     check_ttl,
+    conversation_item_ids,
+    decode_conversation,
     decode_record,
     decode_usage,
     encode_record,
@@ -64,6 +67,17 @@ CREATE TABLE IF NOT EXISTS usage (
     data BLOB NOT NULL
 );
 CREATE INDEX IF NOT EXISTS usage_owner ON usage (owner, created_at, response_id);
+CREATE TABLE IF NOT EXISTS conversations (
+    id TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,
+    data BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS conversation_items (
+    owner TEXT NOT NULL,
+    item_id TEXT NOT NULL,
+    conversation_id TEXT NOT NULL,
+    PRIMARY KEY (owner, item_id)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS secrets (name TEXT PRIMARY KEY, value BLOB NOT NULL);
 """
 _PUT: Final = (
@@ -82,6 +96,12 @@ _PURGE_ITEMS: Final = (
 )
 #: Item ids looked up in one statement (well under SQLite's 32,766 variables).
 _HOLDING_BATCH: Final = 500
+_PUT_CONVERSATION: Final = "INSERT OR REPLACE INTO conversations (id, owner, data) VALUES (?, ?, ?)"
+_GET_CONVERSATION: Final = "SELECT data FROM conversations WHERE id = ? AND owner = ?"
+_DELETE_CONVERSATION: Final = "DELETE FROM conversations WHERE id = ? AND owner = ?"
+_PUT_CONVERSATION_ITEM: Final = (
+    "INSERT OR REPLACE INTO conversation_items (owner, item_id, conversation_id) VALUES (?, ?, ?)"
+)
 _PUT_USAGE: Final = (
     "INSERT OR REPLACE INTO usage (response_id, owner, created_at, data) VALUES (?, ?, ?, ?)"
 )
@@ -229,6 +249,57 @@ class SQLiteStore:
             raise
         self._db.execute("COMMIT")
 
+    async def put_conversation(self, record: StoredConversation) -> None:
+        """Store ``record`` and its items' ids (one transaction: whole or not at all)."""
+        row = (record.id, record.owner, encode_record(record))
+        items = [(record.owner, item_id, record.id) for item_id in conversation_item_ids(record)]
+
+        def put() -> None:
+            with self._transaction():
+                self._db.execute(_PUT_CONVERSATION, row)
+                self._db.executemany(_PUT_CONVERSATION_ITEM, items)
+
+        await self._run(put)
+
+    async def get_conversation(
+        self, conversation_id: str, *, owner: str
+    ) -> StoredConversation | None:
+        """The conversation, or ``None`` if missing or foreign."""
+        args = (conversation_id, owner)
+        row = await self._run(lambda: self._db.execute(_GET_CONVERSATION, args).fetchone())
+        return None if row is None else decode_conversation(row[0])
+
+    async def delete_conversation(self, conversation_id: str, *, owner: str) -> bool:
+        """Delete the conversation; ``False`` (and nothing deleted) if not ``owner``'s."""
+        args = (conversation_id, owner)
+        deleted: int = await self._run(
+            lambda: self._db.execute(_DELETE_CONVERSATION, args).rowcount
+        )
+        return deleted > 0
+
+    async def conversations_holding(
+        self, item_ids: Collection[str], *, owner: str
+    ) -> list[StoredConversation]:
+        """The conversations of ``owner`` written last holding these item ids
+        (the ``conversation_items`` table, joined to ``conversations``)."""
+        wanted = list(dict.fromkeys(item_ids))
+
+        def rows() -> list[bytes]:
+            found: dict[str, bytes] = {}
+            for start in range(0, len(wanted), _HOLDING_BATCH):
+                batch = wanted[start : start + _HOLDING_BATCH]
+                marks = ", ".join("?" * len(batch))
+                query = (
+                    "SELECT c.id, c.data FROM conversation_items i"
+                    " JOIN conversations c ON c.id = i.conversation_id"
+                    f" WHERE i.owner = ? AND i.item_id IN ({marks}) AND c.owner = ?"
+                )
+                for conversation_id, data in self._db.execute(query, (owner, *batch, owner)):
+                    found[conversation_id] = data
+            return list(found.values())
+
+        return [decode_conversation(blob) for blob in await self._run(rows)]
+
     async def put_usage(self, record: UsageRecord) -> None:
         """Add ``record`` to the ``usage`` table (one statement: written whole or not at all)."""
         row = (record.response_id, record.owner, record.created_at, encode_record(record))
@@ -260,6 +331,7 @@ class SQLiteStore:
     async def ping(self) -> None:
         """One read of the file (raises :class:`StoreError` if it fails)."""
         await self._run(lambda: self._db.execute("SELECT 1 FROM usage LIMIT 1").fetchone())
+
     async def secret(self, name: str, candidate: bytes) -> bytes:
         """The secret ``name`` in the ``secrets`` table; ``candidate`` if none was kept
         (``INSERT OR IGNORE``: the first process on the file wins)."""
@@ -285,5 +357,3 @@ class SQLiteStore:
         finally:
             self._closed = True
             self._executor.shutdown(wait=False)
-
-

@@ -94,6 +94,23 @@ def test_an_http_chain_keeps_one_key_for_its_whole_life(make_server: Any, engine
     assert affinity_key(None, other) != affinity_key(None, first)
 
 
+def test_a_conversations_turns_share_its_key(make_server: Any, engine: StandIn) -> None:
+    """Turns in a conversation (``conversation``, no ``previous_response_id``)
+    are each rebuilt from the store; all carry the key of the conversation's id."""
+    client = openai_client(gateway(make_server, engine.url))
+    conv = client.conversations.create()
+    asked = client.responses.create(
+        model="engine", input="Add 1 and 2.", tools=[ADD], conversation=conv.id
+    )
+    (call,) = [item for item in asked.output if item.type == "function_call"]
+    output = {"type": "function_call_output", "call_id": call.call_id, "output": "3"}
+    client.responses.create(model="engine", input=[output], tools=[ADD], conversation=conv.id)
+    keys = [headers[HEADER] for headers in engine.headers]
+    assert len(keys) == 2
+    assert set(keys) == {affinity_key(None, conv.id)}
+    assert engine.requests[-1]["messages"][-1]["role"] == "tool"
+
+
 @pytest.mark.slow  # four stored HTTP turns through a stand-in engine
 def test_prompt_cache_key_names_the_key_across_chains(make_server: Any, engine: StandIn) -> None:
     """Conversations the client gives one ``prompt_cache_key`` share one key

@@ -4,11 +4,12 @@ Theory of operation
 -------------------
 The body is the part of a create body that decides the model's input:
 ``model``, ``input``, ``instructions``, ``tools``, ``tool_choice``,
-``parallel_tool_calls``, ``previous_response_id``, ``reasoning``, ``text``
-and ``truncation`` (:data:`COUNT_PARAMETERS`); anything else is
+``parallel_tool_calls``, ``previous_response_id``, ``conversation``,
+``reasoning``, ``text`` and ``truncation`` (:data:`COUNT_PARAMETERS`); anything else is
 ``unknown_parameter``. It is decoded and checked as a create would be: the
 model is resolved, a ``previous_response_id`` is read back from the store
-(same owner; its pending calls must be answered), and admission validates
+(same owner; its pending calls must be answered), a ``conversation``'s
+items are put before the input (as on a create), and admission validates
 the tools, the ``text.format`` and the whole input and applies the secrets
 policy. Then the context is rendered (the prefix of the instructions and
 tools, the stored history, the new input) and counted, with the create's
@@ -47,7 +48,7 @@ __all__ = ["COUNT_PARAMETERS", "InputTokens"]
 COUNT_PARAMETERS: Final = frozenset(
     {
         "model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls",
-        "previous_response_id", "reasoning", "text", "truncation",
+        "previous_response_id", "conversation", "reasoning", "text", "truncation",
     }
 )  # fmt: skip
 

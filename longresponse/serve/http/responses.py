@@ -106,6 +106,8 @@ class ResponsesHTTP:
         self.keys = keys
         self._persistence = persistence
         self.background = background or BackgroundResponses(turns)
+        #: The Conversations API's conversations (``conversation`` on a create reads them).
+        self.conversations = turns.conversations
         #: The process-wide token cache, when switched on (the ``http-cached`` design).
         self.token_cache = (
             HTTPTokenCache(config.http_token_cache_bytes) if config.http_token_cache else None
@@ -233,12 +235,17 @@ class ResponsesHTTP:
     async def stored_continuation(
         self, body: ResponseCreate, new_items: list[Item], owner: str
     ) -> Continuation:
-        """Where an HTTP request continues from: the store (HTTP keeps nothing else).
+        """Where an HTTP request continues from: the store (HTTP keeps nothing else),
+        the stored chain or the ``conversation``'s items.
 
-        Raises :class:`RemoteProtocolError`: too many input items, or the
-        continuation rules (``longresponse.serve.continuation``).
+        Raises :class:`RemoteProtocolError`: too many input items, the
+        continuation rules (``longresponse.serve.continuation``), or those of
+        ``conversation`` (``Conversations.continuation``).
         """
         self.check_item_count(len(new_items))
+        in_conversation = await self.conversations.continuation(body, owner)
+        if in_conversation is not None:
+            return in_conversation
         return await continue_from(
             body.previous_response_id,
             new_items,

@@ -134,6 +134,14 @@ class AppendShape:
                 code=ErrorCode.TOO_MANY_ROLLOUTS,
                 status=429,
             )
+        if event.conversation is not None:
+            # One long Response has no turns to append: refused, never ignored.
+            raise RemoteProtocolError(
+                "'conversation' is not supported in append mode; use the shipped "
+                "WebSocket or HTTP, or send the conversation's items as input.",
+                code=ErrorCode.INVALID_VALUE,
+                param="conversation",
+            )
         model = self.turns.resolve(event)
         self.turns.check_metadata(event, model)
         new_items = as_items(event.input)

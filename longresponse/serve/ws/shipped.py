@@ -215,15 +215,18 @@ class ShippedShape:
         self.turns.check_metadata(request)
         new_items = [item for steer in steers for item in steer.items]
         new_items.extend(as_items(request.input))
-        continuation = await continue_from(
-            request.previous_response_id,
-            new_items,
-            lookup=self.cache.lookup,
-            evict=self.cache.evict,
-            lane=lane,
-            persistence=self.turns.persistence,
-            owner=self.owner,
-        )
+        # A conversation's items come from the store, as over HTTP.
+        continuation = await self.turns.conversations.continuation(request, self.owner)
+        if continuation is None:
+            continuation = await continue_from(
+                request.previous_response_id,
+                new_items,
+                lookup=self.cache.lookup,
+                evict=self.cache.evict,
+                lane=lane,
+                persistence=self.turns.persistence,
+                owner=self.owner,
+            )
         self.hydrations += continuation.hydrated
         self.forks += continuation.forked
         # The costly checks, off the loop (the history's too when checked again).

@@ -110,6 +110,13 @@ class Steering:
                 code=ErrorCode.STEERING_NOT_SUPPORTED,
                 param="previous_response_id",
             )
+        if segment.rollout.request.conversation is not None:
+            raise RemoteProtocolError(
+                f"Response {target!r} belongs to a conversation; steering is not "
+                "supported for conversation-bound responses.",
+                code=ErrorCode.STEERING_NOT_SUPPORTED,
+                param="previous_response_id",
+            )
         queued = self._queued.get(target, [])
         if len(queued) >= self.max_pending:
             raise RemoteProtocolError(

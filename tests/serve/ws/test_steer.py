@@ -235,3 +235,24 @@ def test_a_steer_that_cannot_be_handed_back_is_an_error(conn: Any) -> None:
     assert (error.type, error.error.code, error.error.param) == ("error", "invalid_type", "input")
     conn.response.create(model="sim", input="still here", store=False)
     assert "«still here»" in answer(until(conn, *TERMINAL))
+
+
+def test_a_conversation_bound_response_is_not_steered(conn: Any, server: Any) -> None:
+    """As shipped, steering is not for responses in a conversation: the steer
+    fails with its input back and the response runs on to completion."""
+    conv = openai_client(server).conversations.create()
+    conn.response.create(
+        model="sim", input="write a poem", conversation=conv.id, metadata=SLOW_START
+    )
+    created = until(conn, "response.created")[-1].response
+    conn.response.steer(previous_response_id=created.id, input="make it about the sea")
+    events = until(conn, "response.steer.failed")
+    failed = events[-1]
+    assert failed.error.code == "steering_not_supported"
+    assert (failed.steer.previous_response_id, failed.steer.input) == (
+        created.id,
+        "make it about the sea",
+    )
+    events = until(conn, *TERMINAL)
+    assert events[-1].type == "response.completed"
+    assert "«make it about the sea»" not in answer(events)
