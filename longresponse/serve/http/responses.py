@@ -48,7 +48,7 @@ from ..turns import Caller, StoreRefused, Turns
 from ..types import Scope
 from .background import BackgroundResponses, check_cancellable
 from .sinks import SSE_DONE, SSE_QUEUE_DEPTH, RecordingSink, SSESink
-from .token_cache import HTTPTokenCache
+from .token_cache import HTTPTokenCache, HTTPTokenCacheEntry
 
 __all__ = ["HTTPTokenCache", "ResponsesHTTP", "hung_up", "too_many_items"]
 
@@ -106,7 +106,7 @@ class ResponsesHTTP:
         self.keys = keys
         self._persistence = persistence
         self.background = background or BackgroundResponses(turns)
-        #: The process-wide token cache, when switched on (the ``http-cached`` design).
+        #: The process-wide token cache, unless switched off (``--no-http-token-cache``).
         self.token_cache = (
             HTTPTokenCache(config.http_token_cache_bytes) if config.http_token_cache else None
         )
@@ -395,17 +395,21 @@ class _Run:
         self.started = started
 
     def seed_from_token_cache(self) -> None:
-        """With ``--http-token-cache``: when the parent's tokens are in memory, the
-        admitted turn's fresh rollout takes the history in without rendering it."""
+        """With ``--http-token-cache`` (the default): when the parent's tokens are in
+        memory, the admitted turn's fresh rollout takes the history in without
+        rendering it, and counts what the parent's rollout processed as cached
+        (``Rollout.seed``)."""
         cache = self.http.token_cache
         parent = self.body.previous_response_id
         if cache is None or parent is None or not self.history or self.started is None:
             return
         if any(isinstance(item, Compaction) for item in self.history):
             return  # the rollout's context is the compaction's window, not the stored items
-        tokens = cache.get(self.owner, parent)
-        if tokens is not None:
-            self.started.rollout.seed(self.history, tokens)
+        entry = cache.get(self.owner, parent)
+        if entry is not None:
+            self.started.rollout.seed(
+                self.history, entry.items, prefix=entry.prefix, model=entry.model
+            )
             self.history = []
 
     async def _segment(self) -> bool:
@@ -425,9 +429,14 @@ class _Run:
             return False
         self.final = boundary.response
         cache = self.http.token_cache
-        if cache is not None:
+        if cache is not None and not rollout.truncated:  # a cut context is not the stored one
             tokens = rollout.tokens
-            cache.put(self.owner, boundary.segment_id, tokens.tokens[tokens.prefix_length :])
+            entry = HTTPTokenCacheEntry(
+                model=rollout.model.name,
+                prefix=tokens.tokens[: tokens.prefix_length],
+                items=tokens.tokens[tokens.prefix_length :],
+            )
+            cache.put(self.owner, boundary.segment_id, entry)
         return True
 
     async def _segment_while_connected(self, request: Request) -> bool | None:
