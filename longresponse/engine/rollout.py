@@ -61,6 +61,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from array import array
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
@@ -488,7 +489,7 @@ class Rollout:
         self.model_seen = start.model_seen
 
     def seed(
-        self, history: Sequence[Item], tokens: Sequence[int], *, prefix: Sequence[int], model: str
+        self, history: Sequence[Item], tokens: Sequence[int], *, prefix: array[int], model: str
     ) -> bool:
         """A fresh rollout starts from a stored conversation whose tokens are known
         (HTTP's token cache): ``history`` is its context, ``tokens`` its item tokens,
@@ -498,8 +499,7 @@ class Rollout:
         Otherwise nothing counts as cached (False)."""
         self.context = list(history)
         self.tokens.extend_tokens(tokens)
-        own_prefix = self.tokens.tokens[: self.tokens.prefix_length]
-        if model != self.model.name or own_prefix.tolist() != list(prefix):
+        if model != self.model.name or self.tokens.tokens[: self.tokens.prefix_length] != prefix:
             return False
         self.model_seen = len(self.tokens)
         return True

@@ -52,6 +52,7 @@ def http_chain(
     items: list[dict[str, Any]] | None = None,
     instructions: str = INSTRUCTIONS,
     model: str = "sim",
+    stream: bool = False,
 ) -> list[Any]:
     """``turns`` chained creates over HTTP (``store=True``), the first continuing
     ``first`` with ``items`` (a new conversation by default)."""
@@ -60,7 +61,7 @@ def http_chain(
     previous = first
     items = items or [{"role": "user", "content": "Read the two files."}]
     for turn in range(turns):
-        response = client.responses.create(
+        created = client.responses.create(
             model=model,
             instructions=instructions,
             input=items,  # type: ignore[arg-type]
@@ -68,7 +69,12 @@ def http_chain(
             tools=[TOOL],  # type: ignore[list-item]
             metadata=META,
             store=True,
+            stream=stream,
         )
+        if stream:  # SSE: the Response is the terminal event's
+            (response,) = [e.response for e in created if e.type == "response.completed"]
+        else:
+            response = created
         responses.append(response)
         previous, items = response.id, _next_input(response, turn)
     return responses
@@ -103,9 +109,12 @@ def _token_cache(running: Any) -> HTTPTokenCache:
     return cache
 
 
-async def test_an_http_chain_reports_what_a_websocket_chain_does(make_server: Any) -> None:
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+async def test_an_http_chain_reports_what_a_websocket_chain_does(
+    make_server: Any, stream: bool
+) -> None:
     running = make_server()  # the defaults: the token cache on
-    over_http = await trio.to_thread.run_sync(http_chain, running, 3)
+    over_http = await trio.to_thread.run_sync(lambda: http_chain(running, 3, stream=stream))
     over_ws = await trio.to_thread.run_sync(ws_chain, running, 3)
     usage = [_usage(r) for r in over_http]
     assert usage == [_usage(r) for r in over_ws]
