@@ -25,7 +25,7 @@ from starlette.routing import Route
 
 from protocol import ErrorCode, ProtocolError, RemoteProtocolError, decode_create_body
 from protocol.events import ResponseCreate
-from protocol.items import Compaction, Item, as_items
+from protocol.items import Item, as_items
 from protocol.response import Response as ResponseObject
 
 from ...config import WRITE_SLICE_SECONDS, ServerConfig
@@ -48,7 +48,7 @@ from ..turns import Caller, StoreRefused, Turns
 from ..types import Scope
 from .background import BackgroundResponses, check_cancellable
 from .sinks import SSE_DONE, SSE_QUEUE_DEPTH, RecordingSink, SSESink
-from .token_cache import HTTPTokenCache, HTTPTokenCacheEntry
+from .token_cache import HTTPTokenCache
 
 __all__ = ["HTTPTokenCache", "ResponsesHTTP", "hung_up", "too_many_items"]
 
@@ -105,11 +105,12 @@ class ResponsesHTTP:
         self.turns = turns
         self.keys = keys
         self._persistence = persistence
-        self.background = background or BackgroundResponses(turns)
-        #: The process-wide token cache, unless switched off (``--no-http-token-cache``).
-        self.token_cache = (
-            HTTPTokenCache(config.http_token_cache_bytes) if config.http_token_cache else None
+        self.background = background or BackgroundResponses(
+            turns, token_cache=HTTPTokenCache.configured(config)
         )
+        #: The process-wide token cache, unless switched off (``--no-http-token-cache``):
+        #: one for every HTTP create, background or not.
+        self.token_cache = self.background.token_cache
         self.requests = 0
 
     @property
@@ -400,17 +401,15 @@ class _Run:
         rendering it, and counts what the parent's rollout processed as cached
         (``Rollout.seed``)."""
         cache = self.http.token_cache
-        parent = self.body.previous_response_id
-        if cache is None or parent is None or not self.history or self.started is None:
-            return
-        if any(isinstance(item, Compaction) for item in self.history):
-            return  # the rollout's context is the compaction's window, not the stored items
-        entry = cache.get(self.owner, parent)
-        if entry is not None:
-            self.started.rollout.seed(
-                self.history, entry.items, prefix=entry.prefix, model=entry.model
+        if cache is not None and self.started is not None:
+            self.history = list(
+                cache.seed(
+                    self.started.rollout,
+                    owner=self.owner,
+                    parent=self.body.previous_response_id,
+                    history=self.history,
+                )
             )
-            self.history = []
 
     async def _segment(self) -> bool:
         assert self.started is not None
@@ -428,15 +427,8 @@ class _Run:
         if boundary is None:
             return False
         self.final = boundary.response
-        cache = self.http.token_cache
-        if cache is not None and not rollout.truncated:  # a cut context is not the stored one
-            tokens = rollout.tokens
-            entry = HTTPTokenCacheEntry(
-                model=rollout.model.name,
-                prefix=tokens.tokens[: tokens.prefix_length],
-                items=tokens.tokens[tokens.prefix_length :],
-            )
-            cache.put(self.owner, boundary.segment_id, entry)
+        if self.http.token_cache is not None:
+            self.http.token_cache.keep(rollout, owner=self.owner, response_id=boundary.segment_id)
         return True
 
     async def _segment_while_connected(self, request: Request) -> bool | None:

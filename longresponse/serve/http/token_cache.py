@@ -15,7 +15,13 @@ from __future__ import annotations
 
 import collections
 from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+from protocol.items import Compaction, Item
+
+from ...config import ServerConfig
+from ...engine.rollout import Rollout
 
 __all__ = ["HTTPTokenCache", "HTTPTokenCacheEntry"]
 
@@ -51,6 +57,11 @@ class HTTPTokenCache:
         self.hits = 0
         self.misses = 0
 
+    @classmethod
+    def configured(cls, config: ServerConfig) -> HTTPTokenCache | None:
+        """The cache ``config`` asks for: None with ``--no-http-token-cache``."""
+        return cls(config.http_token_cache_bytes) if config.http_token_cache else None
+
     def __len__(self) -> int:
         return len(self._entries)
 
@@ -76,3 +87,34 @@ class HTTPTokenCache:
         while self.nbytes > self.budget_bytes:
             _, evicted = self._entries.popitem(last=False)
             self.nbytes -= evicted.nbytes
+
+    def seed(
+        self, rollout: Rollout, *, owner: str, parent: str | None, history: Sequence[Item]
+    ) -> Sequence[Item]:
+        """A fresh ``rollout`` continuing ``parent`` (``owner``'s) takes ``history`` in
+        from the parent's tokens when they are here, nothing rendered again
+        (``Rollout.seed``: cached only when the model and prefix are its own);
+        the history still to render: none then, all of it otherwise."""
+        if parent is None or not history:
+            return history
+        if any(isinstance(item, Compaction) for item in history):
+            return history  # the rollout's context is the compaction's window, not the items
+        entry = self.get(owner, parent)
+        if entry is None:
+            return history
+        rollout.seed(history, entry.items, prefix=entry.prefix, model=entry.model)
+        return []
+
+    def keep(self, rollout: Rollout, *, owner: str, response_id: str) -> None:
+        """Keep what ``rollout`` holds at the end of ``owner``'s response
+        ``response_id`` (not when it was cut to the window: its context is then
+        not the stored conversation)."""
+        if rollout.truncated:
+            return
+        tokens = rollout.tokens
+        entry = HTTPTokenCacheEntry(
+            model=rollout.model.name,
+            prefix=tokens.tokens[: tokens.prefix_length],
+            items=tokens.tokens[tokens.prefix_length :],
+        )
+        self.put(owner, response_id, entry)

@@ -53,6 +53,7 @@ def http_chain(
     instructions: str = INSTRUCTIONS,
     model: str = "sim",
     stream: bool = False,
+    background: bool = False,
 ) -> list[Any]:
     """``turns`` chained creates over HTTP (``store=True``), the first continuing
     ``first`` with ``items`` (a new conversation by default)."""
@@ -70,6 +71,7 @@ def http_chain(
             metadata=META,
             store=True,
             stream=stream,
+            background=background,
         )
         if stream:  # SSE: the Response is the terminal event's
             (response,) = [e.response for e in created if e.type == "response.completed"]
@@ -109,12 +111,18 @@ def _token_cache(running: Any) -> HTTPTokenCache:
     return cache
 
 
-@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+@pytest.mark.parametrize(
+    ("stream", "background"),
+    [(False, False), (True, False), (True, True)],
+    ids=["json", "sse", "background"],
+)
 async def test_an_http_chain_reports_what_a_websocket_chain_does(
-    make_server: Any, stream: bool
+    make_server: Any, stream: bool, background: bool
 ) -> None:
     running = make_server()  # the defaults: the token cache on
-    over_http = await trio.to_thread.run_sync(lambda: http_chain(running, 3, stream=stream))
+    over_http = await trio.to_thread.run_sync(
+        lambda: http_chain(running, 3, stream=stream, background=background)
+    )
     over_ws = await trio.to_thread.run_sync(ws_chain, running, 3)
     usage = [_usage(r) for r in over_http]
     assert usage == [_usage(r) for r in over_ws]
