@@ -27,9 +27,8 @@ from longresponse.settings import SettingsError
 from tests.support.paths import ROOT
 
 #: ServerConfig's fields that no setting sets: the backends come from the
-#: file's [models.*] and the upstream settings; the token cache's budget has
-#: no flag.
-NOT_SETTINGS = {"backends", "http_token_cache_bytes"}
+#: file's [models.*] and the upstream settings.
+NOT_SETTINGS = {"backends"}
 
 
 def serve_actions() -> list[Any]:
@@ -125,7 +124,7 @@ def test_booleans_have_both_forms_and_keep_their_old_spellings() -> None:
         (["--ws-per-message-deflate", "false"], False),
     ]:
         assert config_from_args(parse(["serve", *argv]), env={}).ws_compression is on, argv
-    cache = [([], False), (["--http-token-cache"], True), (["--no-http-token-cache"], False)]
+    cache = [([], True), (["--http-token-cache"], True), (["--no-http-token-cache"], False)]
     for argv, on in cache:
         assert config_from_args(parse(["serve", *argv]), env={}).http_token_cache is on
 

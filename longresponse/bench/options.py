@@ -11,9 +11,11 @@ transport (a :class:`Transport`: a client shape and the server flags it needs):
 
 ``http``         ``POST /v1/responses`` chained with ``previous_response_id``
                  (``store: true``): the server rebuilds the history from the
-                 store on every turn. The stateless baseline.
+                 store on every turn. The stateless baseline (a server
+                 with ``--no-http-token-cache``).
 ``http-full``    HTTP resending the whole input every turn (``store: false``).
-``http-cached``  ``http`` against a server with ``--http-token-cache``.
+``http-cached``  ``http`` against a server with ``--http-token-cache`` (the
+                 serve default).
 ``ws-full``      the shipped WebSocket shape resending the whole input.
 ``ws``           the shipped WebSocket shape with ``previous_response_id``
                  (``store: false``; the connection-scoped cache).
@@ -21,7 +23,7 @@ transport (a :class:`Transport`: a client shape and the server flags it needs):
                  store before its terminal event (what that write costs a turn).
 ``append``       one long-running Response continued with ``response.append``.
 ``ws-sdk``       ``ws`` driven by the official ``openai`` SDK, unchanged.
-``http-sdk``     ``http`` driven by the official SDK.
+``http-sdk``     ``http`` driven by the official SDK (the same server flags).
 
 and, with ``--ablations``, ``append`` and ``ws`` with each reuse switch of the
 pipeline turned off (``append/no-token-cache``, ...; :data:`ABLATION_SWITCHES`).
@@ -207,6 +209,8 @@ class Transport:
         flags: list[str] = []
         if self.shape == "http-cached":
             flags.append("--http-token-cache")
+        elif self.shape in ("http", "http-sdk"):
+            flags.append("--no-http-token-cache")  # the stateless baseline
         if self.switch_off:
             flags.append(f"--no-{self.switch_off}")
         if self.ws_compression:

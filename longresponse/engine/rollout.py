@@ -61,6 +61,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from array import array
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
@@ -487,12 +488,21 @@ class Rollout:
         self.counts = TokenCounts(counts.input_tokens, counts.cached_tokens)
         self.model_seen = start.model_seen
 
-    def seed(self, history: Sequence[Item], tokens: Sequence[int]) -> None:
+    def seed(
+        self, history: Sequence[Item], tokens: Sequence[int], *, prefix: array[int], model: str
+    ) -> bool:
         """A fresh rollout starts from a stored conversation whose tokens are known
         (HTTP's token cache): ``history`` is its context, ``tokens`` its item tokens,
-        nothing rendered again."""
+        nothing rendered again. They were read by ``model`` after ``prefix``; when
+        both are this rollout's, the model has processed all of it already and the
+        next turn counts it as cached (True), as a WebSocket chain's would be.
+        Otherwise nothing counts as cached (False)."""
         self.context = list(history)
         self.tokens.extend_tokens(tokens)
+        if model != self.model.name or self.tokens.tokens[: self.tokens.prefix_length] != prefix:
+            return False
+        self.model_seen = len(self.tokens)
+        return True
 
     def prefill(self, *, prefix_changed: bool) -> None:
         """A warm-up: render, tokenize and prefill the inbox without sampling; the

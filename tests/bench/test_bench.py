@@ -352,6 +352,8 @@ def test_compression_names_and_settings() -> None:
 def test_transport_names() -> None:
     assert compare.Transport.parse("append/no-token-cache").server_flags == ("--no-token-cache",)
     assert compare.Transport.parse("http-cached").server_flags == ("--http-token-cache",)
+    # The token cache is on by default: the stateless baseline turns it off.
+    assert compare.Transport.parse("http").server_flags == ("--no-http-token-cache",)
     for bad in ("carrier-pigeon", "http/no-token-cache", "append/no-such-switch"):
         with pytest.raises(ValueError, match=r"transport|ablations"):
             compare.Transport.parse(bad)

@@ -383,13 +383,26 @@ def http_chain(server: Any, turns: int) -> Any:
 
 
 async def test_http_token_cache_renders_less_and_answers_the_same(make_server: Any) -> None:
-    plain = make_server()
-    cached = make_server(http_token_cache=True)
-    answers = {}
+    plain = make_server(http_token_cache=False)
+    cached = make_server()  # on by default
+    answers, usage = {}, {}
     for name, running in (("plain", plain), ("cached", cached)):
         final = await trio.to_thread.run_sync(http_chain, running, 8)
-        answers[name] = (normal(final.output_text), final.usage.model_dump())
+        answers[name] = normal(final.output_text)
+        usage[name] = final.usage.model_dump()
     assert answers["plain"] == answers["cached"]
+    # The same tokens read and written; with the cache the parent's context is
+    # reported cached (the model processed it), without it every token is written.
+    for field in ("input_tokens", "output_tokens", "total_tokens"):
+        assert usage["plain"][field] == usage["cached"][field], field
+    plain_in, cached_in = (usage[n]["input_tokens_details"] for n in ("plain", "cached"))
+    assert plain_in["cached_tokens"] == 0
+    assert plain_in["cache_write_tokens"] == usage["plain"]["input_tokens"]
+    assert 0 < cached_in["cached_tokens"] < usage["cached"]["input_tokens"]
+    assert (
+        cached_in["cached_tokens"] + cached_in["cache_write_tokens"]
+        == usage["cached"]["input_tokens"]
+    )
     rendered = {
         name: counters(s)["tokens_rendered"] for name, s in (("plain", plain), ("cached", cached))
     }

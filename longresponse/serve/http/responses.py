@@ -25,7 +25,7 @@ from starlette.routing import Route
 
 from protocol import ErrorCode, ProtocolError, RemoteProtocolError, decode_create_body
 from protocol.events import ResponseCreate
-from protocol.items import Compaction, Item, as_items
+from protocol.items import Item, as_items
 from protocol.response import Response as ResponseObject
 
 from ...config import WRITE_SLICE_SECONDS, ServerConfig
@@ -105,13 +105,14 @@ class ResponsesHTTP:
         self.turns = turns
         self.keys = keys
         self._persistence = persistence
-        self.background = background or BackgroundResponses(turns)
+        self.background = background or BackgroundResponses(
+            turns, token_cache=HTTPTokenCache.configured(config)
+        )
         #: The Conversations API's conversations (``conversation`` on a create reads them).
         self.conversations = turns.conversations
-        #: The process-wide token cache, when switched on (the ``http-cached`` design).
-        self.token_cache = (
-            HTTPTokenCache(config.http_token_cache_bytes) if config.http_token_cache else None
-        )
+        #: The process-wide token cache, unless switched off (``--no-http-token-cache``):
+        #: one for every HTTP create, background or not.
+        self.token_cache = self.background.token_cache
         self.requests = 0
 
     @property
@@ -402,18 +403,20 @@ class _Run:
         self.started = started
 
     def seed_from_token_cache(self) -> None:
-        """With ``--http-token-cache``: when the parent's tokens are in memory, the
-        admitted turn's fresh rollout takes the history in without rendering it."""
+        """With ``--http-token-cache`` (the default): when the parent's tokens are in
+        memory, the admitted turn's fresh rollout takes the history in without
+        rendering it, and counts what the parent's rollout processed as cached
+        (``Rollout.seed``)."""
         cache = self.http.token_cache
-        parent = self.body.previous_response_id
-        if cache is None or parent is None or not self.history or self.started is None:
-            return
-        if any(isinstance(item, Compaction) for item in self.history):
-            return  # the rollout's context is the compaction's window, not the stored items
-        tokens = cache.get(self.owner, parent)
-        if tokens is not None:
-            self.started.rollout.seed(self.history, tokens)
-            self.history = []
+        if cache is not None and self.started is not None:
+            self.history = list(
+                cache.seed(
+                    self.started.rollout,
+                    owner=self.owner,
+                    parent=self.body.previous_response_id,
+                    history=self.history,
+                )
+            )
 
     async def _segment(self) -> bool:
         assert self.started is not None
@@ -431,10 +434,8 @@ class _Run:
         if boundary is None:
             return False
         self.final = boundary.response
-        cache = self.http.token_cache
-        if cache is not None:
-            tokens = rollout.tokens
-            cache.put(self.owner, boundary.segment_id, tokens.tokens[tokens.prefix_length :])
+        if self.http.token_cache is not None:
+            self.http.token_cache.keep(rollout, owner=self.owner, response_id=boundary.segment_id)
         return True
 
     async def _segment_while_connected(self, request: Request) -> bool | None:
