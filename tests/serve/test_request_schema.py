@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import typing
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 import pytest
@@ -75,14 +75,18 @@ def includable() -> list[str]:
     return list(typing.get_args(literal))
 
 
+#: Stands for a conversation the test made just before (an unknown one is refused).
+OWN_CONVERSATION: Final = "conv_made_by_the_test"
+
 #: field -> the valid values sent (one request each). ``previous_response_id``
-#: is filled in per transport with a response made just before.
+#: is filled in per transport with a response made just before, and
+#: :data:`OWN_CONVERSATION` with a conversation made just before.
 VALUES: dict[str, list[Value]] = {
     "access_programs": [{"cyber": "standard"}],
     "background": [False, True],
     "background_options": [{"completion_window": "soonest", "continuation_id": "cont_1"}],
     "context_management": [[{"type": "compaction", "compact_threshold": 1000}]],
-    "conversation": ["conv_abc", {"id": "conv_def"}],
+    "conversation": [OWN_CONVERSATION, {"id": OWN_CONVERSATION}],
     "image": [{"context_compression": "auto"}],
     "include": [includable(), *([value] for value in includable())],
     "input": ["Find the bug.", BREAKPOINT_INPUT],
@@ -164,11 +168,18 @@ REFUSED: dict[tuple[str, str, Value], tuple[int, str, str]] = {
     ("http", "stream_id", "lane-a"): (400, "unknown_parameter", "stream_id"),
     ("sse", "stream_id", "lane-a"): (400, "unknown_parameter", "stream_id"),
 }
+#: Refused whatever the value: (transport, field) -> (status, code, param).
+REFUSED_FIELDS: dict[tuple[str, str], tuple[int, str, str]] = {
+    # Append mode keeps its own rollouts: it takes no conversation (SHIPPED.md).
+    ("append", "conversation"): (400, "invalid_value", "conversation"),
+}
 
 BASE = {"model": "sim", "input": "Say hi."}
 
 
 def refusal(transport: str, field: str, value: Value) -> tuple[int, str, str] | None:
+    if (transport, field) in REFUSED_FIELDS:
+        return REFUSED_FIELDS[transport, field]
     for (where, name, refused), expected in REFUSED.items():
         if (where, name) == (transport, field) and refused == value:
             return expected
@@ -189,10 +200,17 @@ def test_the_table_covers_every_field_the_sdk_declares() -> None:
     assert len(VALUES["include"]) == 1 + 8
 
 
-def body_for(field: str, value: Value, previous: str) -> dict[str, Any]:
+def sent_value(field: str, value: Value, previous: str, conversation: str) -> Value:
+    """``value`` as sent: the ids made just before in place of their stand-ins."""
     if field == "previous_response_id":
-        value = previous
-    return {**BASE, field: value}
+        return previous
+    if field == "conversation":
+        return conversation if isinstance(value, str) else {"id": conversation}
+    return value
+
+
+def body_for(field: str, value: Value, previous: str, conversation: str) -> dict[str, Any]:
+    return {**BASE, field: sent_value(field, value, previous, conversation)}
 
 
 def check_echo(field: str, value: Value, response: dict[str, Any]) -> str | None:
@@ -218,9 +236,11 @@ def test_every_field_over_http(server: Any, stream: bool) -> None:
     client = openai_client(server)
     transport = "sse" if stream else "http"
     previous = client.responses.create(**BASE).id
+    conversation = client.conversations.create().id
     failures: list[str] = []
     for field, value in [*cases(), *CODEX_EXTRAS.items()]:
-        body = body_for(field, value, previous)
+        body = body_for(field, value, previous, conversation)
+        sent = sent_value(field, value, previous, conversation)
         extra = {}
         if field in ("generate", "stream_id", *CODEX_EXTRAS):
             extra = {field: body.pop(field)}  # not among the SDK's create params
@@ -238,7 +258,7 @@ def test_every_field_over_http(server: Any, stream: bool) -> None:
         running = ("queued", "in_progress") if field == "background" else ()
         if response["status"] not in ("completed", *running):
             failures.append(f"{field}={value!r}: status {response['status']}")
-        if (failure := check_echo(field, value, response)) is not None:
+        if (failure := check_echo(field, sent, response)) is not None:
             failures.append(failure)
     assert not failures, "\n".join(failures)
 
@@ -267,8 +287,10 @@ def test_every_field_over_the_shipped_websocket(server: Any) -> None:
     with client.responses.connect() as conn:
         conn.response.create(**BASE)
         previous = _ws_terminal(conn)["response"]["id"]
+        conversation = client.conversations.create().id
         for field, value in [*cases(), *CODEX_EXTRAS.items()]:
-            body = body_for(field, value, previous)
+            body = body_for(field, value, previous, conversation)
+            sent = sent_value(field, value, previous, conversation)
             conn.send({"type": "response.create", **body})
             event = _ws_terminal(conn)
             refused = refusal("ws", field, value)
@@ -284,7 +306,7 @@ def test_every_field_over_the_shipped_websocket(server: Any) -> None:
             if event["type"] != "response.completed":
                 failures.append(f"{field}={value!r}: {event['type']}")
                 continue
-            if (failure := check_echo(field, value, event["response"])) is not None:
+            if (failure := check_echo(field, sent, event["response"])) is not None:
                 failures.append(failure)
     assert not failures, "\n".join(failures)
 
@@ -305,8 +327,9 @@ async def test_every_field_in_append_mode(server: Any) -> None:
         first = (await client.until_done())[-1]
         assert isinstance(first, ResponseDone)
         previous = first.response.id
+        conversation = openai_client(server).conversations.create().id
         for field, value in [*cases(), *CODEX_EXTRAS.items()]:
-            await client.create(**body_for(field, value, previous))
+            await client.create(**body_for(field, value, previous, conversation))
             last = (await client.until_done())[-1]
             refused = refusal("append", field, value)
             if isinstance(last, ErrorEvent):
