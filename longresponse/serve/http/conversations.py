@@ -19,11 +19,11 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from protocol import ErrorCode, ProtocolError, RemoteProtocolError
-from protocol.items import Item
 
 from ...storage.records import StoredConversation
 from ..conversations import Conversations, decode_conversation_body, item_not_found
 from ..errors import http_error
+from .listing import item_id, list_query, page, past
 from .responses import ResponsesHTTP
 
 __all__ = ["ConversationsHTTP"]
@@ -44,19 +44,6 @@ def _conversation(record: StoredConversation) -> dict[str, Any]:
     }
 
 
-def _item_id(item: Item) -> str | None:
-    item_id = getattr(item, "id", None)
-    return item_id if isinstance(item_id, str) else None
-
-
-def _page(items: list[Item], *, has_more: bool) -> dict[str, Any]:
-    return {
-        "object": "list",
-        "data": items,
-        "first_id": _item_id(items[0]) if items else None,
-        "last_id": _item_id(items[-1]) if items else None,
-        "has_more": has_more,
-    }
 
 
 class ConversationsHTTP:
@@ -134,45 +121,29 @@ class ConversationsHTTP:
             added = await self.conversations.append(conversation_id, owner, items)
         except ProtocolError as error:
             return http_error(error)
-        return _json(_page(added, has_more=False))
+        return _json(page(added, has_more=False))
 
     async def list_items(self, request: Request) -> Response:
         query = request.query_params
         try:
             owner = self.http.owner(request)
-            limit = _limit(query.get("limit"))
-            order = query.get("order", "desc")
-            if order not in ("asc", "desc"):
-                raise RemoteProtocolError(
-                    "Invalid 'order': expected 'asc' or 'desc'.",
-                    code=ErrorCode.INVALID_VALUE,
-                    param="order",
-                )
+            limit, order = list_query(query)
             record = await self.conversations.get(request.path_params["conversation_id"], owner)
             items = record.items if order == "asc" else record.items[::-1]
-            after = query.get("after")
-            if after is not None:
-                ids = [_item_id(item) for item in items]
-                if after not in ids:
-                    raise RemoteProtocolError(
-                        f"No item with id '{RemoteProtocolError.clip(after)}' in conversation "
-                        f"'{RemoteProtocolError.clip(record.id)}'.",
-                        code=ErrorCode.INVALID_VALUE,
-                        param="after",
-                    )
-                items = items[ids.index(after) + 1 :]
+            where = f"conversation '{RemoteProtocolError.clip(record.id)}'"
+            items = past(items, query.get("after"), noun="item", where=where)
         except ProtocolError as error:
             return http_error(error)
-        return _json(_page(items[:limit], has_more=len(items) > limit))
+        return _json(page(items[:limit], has_more=len(items) > limit))
 
     async def retrieve_item(self, request: Request) -> Response:
-        item_id = request.path_params["item_id"]
+        wanted = request.path_params["item_id"]
         try:
             owner = self.http.owner(request)
             record = await self.conversations.get(request.path_params["conversation_id"], owner)
-            found = [item for item in record.items if _item_id(item) == item_id]
+            found = [item for item in record.items if item_id(item) == wanted]
             if not found:
-                raise item_not_found(item_id)
+                raise item_not_found(wanted)
         except ProtocolError as error:
             return http_error(error)
         return _json(found[0])
@@ -188,17 +159,3 @@ class ConversationsHTTP:
         return _json(_conversation(record))
 
 
-def _limit(value: str | None) -> int:
-    if value is None:
-        return 20
-    try:
-        number = int(value)
-    except ValueError:
-        number = 0
-    if not 1 <= number <= 100:
-        raise RemoteProtocolError(
-            "Invalid 'limit': expected an integer from 1 to 100.",
-            code=ErrorCode.INVALID_VALUE,
-            param="limit",
-        )
-    return number

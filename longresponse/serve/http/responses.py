@@ -47,6 +47,7 @@ from ..transport import Transport
 from ..turns import Caller, StoreRefused, Turns
 from ..types import Scope
 from .background import BackgroundResponses, check_cancellable
+from .listing import item_id, list_query, page, past
 from .sinks import SSE_DONE, SSE_QUEUE_DEPTH, RecordingSink, SSESink
 from .token_cache import HTTPTokenCache
 
@@ -298,14 +299,7 @@ class ResponsesHTTP:
         query = request.query_params
         try:
             owner = self.owner(request)
-            limit = _int_param(query.get("limit"), "limit", default=20, low=1, high=100)
-            order = query.get("order", "desc")
-            if order not in ("asc", "desc"):
-                raise RemoteProtocolError(
-                    "Invalid 'order': expected 'asc' or 'desc'.",
-                    code=ErrorCode.INVALID_VALUE,
-                    param="order",
-                )
+            limit, order = list_query(query)
             conversation = await self.persistence.conversation(response_id, owner=owner)
             if conversation is None:
                 raise _not_found(response_id)
@@ -313,34 +307,16 @@ class ResponsesHTTP:
             if last.context is None:
                 items = conversation.items[: len(conversation.items) - len(last.response.output)]
             else:  # the last response's items are in context order: leave out its output
-                produced = {_item_id(item) for item in last.response.output}
+                produced = {item_id(item) for item in last.response.output}
                 before = conversation.items[: len(conversation.items) - len(last.context)]
-                items = [*before, *(i for i in last.context if _item_id(i) not in produced)]
+                items = [*before, *(i for i in last.context if item_id(i) not in produced)]
             if order == "desc":
                 items = items[::-1]
-            after = query.get("after")
-            if after is not None:
-                ids = [_item_id(item) for item in items]
-                if after not in ids:
-                    raise RemoteProtocolError(
-                        f"No input item with id '{RemoteProtocolError.clip(after)}' in response "
-                        f"'{RemoteProtocolError.clip(response_id)}'.",
-                        code=ErrorCode.INVALID_VALUE,
-                        param="after",
-                    )
-                items = items[ids.index(after) + 1 :]
+            where = f"response '{RemoteProtocolError.clip(response_id)}'"
+            items = past(items, query.get("after"), noun="input item", where=where)
         except ProtocolError as error:
             return http_error(error)
-        page = items[:limit]
-        return _json(
-            {
-                "object": "list",
-                "data": page,
-                "first_id": _item_id(page[0]) if page else None,
-                "last_id": _item_id(page[-1]) if page else None,
-                "has_more": len(items) > limit,
-            }
-        )
+        return _json(page(items[:limit], has_more=len(items) > limit))
 
     async def cancel(self, request: Request) -> Response:
         response_id = request.path_params["response_id"]
@@ -356,11 +332,6 @@ class ResponsesHTTP:
         except ProtocolError as error:
             return http_error(error)
         return _json(response)
-
-
-def _item_id(item: Item) -> str | None:
-    item_id = getattr(item, "id", None)
-    return item_id if isinstance(item_id, str) else None
 
 
 def _nothing_cached(response_id: str) -> None:
@@ -534,19 +505,3 @@ def _too_large(size: int, limit: int) -> RemoteProtocolError:
         code=ErrorCode.MESSAGE_TOO_LARGE,
         status=413,
     )
-
-
-def _int_param(value: str | None, name: str, *, default: int, low: int, high: int) -> int:
-    if value is None:
-        return default
-    try:
-        number = int(value)
-    except ValueError:
-        number = low - 1
-    if not low <= number <= high:
-        raise RemoteProtocolError(
-            f"Invalid '{name}': expected an integer from {low} to {high}.",
-            code=ErrorCode.INVALID_VALUE,
-            param=name,
-        )
-    return number
