@@ -133,26 +133,9 @@ class RedisStore:
     async def holding(self, item_ids: Collection[str], *, owner: str) -> list[StoredResponse]:
         """The visible records of ``owner`` written last holding these item ids:
         one ``MGET`` of the item keys, one of the records they name."""
-        wanted = list(dict.fromkeys(item_ids))
-        if not wanted:
-            return []
-        try:
-            named = await self._redis.mget([_item_key(owner, item_id) for item_id in wanted])
-            held = list(dict.fromkeys(name for name in named if isinstance(name, bytes)))
-            if not held:
-                return []
-            blobs = await self._redis.mget([REDIS_KEY_PREFIX.encode() + name for name in held])
-        except redis.exceptions.RedisError as exc:
-            raise StoreError(f"Redis store: {exc}") from exc
-        records = []
-        for blob in blobs:
-            if blob is None:  # deleted or expired since
-                continue
-            assert isinstance(blob, bytes)  # the client does not decode replies to str
-            record = decode_record(blob)
-            if record.owner == owner:
-                records.append(record)
-        return records
+        keys = [_item_key(owner, item_id) for item_id in dict.fromkeys(item_ids)]
+        blobs = await self._through_index(keys, REDIS_KEY_PREFIX.encode())
+        return [r for r in map(decode_record, blobs) if r.owner == owner]
 
     async def put_conversation(self, record: StoredConversation) -> None:
         """``SET`` the conversation and its item keys in one ``MULTI`` (no expiry)."""
@@ -194,28 +177,26 @@ class RedisStore:
     ) -> list[StoredConversation]:
         """The conversations of ``owner`` written last holding these item ids:
         one ``MGET`` of the item keys, one of the conversations they name."""
-        wanted = list(dict.fromkeys(item_ids))
-        if not wanted:
+        prefix = f"{REDIS_CONVERSATION_ITEM_PREFIX}{owner}:"
+        keys = [prefix + item_id for item_id in dict.fromkeys(item_ids)]
+        blobs = await self._through_index(keys, REDIS_CONVERSATION_PREFIX.encode())
+        return [r for r in map(decode_conversation, blobs) if r.owner == owner]
+
+    async def _through_index(self, index_keys: list[str], prefix: bytes) -> list[bytes]:
+        """The blobs the ``index_keys`` name (each the id of a blob under
+        ``prefix``), once each; those deleted or expired since are left out."""
+        if not index_keys:
             return []
         try:
-            keys = [f"{REDIS_CONVERSATION_ITEM_PREFIX}{owner}:{item_id}" for item_id in wanted]
-            named = await self._redis.mget(keys)
+            named = await self._redis.mget(index_keys)
             held = list(dict.fromkeys(name for name in named if isinstance(name, bytes)))
             if not held:
                 return []
-            prefix = REDIS_CONVERSATION_PREFIX.encode()
             blobs = await self._redis.mget([prefix + name for name in held])
         except redis.exceptions.RedisError as exc:
             raise StoreError(f"Redis store: {exc}") from exc
-        records = []
-        for blob in blobs:
-            if blob is None:  # deleted since
-                continue
-            assert isinstance(blob, bytes)  # the client does not decode replies to str
-            record = decode_conversation(blob)
-            if record.owner == owner:
-                records.append(record)
-        return records
+        # The client does not decode replies to str.
+        return [blob for blob in blobs if isinstance(blob, bytes)]
 
     async def put_usage(self, record: UsageRecord) -> None:
         """``HSET`` the ledger field ``response_id`` (replacing it); the hash never expires."""
