@@ -37,7 +37,6 @@ __all__ = [
     "DEFAULT_PORT",
     "DEFAULT_STORE",
     "GC_YOUNG_THRESHOLD",
-    "HTTP_TOKEN_CACHE_BYTES",
     "INSPECTOR_FEED_LIFETIME",
     "INSPECTOR_WATCHERS",
     "INSPECTOR_WATCHERS_PER_KEY",
@@ -59,6 +58,7 @@ __all__ = [
     "MAX_TOOLS",
     "MMAP_THRESHOLD",
     "PAUSE_TIMEOUT",
+    "PREFIX_REUSE_BYTES",
     "RANGES",
     "SEND_QUEUE_BYTES",
     "SEND_QUEUE_DEPTH",
@@ -118,8 +118,9 @@ MAX_LIVE_INPUT_BYTES: Final = 32 * 1024 * 1024
 MAX_LIVE_INPUT_BYTES_PER_KEY: Final = 128 * 1024 * 1024
 #: Bytes of cached rollout state one connection may keep for continuations.
 CONNECTION_CACHE_BYTES: Final = 256 * 1024 * 1024
-#: Bytes of rendered tokens the HTTP path's process-wide token cache keeps.
-HTTP_TOKEN_CACHE_BYTES: Final = 256 * 1024 * 1024
+#: Bytes of tokens prefix reuse keeps (``serve/prefix_reuse.py``): 1,000
+#: conversations of 20,000 tokens take about 80 MB.
+PREFIX_REUSE_BYTES: Final = 256 * 1024 * 1024
 #: Seconds a running response may stay silent (a long prefill, a slow engine)
 #: before the server sends a ``keepalive`` event, on every transport; below the
 #: idle timeouts of common proxies (nginx 60 s, Cloudflare about 100 s) and of
@@ -409,9 +410,10 @@ class ServerConfig:
     #: library does by default; the official SDK only when asked). Off by
     #: default: see WS_COMPRESSION.
     ws_compression: bool = WS_COMPRESSION
-    #: The HTTP path's process-wide token cache (on by default), and its byte budget.
-    http_token_cache: bool = True
-    http_token_cache_bytes: int = HTTP_TOKEN_CACHE_BYTES
+    #: Prefix reuse (on by default): the conversations rollouts held lately,
+    #: which a new rollout's input may begin with, and their byte budget.
+    prefix_reuse: bool = True
+    prefix_reuse_bytes: int = PREFIX_REUSE_BYTES
     #: HTTP ``background: true``: responses running at once, bytes of each
     #: one's event log, bytes of finished ones' logs.
     max_background: int = MAX_BACKGROUND
@@ -726,13 +728,14 @@ SETTINGS: Final[tuple[Setting, ...]] = (
             "accept permessage-deflate when a WebSocket client offers it (the websockets "
             "library does by default; the openai SDK only when asked); off costs less memory "
             "per connection and CPU", takes_value=True, aliases=("--ws-per-message-deflate",)),
-    Setting("http_token_cache", bool, True,
-            "HTTP: keep each response's rendered tokens in a process-wide cache, per API "
-            "key, so a continuation reads its history from the store but does not render "
-            "it again, and reports what its parent's rollout processed as cached_tokens"),
-    _n("http_token_cache_bytes", int, HTTP_TOKEN_CACHE_BYTES, 1, 1024 * _GIB,
-       "bytes of rendered tokens the HTTP token cache keeps, shared by every key "
-       "(least recently used responses are evicted)"),
+    Setting("prefix_reuse", bool, True,
+            "keep the conversations rollouts held at the end of each turn (their tokens, "
+            "per API key, shared by every transport), so a request whose input begins with "
+            "one, resent whole or read back from the store, renders, tokenizes and "
+            "classifies only what is new, and reports the rest as cached_tokens"),
+    _n("prefix_reuse_bytes", int, PREFIX_REUSE_BYTES, 1, 1024 * _GIB,
+       "bytes of tokens prefix reuse keeps, shared by every key (the least recently "
+       "used conversations go first)"),
     Setting("inspector", bool, True,
             "keep the observations behind /inspect (off: every hook returns at once)"),
     _n("inspector_watchers", int, INSPECTOR_WATCHERS, 1, 1_000,

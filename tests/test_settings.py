@@ -124,9 +124,9 @@ def test_booleans_have_both_forms_and_keep_their_old_spellings() -> None:
         (["--ws-per-message-deflate", "false"], False),
     ]:
         assert config_from_args(parse(["serve", *argv]), env={}).ws_compression is on, argv
-    cache = [([], True), (["--http-token-cache"], True), (["--no-http-token-cache"], False)]
+    cache = [([], True), (["--prefix-reuse"], True), (["--no-prefix-reuse"], False)]
     for argv, on in cache:
-        assert config_from_args(parse(["serve", *argv]), env={}).http_token_cache is on
+        assert config_from_args(parse(["serve", *argv]), env={}).prefix_reuse is on
 
 
 def test_the_aliases_set_the_same_setting() -> None:

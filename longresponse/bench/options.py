@@ -12,9 +12,9 @@ transport (a :class:`Transport`: a client shape and the server flags it needs):
 ``http``         ``POST /v1/responses`` chained with ``previous_response_id``
                  (``store: true``): the server rebuilds the history from the
                  store on every turn. The stateless baseline (a server
-                 with ``--no-http-token-cache``).
+                 with ``--no-prefix-reuse``).
 ``http-full``    HTTP resending the whole input every turn (``store: false``).
-``http-cached``  ``http`` against a server with ``--http-token-cache`` (the
+``http-cached``  ``http`` against a server with ``--prefix-reuse`` (the
                  serve default).
 ``ws-full``      the shipped WebSocket shape resending the whole input.
 ``ws``           the shipped WebSocket shape with ``previous_response_id``
@@ -208,9 +208,9 @@ class Transport:
     def server_flags(self) -> tuple[str, ...]:
         flags: list[str] = []
         if self.shape == "http-cached":
-            flags.append("--http-token-cache")
+            flags.append("--prefix-reuse")
         elif self.shape in ("http", "http-sdk"):
-            flags.append("--no-http-token-cache")  # the stateless baseline
+            flags.append("--no-prefix-reuse")  # the stateless baseline
         if self.switch_off:
             flags.append(f"--no-{self.switch_off}")
         if self.ws_compression:

@@ -482,6 +482,7 @@ class Pipeline:
         text_format: TextFormat | None = None,
         cached: bool = True,
         compactor: Compactor | None = None,
+        known: int = 0,
     ) -> Admission:
         """Validate and classify new input before it is accepted.
 
@@ -489,9 +490,13 @@ class Pipeline:
         (a rollout in memory); the HTTP path has no such state and passes
         ``False``. With incremental validation or classification off, that
         stage runs over ``history`` again too (the work a stateless server
-        repeats). Compaction items must open with ``compactor``; a
-        ``compaction_trigger`` may only end the new input. Raises
-        :class:`RemoteProtocolError`; nothing is accepted then.
+        repeats). ``known``: how many leading items of ``history`` then
+        ``new_items`` are a conversation admitted recently (a known prefix,
+        ``longresponse.serve.prefix_reuse``), which the classifier does not
+        read again (with incremental classification on); every item is
+        validated, which costs little. Compaction items must open with
+        ``compactor``; a ``compaction_trigger`` may only end the new input.
+        Raises :class:`RemoteProtocolError`; nothing is accepted then.
         """
         started = time.perf_counter()
         self.check_tools(tools)
@@ -512,9 +517,13 @@ class Pipeline:
                     param=f"input[{position}].type",
                 )
         validated = time.perf_counter()
+        if not self.switches.incremental_classification:
+            known = 0
         if not (cached and self.switches.incremental_classification):
-            self.classify(history)
-        found = self.classify(new_items)
+            self.classify(history[known:])
+        skipped = min(max(known - len(history), 0), len(new_items))
+        no_findings: list[tuple[Finding, ...]] = [()] * skipped
+        found = no_findings + self.classify(new_items[skipped:])
         items = self.apply_policy(new_items, found)
         classified = time.perf_counter()
         return Admission(

@@ -30,7 +30,7 @@ from protocol.response import Response
 
 from .render import TokenCache
 
-__all__ = ["Boundaries", "Boundary", "ForkStart"]
+__all__ = ["Boundaries", "Boundary", "ForkStart", "KnownPrefix"]
 
 #: What one Boundary holds beside its prefix, about (its Response object and
 #: pending calls; measured on the simulated model's short answers).
@@ -67,6 +67,22 @@ class ForkStart:
     boundaries: Boundaries
     #: Tokens the model has already processed of it (its reusable prefix).
     model_seen: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KnownPrefix:
+    """What a fresh rollout starts with when its input begins with a conversation
+    rendered recently (``longresponse.serve.prefix_reuse``): its first ``items``
+    items and their ``tokens``, read after the token ``prefix`` (instructions and
+    tools) by ``model``, which has processed ``seen`` of those tokens; ``chain``:
+    that conversation's first response id (its affinity key's source)."""
+
+    items: int
+    tokens: array[int]
+    prefix: array[int]
+    model: str
+    seen: int
+    chain: str = ""
 
 
 class Boundaries(Sequence[Boundary]):

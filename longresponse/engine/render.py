@@ -50,6 +50,7 @@ tokens are never decoded back into items.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import re
 import warnings
@@ -97,6 +98,7 @@ __all__ = [
     "TokenCache",
     "encode",
     "encode_pieces",
+    "item_key",
     "items_to_drop",
     "render_item",
     "render_prefix",
@@ -295,6 +297,23 @@ def _segment_text(header: str, body: str) -> str:
 def render_item(item: Item) -> list[int]:
     """The tokens of one item's segment."""
     return _encode_segment(*_item_segment(item))
+
+
+def item_key(item: Item) -> bytes | None:
+    """What an item is known by when a conversation's prefix is looked up again
+    (``longresponse.serve.prefix_reuse``): a 16-byte digest of its kind and of
+    the segment its tokens are made from, so two items with one key render the
+    same tokens whatever else they carry (ids, status). ``None`` for what cannot
+    be known so: a compaction item (its segment says nothing of its sealed
+    content) or an item that cannot be rendered."""
+    if isinstance(item, Compaction):
+        return None
+    try:
+        header, body = _item_segment(item)
+    except TypeError:
+        return None
+    text = f"{type(item).__name__}\0{header}\0{body}"
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
 def render_prefix(instructions: str | None, tools: Sequence[Tool]) -> list[int]:

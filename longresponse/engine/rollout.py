@@ -61,7 +61,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from array import array
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
@@ -77,7 +76,7 @@ from protocol.response import Response, ResponseError
 
 from ..config import Switches
 from .admission import Pipeline
-from .boundary import Boundaries, Boundary, ForkStart
+from .boundary import Boundaries, Boundary, ForkStart, KnownPrefix
 from .classifier import Verdict
 from .compaction import Compactor, Drained, compact, compact_threshold, drain
 from .counting import DeferredCount, may_defer
@@ -488,20 +487,22 @@ class Rollout:
         self.counts = TokenCounts(counts.input_tokens, counts.cached_tokens)
         self.model_seen = start.model_seen
 
-    def seed(
-        self, history: Sequence[Item], tokens: Sequence[int], *, prefix: array[int], model: str
-    ) -> bool:
-        """A fresh rollout starts from a stored conversation whose tokens are known
-        (HTTP's token cache): ``history`` is its context, ``tokens`` its item tokens,
-        nothing rendered again. They were read by ``model`` after ``prefix``; when
-        both are this rollout's, the model has processed all of it already and the
-        next turn counts it as cached (True), as a WebSocket chain's would be.
-        Otherwise nothing counts as cached (False)."""
-        self.context = list(history)
-        self.tokens.extend_tokens(tokens)
-        if model != self.model.name or self.tokens.tokens[: self.tokens.prefix_length] != prefix:
+    def seed(self, items: Sequence[Item], known: KnownPrefix) -> bool:
+        """A fresh rollout starts from a conversation whose tokens are known
+        (``longresponse.serve.prefix_reuse``): ``items`` are its context, the
+        first ``known.items`` of the turn's input, and ``known.tokens`` their
+        tokens, nothing rendered again. When the model and the token prefix
+        they were read under are this rollout's, what the model processed of
+        them counts as cached on the next turn (True), as a WebSocket chain's
+        would; otherwise nothing does (False). Its turns keep the
+        conversation's affinity key."""
+        self.context = list(items)
+        self.tokens.extend_tokens(known.tokens)
+        self.join_chain(known.chain)
+        prefix = self.tokens.tokens[: self.tokens.prefix_length]
+        if known.model != self.model.name or prefix != known.prefix:
             return False
-        self.model_seen = len(self.tokens)
+        self.model_seen = self.tokens.prefix_length + min(known.seen, len(known.tokens))
         return True
 
     def prefill(self, *, prefix_changed: bool) -> None:

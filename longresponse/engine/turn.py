@@ -44,6 +44,7 @@ from protocol.items import CompactionTrigger, Item
 from protocol.response import Response
 
 from .admission import Admission, Pipeline
+from .boundary import KnownPrefix
 from .compaction import Compactor, check_context_management
 from .hosted import McpHost
 from .limits import EngineLimits
@@ -67,6 +68,9 @@ class Started:
     items: list[Item]
     reply: Reply
     segment: Segment | None = None
+    #: How many leading items of the turn's history then input the rollout took
+    #: in from a known prefix: they are not delivered again.
+    known: int = 0
 
 
 def resolve_model(
@@ -99,6 +103,8 @@ class Admitted:
     items: list[Item]
     admission: Admission
     compactor: Compactor | None
+    #: Leading items of the history then input the rollout holds already.
+    known: int = 0
 
 
 def admit_turn(
@@ -115,11 +121,15 @@ def admit_turn(
     rollout: Rollout | None = None,
     parent: Rollout | None = None,
     model: ModelSpec | None = None,
+    known: KnownPrefix | None = None,
 ) -> Admitted:
     """Steps 1 to 4 of the module docstring: the model, admission of the new input,
     and the rollout (``rollout``, or a new one: in append mode it takes the input
     in with its first turn). ``model`` is the model when the caller resolved it
-    already; compaction items open with ``compactor``. Raises
+    already; compaction items open with ``compactor``. ``known``: the leading
+    items of ``history`` then ``new_items`` are a conversation rendered
+    recently, whose tokens a new rollout takes in without rendering them
+    (``Rollout.seed``; ignored when ``rollout`` is given). Raises
     :class:`RemoteProtocolError`; nothing is accepted or changed then.
     """
     check_context_management(request)
@@ -139,17 +149,23 @@ def admit_turn(
         text_format=request.text.format if request.text is not None else None,
         cached=cached,
         compactor=compactor,
+        known=known.items if known is not None and rollout is None else 0,
     )
+    taken = 0
     if rollout is None:
+        everything = [*history, *admission.items] if known is not None else []
+        taken = known.items if known is not None else 0
         rollout = Rollout(
             request=request,
             model=model,
             limits=limits,
             pipeline=pipeline,
             resolve=resolve,
-            input_items=admission.items if mode is Mode.APPEND else [],
+            input_items=admission.items[taken:] if mode is Mode.APPEND else [],
         )
-    return Admitted(rollout, model, admission.items, admission, compactor)
+        if known is not None:
+            rollout.seed(everything[:taken], known)
+    return Admitted(rollout, model, admission.items, admission, compactor, taken)
 
 
 def open_turn(
@@ -199,4 +215,4 @@ def open_turn(
         validate=admission.validate_seconds,
         classify=admission.classify_seconds,
     )
-    return Started(rollout, model, admitted.items, reply, segment)
+    return Started(rollout, model, admitted.items, reply, segment, admitted.known)

@@ -57,7 +57,6 @@ from .http.compact import CompactHTTP
 from .http.conversations import ConversationsHTTP
 from .http.input_tokens import InputTokens
 from .http.responses import ResponsesHTTP, hung_up
-from .http.token_cache import HTTPTokenCache
 from .inspector.observer import Inspector
 from .inspector.routes import InspectRoutes
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -271,7 +270,6 @@ def create_app(
         slow_reader_timeout=config.slow_reader_timeout,
         log_bytes=config.background_log_bytes,
         endings_bytes=config.background_endings_bytes,
-        token_cache=HTTPTokenCache.configured(config),
     )
     http = ResponsesHTTP(config, turns, keys, services.get_persistence, background)
     compaction = CompactHTTP(http)

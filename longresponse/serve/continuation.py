@@ -23,7 +23,7 @@ parent when both are on the same lane, as shipped.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from protocol import ErrorCode, ProtocolError, RemoteProtocolError
 from protocol.codec import wire_type
@@ -39,6 +39,7 @@ from protocol.items import (
 
 from ..engine.rollout import Boundary, Rollout
 from ..storage.persistence import Persistence
+from .prefix_reuse import Found
 
 __all__ = ["Continuation", "check_continuation", "continue_from", "stored_history"]
 
@@ -61,6 +62,20 @@ class Continuation:
     hydrated: bool = False
     #: A hydrated chain's first response id (``Rollout.join_chain``).
     chain: str = ""
+    #: A new rollout's history then input begin with a conversation seen
+    #: recently: what it takes in without rendering (``serve.prefix_reuse``).
+    known: Found | None = None
+
+    def begin_with(self, known: Found | None) -> None:
+        """The new rollout begins with ``known`` (or with nothing known)."""
+        self.known = known
+
+    def unchecked(self, new_items: Sequence[Item]) -> list[Item]:
+        """What a turn on this continuation checks (validates and classifies):
+        the history when nothing is kept of it, then ``new_items``, less the
+        known prefix."""
+        items = [*(self.checked if not self.cached else ()), *new_items]
+        return items[self.known.known.items :] if self.known is not None else items
 
 
 def check_continuation(new_items: list[Item], pending: dict[str, str]) -> None:

@@ -40,6 +40,7 @@ import contextlib
 import dataclasses
 import functools
 import logging
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Final, TypeVar
 
@@ -70,6 +71,7 @@ from .input_budget import InputBudget
 from .inspector.observer import Inspector
 from .inspector.records import RolloutRecord
 from .metrics import ServerMetrics
+from .prefix_reuse import PrefixReuse
 from .scan_process import ScanProcess
 from .transport import Transport
 
@@ -144,6 +146,9 @@ class Turns:
         self.metrics = metrics
         self._persistence = persistence
         self._compaction_key = compaction_key
+        #: The conversations rollouts held lately, for fresh rollouts to begin
+        #: from (off with ``--no-prefix-reuse`` or the token cache switch).
+        self.prefixes = PrefixReuse.configured(config) if pipeline.switches.token_cache else None
         #: The Conversations API's conversations, in the same store.
         self.conversations = Conversations(lambda: self.persistence)
         #: The threads that run admission's costly checks, shared between keys.
@@ -283,6 +288,19 @@ class Turns:
             request, pipeline=self.pipeline, resolve=self.models.resolve, parent=parent
         )
 
+    def reuse_prefix(
+        self, continuation: Continuation, new_items: Sequence[Item], *, owner: str
+    ) -> None:
+        """A turn that starts a new rollout (whose history, if any, comes from the
+        store) takes the longest conversation ``owner``'s rollouts held lately
+        that its history then ``new_items`` begin with: it is known
+        (``continuation.known``), neither read nor rendered again."""
+        if self.prefixes is None or continuation.rollout is not None:
+            return
+        items = [*continuation.history, *new_items]
+        if len(items) > 1:
+            continuation.begin_with(self.prefixes.find(owner, items))
+
     def start_turn(
         self,
         request: ResponseCreate,
@@ -334,14 +352,16 @@ class Turns:
             rollout=found.rollout,
             parent=found.parent,
             model=model,
+            known=found.known.known if found.known is not None else None,
         )
-        admitted.rollout.join_chain(found.chain)
-        watched, seen = self.inspector.watch(
-            admitted.rollout, request, response_id, caller.sink, owner
-        )
+        rollout = admitted.rollout
+        if admitted.known and found.known is not None and self.prefixes is not None:
+            self.prefixes.seeded(rollout, found.known)
+        rollout.join_chain(found.chain)
+        watched, seen = self.inspector.watch(rollout, request, response_id, caller.sink, owner)
         on_timing = None
-        if self.metrics is not None or seen is not None:
-            on_timing = self._timing_hook(transport, response_id, seen)
+        if self.metrics is not None or seen is not None or self.prefixes is not None:
+            on_timing = self._timing_hook(transport, response_id, seen, rollout, owner)
         return open_turn(
             admitted,
             request,
@@ -358,16 +378,27 @@ class Turns:
         )
 
     def _timing_hook(
-        self, transport: Transport, response_id: str, seen: RolloutRecord | None
+        self,
+        transport: Transport,
+        response_id: str,
+        seen: RolloutRecord | None,
+        rollout: Rollout,
+        owner: str,
     ) -> Callable[[TurnTiming], None]:
-        """Each finished turn: to ``/metrics`` and to the inspector's timeline."""
-        metrics = self.metrics
+        """Each finished turn: to ``/metrics``, to the inspector's timeline, and
+        the rollout's context to the known prefixes."""
+        metrics, prefixes = self.metrics, self.prefixes
+        # Weakly: the rollout holds this hook, which must not keep it alive.
+        held = weakref.ref(rollout)
 
         def on_timing(timing: TurnTiming) -> None:
             if metrics is not None:
                 metrics.observe_turn(transport, timing)
             if seen is not None:
                 seen.turn_ended(timing, response_id)
+            rollout = held()
+            if prefixes is not None and rollout is not None:
+                prefixes.keep(rollout, owner=owner)
 
         return on_timing
 
@@ -384,17 +415,17 @@ class Turns:
         assert started.segment is not None
 
         # Where this response's own items begin in the rollout's context (after
-        # any history a hydrated rollout drains first).
-        start = len(started.rollout.context) + len(history)
+        # any history a hydrated rollout drains first); the known prefix the
+        # rollout took in already is not delivered again.
+        start = len(started.rollout.context) - started.known + len(history)
 
         async def finished(response: Response) -> None:
             await self.acknowledge(
                 started, response, owner=owner, transport=transport, context_from=start
             )
 
-        boundary = await started.segment.run(
-            [*history, *started.items], received_at=received_at, on_finish=finished
-        )
+        delivered = [*history, *started.items][started.known :]
+        boundary = await started.segment.run(delivered, received_at=received_at, on_finish=finished)
         if boundary is None:  # failed: still billed and counted, never stored
             failed = started.reply.snapshot(ResponseState.FAILED)
             await self.bill(failed, owner=owner, transport=transport)

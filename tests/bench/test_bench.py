@@ -245,9 +245,9 @@ def test_history_and_bytes_follow_the_transport(run: tuple[Path, dict[str, Any]]
 def test_servers_got_the_transport_flags(run: tuple[Path, dict[str, Any]]) -> None:
     _, document = run
     flags = {r["transport"]: r["server_flags"] for r in _main(document)}
-    assert "--http-token-cache" in flags["http-cached"]
+    assert "--prefix-reuse" in flags["http-cached"]
     assert "--no-token-cache" in flags[ABLATION]
-    assert not any(f.startswith("--no-") or f == "--http-token-cache" for f in flags["append"])
+    assert not any(f.startswith("--no-") or f == "--prefix-reuse" for f in flags["append"])
     assert all("--sim-tokens-per-second" in f for f in flags.values())
 
 
@@ -351,9 +351,9 @@ def test_compression_names_and_settings() -> None:
 
 def test_transport_names() -> None:
     assert compare.Transport.parse("append/no-token-cache").server_flags == ("--no-token-cache",)
-    assert compare.Transport.parse("http-cached").server_flags == ("--http-token-cache",)
+    assert compare.Transport.parse("http-cached").server_flags == ("--prefix-reuse",)
     # The token cache is on by default: the stateless baseline turns it off.
-    assert compare.Transport.parse("http").server_flags == ("--no-http-token-cache",)
+    assert compare.Transport.parse("http").server_flags == ("--no-prefix-reuse",)
     for bad in ("carrier-pigeon", "http/no-token-cache", "append/no-such-switch"):
         with pytest.raises(ValueError, match=r"transport|ablations"):
             compare.Transport.parse(bad)

@@ -382,8 +382,8 @@ def http_chain(server: Any, turns: int) -> Any:
     return response
 
 
-async def test_http_token_cache_renders_less_and_answers_the_same(make_server: Any) -> None:
-    plain = make_server(http_token_cache=False)
+async def test_prefix_reuse_renders_less_and_answers_the_same(make_server: Any) -> None:
+    plain = make_server(prefix_reuse=False)
     cached = make_server()  # on by default
     answers, usage = {}, {}
     for name, running in (("plain", plain), ("cached", cached)):
@@ -407,7 +407,7 @@ async def test_http_token_cache_renders_less_and_answers_the_same(make_server: A
         name: counters(s)["tokens_rendered"] for name, s in (("plain", plain), ("cached", cached))
     }
     assert rendered["plain"] > 2 * rendered["cached"]
-    assert cached.app.parts.http.token_cache.hits == 8
+    assert cached.app.parts.turns.prefixes.hits == 8
 
 
 async def test_a_rollout_cut_off_by_a_disconnect_is_still_billed(make_server: Any) -> None:

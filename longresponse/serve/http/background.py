@@ -98,7 +98,6 @@ from ..inspector.watched import WatchedSink
 from ..transport import Transport
 from ..turns import Caller, Turns
 from .sinks import SSE_DONE
-from .token_cache import HTTPTokenCache
 
 __all__ = [
     "MAX_DURATION_REASON",
@@ -259,7 +258,6 @@ class BackgroundResponses:
         slow_reader_timeout: float = SLOW_READER_TIMEOUT,
         log_bytes: int = BACKGROUND_LOG_BYTES,
         endings_bytes: int = BACKGROUND_ENDINGS_BYTES,
-        token_cache: HTTPTokenCache | None = None,
     ) -> None:
         self.turns = turns
         self.max_running = max_running
@@ -268,8 +266,6 @@ class BackgroundResponses:
         self.slow_reader_timeout = slow_reader_timeout
         self.log_bytes = log_bytes
         self.endings_bytes = endings_bytes
-        #: The HTTP path's process-wide token cache (None when switched off).
-        self.token_cache = token_cache
         self._running: dict[str, BackgroundResponse] = {}
         #: Running responses by owner (API key).
         self._per_key: collections.Counter[str] = collections.Counter()
@@ -379,15 +375,9 @@ class BackgroundResponses:
         # Stateless, as any HTTP request: the whole history is checked again.
         caller = Caller(Transport.HTTP, EventLog(self.log_bytes), owner, decode=decode)
         started = self.turns.start_turn(request, new_items, caller, continuation, model=model)
-        history: Sequence[Item] = continuation.history
-        if self.token_cache is not None:  # the parent's tokens, when held, as for any HTTP create
-            history = self.token_cache.seed(
-                started.rollout,
-                owner=owner,
-                parent=request.previous_response_id,
-                history=history,
-            )
-        entry = self.start(started, owner=owner, history=history, received_at=received_at)
+        entry = self.start(
+            started, owner=owner, history=continuation.history, received_at=received_at
+        )
         await entry.log.opened.wait()
         created = entry.log.created
         if created is None:
@@ -516,7 +506,7 @@ class BackgroundResponses:
         segment = started.segment
         assert segment is not None
 
-        start = len(started.rollout.context) + len(history)
+        start = len(started.rollout.context) - started.known + len(history)
 
         async def finishing(response: Response) -> None:
             entry.finishing_as(response)
@@ -526,7 +516,7 @@ class BackgroundResponses:
 
         try:
             boundary = await segment.run(
-                [*history, *started.items],
+                [*history, *started.items][started.known :],
                 received_at=received_at,
                 on_finish=finishing,
                 queued=True,
@@ -534,10 +524,6 @@ class BackgroundResponses:
             if boundary is None:  # failed: its response.failed is in the log
                 entry.end_as(started.reply.snapshot(ResponseState.FAILED))
                 await self._bill(entry, entry.snapshot())
-            elif self.token_cache is not None:
-                self.token_cache.keep(
-                    started.rollout, owner=entry.owner, response_id=boundary.segment_id
-                )
         except asyncio.CancelledError:
             if entry.final is None:
                 raise  # cancelled before response.created: nothing to bill

@@ -49,9 +49,8 @@ from ..types import Scope
 from .background import BackgroundResponses, check_cancellable
 from .listing import item_id, list_query, page, past
 from .sinks import SSE_DONE, SSE_QUEUE_DEPTH, RecordingSink, SSESink
-from .token_cache import HTTPTokenCache
 
-__all__ = ["HTTPTokenCache", "ResponsesHTTP", "hung_up", "too_many_items"]
+__all__ = ["ResponsesHTTP", "hung_up", "too_many_items"]
 
 log = logging.getLogger(__name__)
 
@@ -106,14 +105,9 @@ class ResponsesHTTP:
         self.turns = turns
         self.keys = keys
         self._persistence = persistence
-        self.background = background or BackgroundResponses(
-            turns, token_cache=HTTPTokenCache.configured(config)
-        )
+        self.background = background or BackgroundResponses(turns)
         #: The Conversations API's conversations (``conversation`` on a create reads them).
         self.conversations = turns.conversations
-        #: The process-wide token cache, unless switched off (``--no-http-token-cache``):
-        #: one for every HTTP create, background or not.
-        self.token_cache = self.background.token_cache
         self.requests = 0
 
     @property
@@ -197,8 +191,11 @@ class ResponsesHTTP:
             decoded = time.perf_counter()
             new_items = as_items(body.input)
             continuation = await self.stored_continuation(body, new_items, owner)
-            # The costly checks, off the loop (HTTP validates its history again).
-            async with self.turns.settled(body, [*continuation.history, *new_items], owner=owner):
+            self.turns.reuse_prefix(continuation, new_items, owner=owner)
+            # The costly checks, off the loop: HTTP checks its history again, but
+            # for a known prefix.
+            unchecked = continuation.unchecked(new_items)
+            async with self.turns.settled(body, unchecked, owner=owner):
                 if body.background:  # owned by the server from here on
                     created = await self.background.create(
                         body,
@@ -214,7 +211,6 @@ class ResponsesHTTP:
                 # Stateless: the whole history is validated and classified again.
                 caller = Caller(Transport.HTTP, run.sink, owner, decode=decoded - received_at)
                 run.begin(self.turns.start_turn(body, new_items, caller, continuation, model=model))
-            run.seed_from_token_cache()
         except ProtocolError as error:
             self.turns.inspector.http.refused(body)
             return http_error(error)
@@ -373,22 +369,6 @@ class _Run:
         """The turn is admitted and opened (its events go to :attr:`sink`)."""
         self.started = started
 
-    def seed_from_token_cache(self) -> None:
-        """With ``--http-token-cache`` (the default): when the parent's tokens are in
-        memory, the admitted turn's fresh rollout takes the history in without
-        rendering it, and counts what the parent's rollout processed as cached
-        (``Rollout.seed``)."""
-        cache = self.http.token_cache
-        if cache is not None and self.started is not None:
-            self.history = list(
-                cache.seed(
-                    self.started.rollout,
-                    owner=self.owner,
-                    parent=self.body.previous_response_id,
-                    history=self.history,
-                )
-            )
-
     async def _segment(self) -> bool:
         assert self.started is not None
         rollout = self.started.rollout
@@ -405,8 +385,6 @@ class _Run:
         if boundary is None:
             return False
         self.final = boundary.response
-        if self.http.token_cache is not None:
-            self.http.token_cache.keep(rollout, owner=self.owner, response_id=boundary.segment_id)
         return True
 
     async def _segment_while_connected(self, request: Request) -> bool | None:

@@ -15,6 +15,7 @@ from protocol import ResponseTrack
 from protocol.events import ClientEvent
 
 from ...engine.admission import Admission
+from ..continuation import Continuation
 from ..input_budget import Hold
 
 __all__ = ["Admitted"]
@@ -33,3 +34,5 @@ class Admitted:
     admission: Admission | None = None
     #: The bytes of live input the items hold (``longresponse.serve.input_budget``).
     hold: Hold | None = None
+    #: An append-mode create's start: the known prefix its input begins with.
+    continuation: Continuation | None = None

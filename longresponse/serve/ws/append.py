@@ -40,7 +40,7 @@ from protocol.response import Response
 from ...config import ServerConfig
 from ...engine.rollout import Rollout
 from ...engine.stream import EventSink, StreamClosed
-from ..continuation import check_continuation
+from ..continuation import Continuation, check_continuation
 from ..input_budget import InputLedger
 from ..transport import Transport
 from ..turns import Caller, Turns
@@ -115,7 +115,7 @@ class AppendShape:
     def handle(self, admitted: Admitted, received_at: float, decode: float) -> None:
         event = admitted.event
         if isinstance(event, ResponseCreate):
-            self._create(event, decode)
+            self._create(event, decode, admitted.continuation or Continuation())
         elif isinstance(event, ResponseAppend | ResponseInject):
             self._append(admitted, received_at, decode)
             if isinstance(event, ResponseInject):
@@ -124,7 +124,7 @@ class AppendShape:
             self._target(admitted.track).request_cancel()
         # response.processed: tolerated, never answered
 
-    def _create(self, event: ResponseCreate, decode: float) -> None:
+    def _create(self, event: ResponseCreate, decode: float, continuation: Continuation) -> None:
         self.turns.check_background(event, transport=Transport.APPEND)
         live = sum(1 for r in self.rollouts.values() if not r.terminal)
         if live >= self.config.max_rollouts_per_connection:
@@ -155,7 +155,7 @@ class AppendShape:
             decode=decode,
             on_terminal=self._post_inference,
         )
-        started = self.turns.start_turn(event, new_items, caller, model=model)
+        started = self.turns.start_turn(event, new_items, caller, continuation, model=model)
         rollout, reply = started.rollout, started.reply
         self._forget_finished()
         self.rollouts[reply.id] = rollout
@@ -233,4 +233,3 @@ class AppendShape:
 
     def stop_intake(self) -> None:
         """Shutdown: nothing waits to start in append mode (a create starts at once)."""
-

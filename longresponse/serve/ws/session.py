@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import json
 import logging
 import time
@@ -70,6 +71,7 @@ from protocol.items import as_items
 from ...config import ServerConfig
 from ...engine.stream import StreamClosed
 from ...storage.keys import ApiKeys, Unauthorized
+from ..continuation import Continuation
 from ..errors import error_body, log_refusal
 from ..inspector.records import ConnectionRecord
 from ..references import resolve_references
@@ -340,9 +342,14 @@ class Session:
                 self.shape.handle(admitted, received_at, decode)
                 return
             # An append-mode create is admitted now: its costly checks first, off
-            # the loop (the shipped shape's lanes do so when they run a create).
-            async with self.turns.settled(event, as_items(event.input), owner=self.owner):
+            # the loop (the shipped shape's lanes do so when they run a create),
+            # but for the known prefix its input begins with.
+            items = as_items(event.input)
+            start = Continuation()
+            self.turns.reuse_prefix(start, items, owner=self.owner)
+            async with self.turns.settled(event, start.unchecked(items), owner=self.owner):
                 if self.outbox.closing is None:  # else closed meanwhile: nothing is sent
+                    admitted = dataclasses.replace(admitted, continuation=start)
                     self.shape.handle(admitted, received_at, decode)
         except ProtocolError as error:
             lane = error.stream_id

@@ -229,9 +229,11 @@ class ShippedShape:
             )
         self.hydrations += continuation.hydrated
         self.forks += continuation.forked
-        # The costly checks, off the loop (the history's too when checked again).
-        checked = continuation.checked if not continuation.cached else []
-        async with self.turns.settled(request, [*checked, *new_items], owner=self.owner):
+        self.turns.reuse_prefix(continuation, new_items, owner=self.owner)
+        # The costly checks, off the loop (the history's too when checked again,
+        # but for a known prefix).
+        unchecked = continuation.unchecked(new_items)
+        async with self.turns.settled(request, unchecked, owner=self.owner):
             caller = Caller(
                 Transport.WS,
                 self.sink,
