@@ -312,8 +312,13 @@ def item_key(item: Item) -> bytes | None:
         header, body = _item_segment(item)
     except TypeError:
         return None
-    text = f"{type(item).__name__}\0{header}\0{body}"
-    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+    # SHA-256, not BLAKE2: with the SHA extensions most x86 CPUs have, OpenSSL's
+    # is about 2.5 times faster here (a whole history is hashed per request).
+    # The header's length keeps a header and body apart whatever they hold.
+    head = f"{type(item).__name__}\0{len(header)}\0{header}"
+    digest = hashlib.sha256(head.encode("utf-8", "surrogatepass"))
+    digest.update(body.encode("utf-8", "surrogatepass"))
+    return digest.digest()[:16]
 
 
 def render_prefix(instructions: str | None, tools: Sequence[Tool]) -> list[int]:

@@ -17,7 +17,7 @@ again.
   statuses and other fields that render nothing do not matter (the AI SDK
   sends an output message back in another shape than it came). A
   conversation's first ``n`` items are known by a chain of those digests,
-  ``d_n = blake2b(d_{n-1} + key_n)``, seeded with the API key's owner: one
+  ``d_n = sha256(d_{n-1} + key_n)``, seeded with the API key's owner: one
   key's lookups never find another key's conversations, so neither the
   answer nor its timing tells a key anything of another's. A compaction item
   ends a chain (what it seals does not show in its segment).
@@ -90,6 +90,16 @@ class _Tokens:
 
     def count(self, length: int) -> None:
         self.counted = length
+
+    def take(self, tokens: array[int], prefix_length: int, model: str, chain: str) -> None:
+        """Hold ``tokens`` instead: a longer array whose item tokens begin with
+        those of every mark held (a rollout seeded from them)."""
+        self.tokens, self.prefix_length, self.model, self.chain = (
+            tokens,
+            prefix_length,
+            model,
+            chain,
+        )
 
     def recharge(self) -> int:
         """Charge what it takes now; the change since it was last charged."""
@@ -233,14 +243,10 @@ class PrefixReuse:
         live, start = tokens.tokens, tokens.prefix_length
         held = chain.held
         if held is None or held.tokens is not live or self._held.get(id(held)) is not held:
-            held = _Tokens(live, start, rollout.model.name, rollout.chain)
+            held = self._hold(rollout, chain.take_seeded())
             chain.hold(held)
-            self._held[id(held)] = held
         seen = max(0, rollout.model_seen - start)
         self._mark(chain.digests[-1], _Mark(held, len(context), len(live) - start, seen))
-        seeded = chain.take_seeded()
-        if seeded is not None:
-            self._adopt(seeded, held)
         held.count(len(live))
         self._charge(held)
         self._held.move_to_end(id(held))
@@ -252,6 +258,25 @@ class PrefixReuse:
             self._unmark(digest, old)
         self._marks[digest] = mark
         mark.held.marks[digest] = mark
+
+    def _hold(self, rollout: Rollout, seeded: _Mark | None) -> _Tokens:
+        """What holds ``rollout``'s token array from now on. A rollout seeded from
+        ``seeded`` begins with its array's item tokens: when that array's marks
+        all lie within them (a conversation resent turn after turn), the
+        rollout's array takes its place under them, in one step; otherwise a
+        new holder takes over the marks it covers."""
+        tokens = rollout.tokens
+        fresh = (tokens.tokens, tokens.prefix_length, rollout.model.name, rollout.chain)
+        old = seeded.held if seeded is not None else None
+        if seeded is not None and old is not None and self._held.get(id(old)) is old:
+            if all(mark.items <= seeded.items for mark in old.marks.values()):
+                old.take(*fresh)
+                return old
+        held = _Tokens(*fresh)
+        self._held[id(held)] = held
+        if seeded is not None:
+            self._adopt(seeded, held)
+        return held
 
     def _adopt(self, seeded: _Mark, held: _Tokens) -> None:
         """``held`` begins with the tokens of ``seeded``: the marks of ``seeded``'s
@@ -304,7 +329,7 @@ class PrefixReuse:
 
 def _seed(owner: str) -> bytes:
     """The first link of ``owner``'s chains."""
-    return hashlib.blake2b(f"owner\0{owner}".encode(), digest_size=_DIGEST_BYTES).digest()
+    return hashlib.sha256(f"owner\0{owner}".encode()).digest()[:_DIGEST_BYTES]
 
 
 def _extend_chain(seed: bytes, digests: Sequence[bytes], items: Sequence[Item]) -> list[bytes]:
@@ -316,7 +341,7 @@ def _extend_chain(seed: bytes, digests: Sequence[bytes], items: Sequence[Item]) 
         key = item_key(item)
         if key is None:
             break
-        last = hashlib.blake2b(last + key, digest_size=_DIGEST_BYTES).digest()
+        last = hashlib.sha256(last + key).digest()[:_DIGEST_BYTES]
         chain.append(last)
     return chain
 
