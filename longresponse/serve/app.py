@@ -61,6 +61,7 @@ from .inspector.observer import Inspector
 from .inspector.routes import InspectRoutes
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import LoopLagMonitor, ServerMetrics
+from .prefix_reuse import PrefixReuseCounters
 from .request_ids import RequestIds
 from .seam import Seam
 from .turns import Turns
@@ -275,6 +276,8 @@ def create_app(
     compaction = CompactHTTP(http)
     chat = ChatCompletions(config, http, models, pipeline)  # POST /v1/chat/completions
     metrics.registry.register(chat.collector())
+    if turns.prefixes is not None:
+        metrics.registry.register(PrefixReuseCounters(turns.prefixes))
 
     pages = _ServerPages(models, metrics, endpoint, services)
     lifespan = _lifespan(config, services, metrics, background, backends, turns)

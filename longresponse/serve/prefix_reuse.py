@@ -50,8 +50,11 @@ import dataclasses
 import hashlib
 import weakref
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Final
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from protocol.items import Item
 
@@ -60,7 +63,7 @@ from ..engine.boundary import KnownPrefix
 from ..engine.render import item_key
 from ..engine.rollout import Rollout
 
-__all__ = ["MARK_BYTES", "Found", "PrefixReuse"]
+__all__ = ["MARK_BYTES", "Found", "PrefixReuse", "PrefixReuseCounters"]
 
 #: What one mark costs beside the tokens (its dict entry, digest and record;
 #: measured with tracemalloc over 100,000 marks, CPython 3.11).
@@ -325,6 +328,32 @@ class PrefixReuse:
         while self.nbytes > self.budget_bytes and self._held:
             self._drop(next(iter(self._held.values())))
             self.evictions += 1
+
+
+class PrefixReuseCounters(Collector):
+    """``longresponse_prefix_reuse_*`` on ``/metrics``: lookups, what they found,
+    what the cache holds and what it let go for room."""
+
+    def __init__(self, prefixes: PrefixReuse) -> None:
+        self.prefixes = prefixes
+
+    def collect(self) -> Iterator[Metric]:
+        cache = self.prefixes
+        for name, help_text, value in (
+            ("lookups", "New rollouts that looked for a known prefix.", cache.lookups),
+            ("hits", "Lookups that found one.", cache.hits),
+            ("items_found", "Items the hits did not read again.", cache.items_found),
+            ("evictions", "Conversations let go for room (least recently used).", cache.evictions),
+        ):
+            yield CounterMetricFamily(f"longresponse_prefix_reuse_{name}", help_text, value=value)
+        yield GaugeMetricFamily(
+            "longresponse_prefix_reuse_bytes",
+            "Bytes the known conversations take (tokens and marks), of --prefix-reuse-bytes.",
+            value=cache.nbytes,
+        )
+        yield GaugeMetricFamily(
+            "longresponse_prefix_reuse_marks", "Conversation ends held.", value=len(cache)
+        )
 
 
 def _seed(owner: str) -> bytes:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+import httpx
 import msgspec
 import openai
 import pytest
@@ -357,3 +358,19 @@ async def test_an_append_mode_create_begins_from_a_known_conversation(
     # The whole earlier rollout (all but the new question) was known.
     assert usage.input_tokens_details.cached_tokens >= 0.95 * usage.input_tokens
     assert _prefixes(running).hits == 1
+
+
+async def test_metrics_count_the_lookups_and_what_is_held(make_server: Any) -> None:
+    running = make_server()
+    await trio.to_thread.run_sync(http_full, running, 3)
+    text = httpx.get(f"{running.http_url}/metrics").text
+    figures = {
+        line.split(" ")[0]: float(line.split(" ")[1])
+        for line in text.splitlines()
+        if line.startswith("longresponse_prefix_reuse_")
+    }
+    cache = _prefixes(running)
+    assert figures["longresponse_prefix_reuse_lookups_total"] == cache.lookups == 2
+    assert figures["longresponse_prefix_reuse_hits_total"] == cache.hits == 2
+    assert figures["longresponse_prefix_reuse_bytes"] == cache.nbytes > 0
+    assert figures["longresponse_prefix_reuse_marks"] == len(cache) == 3
