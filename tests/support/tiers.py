@@ -34,7 +34,7 @@ ROOT: Final = Path(__file__).resolve().parent.parent.parent
 MARKERS: Final = {
     "engine": "needs the real llama-server and SmolLM2 (make engine)",
     "npm": (
-        "needs the Node clients from npm: Codex, the TypeScript SDK, the AI SDK, "
+        "needs the Node clients from npm: Codex, the TypeScript SDK, the AI SDK, Cline, "
         "the Agents SDK for JavaScript, on Node 22 from npm (make node-clients)"
     ),
     "browser": "needs Debian's chromium and chromedriver (make test-services)",
