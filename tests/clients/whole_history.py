@@ -16,12 +16,14 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
 import httpx
+
+from longresponse.backends.sim.sampler import QUOTE_CHARS
 
 HERE: Final = Path(__file__).parent
 #: Node 22 from npm, installed by ``make node-clients``.
@@ -39,13 +41,17 @@ class RequestUsage:
     cached_tokens: int
 
 
-def run_node(script: str, *args: str, timeout: float = 120) -> dict[str, Any]:
-    """Run ``script`` (beside this module) on the pinned Node 22 and return the
-    one JSON object it prints; fails the test with its stderr if it exits non-zero."""
+def run_node(
+    script: str, *args: str, env: Mapping[str, str] | None = None, timeout: float = 120
+) -> dict[str, Any]:
+    """Run ``script`` (beside this module) on the pinned Node 22, in ``env`` if
+    given, and return the one JSON object it prints; fails the test with its
+    stderr if it exits non-zero."""
     assert NODE.is_file(), "Node 22 is missing: make node-clients installs it"
     done = subprocess.run(
         [str(NODE), str(HERE / script), *args],
         cwd=HERE,
+        env=env,
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -59,9 +65,13 @@ def run_node(script: str, *args: str, timeout: float = 120) -> dict[str, Any]:
 def sim_answer(asked: Sequence[str], outputs: Sequence[tuple[str, str]]) -> str:
     """The simulated model's answer to a context holding the user messages
     ``asked`` and the tool outputs ``outputs`` ((call_id, output), in order):
-    it quotes each (each shorter than its 40-character quote here)."""
-    quoted = " | ".join(f"«{question}»" for question in asked)
-    read = " ".join(f"[{call_id}] «{output}»" for call_id, output in outputs)
+    it quotes the head of each."""
+
+    def quote(text: str) -> str:
+        return "«" + text[:QUOTE_CHARS].replace("\n", " ") + "»"
+
+    quoted = " | ".join(quote(question) for question in asked)
+    read = " ".join(f"[{call_id}] {quote(output)}" for call_id, output in outputs)
     return f"You asked: {quoted}. I read {len(outputs)} tool outputs: {read}."
 
 
