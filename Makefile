@@ -27,12 +27,16 @@ lint: $(VENV)/.installed-test
 	$(BIN)/ruff check protocol longresponse tests examples
 	$(BIN)/mypy protocol longresponse
 
-# The real clients the tests run (tests/clients/): the Codex CLI and the openai SDK for
-# Node with ws, pinned by tests/clients/package-lock.json and installed by `npm ci` into
+# The real clients the tests run (tests/clients/): the Codex CLI, the openai SDK for Node
+# with ws, the Vercel AI SDK, the Agents SDK for JavaScript, the Cline CLI and the Node 22
+# they run on, pinned by tests/clients/package-lock.json and installed into
 # tests/clients/node_modules (git-ignored); the stamp keeps a second run from reinstalling.
+# `npm install --no-save` installs what the lock names and never rewrites it; `npm ci`
+# refuses this lock, which cannot name Cline's optional binaries for other platforms (the
+# registry answers 404 for all but linux-x64's).
 NODE_CLIENTS := tests/clients/node_modules/.installed
 $(NODE_CLIENTS): tests/clients/package.json tests/clients/package-lock.json
-	cd tests/clients && npm ci --no-audit --no-fund --loglevel=error
+	cd tests/clients && npm install --no-save --no-audit --no-fund --loglevel=error
 	touch $@
 node-clients: $(NODE_CLIENTS)
 

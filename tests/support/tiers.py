@@ -33,7 +33,10 @@ ROOT: Final = Path(__file__).resolve().parent.parent.parent
 #: Each tier's marker, and what it says in ``pytest --markers``.
 MARKERS: Final = {
     "engine": "needs the real llama-server and SmolLM2 (make engine)",
-    "npm": "needs the Node clients from npm: Codex, the TypeScript SDK (make node-clients)",
+    "npm": (
+        "needs the Node clients from npm: Codex, the TypeScript SDK, the AI SDK, Cline, "
+        "the Agents SDK for JavaScript, on Node 22 from npm (make node-clients)"
+    ),
     "browser": "needs Debian's chromium and chromedriver (make test-services)",
     "services": "needs redis-server or nginx (make test-services)",
     "slow": "correct but too long for the fast tier: processes, timeouts run out, benchmarks",
