@@ -37,8 +37,8 @@ def main(conversations: int = 1000, tokens: int = 20_000) -> None:
         started = time.perf_counter()
         reused = []
         for number in range(conversations):
-            # About one token a word: "w<number>" words differ per conversation.
-            text = " ".join(f"w{number}x{word}" for word in range(tokens // 3))
+            # About five tokens a word; the words differ per conversation.
+            text = " ".join(f"w{number}x{word}" for word in range(tokens // 5))
             body = {
                 "model": "sim",
                 "input": [{"role": "user", "content": text}],
