@@ -173,3 +173,32 @@ def test_a_slot_is_pinned_only_while_it_is_free(make_server: Any) -> None:
                 assert future.result().status == "completed"
         ask(homes[1][0])
     assert [body.get("id_slot") for body in peer.requests] == [0, None, None, 1]
+
+
+def test_a_client_resending_everything_keeps_its_conversations_key(
+    make_server: Any, engine: StandIn
+) -> None:
+    """A client that never chains (the whole conversation in every request, no
+    store) starts a new rollout each time; prefix reuse finds the conversation
+    it resends, and its key with it: every request carries the key of the
+    conversation's first response, as a chain's would."""
+    client = openai_client(gateway(make_server, engine.url))
+    conversation: list[Any] = [{"role": "user", "content": "Add 1 and 2."}]
+    first = None
+    for _ in range(3):
+        response = client.responses.create(
+            model="engine", input=conversation, tools=[ADD], store=False
+        )
+        first = first or response
+        conversation += [item.model_dump(exclude_unset=True) for item in response.output]
+        calls = [item for item in response.output if item.type == "function_call"]
+        if calls:
+            conversation.append(
+                {"type": "function_call_output", "call_id": calls[0].call_id, "output": "3"}
+            )
+        else:
+            conversation.append({"role": "user", "content": "Again."})
+    keys = [headers[HEADER] for headers in engine.headers]
+    assert len(keys) == 3
+    assert first is not None
+    assert set(keys) == {affinity_key(None, first.id)}

@@ -363,7 +363,7 @@ async def test_an_append_mode_create_begins_from_a_known_conversation(
 async def test_metrics_count_the_lookups_and_what_is_held(make_server: Any) -> None:
     running = make_server()
     await trio.to_thread.run_sync(http_full, running, 3)
-    text = httpx.get(f"{running.http_url}/metrics").text
+    text = (await trio.to_thread.run_sync(httpx.get, f"{running.http_url}/metrics")).text
     figures = {
         line.split(" ")[0]: float(line.split(" ")[1])
         for line in text.splitlines()
@@ -374,3 +374,36 @@ async def test_metrics_count_the_lookups_and_what_is_held(make_server: Any) -> N
     assert figures["longresponse_prefix_reuse_hits_total"] == cache.hits == 2
     assert figures["longresponse_prefix_reuse_bytes"] == cache.nbytes > 0
     assert figures["longresponse_prefix_reuse_marks"] == len(cache) == 3
+
+
+async def test_a_websocket_continuation_read_back_from_the_store_reports_its_reuse(
+    make_server: Any,
+) -> None:
+    # A chain whose next turn comes on a new connection (a socket per run, as
+    # pydantic-ai opens them): its parent is not on the connection and is read
+    # back from the store, as over HTTP, and reports the same reuse.
+    running = make_server()
+    one = await trio.to_thread.run_sync(ws_chain, running, 2)
+    hits = _prefixes(running).hits
+
+    def next_turn() -> Any:
+        with openai_client(running).responses.connect() as conn:
+            conn.response.create(
+                model="sim",
+                instructions=INSTRUCTIONS,
+                input=_next_input(one[-1], 1),  # type: ignore[arg-type]
+                previous_response_id=one[-1].id,
+                tools=[TOOL],  # type: ignore[list-item]
+                metadata=META,
+                store=True,
+            )
+            for event in conn:
+                if event.type == "response.completed":
+                    return event.response
+        raise AssertionError("no response.completed")
+
+    third = await trio.to_thread.run_sync(next_turn)
+    (chained,) = (await trio.to_thread.run_sync(ws_chain, running, 3))[2:]
+    assert _usage(third) == _usage(chained)
+    _assert_prefix_reused([_usage(r) for r in (*one, third)])
+    assert _prefixes(running).hits == hits + 1
