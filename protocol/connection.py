@@ -85,6 +85,8 @@ from .events import (
     ResponseInject,
     ResponseInjectFailed,
     ResponseQueued,
+    ResponseResume,
+    ResponseResumed,
     ResponseSteer,
     ResponseSteerFailed,
     ResponseSteerPending,
@@ -105,7 +107,7 @@ from .items import (
     call_name,
     is_cut,
 )
-from .response import ResponseError
+from .response import RequiredAction, ResponseError
 from .state import ResponseState, Role
 
 __all__ = [
@@ -160,6 +162,15 @@ _NOT_SPOKEN: Final = {
     "with the header 'OpenAI-Beta: responses_multi_agent=v1'.",
     "response.steer": "response.steer is part of the shipped WebSocket shape; in append mode "
     "send response.append while the model samples (it is taken in at the next boundary).",
+    "response.resume": "response.resume is part of append mode; the shipped WebSocket shape "
+    "continues a stored response with response.create and previous_response_id.",
+}
+
+
+#: The states a response is taken up in (``response.resumed``), by its status.
+_RESUMABLE: Final = {
+    "requires_action": ResponseState.REQUIRES_ACTION,
+    "in_progress": ResponseState.IN_PROGRESS,
 }
 
 
@@ -468,6 +479,9 @@ class Connection:
             return _nothing, None
         if isinstance(event, ResponseSteer):
             return _nothing, self._check_steer(event)
+        if isinstance(event, ResponseResume):
+            self._check_resume(event)
+            return _nothing, None
         if not isinstance(event, ResponseAppend | ResponseCancel | ResponseInject):
             return _nothing, None  # response.processed: tolerated, never answered
         kind = wire_type(event)
@@ -531,6 +545,21 @@ class Connection:
                 _check_steer_item(item, index)
         return track
 
+    def _check_resume(self, event: ResponseResume) -> None:
+        """A resume names a response this connection does not hold live. Raises
+        :class:`LocalProtocolError` (nothing changes)."""
+        if not self._speaks("response.resume"):
+            raise _not_spoken("response.resume")
+        track = self._responses.get(event.response_id)
+        if track is not None and not track.terminal:
+            raise LocalProtocolError(
+                f"Response {track.response_id!r} is live on this connection already; "
+                "response.resume takes up a response whose connection was lost.",
+                code=ErrorCode.INVALID_VALUE,
+                param="response_id",
+                response_id=track.response_id,
+            )
+
     def _target(self, response_id: str | None) -> ResponseTrack:
         if response_id is None:
             response_id = self._lane_latest.get(None)
@@ -558,6 +587,9 @@ class Connection:
         if isinstance(event, _CONNECTION_LEVEL):
             return  # about the connection or a request, not a response's state
         stream_id = event.stream_id if isinstance(event.stream_id, str) else None
+        if isinstance(event, ResponseResumed):
+            self._open_resumed(event)
+            return
         opening = isinstance(event, ResponseCreated | ResponseQueued)
         if opening and event.response.id not in self._responses:  # type: ignore[union-attr]
             self._open(event, stream_id)  # type: ignore[arg-type]
@@ -610,6 +642,34 @@ class Connection:
             event.response.id, state, stream_id, max_answered_calls=self.max_answered_calls
         )
         track.next_sequence = 1
+        self._remember(track)
+
+    def _open_resumed(self, event: ResponseResumed) -> None:
+        """A response taken up from its checkpoint joins this connection where
+        the checkpoint left it: its state, its next number, its waiting calls."""
+        response = event.response
+        old = self._responses.get(response.id)
+        if old is not None and not old.terminal:
+            raise LocalProtocolError(
+                f"Response {response.id!r} is live on this connection already.",
+                code=ErrorCode.INVALID_VALUE,
+                param="response.id",
+            )
+        state = _RESUMABLE.get(response.status)
+        if state is None:
+            raise LocalProtocolError(
+                f"A resumed response is requires_action or in_progress, not {response.status!r}.",
+                code=ErrorCode.INVALID_VALUE,
+                param="response.status",
+            )
+        track = ResponseTrack(response.id, state, None, max_answered_calls=self.max_answered_calls)
+        action = response.required_action
+        waiting = set(action.call_ids) if isinstance(action, RequiredAction) else set()
+        for item in response.output:
+            awaited = _awaited(item)
+            if awaited is not None and awaited[0] in waiting:
+                track.pending_calls[awaited[0]] = awaited[1]
+        track.next_sequence = event.sequence_number + 1
         self._remember(track)
 
     def _track_of(self, event: ServerEvent, stream_id: str | None) -> ResponseTrack:

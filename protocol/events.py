@@ -87,6 +87,8 @@ __all__ = [
     "ResponseInjectFailed",
     "ResponseProcessed",
     "ResponseQueued",
+    "ResponseResume",
+    "ResponseResumed",
     "ResponseSteer",
     "ResponseSteerAccepted",
     "ResponseSteerFailed",
@@ -318,6 +320,14 @@ class ResponseSteer(
     input: str | list[Item]
 
 
+class ResponseResume(_Event, frozen=True, kw_only=True, tag="response.resume"):
+    """Takes up, on a new connection, an append-mode response whose connection
+    (or process) was lost: one created with ``store: true``, from its last
+    checkpoint. The server answers ``response.resumed``."""
+
+    response_id: str
+
+
 ClientEvent = (
     ResponseCreate
     | ResponseAppend
@@ -325,6 +335,7 @@ ClientEvent = (
     | ResponseProcessed
     | ResponseInject
     | ResponseSteer
+    | ResponseResume
 )
 
 # --- server events ---------------------------------------------------------
@@ -355,6 +366,13 @@ class ResponseQueued(_Lifecycle, frozen=True, kw_only=True, tag="response.queued
 
 class ResponseInProgress(_Lifecycle, frozen=True, kw_only=True, tag="response.in_progress"):
     pass
+
+
+class ResponseResumed(_Lifecycle, frozen=True, kw_only=True, tag="response.resumed"):
+    """The answer to ``response.resume``: the Response as its last checkpoint
+    holds it (``requires_action`` with the calls still waiting for outputs, or
+    ``in_progress`` when its turn runs again). Its ``sequence_number`` follows
+    the checkpoint's last event; events the client saw after that are void."""
 
 
 class ResponseDone(_Lifecycle, frozen=True, kw_only=True, tag="response.done"):
@@ -624,6 +642,7 @@ class TimingEvent(_Event, frozen=True, kw_only=True, tag="responsesapi.websocket
 ServerEvent = (
     ResponseCreated
     | ResponseQueued
+    | ResponseResumed
     | ResponseInProgress
     | ResponseDone
     | ResponseCompleted

@@ -454,6 +454,7 @@ CLIENT_EVENTS: dict[type[msgspec.Struct], st.SearchStrategy[Any]] = {
         p.events.ResponseAppend, input=texts | st.lists(items, max_size=3), response_id=none_or(ids)
     ),
     p.events.ResponseCancel: st.builds(p.events.ResponseCancel, response_id=none_or(ids)),
+    p.events.ResponseResume: st.builds(p.events.ResponseResume, response_id=ids),
     p.events.ResponseProcessed: st.builds(p.events.ResponseProcessed, response_id=none_or(ids)),
     p.events.ResponseSteer: st.builds(
         p.events.ResponseSteer,
@@ -497,6 +498,7 @@ text_position = {
 SERVER_EVENTS: dict[type[msgspec.Struct], st.SearchStrategy[Any]] = {
     p.events.ResponseCreated: lifecycle(p.events.ResponseCreated),
     p.events.ResponseQueued: lifecycle(p.events.ResponseQueued),
+    p.events.ResponseResumed: lifecycle(p.events.ResponseResumed),
     p.events.ResponseInProgress: lifecycle(p.events.ResponseInProgress),
     p.events.ResponseDone: lifecycle(p.events.ResponseDone),
     p.events.ResponseCompleted: lifecycle(p.events.ResponseCompleted),
