@@ -35,7 +35,7 @@ BENCH_COMMANDS: Final = {
     "soak": ("soak", "connections of mixed shapes for minutes: errors, latency, memory"),
 }
 #: What the benchmark commands import beyond the server: the ``[bench]`` extra.
-BENCH_EXTRA: Final = ("httpx", "matplotlib", "tqdm", "openai")
+BENCH_EXTRA: Final = ("httpx", "matplotlib", "tqdm", "openai", "agents")
 
 
 def missing_bench_dependency() -> str | None:

@@ -11,11 +11,11 @@
 
 Under :mod:`.compare`, each module importing only those before it:
 :mod:`.options` (transports, workload, flags), :mod:`.conversation` (request
-bodies, turn records, wire sizes), :mod:`.trio_transports` and
-:mod:`.sdk_transports` (driving one rollout), :mod:`.measure` (rows, batches,
-the echo floor). Under :mod:`.report`: :mod:`.analysis` (medians, targets)
-and :mod:`.plots`. :mod:`.scrape` reads the server's ``/metrics`` for all
-three commands.
+bodies, turn records, wire sizes), :mod:`.trio_transports`,
+:mod:`.sdk_transports` and :mod:`.agents_transports` (driving one rollout),
+:mod:`.measure` (rows, batches, the echo floor). Under :mod:`.report`:
+:mod:`.analysis` (medians, targets) and :mod:`.plots`. :mod:`.scrape` reads
+the server's ``/metrics`` for all three commands.
 
 :mod:`.echo` is the floor all of them compare against: a bare WebSocket echo
 endpoint on the same stack. The submodules are imported on use (by the
@@ -23,6 +23,7 @@ command line), so serving the echo endpoint does not import the others.
 """
 
 __all__ = [
+    "agents_transports",
     "analysis",
     "compare",
     "conversation",

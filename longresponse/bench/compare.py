@@ -30,8 +30,9 @@ written by :mod:`.report`.
 
 The modules below this one, in the order they build on each other:
 :mod:`.options` (transports, workload, flags), :mod:`.conversation` (request
-bodies and turn records), :mod:`.trio_transports` and :mod:`.sdk_transports`
-(driving a rollout), :mod:`.measure` (rows, batches, the floor). The names a
+bodies and turn records), :mod:`.trio_transports`, :mod:`.sdk_transports`
+and :mod:`.agents_transports` (driving a rollout), :mod:`.measure` (rows,
+batches, the floor). The names a
 caller of the bench uses (:class:`Transport`, :class:`Workload`,
 :class:`BenchOptions`, :func:`add_arguments`, ...) are re-exported here.
 """
@@ -59,6 +60,7 @@ from .measure import echo_floor, run_batch, run_rollout
 from .options import (
     ABLATED,
     ABLATION_SWITCHES,
+    AGENTS_TRANSPORTS,
     BASE_TRANSPORTS,
     ECHO_SHAPES,
     GATEWAY_TRANSPORTS,
@@ -75,6 +77,7 @@ from .options import (
 
 __all__ = [
     "ABLATION_SWITCHES",
+    "AGENTS_TRANSPORTS",
     "BASE_TRANSPORTS",
     "ECHO_SHAPES",
     "GATEWAY_TRANSPORTS",
@@ -328,16 +331,19 @@ def run_bench(options: BenchOptions) -> dict[str, Any]:
             "definitions": {
                 "turn": "one model call: turn 0 answers the create, turn k the k-th tool output",
                 "observed_ms": "client clock, from writing the turn's request to its terminal "
-                "event (WebSocket) or the end of the HTTP response",
+                "event (WebSocket) or the end of the HTTP response; agents-*: the Runner's "
+                "on_llm_start to on_llm_end hooks",
                 "client_ttft_ms": "from writing the request to the first output item or delta "
-                "(HTTP is not streamed: the whole response)",
+                "(HTTP is not streamed: the whole response; agents-*: the whole turn, as the "
+                "Agents SDK's Runner hands a response over whole)",
                 "overhead_ms": "observed_ms - model_ms",
                 "echo_rtt_ms": "the same frame sent by a bare trio/wsproto client to a bare "
                 "Starlette/uvicorn echo endpoint and read back (median of the repeats)",
                 "client_echo_rtt_ms": "ws-sdk only: the same event sent by the SDK itself "
                 "(conn.response.create) to the echo endpoint and read back (conn.recv_bytes)",
                 "sent_bytes": "client-to-server wire bytes of the turn: the masked WebSocket "
-                "frame, or the HTTP request (head and body)",
+                "frame, or the HTTP request (head and body); agents-ws: the frame of the "
+                "message the server's inspector counted",
                 "cpu_s": "server process CPU seconds (process_cpu_seconds_total on /metrics) "
                 "over a batch of concurrent rollouts, divided by the batch size; one server "
                 "process per transport and speed",

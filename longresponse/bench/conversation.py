@@ -22,8 +22,9 @@ the ``Server-Timing`` header on HTTP, read by :func:`server_timing`).
 formula. Between turns the client "runs" the tools (:func:`run_tools`, or
 :func:`run_tools_blocking` in the SDK's worker threads).
 
-The transports (:mod:`.trio_transports`, :mod:`.sdk_transports`) build on
-this module; it imports only :mod:`.options` of the bench.
+The transports (:mod:`.trio_transports`, :mod:`.sdk_transports`,
+:mod:`.agents_transports`) build on this module; it imports only
+:mod:`.options` of the bench.
 """
 
 from __future__ import annotations
@@ -34,10 +35,13 @@ import math
 import time
 import urllib.parse
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import httpx
 import trio
+
+if TYPE_CHECKING:
+    import httpx2  # the openai SDK's own client (the SDK transports' requests)
 
 import protocol
 
@@ -66,7 +70,7 @@ __all__ = [
 #: The request header that asks the server for its phase times on a WebSocket.
 TIMING_HEADER: Final = (protocol.TIMING_HEADER, "true")
 TASK: Final = "Run the test suite until it passes."
-TOOL: Final = {
+TOOL: Final[dict[str, Any]] = {
     "type": "function",
     "name": "run_tests",
     "description": "Run the project's tests and return their output.",
@@ -120,7 +124,7 @@ class Endpoint:
         return f"http://{self.host}:{self.port}"
 
 
-def http_request_bytes(request: httpx.Request) -> int:
+def http_request_bytes(request: httpx.Request | httpx2.Request) -> int:
     """Bytes on the wire of an HTTP/1.1 request: request line, headers, body."""
     line = len(request.method) + 1 + len(request.url.raw_path) + len(b" HTTP/1.1\r\n")
     head = sum(len(name) + 2 + len(value) + 2 for name, value in request.headers.raw)
@@ -150,6 +154,7 @@ class Turn:
     server: dict[str, float]
     tool_latency_ms: float
     frame: bytes | None = None  # the WebSocket payload (kept for the echo floor)
+    response_id: str | None = None  # the response that answered the turn
 
 
 def paced_tokens(calls: Sequence[tuple[str, str, str]], answer: str | None) -> int:

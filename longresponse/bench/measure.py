@@ -3,7 +3,8 @@
 Theory of operation
 -------------------
 :func:`run_rollout` drives one rollout through its transport
-(:mod:`.trio_transports` or :mod:`.sdk_transports`) and turns each
+(:mod:`.trio_transports`, :mod:`.sdk_transports` or
+:mod:`.agents_transports`) and turns each
 :class:`~.conversation.Turn` into a ``turns.json`` row (:func:`turn_row`). A
 "turn" is one model call: turn 0 answers the create, turn k (k >= 1) the k-th
 tool output. The simulated model's own time for the turn is computed from the
@@ -117,10 +118,20 @@ async def run_rollout(
     endpoint: Endpoint, transport: Transport, workload: Workload, *, via_url: bool = False
 ) -> dict[str, Any]:
     """Drive one rollout; return its ``turns.json`` record (``error`` set if it failed)."""
-    drive = sdk_rollout if transport.sdk else ws_rollout if transport.websocket else http_rollout
+    if transport.agents:  # imported on use: importing the Agents SDK takes seconds
+        from .agents_transports import agents_rollout, inspector_timing
+
+        drive = agents_rollout
+    else:
+        drive = (
+            sdk_rollout if transport.sdk else ws_rollout if transport.websocket else http_rollout
+        )
     started = time.perf_counter()
     try:
         turns, answer = await drive(endpoint, transport, workload, via_url=via_url)
+        e2e_ms = (time.perf_counter() - started) * 1000
+        if transport.shape == "agents-ws":  # its SDK reads every frame: the clock is stopped
+            await inspector_timing(endpoint, turns)
     except Exception as exc:  # recorded; the run goes on with the other transports
         return {
             "error": f"{type(exc).__name__}: {exc}",
@@ -128,7 +139,6 @@ async def run_rollout(
             "final_answer": None,
             "frames": [],
         }
-    e2e_ms = (time.perf_counter() - started) * 1000
     rows = [
         turn_row(turn, turns[i - 1] if i else None, workload, transport.shape)
         for i, turn in enumerate(turns)

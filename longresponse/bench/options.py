@@ -24,6 +24,13 @@ transport (a :class:`Transport`: a client shape and the server flags it needs):
 ``append``       one long-running Response continued with ``response.append``.
 ``ws-sdk``       ``ws`` driven by the official ``openai`` SDK, unchanged.
 ``http-sdk``     ``http`` driven by the official SDK (the same server flags).
+``agents-http``  the OpenAI Agents SDK's ``Runner`` with its default model,
+                 ``OpenAIResponsesModel``, over HTTP: within a run it resends
+                 the whole history with every model request, as ``http-full``
+                 (the serve defaults: prefix reuse on).
+``agents-ws``    the Agents SDK's ``Runner`` over its Responses WebSocket
+                 transport (``responses_websocket_session()``): the whole
+                 history every request on one socket, as ``ws-full``.
 
 and, with ``--ablations``, ``append`` and ``ws`` with each reuse switch of the
 pipeline turned off (``append/no-token-cache``, ...; :data:`ABLATION_SWITCHES`).
@@ -61,6 +68,7 @@ from ..backend_kinds import KINDS
 __all__ = [
     "ABLATED",
     "ABLATION_SWITCHES",
+    "AGENTS_TRANSPORTS",
     "BASE_TRANSPORTS",
     "DEFLATE",
     "ECHO_SHAPES",
@@ -71,6 +79,7 @@ __all__ = [
     "SDK_TRANSPORTS",
     "SERVER_OVERHEAD_FORMULA",
     "URL_TRANSPORTS",
+    "WEBSOCKET_SHAPES",
     "WS_COMPRESSION_CHOICES",
     "BenchOptions",
     "Transport",
@@ -90,10 +99,17 @@ BASE_TRANSPORTS: Final = (
     "append",
     "http-sdk",
     "ws-sdk",
+    "agents-http",
+    "agents-ws",
 )
 #: Transports driven by the official ``openai`` SDK (its sync client, in a worker thread).
 SDK_TRANSPORTS: Final = ("http-sdk", "ws-sdk")
-#: Transports whose continuation frames get an echo floor (WebSocket, shipped or append).
+#: Transports driven by the OpenAI Agents SDK's ``Runner`` (asyncio, in a worker thread).
+AGENTS_TRANSPORTS: Final = ("agents-http", "agents-ws")
+#: The WebSocket transports (shipped shape, append mode, or an SDK's WebSocket).
+WEBSOCKET_SHAPES: Final = ("append", "ws", "ws-stored", "ws-full", "ws-sdk", "agents-ws")
+#: Transports whose continuation frames get an echo floor (WebSocket, shipped or
+#: append; the Agents SDK's frames are its own to send, so it has none).
 ECHO_SHAPES: Final = ("append", "ws", "ws-stored", "ws-full", "ws-sdk")
 #: The pipeline's reuse switches, as ``longresponse serve --no-<switch>`` flags.
 ABLATION_SWITCHES: Final = (
@@ -117,6 +133,8 @@ URL_TRANSPORTS: Final = (
     "append",
     "http-sdk",
     "ws-sdk",
+    "agents-http",
+    "agents-ws",
 )
 #: The suffix of a WebSocket transport whose server accepts compression (``--ws-compression on``).
 DEFLATE: Final = "+deflate"
@@ -190,19 +208,25 @@ class Transport:
 
     @property
     def websocket(self) -> bool:
-        return self.shape in ("append", "ws", "ws-stored", "ws-full", "ws-sdk")
+        return self.shape in WEBSOCKET_SHAPES
 
     @property
     def sdk(self) -> bool:
         return self.shape in SDK_TRANSPORTS
 
     @property
+    def agents(self) -> bool:
+        return self.shape in AGENTS_TRANSPORTS
+
+    @property
     def resends_history(self) -> bool:
-        return self.shape in ("ws-full", "http-full")
+        return self.shape in ("ws-full", "http-full", *AGENTS_TRANSPORTS)
 
     @property
     def store(self) -> bool:
-        return self.shape in ("http", "http-cached", "http-sdk", "ws-stored")
+        """Whether its responses are stored: ``store: true``, or, for the Agents
+        SDK, which sends no ``store``, the API's default (true)."""
+        return self.shape in ("http", "http-cached", "http-sdk", "ws-stored", *AGENTS_TRANSPORTS)
 
     @property
     def server_flags(self) -> tuple[str, ...]:
@@ -328,7 +352,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the ``longresponse bench`` flags on ``parser``."""
     parser.description = (
         "Compare every transport (http, http-full, http-cached, ws-full, ws, append; http-sdk "
-        "and ws-sdk through the official openai SDK) and each "
+        "and ws-sdk through the official openai SDK; agents-http and agents-ws through the "
+        "OpenAI Agents SDK's Runner) and each "
         "reuse switch on simulated agent rollouts, side by side, in one run: end-to-end time, "
         "time to first token, server phase times, client-observed overhead, server CPU, bytes "
         "per turn. Writes turns.json, summary.md and PNG plots to --out."

@@ -6,7 +6,8 @@ Theory of operation
 :func:`longresponse.bench.compare.run_bench` as it is, then writes what is
 derived from it and from nothing else, so a report can be rebuilt from a
 saved run: ``summary.md`` (:func:`summary_markdown`: the run, a table per
-speed, the official SDK against the trio/h11 client, the growth scenario,
+speed, the official SDK against the trio/h11 client, the Agents SDK against
+the client resending the whole history, the growth scenario,
 the consistency check and the targets) and the PNG plots (:mod:`.plots`).
 :func:`console_summary` is the few lines the command prints.
 
@@ -41,6 +42,7 @@ from .options import DEFLATE, Transport
 from .plots import PLOTS, write_plots
 
 __all__ = [
+    "AGENTS_PAIRS",
     "PLOTS",
     "SDK_PAIRS",
     "console_summary",
@@ -54,6 +56,9 @@ __all__ = [
 
 #: Each transport driven by the official ``openai`` SDK, and its trio/h11 twin.
 SDK_PAIRS: Final = (("ws-sdk", "ws"), ("http-sdk", "http"))
+#: Each transport driven by the Agents SDK's Runner, and the trio/h11 client that
+#: resends the whole history over the same transport.
+AGENTS_PAIRS: Final = (("agents-ws", "ws-full"), ("agents-http", "http-full"))
 
 
 def write(document: dict[str, Any], out: Path) -> None:
@@ -67,10 +72,12 @@ def write(document: dict[str, Any], out: Path) -> None:
 # --- summary.md ---------------------------------------------------------------------
 
 
-def _sdk_rows(grouped: dict[str, list[Record]]) -> list[str]:
-    """The official SDK against the trio/h11 client, same shape, same server flags."""
+def _pair_rows(
+    grouped: dict[str, list[Record]], pairs: tuple[tuple[str, str], ...], heading: str
+) -> list[str]:
+    """Each SDK-driven transport of ``pairs`` against its trio/h11 twin."""
     rows = []
-    for sdk, twin in SDK_PAIRS:
+    for sdk, twin in pairs:
         if sdk not in grouped or twin not in grouped:
             continue
         cells = []
@@ -84,8 +91,8 @@ def _sdk_rows(grouped: dict[str, list[Record]]) -> list[str]:
     if rows:
         rows[:0] = [
             "",
-            "Official `openai` SDK vs the trio/h11 client (medians over continuation turns "
-            "before the final answer; SDK - client in the third column of each group):",
+            heading + " (medians over continuation turns before the final answer; SDK - "
+            "client in the third column of each group):",
             "",
             "| pair | overhead SDK (ms) | overhead client (ms) | diff | TTFT SDK (ms) "
             "| TTFT client (ms) | diff | server overhead SDK (ms) | server overhead client "
@@ -113,14 +120,22 @@ def _compression_rows(grouped: dict[str, list[Record]]) -> list[str]:
             fmt(median(r["cpu_s"] for r in grouped[plain]), 3),
             fmt(median(r["cpu_s"] for r in records), 3),
         ]
-        negotiated = "yes" if Transport.parse(deflated).sdk else "no (not offered)"
+        transport = Transport.parse(deflated)
+        negotiated = (
+            "yes"
+            if transport.sdk
+            else "offered (the `websockets` default; not read back)"
+            if transport.agents
+            else "no (not offered)"
+        )
         rows.append(f"| `{plain}` | {negotiated} | " + " | ".join(cells) + " |")
     if rows:
         rows[:0] = [
             "",
             "Server `--ws-compression` off vs on (with it on, the official SDK is asked for "
             "permessage-deflate, as the `websockets` library offers by default, and the "
-            "rollout fails unless it was negotiated; the trio client never offers it; medians "
+            "rollout fails unless it was negotiated; the Agents SDK offers it at its defaults; "
+            "the trio client never offers it; medians "
             "over continuation turns before the final answer; on - off in the third column "
             "of each group):",
             "",
@@ -201,7 +216,10 @@ def summary_markdown(document: dict[str, Any]) -> str:
         "`process_cpu_seconds_total`. Bytes are client→server wire bytes per turn. Medians "
         "over rollouts; turn 1 = the first tool output, last = the final turn. `ws-sdk` and "
         "`http-sdk` are `ws` and `http` driven by the official `openai` SDK (its sync client, "
-        "one rollout per worker thread); their bytes are what the SDK sends.",
+        "one rollout per worker thread); their bytes are what the SDK sends. `agents-http` and "
+        "`agents-ws` are the OpenAI Agents SDK's `Runner` resending the whole history every "
+        "model request, over HTTP and over its Responses WebSocket (`agents-ws`: server "
+        "times and bytes read from the server's inspector).",
     ]
     for note in meta["notes"]:
         lines += ["", f"Note: {note}"]
@@ -224,7 +242,14 @@ def summary_markdown(document: dict[str, Any]) -> str:
         ]
         if savings and "http" in grouped:
             lines += ["", "End-to-end saving vs `http`: " + ", ".join(savings) + "."]
-        lines += _sdk_rows(grouped)
+        lines += _pair_rows(grouped, SDK_PAIRS, "Official `openai` SDK vs the trio/h11 client")
+        lines += _pair_rows(
+            grouped,
+            AGENTS_PAIRS,
+            "Agents SDK's Runner vs the trio/h11 client resending the whole history (the "
+            "Runner hands over a response whole: its TTFT is the whole turn; it stores every "
+            "response, `store` left to the API's default)",
+        )
         lines += _compression_rows(grouped)
     growth = by_transport(successful(document, "growth"))
     if growth:

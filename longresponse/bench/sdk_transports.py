@@ -29,7 +29,8 @@ import functools
 import json
 import statistics
 import time
-from typing import Any, Final
+from collections.abc import Callable
+from typing import Any, Final, TypeVar
 
 import trio
 
@@ -53,6 +54,7 @@ __all__ = [
     "FIRST_OUTPUT_EVENTS",
     "SDK_API_KEY",
     "SDK_THREADS",
+    "in_sdk_thread",
     "sdk_echo_floor",
     "sdk_rollout",
 ]
@@ -69,6 +71,8 @@ FIRST_OUTPUT_EVENTS: Final = frozenset(
 )
 #: Worker threads for SDK rollouts (at most one per concurrent rollout).
 SDK_THREADS: Final = 1000
+
+T = TypeVar("T")
 
 
 def _sdk_client(endpoint: Endpoint) -> Any:
@@ -213,19 +217,24 @@ def _http_sdk_rollout(
 _sdk_threads: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("sdk_threads")
 
 
-async def sdk_rollout(
-    endpoint: Endpoint, transport: Transport, workload: Workload, *, via_url: bool
-) -> tuple[list[Turn], str]:
-    """An SDK rollout, whole, in a worker thread (trio's default limit is 40 threads)."""
+async def in_sdk_thread(blocking: Callable[[], T]) -> T:
+    """``blocking()`` in a worker thread, at most :data:`SDK_THREADS` at once
+    (trio's default limit is 40 threads)."""
     try:
         limiter = _sdk_threads.get()
     except LookupError:
         limiter = trio.CapacityLimiter(SDK_THREADS)
         _sdk_threads.set(limiter)
+    return await trio.to_thread.run_sync(blocking, limiter=limiter)
+
+
+async def sdk_rollout(
+    endpoint: Endpoint, transport: Transport, workload: Workload, *, via_url: bool
+) -> tuple[list[Turn], str]:
+    """An SDK rollout, whole, in a worker thread."""
     drive = _ws_sdk_rollout if transport.shape == "ws-sdk" else _http_sdk_rollout
-    return await trio.to_thread.run_sync(
-        functools.partial(drive, endpoint, transport, workload, via_url=via_url),
-        limiter=limiter,
+    return await in_sdk_thread(
+        functools.partial(drive, endpoint, transport, workload, via_url=via_url)
     )
 
 

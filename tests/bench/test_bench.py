@@ -1,19 +1,21 @@
 """``longresponse bench`` in a tiny configuration: the outputs' shape and consistency.
 
 One module-scoped run (3 tool calls, small outputs, one speed, one round)
-through the command line, every transport (the official-SDK ones too); the
-tests read what it wrote. No timing is asserted:
+through the command line, every transport (the official-SDK ones and the
+Agents SDK's too); the tests read what it wrote. No timing is asserted:
 only what a run must get right whatever the machine's speed.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
 from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
 from longresponse import cli
 from longresponse.bench import compare, report
@@ -24,7 +26,18 @@ pytestmark = pytest.mark.slow
 
 TOOL_CALLS = 3
 GROWTH_TOOL_CALLS = 4
-TRANSPORTS = ("append", "ws", "http", "http-full", "ws-full", "http-cached", "ws-sdk", "http-sdk")
+TRANSPORTS = (
+    "append",
+    "ws",
+    "http",
+    "http-full",
+    "ws-full",
+    "http-cached",
+    "ws-sdk",
+    "http-sdk",
+    "agents-http",
+    "agents-ws",
+)
 ABLATION = "append/no-token-cache"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -90,7 +103,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]
     return out, json.loads((out / "turns.json").read_text())
 
 
-COMPRESSION_TRANSPORTS = ("ws", "ws-sdk", "http")
+COMPRESSION_TRANSPORTS = ("ws", "ws-sdk", "agents-ws", "http")
 
 
 @pytest.fixture(scope="module")
@@ -186,7 +199,9 @@ def test_final_answers_are_identical_and_turn_counts_match(
         answers = {r["final_answer"] for r in records}
         assert len(answers) == 1, {r["transport"]: r["final_answer"] for r in records}
         if scenario == "main":  # the SDK-driven transports are among them
-            assert {"ws-sdk", "http-sdk"} <= {r["transport"] for r in records}
+            assert {"ws-sdk", "http-sdk", *compare.AGENTS_TRANSPORTS} <= {
+                r["transport"] for r in records
+            }
         assert f"I read {calls} tool outputs" in answers.pop()
         for record in records:
             assert [row["turn"] for row in record["turns"]] == list(range(calls + 1))
@@ -226,6 +241,39 @@ def test_sdk_transports_are_measured_like_their_twins(run: tuple[Path, dict[str,
             assert set(twin_rows[0]["server"]) - {"turn"} <= set(row["server"]), sdk
 
 
+def test_agents_sdk_resends_the_whole_history_and_gets_it_cached(
+    run: tuple[Path, dict[str, Any]],
+) -> None:
+    _, document = run
+    by_name = {r["transport"]: r for r in _main(document)}
+    for agents, twin in report.AGENTS_PAIRS:
+        transport = compare.Transport.parse(agents)
+        assert (transport.agents, transport.resends_history, transport.sdk) == (True, True, False)
+        assert transport.server_flags == ()  # the serve defaults: prefix reuse on
+        record, twin_rows = by_name[agents], by_name[twin]["turns"]
+        assert record["error"] is None
+        rows = record["turns"]
+        # One model request of the Runner per turn: the create and one per tool output.
+        assert [row["turn"] for row in rows] == list(range(TOOL_CALLS + 1))
+        assert [row["output_tokens"] for row in rows] == [r["output_tokens"] for r in twin_rows]
+        # From the second request on, the history it resends is reported cached,
+        # as much of it as for the trio/h11 client resending the same history.
+        cached = [row["cached_tokens"] for row in rows]
+        assert cached[0] == 0
+        assert all(c > 0 for c in cached[1:]), cached
+        assert cached == [r["cached_tokens"] for r in twin_rows], agents
+        for previous, row in itertools.pairwise(rows):
+            assert row["cached_tokens"] > previous["cached_tokens"]
+            assert row["cached_tokens"] < row["input_tokens"]
+        for row in rows:
+            # Server phases (Server-Timing, or the inspector for agents-ws) like the twin's.
+            assert set(twin_rows[0]["server"]) - {"turn"} <= set(row["server"]), agents
+            assert row["server"]["resume_ms"] > 0
+            # Runner.run hands the agent a response whole: no earlier first output.
+            assert row["client_ttft_ms"] == row["observed_ms"]
+            assert row["echo_rtt_ms"] is None
+
+
 def test_history_and_bytes_follow_the_transport(run: tuple[Path, dict[str, Any]]) -> None:
     _, document = run
     by_name = {r["transport"]: r for r in _main(document)}
@@ -234,7 +282,8 @@ def test_history_and_bytes_follow_the_transport(run: tuple[Path, dict[str, Any]]
     # Every transport's model sees the same context on every turn.
     for record in by_name.values():
         assert [row["input_tokens"] for row in record["turns"]] == history, record["transport"]
-    for name in ("ws-full", "http-full"):  # the whole input again: the requests grow
+    # The whole input again: the requests grow.
+    for name in ("ws-full", "http-full", *compare.AGENTS_TRANSPORTS):
         sent = [row["sent_bytes"] for row in by_name[name]["turns"]]
         assert sent == sorted(set(sent)), name
     append = [row["sent_bytes"] for row in by_name["append"]["turns"][1:]]
@@ -291,6 +340,9 @@ def test_summary_has_a_row_per_transport_and_the_targets(
     assert "Target 1" in summary
     assert "| `ws-sdk` vs `ws` |" in summary
     assert "| `http-sdk` vs `http` |" in summary
+    assert "Agents SDK's Runner vs the trio/h11 client resending the whole history" in summary
+    assert "| `agents-ws` vs `ws-full` |" in summary
+    assert "| `agents-http` vs `http-full` |" in summary
     assert "same final answer" in summary
     assert "Target 2" in summary
     # 3 tool calls: target 1 (turn 50) is reported without a verdict.
@@ -314,7 +366,15 @@ def test_ws_compression_both_runs_every_websocket_transport_side_by_side(
 ) -> None:
     out, document = compression_run
     records = {r["transport"]: r for r in _main(document)}
-    assert sorted(records) == ["http", "ws", "ws+deflate", "ws-sdk", "ws-sdk+deflate"]
+    assert sorted(records) == [
+        "agents-ws",
+        "agents-ws+deflate",
+        "http",
+        "ws",
+        "ws+deflate",
+        "ws-sdk",
+        "ws-sdk+deflate",
+    ]
     assert [r for r in document["rollouts"] if r["error"]] == []
     for name, record in records.items():
         on = name.endswith("+deflate")
@@ -325,6 +385,7 @@ def test_ws_compression_both_runs_every_websocket_transport_side_by_side(
     assert "Server `--ws-compression` off vs on" in summary
     assert "| `ws-sdk` | yes |" in summary
     assert "| `ws` | no (not offered) |" in summary
+    assert "| `agents-ws` | offered (the `websockets` default; not read back) |" in summary
 
 
 def test_compression_names_and_settings() -> None:
@@ -354,9 +415,19 @@ def test_transport_names() -> None:
     assert compare.Transport.parse("http-cached").server_flags == ("--prefix-reuse",)
     # The token cache is on by default: the stateless baseline turns it off.
     assert compare.Transport.parse("http").server_flags == ("--no-prefix-reuse",)
-    for bad in ("carrier-pigeon", "http/no-token-cache", "append/no-such-switch"):
+    for bad in (
+        "carrier-pigeon",
+        "http/no-token-cache",
+        "append/no-such-switch",
+        "agents-ws/no-token-cache",
+    ):
         with pytest.raises(ValueError, match=r"transport|ablations"):
             compare.Transport.parse(bad)
+    agents_ws = compare.Transport.parse("agents-ws+deflate")
+    assert (agents_ws.shape, agents_ws.agents, agents_ws.websocket) == ("agents-ws", True, True)
+    assert agents_ws.server_flags == ("--ws-compression", "on")
+    with pytest.raises(ValueError, match="WebSocket transports only"):
+        compare.Transport.parse("agents-http+deflate")
 
 
 def test_gateway_names_and_plan() -> None:
@@ -460,3 +531,16 @@ def test_gateway_topologies_run_through_a_second_process(
     summary = (out / "summary.md").read_text()
     for name in GATEWAY_RUN:
         assert f"| `{name}` |" in summary, name  # a row of the transport table
+
+
+def test_agents_ws_reads_its_server_times_from_the_inspector() -> None:
+    # The Agents SDK reads every frame itself: without the server's inspector
+    # there are no per-turn server times to report, and the rollout says so.
+    workload = compare.Workload(1, 40, 0, 0, 0, 0)
+    transport = compare.Transport.parse("agents-ws")
+    with ServerProcess("--store", "memory://", "--no-inspector") as server:
+        endpoint = compare.Endpoint.from_url(server.url)
+        record = trio.run(compare.run_rollout, endpoint, transport, workload)
+    assert record["turns"] == []
+    assert record["error"].startswith("RuntimeError: turn 0: GET /inspect/api/rollouts/resp_")
+    assert "inspector gives agents-ws its server times" in record["error"]
