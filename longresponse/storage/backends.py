@@ -62,6 +62,16 @@ owned per key, never expiring): a ``conversations`` table for SQLite, one key
 per conversation for Redis (deleted by the same owner-checking script), a
 dict for memory.
 
+Every backend also keeps the checkpoints of append-mode rollouts
+(:class:`CheckpointState`: an epoch, a small state blob rewritten on every
+write, and the context items, each a blob, appended to), per owner and
+response id, gone ``ttl`` seconds (the caller's, not the store's) after the
+last open, write or take: two tables for SQLite, a hash and a list under one
+expiry for Redis (every call one Lua script), a dict for memory. A write names
+the epoch it holds and is refused once :meth:`~ResponseStore.checkpoint_take`
+has moved it on, so of two processes taking one rollout, only the later one
+writes.
+
 Failures of the backend itself (disk, network, a blob that no longer decodes)
 raise :class:`StoreError`; a missing, expired or foreign record is not an
 error (``None`` / ``False``).
@@ -70,7 +80,14 @@ error (``None`` / ``False``).
 from __future__ import annotations
 
 from .memory import MemoryStore
-from .records import ResponseStore, StoredConversation, StoredResponse, StoreError, UsageRecord
+from .records import (
+    CheckpointState,
+    ResponseStore,
+    StoredConversation,
+    StoredResponse,
+    StoreError,
+    UsageRecord,
+)
 from .redis_store import REDIS_KEY_PREFIX, REDIS_USAGE_KEY, RedisStore
 from .sqlite_store import SQLITE_BUSY_TIMEOUT, SQLITE_PURGE_INTERVAL, SQLiteStore
 
@@ -79,6 +96,7 @@ __all__ = [
     "REDIS_USAGE_KEY",
     "SQLITE_BUSY_TIMEOUT",
     "SQLITE_PURGE_INTERVAL",
+    "CheckpointState",
     "MemoryStore",
     "RedisStore",
     "ResponseStore",

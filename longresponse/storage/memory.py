@@ -1,14 +1,22 @@
-"""MemoryStore: records in a dict of this process (``memory://``); nothing survives a restart."""
+"""MemoryStore: records in a dict of this process (``memory://``); nothing survives a restart.
+
+Checkpoints of append-mode rollouts are a dict of this process too, keyed by
+owner and response id, each with its deadline and its list of item blobs
+(appended to in place).
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 
 from .records import (
+    CheckpointState,
     StoredConversation,
     StoredResponse,
     UsageRecord,
+    check_checkpoint_args,
     check_ttl,
     conversation_item_ids,
     decode_conversation,
@@ -17,10 +25,22 @@ from .records import (
     encode_record,
     held_item_ids,
     is_expired,
+    keep_beyond_items,
     ledger_order,
 )
 
 __all__ = ["MemoryStore"]
+
+
+@dataclasses.dataclass
+class _Checkpoint:
+    """One checkpoint as the memory store holds it (changed only by MemoryStore)."""
+
+    epoch: int
+    deadline: float
+    #: ``CheckpointState.state``, replaced by every write.
+    state_blob: bytes
+    items: list[bytes]
 
 
 class MemoryStore:
@@ -47,6 +67,8 @@ class MemoryStore:
         self._conversation_items: dict[tuple[str, str], str] = {}
         #: name -> server secret (this process only)
         self._secrets: dict[str, bytes] = {}
+        #: (owner, response id) -> checkpoint of an append-mode rollout
+        self._checkpoints: dict[tuple[str, str], _Checkpoint] = {}
 
     async def put(self, record: StoredResponse) -> None:
         """Store ``record``; nothing changes if it cannot be encoded."""
@@ -117,7 +139,7 @@ class MemoryStore:
         )
 
     async def purge_expired(self) -> int:
-        """Drop every expired record (never a ledger entry); the number dropped."""
+        """Drop every expired record and checkpoint (never a ledger entry); the number dropped."""
         now = self._clock()
         expired = [
             key for key, (_, expires_at, _) in self._records.items() if is_expired(expires_at, now)
@@ -126,6 +148,97 @@ class MemoryStore:
             del self._records[key]
         if expired:  # the index entries of records gone
             self._items = {key: held for key, held in self._items.items() if held in self._records}
+        return len(expired) + self._purge_expired_checkpoints(now)
+
+    # --- checkpoints (ResponseStore.checkpoint_*) -----------------------------
+
+    async def checkpoint_open(
+        self, response_id: str, *, owner: str, state: bytes, items: Sequence[bytes], ttl: float
+    ) -> int:
+        """A new checkpoint (replacing any of that id and owner, expired or not); its epoch."""
+        check_checkpoint_args(ttl)
+        replaced = self._checkpoints.get((owner, response_id))
+        epoch = 1 if replaced is None else replaced.epoch + 1
+        self._checkpoints[owner, response_id] = _Checkpoint(
+            epoch=epoch, deadline=self._clock() + ttl, state_blob=bytes(state), items=list(items)
+        )
+        return epoch
+
+    async def checkpoint_write(
+        self,
+        response_id: str,
+        *,
+        owner: str,
+        epoch: int,
+        state: bytes,
+        keep: int,
+        items: Sequence[bytes],
+        ttl: float,
+    ) -> bool:
+        """Keep ``keep`` items, append ``items``, replace the state, if still ``epoch``."""
+        check_checkpoint_args(ttl, keep)
+        checkpoint = self._live_checkpoint(response_id, owner)
+        if checkpoint is None or checkpoint.epoch != epoch:
+            return False
+        if keep > len(checkpoint.items):
+            raise keep_beyond_items(keep, response_id)
+        del checkpoint.items[keep:]
+        checkpoint.items.extend(items)
+        checkpoint.state_blob = bytes(state)
+        checkpoint.deadline = self._clock() + ttl
+        return True
+
+    async def checkpoint_take(
+        self, response_id: str, *, owner: str, ttl: float
+    ) -> CheckpointState | None:
+        """Bump the epoch and refresh the deadline; the checkpoint with its new epoch."""
+        check_checkpoint_args(ttl)
+        checkpoint = self._live_checkpoint(response_id, owner)
+        if checkpoint is None:
+            return None
+        checkpoint.epoch += 1
+        checkpoint.deadline = self._clock() + ttl
+        return self._checkpoint_state(response_id, owner, checkpoint)
+
+    async def checkpoint_read(self, response_id: str, *, owner: str) -> CheckpointState | None:
+        """The checkpoint as it is (nothing bumped or refreshed)."""
+        checkpoint = self._live_checkpoint(response_id, owner)
+        if checkpoint is None:
+            return None
+        return self._checkpoint_state(response_id, owner, checkpoint)
+
+    async def checkpoint_delete(
+        self, response_id: str, *, owner: str, epoch: int | None = None
+    ) -> bool:
+        """Delete the checkpoint (only if still ``epoch``, when given)."""
+        checkpoint = self._live_checkpoint(response_id, owner)
+        if checkpoint is None or (epoch is not None and checkpoint.epoch != epoch):
+            return False
+        del self._checkpoints[owner, response_id]
+        return True
+
+    def _live_checkpoint(self, response_id: str, owner: str) -> _Checkpoint | None:
+        """The checkpoint, or ``None`` if missing or expired (then dropped)."""
+        checkpoint = self._checkpoints.get((owner, response_id))
+        if checkpoint is not None and is_expired(checkpoint.deadline, self._clock()):
+            del self._checkpoints[owner, response_id]
+            return None
+        return checkpoint
+
+    @staticmethod
+    def _checkpoint_state(response_id: str, owner: str, checkpoint: _Checkpoint) -> CheckpointState:
+        return CheckpointState(
+            response_id=response_id,
+            owner=owner,
+            epoch=checkpoint.epoch,
+            state=checkpoint.state_blob,
+            items=list(checkpoint.items),
+        )
+
+    def _purge_expired_checkpoints(self, now: float) -> int:
+        expired = [k for k, c in self._checkpoints.items() if is_expired(c.deadline, now)]
+        for key in expired:
+            del self._checkpoints[key]
         return len(expired)
 
     async def ping(self) -> None:
@@ -142,6 +255,7 @@ class MemoryStore:
         self._usage.clear()
         self._conversations.clear()
         self._conversation_items.clear()
+        self._checkpoints.clear()
 
     def _visible(self, response_id: str, owner: str) -> bytes | None:
         entry = self._records.get(response_id)

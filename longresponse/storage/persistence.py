@@ -26,6 +26,11 @@ unknown id costs that long to report as not found).
 Rebuilding a conversation from the store walks ``previous_response_id`` back
 to its start: the whole history is read and rendered again on every request.
 That is the stateless baseline the HTTP path measures.
+
+Checkpoints of append-mode rollouts (``checkpoint_open`` and the rest, named
+as on :class:`~longresponse.storage.records.ResponseStore`) go straight to the
+store, awaited by the caller: each is durable when it returns. Persistence
+only counts them (calls, bytes sent, seconds) for ``/metrics`` and the bench.
 """
 
 from __future__ import annotations
@@ -70,7 +75,7 @@ from protocol.items import (
 from protocol.response import Response
 
 from ..ids import new_id
-from .records import ResponseStore, StoredResponse, UsageRecord
+from .records import CheckpointState, ResponseStore, StoredResponse, UsageRecord
 
 __all__ = [
     "CROSS_PROCESS_GRACE",
@@ -178,6 +183,11 @@ class Persistence:
         self.failed_writes = 0
         self.usage_written = 0
         self.write_seconds = 0.0
+        #: Checkpoint opens and writes that landed, the bytes they sent (states
+        #: and items) and the seconds they took, landed or not.
+        self.checkpoints_written = 0
+        self.checkpoint_bytes = 0
+        self.checkpoint_seconds = 0.0
 
     # --- lifecycle (owned by the app's lifespan) ------------------------------
 
@@ -299,6 +309,66 @@ class Persistence:
             self._pending.pop(record.id, None)
             if not done.done():
                 done.set_result(None)
+
+    # --- checkpoints (the store's, counted; the module docstring) ----------------
+
+    async def checkpoint_open(
+        self, response_id: str, *, owner: str, state: bytes, items: Sequence[bytes], ttl: float
+    ) -> int:
+        """:meth:`ResponseStore.checkpoint_open` (durable when it returns; raises
+        :class:`StoreError` as the store does)."""
+        started = time.perf_counter()
+        try:
+            epoch = await self.store.checkpoint_open(
+                response_id, owner=owner, state=state, items=items, ttl=ttl
+            )
+        finally:
+            self.checkpoint_seconds += time.perf_counter() - started
+        self._count_checkpoint(state, items)
+        return epoch
+
+    async def checkpoint_write(
+        self,
+        response_id: str,
+        *,
+        owner: str,
+        epoch: int,
+        state: bytes,
+        keep: int,
+        items: Sequence[bytes],
+        ttl: float,
+    ) -> bool:
+        """:meth:`ResponseStore.checkpoint_write` (durable when it returns ``True``)."""
+        started = time.perf_counter()
+        try:
+            written = await self.store.checkpoint_write(
+                response_id, owner=owner, epoch=epoch, state=state, keep=keep, items=items, ttl=ttl
+            )
+        finally:
+            self.checkpoint_seconds += time.perf_counter() - started
+        if written:
+            self._count_checkpoint(state, items)
+        return written
+
+    async def checkpoint_take(
+        self, response_id: str, *, owner: str, ttl: float
+    ) -> CheckpointState | None:
+        """:meth:`ResponseStore.checkpoint_take`."""
+        return await self.store.checkpoint_take(response_id, owner=owner, ttl=ttl)
+
+    async def checkpoint_read(self, response_id: str, *, owner: str) -> CheckpointState | None:
+        """:meth:`ResponseStore.checkpoint_read`."""
+        return await self.store.checkpoint_read(response_id, owner=owner)
+
+    async def checkpoint_delete(
+        self, response_id: str, *, owner: str, epoch: int | None = None
+    ) -> bool:
+        """:meth:`ResponseStore.checkpoint_delete`."""
+        return await self.store.checkpoint_delete(response_id, owner=owner, epoch=epoch)
+
+    def _count_checkpoint(self, state: bytes, items: Sequence[bytes]) -> None:
+        self.checkpoints_written += 1
+        self.checkpoint_bytes += len(state) + sum(len(item) for item in items)
 
     # --- reads -----------------------------------------------------------------
 

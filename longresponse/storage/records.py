@@ -8,6 +8,9 @@ found again by that id, per owner (:meth:`ResponseStore.holding`: an input
 later written one answers. A :class:`UsageRecord` is one entry of the billing ledger.
 A :class:`StoredConversation` is one conversation of the Conversations API
 (its metadata and every item in it, in order); it never expires.
+A :class:`CheckpointState` is the durable checkpoint of a paused append-mode
+rollout (opaque blobs the serve layer encodes; kept per owner and response id,
+fenced by an epoch, gone ``ttl`` seconds after it was last written or taken).
 Every backend keeps both as msgpack blobs (one reused encoder, one reused
 decoder per type), so what comes back is what went in, whichever backend holds
 it; the helpers here are that codec. :class:`ResponseStore` is the interface;
@@ -18,7 +21,7 @@ the ttl, the owner and the ledger.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Sequence
 from typing import Final, Protocol
 
 import msgspec
@@ -27,11 +30,13 @@ from protocol.items import Item
 from protocol.response import Response
 
 __all__ = [
+    "CheckpointState",
     "ResponseStore",
     "StoreError",
     "StoredConversation",
     "StoredResponse",
     "UsageRecord",
+    "check_checkpoint_args",
     "check_ttl",
     "conversation_item_ids",
     "decode_conversation",
@@ -40,6 +45,7 @@ __all__ = [
     "encode_record",
     "held_item_ids",
     "is_expired",
+    "keep_beyond_items",
     "ledger_order",
 ]
 
@@ -95,6 +101,24 @@ class UsageRecord(msgspec.Struct, frozen=True, kw_only=True):
     transport: str
 
 
+class CheckpointState(msgspec.Struct, frozen=True, kw_only=True):
+    """The checkpoint of one append-mode rollout, as the store holds it.
+
+    Keyed by ``(owner, response_id)``. ``epoch`` fences writers: every
+    :meth:`ResponseStore.checkpoint_take` bumps it, and a write that names an
+    older epoch is refused, so at most one process holds the rollout.
+    """
+
+    response_id: str
+    owner: str
+    #: Who holds the rollout: bumped by every take-over.
+    epoch: int
+    #: Opaque (the serve layer encodes it): small, rewritten on every write.
+    state: bytes
+    #: The rollout's context items, each an opaque blob, in order; appended to.
+    items: list[bytes]
+
+
 class ResponseStore(Protocol):
     async def put(self, record: StoredResponse) -> None:
         """Persist ``record`` (replacing one with the same id)."""
@@ -146,6 +170,67 @@ class ResponseStore(Protocol):
         Atomic across every process on the store: the first writer wins and
         all of them read its value. Never expires.
         """
+
+    # --- checkpoints of append-mode rollouts (CheckpointState) ---------------
+
+    async def checkpoint_open(
+        self, response_id: str, *, owner: str, state: bytes, items: Sequence[bytes], ttl: float
+    ) -> int:
+        """A new checkpoint of ``owner``'s ``response_id`` holding ``state`` and
+        ``items``, replacing any of that id and owner (its items dropped); its epoch.
+
+        The epoch is 1, or one past the epoch of the checkpoint replaced (so no
+        earlier holder's epoch matches the new one). Gone ``ttl`` seconds
+        after this call unless written or taken again. Raises
+        :class:`ValueError` for a ttl that is not a positive number of
+        seconds; on :class:`StoreError` it may or may not have been written.
+        """
+
+    async def checkpoint_write(
+        self,
+        response_id: str,
+        *,
+        owner: str,
+        epoch: int,
+        state: bytes,
+        keep: int,
+        items: Sequence[bytes],
+        ttl: float,
+    ) -> bool:
+        """Atomically, if the checkpoint is there and its epoch is still ``epoch``:
+        keep its first ``keep`` items, drop those after them, append ``items``,
+        replace ``state`` and expire it ``ttl`` seconds from now; ``True``.
+
+        ``False``, and nothing written, when it is gone (expired, deleted,
+        never opened, another owner's) or taken over (its epoch moved on).
+        Only the new items travel and are written: the kept ones stay as
+        they are. Raises :class:`ValueError`, nothing written, for a bad ttl,
+        a negative ``keep`` or one beyond the items stored; on
+        :class:`StoreError` it may or may not have been written.
+        """
+
+    async def checkpoint_take(
+        self, response_id: str, *, owner: str, ttl: float
+    ) -> CheckpointState | None:
+        """Atomically bump the checkpoint's epoch, expire it ``ttl`` seconds from
+        now, and return it with the new epoch: the caller holds it now, and
+        every earlier holder's writes are refused.
+
+        ``None`` (nothing changed) if it is missing, expired or another
+        owner's. Of two processes racing, each gets its own epoch and only
+        the later one's writes land.
+        """
+
+    async def checkpoint_read(self, response_id: str, *, owner: str) -> CheckpointState | None:
+        """The checkpoint (one consistent snapshot), without taking it or
+        refreshing its expiry; ``None`` as for :meth:`checkpoint_take`."""
+
+    async def checkpoint_delete(
+        self, response_id: str, *, owner: str, epoch: int | None = None
+    ) -> bool:
+        """Delete the checkpoint and its items (with ``epoch``, only if it is still
+        that epoch); ``True`` if one was deleted, ``False`` if none visible to
+        ``owner`` was there (or its epoch moved on)."""
 
     async def aclose(self) -> None:
         """Release connections and files."""
@@ -215,6 +300,23 @@ def check_ttl(ttl: float | None) -> float | None:
     if ttl is not None and not (math.isfinite(ttl) and ttl > 0):
         raise ValueError(f"ttl must be a positive number of seconds or None, not {ttl!r}")
     return ttl
+
+
+def check_checkpoint_args(ttl: float, keep: int = 0) -> None:
+    """Raise :class:`ValueError` for a checkpoint ttl that is not a positive number
+    of seconds, or a negative ``keep``."""
+    if not (isinstance(ttl, int | float) and math.isfinite(ttl) and ttl > 0):
+        raise ValueError(f"a checkpoint ttl must be a positive number of seconds, not {ttl!r}")
+    if keep < 0:
+        raise ValueError(f"keep must be 0 or more, not {keep}")
+
+
+def keep_beyond_items(keep: int, response_id: str) -> ValueError:
+    """The error of a checkpoint write that would keep more items than are stored."""
+    return ValueError(
+        f"keep={keep} is beyond the items stored in the checkpoint of {response_id}; "
+        "nothing was written"
+    )
 
 
 def is_expired(expires_at: float | None, now: float) -> bool:

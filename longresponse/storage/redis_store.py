@@ -7,21 +7,33 @@ script that reads the owner out of the blob and deletes only on a match
 (atomic: no other client runs between the check and the ``DEL``; the item
 keys are left to name a record that is gone). The ledger is one hash
 without expiry.
+
+A checkpoint of an append-mode rollout is two keys under one expiry: a hash
+(``epoch``, ``state``, ``length``: how many items the list holds) and a list of
+the item blobs, both named by owner and response id. Every checkpoint call is
+one Lua script (``register_script``): the epoch check and the write run as one
+step that no other client interleaves with, the expiry of both keys is set
+together, and a write sends and appends only the new items (``LTRIM`` to
+``keep``, ``RPUSH``). A hash whose list does not hold ``length`` items (one key
+evicted without the other) counts as gone.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from typing import Final
 
 import redis.asyncio
+import redis.commands.core
 import redis.exceptions
 
 from .records import (
+    CheckpointState,
     StoredConversation,
     StoredResponse,
     StoreError,
     UsageRecord,
+    check_checkpoint_args,
     check_ttl,
     conversation_item_ids,
     decode_conversation,
@@ -29,10 +41,13 @@ from .records import (
     decode_usage,
     encode_record,
     held_item_ids,
+    keep_beyond_items,
     ledger_order,
 )
 
 __all__ = [
+    "REDIS_CHECKPOINT_ITEMS_PREFIX",
+    "REDIS_CHECKPOINT_PREFIX",
     "REDIS_CONNECT_TIMEOUT",
     "REDIS_CONVERSATION_ITEM_PREFIX",
     "REDIS_CONVERSATION_PREFIX",
@@ -63,6 +78,91 @@ REDIS_CONVERSATION_ITEM_PREFIX: Final = "longresponse:conversation_item:"
 REDIS_USAGE_KEY: Final = "longresponse:usage"
 #: Redis key of a server secret: ``longresponse:secret:{name}``.
 REDIS_SECRET_PREFIX: Final = "longresponse:secret:"
+
+#: Redis hash of a checkpoint: ``longresponse:checkpoint:{owner}:{response id}`` ->
+#: ``epoch``, ``state``, ``length``.
+REDIS_CHECKPOINT_PREFIX: Final = "longresponse:checkpoint:"
+#: Redis list of a checkpoint's item blobs, in order:
+#: ``longresponse:checkpoint_items:{owner}:{response id}``.
+REDIS_CHECKPOINT_ITEMS_PREFIX: Final = "longresponse:checkpoint_items:"
+
+# The checkpoint scripts: KEYS[1] = the hash, KEYS[2] = the list. Items go in
+# by RPUSH in batches (Lua's unpack has a stack limit). A hash whose list does
+# not hold `length` items is treated as gone (one key evicted without the
+# other); expiry is set on both keys by the same script, so they go together.
+_CHECKPOINT_LUA: Final = """
+local function push(key, first)
+    for i = first, #ARGV, 1000 do
+        redis.call('RPUSH', key, unpack(ARGV, i, math.min(i + 999, #ARGV)))
+    end
+end
+local function live()
+    local stored = redis.call('HMGET', KEYS[1], 'epoch', 'state', 'length')
+    if not stored[1] then return nil end
+    if redis.call('LLEN', KEYS[2]) ~= tonumber(stored[3]) then return nil end
+    return stored
+end
+"""
+# ARGV[1] = px, ARGV[2] = state, ARGV[3..] = items; -> the new epoch.
+_CHECKPOINT_OPEN: Final = (
+    _CHECKPOINT_LUA
+    + """
+local epoch = tonumber(redis.call('HGET', KEYS[1], 'epoch') or '0') + 1
+redis.call('DEL', KEYS[1], KEYS[2])
+redis.call('HSET', KEYS[1], 'epoch', epoch, 'state', ARGV[2], 'length', #ARGV - 2)
+push(KEYS[2], 3)
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+redis.call('PEXPIRE', KEYS[2], ARGV[1])
+return epoch
+"""
+)
+# ARGV[1] = epoch, ARGV[2] = keep, ARGV[3] = px, ARGV[4] = state, ARGV[5..] = items;
+# -> 1 written, 0 gone or taken over, -1 keep beyond the items stored.
+_CHECKPOINT_WRITE: Final = (
+    _CHECKPOINT_LUA
+    + """
+local stored = live()
+if not stored or tonumber(stored[1]) ~= tonumber(ARGV[1]) then return 0 end
+local keep = tonumber(ARGV[2])
+if keep > tonumber(stored[3]) then return -1 end
+if keep == 0 then
+    redis.call('DEL', KEYS[2])
+elseif keep < tonumber(stored[3]) then
+    redis.call('LTRIM', KEYS[2], 0, keep - 1)
+end
+push(KEYS[2], 5)
+redis.call('HSET', KEYS[1], 'state', ARGV[4], 'length', keep + #ARGV - 4)
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
+return 1
+"""
+)
+# ARGV[1] = px (take) or nothing (read); -> {epoch, state, items} or nil.
+_CHECKPOINT_TAKE: Final = (
+    _CHECKPOINT_LUA
+    + """
+local stored = live()
+if not stored then return nil end
+local epoch = tonumber(stored[1])
+if ARGV[1] then
+    epoch = redis.call('HINCRBY', KEYS[1], 'epoch', 1)
+    redis.call('PEXPIRE', KEYS[1], ARGV[1])
+    redis.call('PEXPIRE', KEYS[2], ARGV[1])
+end
+return {epoch, stored[2], redis.call('LRANGE', KEYS[2], 0, -1)}
+"""
+)
+# ARGV[1] = epoch, or nothing for any; -> 1 deleted, 0 not.
+_CHECKPOINT_DELETE: Final = (
+    _CHECKPOINT_LUA
+    + """
+local stored = live()
+if not stored then return 0 end
+if ARGV[1] and tonumber(stored[1]) ~= tonumber(ARGV[1]) then return 0 end
+redis.call('DEL', KEYS[1], KEYS[2])
+return 1
+"""
+)
 
 # KEYS[1] = record key, ARGV[1] = owner. The blob is the msgpack map of a
 # StoredResponse or a StoredConversation; cmsgpack is built into Redis's Lua.
@@ -96,6 +196,10 @@ class RedisStore:
             socket_timeout=REDIS_TIMEOUT,
         )
         self._delete_if_owner = self._redis.register_script(_DELETE_IF_OWNER)
+        self._checkpoint_open = self._redis.register_script(_CHECKPOINT_OPEN)
+        self._checkpoint_write = self._redis.register_script(_CHECKPOINT_WRITE)
+        self._checkpoint_take = self._redis.register_script(_CHECKPOINT_TAKE)
+        self._checkpoint_delete = self._redis.register_script(_CHECKPOINT_DELETE)
 
     async def put(self, record: StoredResponse) -> None:
         """``SET`` the record and its item keys in one ``MULTI`` (with ``PX`` = ttl
@@ -227,6 +331,76 @@ class RedisStore:
         """Always 0: Redis expires keys itself (and never the ledger)."""
         return 0
 
+    # --- checkpoints (ResponseStore.checkpoint_*; the module docstring) ---------
+
+    async def checkpoint_open(
+        self, response_id: str, *, owner: str, state: bytes, items: Sequence[bytes], ttl: float
+    ) -> int:
+        """Replace both keys of the checkpoint and set their expiry (one script); its epoch."""
+        check_checkpoint_args(ttl)
+        args: list[bytes | int | str] = [_px(ttl), state, *items]
+        epoch = await self._checkpoint_script(self._checkpoint_open, response_id, owner, args)
+        assert isinstance(epoch, int)
+        return epoch
+
+    async def checkpoint_write(
+        self,
+        response_id: str,
+        *,
+        owner: str,
+        epoch: int,
+        state: bytes,
+        keep: int,
+        items: Sequence[bytes],
+        ttl: float,
+    ) -> bool:
+        """If still ``epoch``: ``LTRIM`` the list to ``keep``, ``RPUSH`` the new items,
+        set the state and the expiry of both keys (one script)."""
+        check_checkpoint_args(ttl, keep)
+        args: list[bytes | int | str] = [epoch, keep, _px(ttl), state, *items]
+        written = await self._checkpoint_script(self._checkpoint_write, response_id, owner, args)
+        if written == -1:
+            raise keep_beyond_items(keep, response_id)
+        return written == 1
+
+    async def checkpoint_take(
+        self, response_id: str, *, owner: str, ttl: float
+    ) -> CheckpointState | None:
+        """``HINCRBY`` the epoch, refresh the expiry of both keys and read them (one script)."""
+        check_checkpoint_args(ttl)
+        taken = await self._checkpoint_script(self._checkpoint_take, response_id, owner, [_px(ttl)])
+        return _checkpoint_state(response_id, owner, taken)
+
+    async def checkpoint_read(self, response_id: str, *, owner: str) -> CheckpointState | None:
+        """Both keys read in one script (nothing bumped or refreshed)."""
+        read = await self._checkpoint_script(self._checkpoint_take, response_id, owner, [])
+        return _checkpoint_state(response_id, owner, read)
+
+    async def checkpoint_delete(
+        self, response_id: str, *, owner: str, epoch: int | None = None
+    ) -> bool:
+        """``DEL`` both keys (only if still ``epoch``, when given; one script)."""
+        args = [] if epoch is None else [epoch]
+        deleted = await self._checkpoint_script(self._checkpoint_delete, response_id, owner, args)
+        return deleted == 1
+
+    async def _checkpoint_script(
+        self,
+        script: redis.commands.core.AsyncScript,
+        response_id: str,
+        owner: str,
+        args: Sequence[bytes | int | str],
+    ) -> object:
+        """Run a checkpoint script on the two keys of ``owner``'s ``response_id``."""
+        keys = [
+            f"{REDIS_CHECKPOINT_PREFIX}{owner}:{response_id}",
+            f"{REDIS_CHECKPOINT_ITEMS_PREFIX}{owner}:{response_id}",
+        ]
+        try:
+            return await script(keys=keys, args=args)
+        except redis.exceptions.RedisError as exc:
+            raise StoreError(f"Redis store: {exc}") from exc
+
     async def ping(self) -> None:
         """``PING`` (raises :class:`StoreError` when Redis does not answer)."""
         try:
@@ -257,3 +431,18 @@ def _redis_key(response_id: str) -> str:
 
 def _item_key(owner: str, item_id: str) -> str:
     return f"{REDIS_ITEM_PREFIX}{owner}:{item_id}"
+
+
+def _px(ttl: float) -> int:
+    return max(1, round(ttl * 1000))
+
+
+def _checkpoint_state(response_id: str, owner: str, reply: object) -> CheckpointState | None:
+    """The reply of the take-or-read script as a checkpoint (``None`` for nil)."""
+    if reply is None:
+        return None
+    assert isinstance(reply, list)  # [epoch, state, [item, ...]]; replies stay bytes
+    epoch, state, items = reply
+    return CheckpointState(
+        response_id=response_id, owner=owner, epoch=int(epoch), state=state, items=list(items)
+    )

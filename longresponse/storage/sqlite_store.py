@@ -6,6 +6,18 @@ processes go on while one writes, and ``busy_timeout`` makes a writer wait for
 another instead of failing. Expired rows are hidden by every query and
 deleted by :meth:`SQLiteStore.purge_expired`, which :meth:`SQLiteStore.put`
 also runs at most once per :data:`SQLITE_PURGE_INTERVAL`.
+
+Checkpoints of append-mode rollouts are two tables: ``checkpoints`` (one row
+per owner and response id: epoch, ``expires_at``, the state blob) and
+``checkpoint_items`` (one row per item blob, by position), so that a write
+deletes the items after ``keep`` and inserts only the new ones. Each call is
+one ``BEGIN IMMEDIATE`` transaction: the epoch is checked and the write done
+under SQLite's one write lock, which every connection and process on the file
+takes in turn. Expired checkpoints are hidden by every query and deleted by
+:meth:`SQLiteStore.purge_expired` and, at most once per
+:data:`SQLITE_PURGE_INTERVAL`, by :meth:`SQLiteStore.checkpoint_open`. The
+tables are created when a file is opened, so a file written before they
+existed gets them.
 """
 
 from __future__ import annotations
@@ -16,15 +28,17 @@ import contextlib
 import math
 import sqlite3
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Sequence
 from pathlib import Path
 from typing import Final, TypeVar
 
 from .records import (
+    CheckpointState,
     StoredConversation,
     StoredResponse,
     StoreError,
     UsageRecord,
+    check_checkpoint_args,
     check_ttl,
     conversation_item_ids,
     decode_conversation,
@@ -32,6 +46,7 @@ from .records import (
     decode_usage,
     encode_record,
     held_item_ids,
+    keep_beyond_items,
 )
 
 __all__ = ["SQLITE_BUSY_TIMEOUT", "SQLITE_PURGE_INTERVAL", "SQLiteStore"]
@@ -109,6 +124,60 @@ _PUT_USAGE: Final = (
 _USAGE: Final = "SELECT data FROM usage ORDER BY created_at, response_id"
 _USAGE_OF: Final = "SELECT data FROM usage WHERE owner = ? ORDER BY created_at, response_id"
 
+# Checkpoints of append-mode rollouts (the module docstring). Rowid tables,
+# not WITHOUT ROWID: their rows hold blobs of any size.
+_CHECKPOINT_SCHEMA: Final = """
+CREATE TABLE IF NOT EXISTS checkpoints (
+    owner TEXT NOT NULL,
+    response_id TEXT NOT NULL,
+    epoch INTEGER NOT NULL,
+    expires_at REAL NOT NULL,
+    state BLOB NOT NULL,
+    PRIMARY KEY (owner, response_id)
+);
+CREATE INDEX IF NOT EXISTS checkpoints_expires_at ON checkpoints (expires_at);
+CREATE TABLE IF NOT EXISTS checkpoint_items (
+    owner TEXT NOT NULL,
+    response_id TEXT NOT NULL,
+    position INTEGER NOT NULL,
+    data BLOB NOT NULL,
+    PRIMARY KEY (owner, response_id, position)
+);
+"""
+_CHECKPOINT_KEY: Final = "owner = ? AND response_id = ?"
+_CHECKPOINT_LIVE: Final = f"{_CHECKPOINT_KEY} AND expires_at > ?"
+_CHECKPOINT_EPOCH: Final = f"SELECT epoch FROM checkpoints WHERE {_CHECKPOINT_KEY}"
+_CHECKPOINT_LIVE_EPOCH: Final = f"SELECT epoch FROM checkpoints WHERE {_CHECKPOINT_LIVE}"
+_CHECKPOINT_GET: Final = f"SELECT epoch, state FROM checkpoints WHERE {_CHECKPOINT_LIVE}"
+_CHECKPOINT_PUT: Final = (
+    "INSERT OR REPLACE INTO checkpoints (owner, response_id, epoch, expires_at, state)"
+    " VALUES (?, ?, ?, ?, ?)"
+)
+_CHECKPOINT_UPDATE: Final = (
+    f"UPDATE checkpoints SET epoch = ?, expires_at = ?, state = ? WHERE {_CHECKPOINT_KEY}"
+)
+_CHECKPOINT_DELETE: Final = f"DELETE FROM checkpoints WHERE {_CHECKPOINT_KEY}"
+_CHECKPOINT_ITEMS: Final = (
+    f"SELECT data FROM checkpoint_items WHERE {_CHECKPOINT_KEY} ORDER BY position"
+)
+# Positions run 0..n-1 (items are only cut from the end and appended), so the
+# count is the last position plus one: one step down the primary key.
+_CHECKPOINT_ITEM_COUNT: Final = (
+    f"SELECT coalesce(max(position) + 1, 0) FROM checkpoint_items WHERE {_CHECKPOINT_KEY}"
+)
+_CHECKPOINT_DELETE_ITEMS: Final = f"DELETE FROM checkpoint_items WHERE {_CHECKPOINT_KEY}"
+_CHECKPOINT_PUT_ITEM: Final = (
+    "INSERT INTO checkpoint_items (owner, response_id, position, data) VALUES (?, ?, ?, ?)"
+)
+_CHECKPOINT_CUT_ITEMS: Final = (
+    f"DELETE FROM checkpoint_items WHERE {_CHECKPOINT_KEY} AND position >= ?"
+)
+_CHECKPOINT_PURGE_ITEMS: Final = (
+    "DELETE FROM checkpoint_items WHERE (owner, response_id) IN"
+    " (SELECT owner, response_id FROM checkpoints WHERE expires_at <= ?)"
+)
+_CHECKPOINT_PURGE: Final = "DELETE FROM checkpoints WHERE expires_at <= ?"
+
 
 class SQLiteStore:
     """Records in one SQLite file (WAL), shared by every connection and process on it.
@@ -132,6 +201,7 @@ class SQLiteStore:
         self.ttl = check_ttl(ttl)
         self._clock = clock
         self._last_purge = -math.inf
+        self._last_checkpoint_purge = -math.inf
         self._closed = False
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="longresponse-sqlite"
@@ -154,6 +224,7 @@ class SQLiteStore:
                 db.execute("PRAGMA journal_mode = WAL")
                 db.execute("PRAGMA synchronous = NORMAL")
                 db.executescript(_SCHEMA)
+                db.executescript(_CHECKPOINT_SCHEMA)
             except BaseException:
                 db.close()
                 raise
@@ -316,7 +387,8 @@ class SQLiteStore:
         return [decode_usage(blob) for (blob,) in await self._run(rows)]
 
     async def purge_expired(self) -> int:
-        """Delete every expired response row (never a ledger row); the number deleted."""
+        """Delete every expired response and checkpoint (never a ledger row); the
+        number deleted (responses and checkpoints, not counting their items)."""
         now = self._clock()
         self._last_purge = now
 
@@ -324,9 +396,151 @@ class SQLiteStore:
             with self._transaction():
                 self._db.execute(_PURGE_ITEMS, (now,))
                 purged: int = self._db.execute(_PURGE, (now,)).rowcount
+                purged += self._purge_checkpoints(now)
             return purged
 
         return await self._run(purge)
+
+    # --- checkpoints (ResponseStore.checkpoint_*; the module docstring) ---------
+
+    async def checkpoint_open(
+        self, response_id: str, *, owner: str, state: bytes, items: Sequence[bytes], ttl: float
+    ) -> int:
+        """A new checkpoint replacing any of that id and owner (its rows and items),
+        in one transaction; its epoch.
+
+        Also deletes expired checkpoints if the last sweep is older than
+        :data:`SQLITE_PURGE_INTERVAL`.
+        """
+        check_checkpoint_args(ttl)
+        now = self._clock()
+        key = (owner, response_id)
+        rows = [(owner, response_id, position, blob) for position, blob in enumerate(items)]
+        purge = now - self._last_checkpoint_purge >= SQLITE_PURGE_INTERVAL
+        if purge:
+            self._last_checkpoint_purge = now
+
+        def open_checkpoint() -> int:
+            with self._transaction():
+                if purge:
+                    self._purge_checkpoints(now)
+                replaced = self._db.execute(_CHECKPOINT_EPOCH, key).fetchone()
+                epoch: int = 1 if replaced is None else replaced[0] + 1
+                self._db.execute(_CHECKPOINT_DELETE_ITEMS, key)
+                self._db.execute(_CHECKPOINT_PUT, (*key, epoch, now + ttl, state))
+                self._db.executemany(_CHECKPOINT_PUT_ITEM, rows)
+            return epoch
+
+        return await self._run(open_checkpoint)
+
+    async def checkpoint_write(
+        self,
+        response_id: str,
+        *,
+        owner: str,
+        epoch: int,
+        state: bytes,
+        keep: int,
+        items: Sequence[bytes],
+        ttl: float,
+    ) -> bool:
+        """If still ``epoch``: delete the item rows from ``keep`` on, insert the new
+        ones after them, update the state and ``expires_at``; one transaction."""
+        check_checkpoint_args(ttl, keep)
+        now = self._clock()
+        key = (owner, response_id)
+        rows = [(owner, response_id, keep + n, blob) for n, blob in enumerate(items)]
+
+        def write() -> bool:
+            with self._transaction():
+                stored = self._db.execute(_CHECKPOINT_LIVE_EPOCH, (*key, now)).fetchone()
+                if stored is None or stored[0] != epoch:
+                    return False
+                (count,) = self._db.execute(_CHECKPOINT_ITEM_COUNT, key).fetchone()
+                if keep > count:
+                    raise keep_beyond_items(keep, response_id)  # rolled back: nothing written
+                if keep < count:
+                    self._db.execute(_CHECKPOINT_CUT_ITEMS, (*key, keep))
+                self._db.executemany(_CHECKPOINT_PUT_ITEM, rows)
+                self._db.execute(_CHECKPOINT_UPDATE, (epoch, now + ttl, state, *key))
+            return True
+
+        return await self._run(write)
+
+    async def checkpoint_take(
+        self, response_id: str, *, owner: str, ttl: float
+    ) -> CheckpointState | None:
+        """Bump the epoch and ``expires_at`` and read the checkpoint back, in one
+        transaction (two processes taking it run one after the other)."""
+        check_checkpoint_args(ttl)
+        now = self._clock()
+        key = (owner, response_id)
+
+        def take() -> CheckpointState | None:
+            with self._transaction():
+                stored = self._db.execute(_CHECKPOINT_GET, (*key, now)).fetchone()
+                if stored is None:
+                    return None
+                epoch, state = stored[0] + 1, stored[1]
+                self._db.execute(_CHECKPOINT_UPDATE, (epoch, now + ttl, state, *key))
+                items = [blob for (blob,) in self._db.execute(_CHECKPOINT_ITEMS, key)]
+            return CheckpointState(
+                response_id=response_id, owner=owner, epoch=epoch, state=state, items=items
+            )
+
+        return await self._run(take)
+
+    async def checkpoint_read(self, response_id: str, *, owner: str) -> CheckpointState | None:
+        """The checkpoint, read in one snapshot (a deferred transaction: WAL keeps
+        a writer's commit out of it)."""
+        now = self._clock()
+        key = (owner, response_id)
+
+        def read() -> CheckpointState | None:
+            with self._snapshot():
+                stored = self._db.execute(_CHECKPOINT_GET, (*key, now)).fetchone()
+                if stored is None:
+                    return None
+                items = [blob for (blob,) in self._db.execute(_CHECKPOINT_ITEMS, key)]
+            return CheckpointState(
+                response_id=response_id, owner=owner, epoch=stored[0], state=stored[1], items=items
+            )
+
+        return await self._run(read)
+
+    async def checkpoint_delete(
+        self, response_id: str, *, owner: str, epoch: int | None = None
+    ) -> bool:
+        """Delete the checkpoint row and its items (only if still ``epoch``, when given)."""
+        now = self._clock()
+        key = (owner, response_id)
+
+        def delete() -> bool:
+            with self._transaction():
+                stored = self._db.execute(_CHECKPOINT_LIVE_EPOCH, (*key, now)).fetchone()
+                if stored is None or (epoch is not None and stored[0] != epoch):
+                    return False
+                self._db.execute(_CHECKPOINT_DELETE_ITEMS, key)
+                self._db.execute(_CHECKPOINT_DELETE, key)
+            return True
+
+        return await self._run(delete)
+
+    def _purge_checkpoints(self, now: float) -> int:
+        """Delete expired checkpoints and their items (on the worker thread, inside
+        a transaction); the number of checkpoints deleted."""
+        self._db.execute(_CHECKPOINT_PURGE_ITEMS, (now,))
+        purged: int = self._db.execute(_CHECKPOINT_PURGE, (now,)).rowcount
+        return purged
+
+    @contextlib.contextmanager
+    def _snapshot(self) -> Iterator[None]:
+        """One read transaction on the worker thread: its reads see one state of the file."""
+        self._db.execute("BEGIN")
+        try:
+            yield
+        finally:
+            self._db.execute("COMMIT")
 
     async def ping(self) -> None:
         """One read of the file (raises :class:`StoreError` if it fails)."""
