@@ -30,6 +30,7 @@ __all__ = [
     "CHAT_MAX_IN_FLIGHT",
     "CHAT_MAX_IN_FLIGHT_PER_KEY",
     "CHAT_PREFIX_CACHE_TOKENS",
+    "CHECKPOINT_TTL",
     "COMPACTION_LIFETIME",
     "CONNECTION_CACHE_BYTES",
     "CONNECTION_LIFETIME",
@@ -145,6 +146,9 @@ WS_COMPRESSION: Final = False
 #: How long a paused rollout waits for its tool outputs before it ends
 #: ``incomplete`` with reason ``pause_timeout``.
 PAUSE_TIMEOUT: Final = 600.0
+#: How long an append-mode rollout's checkpoint (``store: true``) outlives its
+#: last write or take-over: a client may take the response up within it.
+CHECKPOINT_TTL: Final = 3600.0
 #: HTTP ``background: true`` responses running at once in one server process;
 #: beyond it a create gets a 429.
 MAX_BACKGROUND: Final = 64
@@ -377,6 +381,7 @@ class ServerConfig:
     send_queue_bytes: int = SEND_QUEUE_BYTES
     slow_reader_timeout: float = SLOW_READER_TIMEOUT
     pause_timeout: float = PAUSE_TIMEOUT
+    checkpoint_ttl: float = CHECKPOINT_TTL
     max_in_flight: int = MAX_IN_FLIGHT
     max_lanes: int = MAX_LANES
     max_queued: int = MAX_QUEUED
@@ -642,6 +647,10 @@ SETTINGS: Final[tuple[Setting, ...]] = (
        "seconds the send queue may stay full before the reader is disconnected"),
     _n("pause_timeout", float, PAUSE_TIMEOUT, 0.001, 7 * _DAY,
        "append mode: seconds a paused rollout waits for tool outputs before ending incomplete"),
+    _n("checkpoint_ttl", float, CHECKPOINT_TTL, 1, 30 * _DAY,
+       "append mode with store: true: seconds a rollout's checkpoint is kept after its last "
+       "write, for a client whose connection was lost to take the response up "
+       "(response.resume)"),
     _n("max_in_flight", int, MAX_IN_FLIGHT, 1, 100_000,
        "shipped shape: responses running at once per connection, across lanes; further "
        "creates wait in their lane's queue"),

@@ -693,12 +693,18 @@ def test_the_client_import_check_sees_a_server_load() -> None:
 # an import of a private name or from a private module.
 
 
+def _sources(folder: pathlib.Path) -> list[pathlib.Path]:
+    """The project's Python files under ``folder`` (not those npm installs beside
+    the Node clients, under ``node_modules``)."""
+    return sorted(p for p in folder.rglob("*.py") if "node_modules" not in p.parts)
+
+
 def _private_names_defined_in(folder: pathlib.Path) -> set[str]:
     def private(name: str) -> bool:
         return name.startswith("_") and not name.endswith("__")
 
     names: set[str] = set()
-    for path in folder.rglob("*.py"):
+    for path in _sources(folder):
         tree = parsed(path.read_text())
         for node in ast.walk(tree):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
@@ -725,7 +731,7 @@ def _private_reads_in_tests(product_private: set[str], tests: pathlib.Path) -> l
         return any(part.startswith("_") and not part.endswith("__") for part in module.split("."))
 
     found: list[str] = []
-    for path in sorted(tests.rglob("*.py")):
+    for path in _sources(tests):
         where = path.relative_to(tests.parent)
         for node in ast.walk(parsed(path.read_text())):
             line = getattr(node, "lineno", 0)

@@ -48,6 +48,7 @@ from protocol.events import (
     ResponseFailed,
     ResponseIncomplete,
     ResponseInject,
+    ResponseResume,
     ServerEvent,
 )
 from protocol.items import Item
@@ -175,6 +176,19 @@ class AppendClient:
         :class:`ConnectionClosedError` once the connection is closing.
         """
         await self._send_event(_build_event(ResponseCreate, fields))
+
+    async def resume(self, response_id: str) -> None:
+        """Send ``response.resume``: take up on this connection an append-mode
+        response created with ``store: true`` whose connection (or server) was
+        lost. The server answers ``response.resumed``: the Response as its last
+        checkpoint holds it (its ``output``; ``requires_action`` with the calls
+        still waiting, or ``in_progress`` when its turn runs again), numbered
+        after the checkpoint; events seen after that number on the old
+        connection are void. Or an ``error`` naming it (``response_not_found``
+        when it kept no checkpoint). Raises :class:`protocol.LocalProtocolError`
+        (nothing sent) when the response is live on this connection already.
+        """
+        await self._send_event(ResponseResume(response_id=response_id))
 
     async def append(
         self, input: str | Sequence[Item | Mapping[str, Any]], response_id: str | None = None

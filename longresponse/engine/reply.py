@@ -38,6 +38,7 @@ from protocol.events import (
     ResponseCreated,
     ResponseDone,
     ResponseInProgress,
+    ResponseResumed,
     ServerEvent,
     TimingEvent,
 )
@@ -137,10 +138,25 @@ class Reply:
         return sum(isinstance(item, ClientCall) and not is_cut(item) for item in output)
 
     @property
+    def next_sequence(self) -> int:
+        """The ``sequence_number`` the next event of this Response takes."""
+        return self.builder.next_sequence
+
+    @property
     def pending_calls(self) -> dict[str, str]:
         """Client tool calls of this Response still waiting for their outputs."""
         track = self.builder.track
         return track.pending_calls if track is not None else {}
+
+    def restore(self, response: Response, sequence: int, output_tokens: int) -> None:
+        """This Response goes on from a checkpoint (``Rollout.restore``): its output,
+        its creation time and its usage so far are the checkpoint's, and its next
+        event is numbered after ``sequence``, the checkpoint's last."""
+        self.created_at = response.created_at
+        self.builder.restore(response.output, output_tokens, sequence + 1)
+        self._usage_base = (0, 0)  # the counts carried over are this Response's
+        flagged = response.metadata or {}
+        self.flags = {key: value for key, value in flagged.items() if key.startswith("secrets_")}
 
     def abandon(self) -> None:
         """Nobody is left to tell (the stream is gone): the response ends cancelled."""
@@ -247,7 +263,7 @@ class Reply:
     def push(self, event: ServerEvent) -> None:
         """Push one event now (the caller made room)."""
         self.sink.push(event)
-        if self.builder.track is None and isinstance(event, ResponseCreated):
+        if self.builder.track is None and isinstance(event, ResponseCreated | ResponseResumed):
             self.builder.track = self.sink.track(self.id)
 
     def announce_created(self) -> None:

@@ -70,6 +70,7 @@ from protocol.events import (
     ResponseCreated,
     ResponseDone,
     ResponseInProgress,
+    ResponseResumed,
 )
 from protocol.items import Item, as_items
 from protocol.response import Response, ResponseError
@@ -77,6 +78,7 @@ from protocol.response import Response, ResponseError
 from ..config import Switches
 from .admission import Pipeline
 from .boundary import Boundaries, Boundary, ForkStart, KnownPrefix
+from .checkpoint import Checkpointing, RolloutCheckpoint, TakenOver
 from .classifier import Verdict
 from .compaction import Compactor, Drained, compact, compact_threshold, drain
 from .counting import DeferredCount, may_defer
@@ -152,6 +154,11 @@ class Rollout:
         self.on_terminal: Callable[[Response], Awaitable[None]] | None = None
         #: Called with each finished turn's timing (the server's metrics).
         self.on_timing: Callable[[TurnTiming], None] | None = None
+        #: Append mode with ``store: true``: makes each pause durable before the
+        #: client hears of it (``longresponse.engine.checkpoint``).
+        self.on_checkpoint: Checkpointing | None = None
+        #: The checkpoint this rollout was taken up from (:meth:`restore`).
+        self._resumed: RolloutCheckpoint | None = None
         #: Stage times measured at admission, for the next turn's timing.
         self._admission: tuple[float, float, float] = (0.0, 0.0, 0.0)
         self.context: list[Item] = []
@@ -248,18 +255,21 @@ class Rollout:
         on_timing: Callable[[TurnTiming], None] | None = None,
         on_terminal: Callable[[Response], Awaitable[None]] | None = None,
         mcp: McpHost | None = None,
+        checkpoint: Checkpointing | None = None,
     ) -> None:
         """Take the owner's hooks for the turn about to start: its ``compactor``, the
         observer of finished turns' timing, (append mode) the post-inference work
-        of the finished rollout, and the request's MCP servers (``mcp``; replaced
-        every turn: each request names its own). A hook given as ``None`` keeps
-        the one in place."""
+        of the finished rollout and the checkpoint of each pause, and the
+        request's MCP servers (``mcp``; replaced every turn: each request names
+        its own). A hook given as ``None`` keeps the one in place."""
         self.compactor = compactor
         self.hosted = HostedCalls(mcp, self.clock) if mcp is not None else None
         if on_timing is not None:
             self.on_timing = on_timing
         if on_terminal is not None:
             self.on_terminal = on_terminal
+        if checkpoint is not None:
+            self.on_checkpoint = checkpoint
 
     def adopt(self, task: asyncio.Task[None]) -> None:
         """``task`` runs :meth:`run` (the session owns it); a cancel reaches it.
@@ -533,9 +543,15 @@ class Rollout:
             if self._cancel_requested:
                 await self.finish(ResponseState.CANCELLED)
                 return
-            if reply.track is None:
-                await reply.announce(ResponseCreated)
-            await reply.announce(ResponseInProgress)
+            if self._resumed is not None:
+                if not await self._take_up(reply, self._resumed):
+                    reply.note_incomplete("pause_timeout")
+                    await self.finish(ResponseState.INCOMPLETE)
+                    return
+            else:
+                if reply.track is None:
+                    await reply.announce(ResponseCreated)
+                await reply.announce(ResponseInProgress)
             stop = await self.run_turns()
             reply.note_incomplete(stop if stop in INCOMPLETE_STOPS else None)
             await self.finish(
@@ -555,6 +571,8 @@ class Rollout:
         except StreamClosed:
             reply.abandon()  # nobody is left to tell
             raise
+        except TakenOver:
+            reply.abandon()  # another connection holds it now: not a word more here
         except Exception as exc:
             reply.fail(failure(exc, reply.id))
             with contextlib.suppress(Exception):
@@ -847,8 +865,15 @@ class Rollout:
         if failed is not None:
             await reply.sink.room()
             reply.push(upstream_error_event(failed, reply.id))
+        elif reply.pending_calls:
+            await self._checkpoint(reply, ResponseState.REQUIRES_ACTION)
         if await reply.pause():
             await self.report_timing()
+        return await self._await_outputs(reply, failed)
+
+    async def _await_outputs(self, reply: Reply, failed: UpstreamError | None = None) -> bool:
+        """Block until every pending call has its output (see :meth:`pause`), then
+        make that durable and announce the resume. False if the wait timed out."""
         self._waiting = True
         try:
             async with asyncio.timeout(self.limits.pause_timeout):
@@ -861,9 +886,59 @@ class Rollout:
             return False
         finally:
             self._waiting = False
+        await self._checkpoint(reply, ResponseState.IN_PROGRESS)
         await reply.resume()
         await asyncio.sleep(0)  # the writer's turn: when many resume at once, each
         return True  # rollout's response.in_progress leaves before any turn runs
+
+    # --- checkpoints (``longresponse.engine.checkpoint``) ---------------------------
+
+    async def _checkpoint(self, reply: Reply, state: ResponseState) -> None:
+        """Hand the owner's hook this rollout as the client is about to see it
+        (``state``'s lifecycle event next); raises :class:`TakenOver` when the
+        response was taken up elsewhere meanwhile."""
+        if self.on_checkpoint is None or not reply.append:
+            return
+        await reply.sink.room()
+        checkpoint = RolloutCheckpoint(
+            response=reply.snapshot(state),
+            sequence=reply.next_sequence,
+            request=self.request,
+            model=self.model.name,
+            items=[*self.context, *self._inbox],
+            context=len(self.context),
+            input_tokens=self.counts.input_tokens,
+            cached_tokens=self.counts.cached_tokens,
+            output_tokens=reply.builder.output_tokens,
+            model_seen=self.model_seen >= len(self.tokens),
+            chain=self.chain,
+        )
+        if not await self.on_checkpoint(checkpoint):
+            raise TakenOver(reply.id)
+
+    def restore(self, checkpoint: RolloutCheckpoint) -> None:
+        """A fresh rollout takes up ``checkpoint`` (its Reply is opened next, with
+        the same id): the context rendered again, the input still waiting in the
+        inbox, the counts so far. :meth:`run` then starts with ``response.resumed``."""
+        self.context = list(checkpoint.items[: checkpoint.context])
+        self._inbox = list(checkpoint.items[checkpoint.context :])
+        self.tokens.extend(self.context)
+        self.counts = TokenCounts(checkpoint.input_tokens, checkpoint.cached_tokens)
+        self.model_seen = len(self.tokens) if checkpoint.model_seen else 0
+        self.chain = checkpoint.chain
+        self._resumed = checkpoint
+
+    async def _take_up(self, reply: Reply, checkpoint: RolloutCheckpoint) -> bool:
+        """A restored rollout's start: ``response.resumed``, then, where calls still
+        wait, their outputs (False if that wait timed out)."""
+        reply.restore(checkpoint.response, checkpoint.sequence, checkpoint.output_tokens)
+        await reply.sink.room()
+        # The checkpoint's own Response: its required_action names the calls
+        # that wait (the protocol's record of them opens with this event).
+        reply.push(reply.builder.lifecycle(ResponseResumed, checkpoint.response))
+        if checkpoint.response.status == ResponseState.REQUIRES_ACTION:
+            return await self._await_outputs(reply)
+        return True
 
     async def finish(self, state: ResponseState) -> None:
         """End the append-mode Response with ``state``: post-inference, then ``response.done``."""

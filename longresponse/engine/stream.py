@@ -25,7 +25,7 @@ failed). Both are :class:`StreamClosed`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Final, Protocol
 
 import msgspec
@@ -226,6 +226,7 @@ class StreamBuilder:
         #: The protocol's record of the response, once ``response.created`` is out.
         self.track: ResponseTrack | None = None
         self._batch = 0  # events built since the track last counted
+        self._first = 0  # the stream's first number (a response taken up goes on)
         self.output: list[Item] = []
         self.output_tokens = 0
         self._extra: dict[str, Any] = {}
@@ -245,10 +246,22 @@ class StreamBuilder:
         """An output item is being written (its ``done`` events are still to come)."""
         return self._kind is not None
 
+    @property
+    def next_sequence(self) -> int:
+        """The number the next event built takes."""
+        return (self.track.next_sequence if self.track is not None else self._first) + self._batch
+
     def _next(self) -> int:
-        sequence = (self.track.next_sequence if self.track is not None else 0) + self._batch
+        sequence = self.next_sequence
         self._batch += 1
         return sequence
+
+    def restore(self, output: Sequence[Item], output_tokens: int, first: int) -> None:
+        """Go on from a checkpoint: ``output`` so far, ``output_tokens`` of it, the
+        next event (the first of this stream, before the protocol's track opens) ``first``."""
+        self.output = list(output)
+        self.output_tokens = output_tokens
+        self._first = first
 
     def lifecycle(self, cls: Callable[..., ServerEvent], response: Response) -> ServerEvent:
         """One lifecycle event; push it before building the next."""

@@ -45,6 +45,7 @@ from protocol.response import Response
 
 from .admission import Admission, Pipeline
 from .boundary import KnownPrefix
+from .checkpoint import Checkpointing, RolloutCheckpoint
 from .compaction import Compactor, check_context_management
 from .hosted import McpHost
 from .limits import EngineLimits
@@ -55,7 +56,7 @@ from .segment import Segment
 from .stream import EventSink
 from .timing import TurnTiming
 
-__all__ = ["Admitted", "Started", "admit_turn", "open_turn", "resolve_model"]
+__all__ = ["Admitted", "Started", "admit_turn", "open_turn", "resolve_model", "restore_turn"]
 
 
 @dataclasses.dataclass(slots=True)
@@ -182,6 +183,7 @@ def open_turn(
     decode: float = 0.0,
     waits: bool = False,
     mcp: McpHost | None = None,
+    checkpoint: Checkpointing | None = None,
 ) -> Started:
     """The admitted turn opened on ``sink``: in append mode (``mode``) the rollout's
     Reply for all its turns, with ``on_terminal`` its post-inference work; in the
@@ -206,7 +208,11 @@ def open_turn(
         )
         reply = segment.reply
     rollout.attach(
-        compactor=admitted.compactor, on_timing=on_timing, on_terminal=on_terminal, mcp=mcp
+        compactor=admitted.compactor,
+        on_timing=on_timing,
+        on_terminal=on_terminal,
+        mcp=mcp,
+        checkpoint=checkpoint if mode is Mode.APPEND else None,
     )
     admission = admitted.admission
     rollout.note_admission(
@@ -216,3 +222,39 @@ def open_turn(
         classify=admission.classify_seconds,
     )
     return Started(rollout, model, admitted.items, reply, segment, admitted.known)
+
+
+def restore_turn(
+    checkpoint: RolloutCheckpoint,
+    *,
+    model: ModelSpec,
+    pipeline: Pipeline,
+    limits: EngineLimits,
+    resolve: Callable[[str | None], ModelSpec],
+    compactor: Compactor | None,
+    sink: EventSink,
+    on_timing: Callable[[TurnTiming], None] | None = None,
+    on_terminal: Callable[[Response], Awaitable[None]] | None = None,
+    send_timing: bool = False,
+    hook: Checkpointing | None = None,
+) -> Started:
+    """An append-mode rollout taken up from ``checkpoint`` (``response.resume``):
+    a fresh rollout holding its conversation and counts, its Reply on ``sink``
+    with the same id, and the owner's hooks (``hook``: its next checkpoints).
+    Its :meth:`~longresponse.engine.rollout.Rollout.run` starts with
+    ``response.resumed``. Nothing runs yet."""
+    rollout = Rollout(
+        request=checkpoint.request,
+        model=model,
+        limits=limits,
+        pipeline=pipeline,
+        resolve=resolve,
+        input_items=[],
+    )
+    rollout.restore(checkpoint)
+    response_id = checkpoint.response.id
+    reply = rollout.open_reply(response_id, sink, mode=Mode.APPEND, send_timing=send_timing)
+    rollout.attach(
+        compactor=compactor, on_timing=on_timing, on_terminal=on_terminal, checkpoint=hook
+    )
+    return Started(rollout, model, [], reply)

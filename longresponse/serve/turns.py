@@ -52,6 +52,7 @@ from protocol.response import Response, ResponseError, TextFormat
 from ..backends.registry import ModelRegistry
 from ..config import ServerConfig
 from ..engine.admission import HostedTools, Pipeline
+from ..engine.checkpoint import Checkpointing
 from ..engine.compaction import CompactionKey, Compactor
 from ..engine.failures import TurnRefused
 from ..engine.limits import EngineLimits
@@ -59,11 +60,12 @@ from ..engine.rollout import Boundary, Rollout
 from ..engine.sampling import ModelSpec
 from ..engine.stream import EventSink
 from ..engine.timing import TurnTiming
-from ..engine.turn import Started, admit_turn, open_turn, resolve_model
+from ..engine.turn import Started, admit_turn, open_turn, resolve_model, restore_turn
 from ..hosted import McpInFlight, McpServers, check_mcp_tools, load_sdk, redact_mcp_tools
 from ..ids import new_id
 from ..storage.persistence import Persistence, StoreWriteFailed, stored_input_items
 from ..storage.records import StoreError
+from .checkpoints import Checkpoints
 from .continuation import Continuation
 from .conversations import Conversations, conversation_id_of
 from .fair_share import CheckWorkers
@@ -111,6 +113,9 @@ class Caller:
     decode: float = 0.0
     #: Append mode: the rollout's post-inference work, before its terminal event.
     on_terminal: Callable[[Response], Awaitable[None]] | None = None
+    #: Append mode with ``store: true``: the checkpoints of the response whose id
+    #: it is given (``serve.checkpoints``).
+    checkpoint: Callable[[str], Checkpointing] | None = None
 
 
 class Turns:
@@ -149,6 +154,8 @@ class Turns:
         #: The conversations rollouts held lately, for fresh rollouts to begin
         #: from (off with ``--no-prefix-reuse`` or the token cache switch).
         self.prefixes = PrefixReuse.configured(config) if pipeline.switches.token_cache else None
+        #: Append-mode rollouts' checkpoints, in the same store.
+        self.checkpoints = Checkpoints(lambda: self.persistence_or_fail, config.checkpoint_ttl)
         #: The Conversations API's conversations, in the same store.
         self.conversations = Conversations(lambda: self.persistence)
         #: The threads that run admission's costly checks, shared between keys.
@@ -222,6 +229,14 @@ class Turns:
     @property
     def persistence(self) -> Persistence | None:
         return self._persistence() if self._persistence is not None else None
+
+    @property
+    def persistence_or_fail(self) -> Persistence:
+        """The store's persistence (a server always has one; raises without)."""
+        persistence = self.persistence
+        if persistence is None:  # pragma: no cover - an app without a store
+            raise RuntimeError("this server has no store")
+        return persistence
 
     def compactor(self, owner: str) -> Compactor | None:
         """``owner``'s compactor, once the server's compaction key is loaded."""
@@ -375,7 +390,43 @@ class Turns:
             decode=caller.decode,
             waits=waits,
             mcp=mcp,
+            checkpoint=(
+                caller.checkpoint(response_id)
+                if caller.checkpoint is not None and request.store and mcp is None
+                else None
+            ),
         )
+
+    async def take_up(self, response_id: str, caller: Caller) -> Started | None:
+        """``response.resume``: the caller's owner's append-mode response
+        ``response_id`` taken over from its checkpoint, restored on a fresh
+        rollout that writes to the caller's sink (nothing runs yet); None when it
+        has no checkpoint. Raises :class:`RemoteProtocolError` when its model is
+        no longer served."""
+        taken = await self.checkpoints.take(response_id, owner=caller.owner)
+        if taken is None:
+            return None
+        checkpoint = taken.checkpoint
+        model = self.models.resolve(checkpoint.model)
+        started = restore_turn(
+            checkpoint,
+            model=model,
+            pipeline=self.pipeline,
+            limits=self.limits,
+            resolve=self.models.resolve,
+            compactor=self.compactor(caller.owner),
+            sink=caller.sink,
+            on_terminal=caller.on_terminal,
+            send_timing=caller.send_timing,
+            hook=taken.writer,
+        )
+        rollout = started.rollout
+        if self.metrics is not None or self.prefixes is not None:
+            # (the inspector does not watch a response taken up: it saw its start elsewhere)
+            owner, transport = caller.owner, caller.transport
+            on_timing = self._timing_hook(transport, response_id, None, rollout, owner)
+            rollout.attach(compactor=rollout.compactor, on_timing=on_timing)
+        return started
 
     def _timing_hook(
         self,

@@ -242,6 +242,11 @@ class Persistence:
             self._stragglers.add(task)
             task.add_done_callback(self._stragglers.discard)
 
+    async def bill_so_far(self, response: Response, *, owner: str, transport: str) -> None:
+        """The ledger's record of a response still running (an append-mode
+        checkpoint): replaced by a later one for the same response."""
+        await self._enqueue(_usage_record(response, owner=owner, transport=transport))
+
     async def post_inference(
         self,
         response: Response,

@@ -22,17 +22,20 @@ off by a disconnect is billed without waiting.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from protocol import ErrorCode, RemoteProtocolError, ResponseTrack
+from protocol import ErrorCode, ProtocolError, RemoteProtocolError, ResponseTrack
 from protocol.events import (
     ClientEvent,
     ResponseAppend,
     ResponseCancel,
     ResponseCreate,
     ResponseInject,
+    ResponseResume,
 )
 from protocol.items import as_items
 from protocol.response import Response
@@ -40,6 +43,8 @@ from protocol.response import Response
 from ...config import ServerConfig
 from ...engine.rollout import Rollout
 from ...engine.stream import EventSink, StreamClosed
+from ...storage.records import StoreError
+from ..checkpoints import CheckpointWriter
 from ..continuation import Continuation, check_continuation
 from ..input_budget import InputLedger
 from ..transport import Transport
@@ -63,6 +68,7 @@ class AppendShape:
         *,
         ledger: InputLedger,
         spawn: Callable[[Coroutine[Any, Any, None]], Any],
+        report: Callable[[ProtocolError], None],
         send_timing: bool = False,
         owner: str = "",
     ) -> None:
@@ -72,12 +78,16 @@ class AppendShape:
         #: The bytes of input this connection's rollouts hold in their inboxes.
         self.ledger = ledger
         self._spawn = spawn
+        #: Sends an ``error`` event (a request refused after its message was handled).
+        self._report = report
         self.send_timing = send_timing
         self.owner = owner
         #: Response id → its rollout (finished ones are forgotten at the next create).
         self.rollouts: dict[str, Rollout] = {}
         #: Running rollouts whose usage record is written (each leaves as its task ends).
         self._billed: set[str] = set()
+        #: The checkpoints of the running rollouts that keep them (``store: true``).
+        self._writers: dict[str, CheckpointWriter] = {}
 
     @property
     def billed(self) -> frozenset[str]:
@@ -122,10 +132,13 @@ class AppendShape:
                 send_receipt(self.sink, self.sink.track(event.response_id))
         elif isinstance(event, ResponseCancel):
             self._target(admitted.track).request_cancel()
+        elif isinstance(event, ResponseResume):
+            self._check_room()
+            self._spawn(self._take_up(event.response_id, decode))
         # response.processed: tolerated, never answered
 
-    def _create(self, event: ResponseCreate, decode: float, continuation: Continuation) -> None:
-        self.turns.check_background(event, transport=Transport.APPEND)
+    def _check_room(self) -> None:
+        """Refuse one more rollout past ``--max-rollouts-per-connection`` (429)."""
         live = sum(1 for r in self.rollouts.values() if not r.terminal)
         if live >= self.config.max_rollouts_per_connection:
             raise RemoteProtocolError(
@@ -134,6 +147,68 @@ class AppendShape:
                 code=ErrorCode.TOO_MANY_ROLLOUTS,
                 status=429,
             )
+
+    def _caller(self, decode: float) -> Caller:
+        return Caller(
+            Transport.APPEND,
+            self.sink,
+            self.owner,
+            send_timing=self.send_timing,
+            decode=decode,
+            on_terminal=self._post_inference,
+            checkpoint=self._checkpoints_of,
+        )
+
+    def _checkpoints_of(self, response_id: str) -> CheckpointWriter:
+        writer = self.turns.checkpoints.writer(owner=self.owner, response_id=response_id)
+        self._writers[response_id] = writer
+        return writer
+
+    async def _take_up(self, response_id: str, decode: float) -> None:
+        """``response.resume``: the response taken over from its checkpoint, then run
+        on this connection; an ``error`` naming it when it cannot be."""
+        caller = self._caller(decode)
+        try:
+            started = await self.turns.take_up(response_id, caller)
+            if started is None:
+                raise RemoteProtocolError(
+                    f"Response {RemoteProtocolError.clip(response_id)!r} has no checkpoint to "
+                    "take up: it was created with store: false, it ended, or it expired "
+                    "(--checkpoint-ttl).",
+                    code=ErrorCode.RESPONSE_NOT_FOUND,
+                    param="response_id",
+                    status=404,
+                    response_id=response_id,
+                )
+        except ProtocolError as error:
+            self._report(error)
+            return
+        except StoreError:
+            log.exception("response %s: its checkpoint could not be read", response_id)
+            self._report(
+                RemoteProtocolError(
+                    "The response's checkpoint could not be read; retry when the store is back.",
+                    code=ErrorCode.SERVER_ERROR,
+                    status=500,
+                    error_type="server_error",
+                    response_id=response_id,
+                )
+            )
+            return
+        rollout = started.rollout
+        writer = started.rollout.on_checkpoint
+        if isinstance(writer, CheckpointWriter):
+            self._writers[response_id] = writer
+        self._forget_finished()
+        self.rollouts[response_id] = rollout
+        task = asyncio.current_task()
+        if task is not None:
+            rollout.adopt(task)
+        await self._run(rollout, response_id)
+
+    def _create(self, event: ResponseCreate, decode: float, continuation: Continuation) -> None:
+        self.turns.check_background(event, transport=Transport.APPEND)
+        self._check_room()
         if event.conversation is not None:
             # One long Response has no turns to append: refused, never ignored.
             raise RemoteProtocolError(
@@ -147,14 +222,7 @@ class AppendShape:
         new_items = as_items(event.input)
         # A new rollout has no calls yet: outputs must answer calls of the same input.
         check_continuation(new_items, {})
-        caller = Caller(
-            Transport.APPEND,
-            self.sink,
-            self.owner,
-            send_timing=self.send_timing,
-            decode=decode,
-            on_terminal=self._post_inference,
-        )
+        caller = self._caller(decode)
         started = self.turns.start_turn(event, new_items, caller, continuation, model=model)
         rollout, reply = started.rollout, started.reply
         self._forget_finished()
@@ -170,21 +238,29 @@ class AppendShape:
         except Exception:  # one rollout's bug must not end the connection
             log.exception("rollout %s crashed", response_id)
         finally:
+            writer = self._writers.pop(response_id, None)
             if response_id in self._billed:
                 self._billed.discard(response_id)  # nothing asks after this: the set stays small
-            else:
+            elif writer is None or writer.epoch is None:
                 # Cut off (the connection went away): the tokens it used are
                 # still billed. Nothing may wait here, so the record is queued
                 # without waiting for room.
                 self.turns.bill_nowait(
                     rollout.snapshot(), owner=self.owner, transport=Transport.APPEND
                 )
+            # (else its last checkpoint billed it so far, and whoever takes it up
+            # bills the rest: the turn cut off here runs again there)
             await rollout.close()  # the rollout is over: an upstream socket closes
 
     async def _post_inference(self, response: Response) -> None:
-        """A rollout finished: its usage record (and metrics), before its terminal event."""
+        """A rollout finished: its usage record (and metrics), before its terminal
+        event; its checkpoint, if it kept one, goes."""
         self._billed.add(response.id)
         await self.turns.bill(response, owner=self.owner, transport=Transport.APPEND)
+        writer = self._writers.get(response.id)
+        if writer is not None:
+            with contextlib.suppress(StoreError):
+                await writer.forget()
 
     def release(self) -> None:
         """The connection is closing: forget the rollouts that finished (their

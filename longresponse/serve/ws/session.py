@@ -212,6 +212,7 @@ class Session:
                 self.outbox,
                 ledger=self.live_input,
                 spawn=self._tasks,
+                report=self.outbox.error,
                 send_timing=send_timing,
                 owner=owner,
             )
