@@ -248,11 +248,16 @@ class StreamBuilder:
 
     @property
     def next_sequence(self) -> int:
-        """The number the next event built takes."""
-        return (self.track.next_sequence if self.track is not None else self._first) + self._batch
+        """The number the next event takes once every event built so far is pushed
+        (as each batch must be before the next is built): the track counts what
+        was pushed, so a batch pushed is not counted twice."""
+        if self.track is not None:
+            return self.track.next_sequence
+        return self._first + self._batch
 
     def _next(self) -> int:
-        sequence = self.next_sequence
+        counted = self.track.next_sequence if self.track is not None else self._first
+        sequence = counted + self._batch
         self._batch += 1
         return sequence
 
