@@ -133,12 +133,13 @@ class AppendShape:
         elif isinstance(event, ResponseCancel):
             self._target(admitted.track).request_cancel()
         elif isinstance(event, ResponseResume):
-            self._check_room()
+            self._check_room(event.response_id)
             self._spawn(self._take_up(event.response_id, decode))
         # response.processed: tolerated, never answered
 
-    def _check_room(self) -> None:
-        """Refuse one more rollout past ``--max-rollouts-per-connection`` (429)."""
+    def _check_room(self, resumed: str | None = None) -> None:
+        """Refuse one more rollout past ``--max-rollouts-per-connection`` (429); the
+        refusal of a resume names the response (``resumed``) it leaves where it is."""
         live = sum(1 for r in self.rollouts.values() if not r.terminal)
         if live >= self.config.max_rollouts_per_connection:
             raise RemoteProtocolError(
@@ -146,6 +147,7 @@ class AppendShape:
                 f"{self.config.max_rollouts_per_connection}.",
                 code=ErrorCode.TOO_MANY_ROLLOUTS,
                 status=429,
+                response_id=resumed,
             )
 
     def _caller(self, decode: float) -> Caller:

@@ -21,7 +21,7 @@ import trio
 from longresponse.client import connect
 from longresponse.server_process import ServerProcess
 from longresponse.storage.backends import open_store
-from protocol.events import ErrorEvent, ResponseDone, ResponseResumed
+from protocol.events import ErrorEvent, ResponseDone, ResponseInProgress, ResponseResumed
 from protocol.items import FunctionCall
 from tests.support.waiting import wait_for
 
@@ -113,6 +113,44 @@ async def test_it_reports_the_usage_of_an_uninterrupted_rollout(make_server: Any
             sent += 1
             await client.append([output])
     assert taken_up.response.usage == done.response.usage
+
+
+async def test_a_response_taken_up_in_progress_is_numbered_right_after_its_resume(
+    make_server: Any,
+) -> None:
+    running = make_server()
+    slow = CALLS | {"sim_ttft_ms": "2000"}  # the turn after the output is still waiting
+    async with connect(running.url) as client:
+        await client.create(model="sim", input="Read three files.", tools=[TOOL], metadata=slow)
+        done = (await client.until_done(timeout=10))[-1]
+        assert isinstance(done, ResponseDone)
+        (call,) = _calls(done.response)
+        output = {"type": "function_call_output", "call_id": call.call_id, "output": "file 0"}
+        await client.append([output])
+        while not isinstance(taken := await client.next_event(), ResponseInProgress):
+            pass
+    # Its checkpoint is the one made before that response.in_progress: the
+    # response goes on at the next number, none skipped.
+    async with connect(running.url) as client:
+        await client.resume(done.response.id)
+        resumed = await client.next_event()
+    assert isinstance(resumed, ResponseResumed)
+    assert resumed.response.status == "in_progress"
+    assert resumed.sequence_number == taken.sequence_number + 1
+
+
+async def test_a_resume_past_the_rollout_limit_is_refused_naming_it(make_server: Any) -> None:
+    running = make_server(max_rollouts_per_connection=1)
+    before = await paused(running.url)
+    async with connect(running.url) as client:
+        await client.create(model="sim", input="go", tools=[TOOL], metadata=CALLS)
+        assert isinstance((await client.until_done())[-1], ResponseDone)
+        await client.resume(before.response.id)
+        refused = await client.next_event()
+    assert isinstance(refused, ErrorEvent), refused
+    assert refused.error.code == "too_many_rollouts"
+    # A client resuming several responses knows which one was refused.
+    assert refused.response_id == before.response.id
 
 
 @pytest.mark.parametrize("case", ["unknown", "store_false", "other_key", "finished"])
