@@ -28,6 +28,34 @@ the server's answers to bad requests and come back as events.
 Sends go through ``connection.send`` under one lock, so the sans-IO state sees
 events in the order they go on the wire, and a send the protocol forbids
 raises :class:`protocol.LocalProtocolError` before anything leaves.
+
+Reconnecting and resuming
+-------------------------
+:func:`resilient` yields a :class:`ResilientClient`: the same sends and reads
+over as many connections as it takes. When the connection closes with a code
+the official SDKs reconnect on (:data:`RETRYABLE_CLOSE_CODES`: 1001, 1005,
+1006, 1011, 1012, 1013, 1015), or at the server's connection lifetime limit,
+it reconnects with the SDKs' backoff (0.5 s doubling to 8 s, jitter x0.75 to
+1.0, at most ``max_retries`` attempts in a row) and sends
+``response.resume`` for every response it created or took up that has not
+ended. What the reader sees:
+
+- ``response.resumed`` in the event stream, for each response taken up: the
+  Response as its last checkpoint holds it. Events of that response numbered
+  from the resumed event's ``sequence_number`` on that came before it are
+  void: the turn they belonged to runs again, with new item ids.
+- The tool outputs already sent for calls the resumed response still waits
+  for are sent again by the client (it keeps each output until the response
+  takes it in or ends); outputs for calls no longer waited for are not.
+  :meth:`~ResilientClient.until_done` stops at a ``response.resumed`` only
+  when it waits for an output not sent yet (the ``response.done`` that asked
+  for it was lost with the connection); :meth:`~ResilientClient.unanswered`
+  names those calls.
+- A response that cannot be taken up (created with ``store: false``, cut off
+  before its first checkpoint, expired) comes back as an ``error`` naming it
+  (``response_not_found``), and the client lets it go.
+- Sends wait while the client reconnects; once it gives up (or the server
+  closes with another code) reads and sends raise :class:`ConnectionClosedError`.
 """
 
 from .connection import (
@@ -40,14 +68,24 @@ from .connection import (
     HandshakeError,
 )
 from .opening import connect
+from .resilient import (
+    RETRYABLE_CLOSE_CODES,
+    ResilientClient,
+    reconnect_delay,
+    resilient,
+)
 
 __all__ = [
     "CLOSE_TIMEOUT",
     "MAX_QUEUED_EVENTS",
     "MAX_REJECT_BODY_BYTES",
+    "RETRYABLE_CLOSE_CODES",
     "AppendClient",
     "ClientError",
     "ConnectionClosedError",
     "HandshakeError",
+    "ResilientClient",
     "connect",
+    "reconnect_delay",
+    "resilient",
 ]
