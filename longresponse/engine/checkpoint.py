@@ -4,9 +4,11 @@ Theory of operation
 -------------------
 An append-mode rollout whose owner gives it a checkpoint hook (the serve
 layer does for ``store: true``) hands the hook a :class:`RolloutCheckpoint`
-twice around every pause, and waits for it before the client hears of the
-pause or of its end:
+at its start and twice around every pause, and waits for it before the
+client hears of the event it precedes:
 
+- at its start, before its first ``response.in_progress``: the Response
+  ``in_progress`` with no output, the create's input waiting in the inbox;
 - when a turn ends in client tool calls, before ``response.done``
   (``requires_action``): the Response with its waiting calls;
 - when every call has its output, before ``response.in_progress``: the

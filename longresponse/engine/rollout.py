@@ -551,6 +551,9 @@ class Rollout:
             else:
                 if reply.track is None:
                     await reply.announce(ResponseCreated)
+                # Taken up from here, the first turn runs again (a rollout cut
+                # off before its first pause is not lost with its connection).
+                await self._checkpoint(reply, ResponseState.IN_PROGRESS)
                 await reply.announce(ResponseInProgress)
             stop = await self.run_turns()
             reply.note_incomplete(stop if stop in INCOMPLETE_STOPS else None)

@@ -1,4 +1,4 @@
-"""Append-mode rollouts kept in the store at every pause, and taken up again from there.
+"""Append-mode rollouts kept in the store from their start and at every pause, and taken up again.
 
 Theory of operation
 -------------------
@@ -43,7 +43,7 @@ __all__ = ["CheckpointWriter", "Checkpoints", "TakenUp"]
 
 
 class _State(msgspec.Struct, frozen=True, kw_only=True):
-    """The small part of a checkpoint, rewritten at every pause (the items are
+    """The small part of a checkpoint, rewritten at every checkpoint (the items are
     kept apart, appended)."""
 
     request: ResponseCreate

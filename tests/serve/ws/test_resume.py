@@ -119,7 +119,7 @@ async def test_a_response_taken_up_in_progress_is_numbered_right_after_its_resum
     make_server: Any,
 ) -> None:
     running = make_server()
-    slow = CALLS | {"sim_ttft_ms": "2000"}  # the turn after the output is still waiting
+    slow = CALLS | {"sim_ttft_ms": "1000"}  # the turn after the output is still waiting
     async with connect(running.url) as client:
         await client.create(model="sim", input="Read three files.", tools=[TOOL], metadata=slow)
         done = (await client.until_done(timeout=10))[-1]
@@ -137,6 +137,35 @@ async def test_a_response_taken_up_in_progress_is_numbered_right_after_its_resum
     assert isinstance(resumed, ResponseResumed)
     assert resumed.response.status == "in_progress"
     assert resumed.sequence_number == taken.sequence_number + 1
+
+
+async def test_a_rollout_cut_off_in_its_first_turn_is_taken_up_from_its_start(
+    make_server: Any,
+) -> None:
+    running = make_server()
+    slow = {"sim_tool_calls": "1", "sim_ttft_ms": "1000"}  # the first turn is still waiting
+    async with connect(running.url) as client:
+        await client.create(model="sim", input="Read a file.", tools=[TOOL], metadata=slow)
+        while not isinstance(started := await client.next_event(), ResponseInProgress):
+            pass
+    async with connect(running.url) as client:
+        await client.resume(started.response.id)
+        resumed = await client.next_event()
+        assert isinstance(resumed, ResponseResumed), resumed
+        # Its start, checkpointed before that response.in_progress: nothing out
+        # yet, and the first turn runs again here.
+        assert resumed.response.status == "in_progress"
+        assert resumed.response.output == []
+        assert resumed.sequence_number == started.sequence_number + 1
+        first = (await client.until_done(timeout=10))[-1]
+    assert isinstance(first, ResponseDone)
+    assert first.response.status == "requires_action"
+    _, done, sent = await finish(running.url, started.response.id)
+    assert done.response.status == "completed"
+    text = done.response.output[-1].content[0].text  # type: ignore[union-attr]
+    assert "«Read a file.»" in text
+    assert sent == ["file 0"]
+    assert "«file 0»" in text
 
 
 async def test_a_resume_past_the_rollout_limit_is_refused_naming_it(make_server: Any) -> None:
