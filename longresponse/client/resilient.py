@@ -639,4 +639,3 @@ async def resilient(
         finally:
             single.__context__ = context
             del single, context
-

@@ -436,4 +436,3 @@ async def test_a_stopped_process_is_left_and_its_successor_resumes(
         for process in (first, successor):
             if process is not None:
                 await trio.to_thread.run_sync(process.stop)
-
