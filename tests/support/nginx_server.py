@@ -6,7 +6,8 @@ directory (pid file, error log and every temp path inside it), runs Debian's
 port, waits (bounded) until a request through it reaches an upstream, and
 stops it with SIGTERM. :data:`SITE` is the proxying part, the one docs/RELIABILITY.md
 shows: WebSocket upgrades passed through, timeouts above the 60-minute
-connection limit, no buffering (SSE). :func:`nginx_executable` FAILS the test
+connection limit, no buffering (SSE); :data:`UPSTREAM_PARAMETERS` go on each
+upstream server's line, as there. :func:`nginx_executable` FAILS the test
 when nginx is missing (``make test`` installs it), never skips.
 """
 
@@ -26,7 +27,7 @@ import pytest
 
 from longresponse.server_process import free_port
 
-__all__ = ["SITE", "NginxProxy", "nginx_executable"]
+__all__ = ["SITE", "UPSTREAM_PARAMETERS", "NginxProxy", "nginx_executable"]
 
 #: Seconds to wait for a started nginx to pass a request through.
 START_TIMEOUT = 10.0
@@ -53,6 +54,14 @@ SITE = """\
         add_header X-Upstream $upstream_addr always;
     }
 """
+
+#: Each upstream server's parameters (docs/RELIABILITY.md): no passive health
+#: check. nginx counts a process that refused a connection (it is restarting)
+#: as down until a request through it completes, and a WebSocket's request
+#: completes only when the socket closes: after a restart it lets one new
+#: socket through per ``fail_timeout`` and answers the rest 502 ("no live
+#: upstreams"). Without it a refused connect goes on to the next process at once.
+UPSTREAM_PARAMETERS = "max_fails=0"
 
 CONFIG = """\
 daemon off;
@@ -140,7 +149,9 @@ class NginxProxy:
 
     def _try_start(self, executable: str) -> str | None:
         root = self._workdir.name
-        servers = "\n".join(f"        server 127.0.0.1:{port};" for port in self.upstreams)
+        servers = "\n".join(
+            f"        server 127.0.0.1:{port} {UPSTREAM_PARAMETERS};" for port in self.upstreams
+        )
         config = Path(root) / "nginx.conf"
         config.write_text(CONFIG.format(root=root, servers=servers, port=self.port, site=SITE))
         output = Path(root) / "stderr.log"
