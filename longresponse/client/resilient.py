@@ -28,8 +28,8 @@ or a ``response.resumed`` that is ``in_progress``) or ends. A response
 resumed ``requires_action`` gets the remembered outputs of the calls it still
 waits for, sent again before the reader sees its ``response.resumed``; those
 of other calls are dropped, never sent. A create whose ``response.created``
-had not come back is sent again on the new connection, and a cancel cut off
-by the drop is sent again once its response is resumed.
+had not come back is sent again on the new connection, and a response the
+client asked to cancel is asked again once it is resumed.
 
 Sends wait while the client reconnects (a send for a held response waits
 until it is resumed), and go out under one lock that the pump also takes to
@@ -137,7 +137,7 @@ class _Held:
     #: Waiting for its ``response.resumed`` (or the error that ends it) on the
     #: current connection; sends to it wait meanwhile.
     resuming: bool = False
-    #: A cancel was cut off by a drop: sent again once the response is resumed.
+    #: A cancel was sent: sent again whenever the response is resumed.
     cancel: bool = False
 
 
@@ -298,8 +298,9 @@ class ResilientClient:
 
     async def cancel(self, response_id: str | None = None) -> None:
         """Send ``response.cancel`` for ``response_id`` (default: the response
-        created last), once it is live on the connection; a cancel cut off by
-        a drop is sent again when the response is resumed. Raises as
+        created last), once it is live on the connection; until the response
+        ends, it is sent again whenever the response is resumed (the cancel
+        may have been lost with the connection). Raises as
         :meth:`AppendClient.cancel` does, and :class:`ConnectionClosedError`
         once the client has given up."""
         target = self._target(response_id)
@@ -314,6 +315,7 @@ class ResilientClient:
                 except ConnectionClosedError:
                     if held is None:
                         raise
+                if held is not None:
                     held.cancel = True
                 return
 
@@ -434,6 +436,9 @@ class ResilientClient:
             return False
         if response_id is not None and event.response.id != response_id:
             return False
+        held = self._held.get(event.response.id)
+        if held is not None and held.cancel:
+            return False  # its cancel went again: it ends without its outputs
         return bool(self.unanswered(event.response))
 
     # --- closing -----------------------------------------------------------
@@ -574,7 +579,6 @@ class ResilientClient:
                     await client.append(list(held.outputs.values()), response.id)
                 if held.cancel:
                     await client.cancel(response.id)
-                    held.cancel = False
             except ConnectionClosedError:
                 pass  # dropped again: the next connection resumes it again
             held.resuming = False

@@ -302,6 +302,31 @@ async def test_a_pause_whose_done_was_lost_stops_the_reader_at_the_resume(
     await assert_billed_once(running.config.store, response)
 
 
+async def test_a_cancel_lost_with_the_connection_is_sent_again(
+    relayed: tuple[Any, CuttingRelay],
+) -> None:
+    running, relay = relayed
+    async with resilient(relay.url, **QUICK) as client:
+        await client.create(
+            model="sim", input="Read a file.", tools=[TOOL], metadata={"sim_tool_calls": "1"}
+        )
+        (*_, paused) = await client.until_done()
+        assert isinstance(paused, ResponseDone)
+        relay.stall_up = True
+        await client.cancel()
+        await relay.swallowed()  # the cancel
+        relay.cut()
+        # Resumed (still paused: the cancel never arrived), then cancelled; the
+        # reader is not stopped at the resume for the output it will not send.
+        events = await client.until_done()
+        assert [type(e) for e in events] == [ResponseResumed, ResponseDone]
+        done = events[-1]
+        assert isinstance(done, ResponseDone)
+        assert done.response.status == "cancelled"
+        assert client.live_responses == []
+    await assert_billed_once(running.config.store, done.response)
+
+
 async def test_a_create_lost_before_its_response_created_is_sent_again(
     relayed: tuple[Any, CuttingRelay],
 ) -> None:
