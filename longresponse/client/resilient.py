@@ -477,6 +477,7 @@ class ResilientClient:
                         if first:
                             first = False
                             task_status.started()
+                        failure = None  # the attempts before this one succeeded
                         code, reason = await self._serve(client)
                 except _ATTEMPT_FAILURES as exc:
                     if first:
