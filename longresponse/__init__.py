@@ -1,7 +1,8 @@
 """longresponse: a whole LLM agent rollout as ONE long-running Response.
 
 The names here are what a user of the package imports: the trio client
-(:func:`connect` and its :class:`AppendClient`, with the errors it raises),
+(:func:`connect` and its :class:`AppendClient`, :func:`resilient` and its
+:class:`ResilientClient`, which reconnects and resumes, with the errors they raise),
 the server's settings (:class:`ServerConfig`, :class:`SimConfig`,
 :class:`Switches`), the ASGI app factory (:func:`create_app`, to embed the
 server under another ASGI server) and :class:`ServerProcess` (a
@@ -30,12 +31,14 @@ _EXPORTS: dict[str, str] = {
     "ClientError": "client",
     "ConnectionClosedError": "client",
     "HandshakeError": "client",
+    "ResilientClient": "client",
     "ServerConfig": "config",
     "ServerProcess": "server_process",
     "SimConfig": "config",
     "Switches": "config",
     "connect": "client",
     "create_app": "serve.app",
+    "resilient": "client",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -59,7 +62,9 @@ if TYPE_CHECKING:
     from .client import ClientError as ClientError
     from .client import ConnectionClosedError as ConnectionClosedError
     from .client import HandshakeError as HandshakeError
+    from .client import ResilientClient as ResilientClient
     from .client import connect as connect
+    from .client import resilient as resilient
     from .config import ServerConfig as ServerConfig
     from .config import SimConfig as SimConfig
     from .config import Switches as Switches

@@ -182,12 +182,14 @@ PUBLIC_SURFACE = {
     "ClientError",
     "ConnectionClosedError",
     "HandshakeError",
+    "ResilientClient",
     "ServerConfig",
     "ServerProcess",
     "SimConfig",
     "Switches",
     "connect",
     "create_app",
+    "resilient",
 }
 
 
