@@ -439,8 +439,8 @@ async def test_a_stopped_process_is_left_and_its_successor_resumes(
     first = await trio.to_thread.run_sync(ServerProcess("--store", store).start)
     successor: ServerProcess | None = None
     try:
-        # Long enough to span the successor's start (about a second).
-        patient = {"max_retries": 10, "initial_delay": 0.05, "max_delay": 0.5}
+        # Long enough (about 20 s) to span the drain and the successor's start.
+        patient = {"max_retries": 40, "initial_delay": 0.05, "max_delay": 0.5}
         async with resilient(first.url, **patient) as client:
             await client.create(
                 model="sim", input="Read three files.", tools=[TOOL],
