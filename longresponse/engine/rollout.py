@@ -936,7 +936,7 @@ class Rollout:
         # The checkpoint's own Response: its required_action names the calls
         # that wait (the protocol's record of them opens with this event).
         reply.push(reply.builder.lifecycle(ResponseResumed, checkpoint.response))
-        if checkpoint.response.status == ResponseState.REQUIRES_ACTION:
+        if checkpoint.response.status == ResponseState.REQUIRES_ACTION.value:
             return await self._await_outputs(reply)
         return True
 
