@@ -23,8 +23,9 @@ again.
   ends a chain (what it seals does not show in its segment).
 - **Marks.** At the end of each turn (:meth:`PrefixReuse.keep`, from the
   turn's timing hook, on every transport) the rollout's context is marked:
-  its chain digest names the rollout's token array, how many item tokens the
-  context spans, and how many of them the model has processed. A rollout's
+  its chain digest names the rollout's token array and the model reading it,
+  how many item tokens the context spans, and how many of them that model
+  has processed. A rollout's
   chain digests are kept beside it (a weak map), so a turn hashes only the
   items it added.
 - **Lookup.** :meth:`PrefixReuse.find` hashes a request's items and takes the
@@ -69,7 +70,8 @@ _DIGEST_BYTES: Final = 16
 
 
 class _Tokens:
-    """One rollout's token array as the cache holds it, with the marks it names."""
+    """One rollout's token array as the cache holds it, read by ``model``, with
+    the marks it names."""
 
     __slots__ = ("chain", "charged", "counted", "marks", "model", "prefix_length", "tokens")
 
@@ -242,7 +244,15 @@ class PrefixReuse:
         tokens = rollout.tokens
         live, start = tokens.tokens, tokens.prefix_length
         held = chain.held
-        if held is None or held.tokens is not live or self._held.get(id(held)) is not held:
+        # A new holder when the array was replaced, or when another model reads
+        # it now (switched in place): the marks held so far say what the model
+        # that read them processed, and stay its.
+        if (
+            held is None
+            or held.tokens is not live
+            or held.model != rollout.model.name
+            or self._held.get(id(held)) is not held
+        ):
             held = self._hold(rollout, chain.take_seeded())
             chain.hold(held)
         seen = max(0, rollout.model_seen - start)

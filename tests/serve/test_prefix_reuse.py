@@ -357,3 +357,58 @@ async def test_an_append_mode_create_begins_from_a_known_conversation(
     # The whole earlier rollout (all but the new question) was known.
     assert usage.input_tokens_details.cached_tokens >= 0.95 * usage.input_tokens
     assert _prefixes(running).hits == 1
+
+
+def ws_chain_of_models(running: Any, models: list[str]) -> tuple[list[Any], list[Any]]:
+    """A chain over ``client.responses.connect()``, turn ``i`` with ``models[i]``:
+    its responses, and its conversation as a client resends it whole, with the
+    next input."""
+    responses: list[Any] = []
+    conversation: list[Any] = []
+    with openai_client(running).responses.connect() as conn:
+        previous, items = None, [{"role": "user", "content": "Read the two files."}]
+        for turn, model in enumerate(models):
+            conversation += items
+            conn.response.create(
+                model=model,
+                instructions=INSTRUCTIONS,
+                input=items,  # type: ignore[arg-type]
+                previous_response_id=previous,  # type: ignore[arg-type]
+                tools=[TOOL],  # type: ignore[list-item]
+                metadata=META,
+                store=False,
+            )
+            for event in conn:
+                if event.type == "response.completed":
+                    responses.append(event.response)
+                    break
+            conversation += _echoed(responses[-1])
+            previous, items = responses[-1].id, _next_input(responses[-1], turn)
+    return responses, [*conversation, *items]
+
+
+async def test_a_model_switched_in_place_leaves_nothing_cached_for_the_old_model(
+    make_server: Any,
+) -> None:
+    # A WebSocket chain switches from sim to sim-alt in place: sim-alt read the
+    # second turn. The same conversation resent whole to sim: sim never read
+    # the second turn, so it is not cached (as on a chain switching back).
+    running = make_server()
+    (_, second), conversation = await trio.to_thread.run_sync(
+        ws_chain_of_models, running, ["sim", "sim-alt"]
+    )
+    assert _usage(second)[1] == 0  # sim-alt read it all afresh
+    client = openai_client(running)
+    again = await trio.to_thread.run_sync(
+        lambda: client.responses.create(
+            model="sim",
+            instructions=INSTRUCTIONS,
+            input=conversation,
+            tools=[TOOL],  # type: ignore[list-item]
+            metadata=META,
+            store=False,
+        )
+    )
+    assert _prefixes(running).hits == 1  # its tokens were taken in
+    total, cached, written = _usage(again)
+    assert (cached, written) == (0, total)
