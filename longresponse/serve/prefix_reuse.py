@@ -39,9 +39,10 @@ again.
   copied: it only grows at its end, so a marked length stays true. A rollout
   seeded from a mark takes over the marks of the array it came from that it
   covers, so a conversation resent turn after turn holds one array, not one
-  per turn. The budget (``--prefix-reuse-bytes``) counts each array's
-  tokens and :data:`MARK_BYTES` per mark; arrays go least recently used
-  first, with their marks.
+  per turn. The budget (``--prefix-reuse-bytes``) counts what each array
+  takes (its allocation as last marked, and :data:`HELD_BYTES` for holding
+  it) and :data:`MARK_BYTES` per mark; arrays go least recently used first,
+  with their marks.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import hashlib
+import sys
 import weakref
 from array import array
 from collections.abc import Sequence
@@ -61,11 +63,15 @@ from ..engine.boundary import KnownPrefix
 from ..engine.render import item_key
 from ..engine.rollout import Rollout
 
-__all__ = ["MARK_BYTES", "Found", "PrefixReuse"]
+__all__ = ["HELD_BYTES", "MARK_BYTES", "Found", "PrefixReuse"]
 
 #: What one mark costs beside the tokens (its dict entry, digest and record;
 #: measured with tracemalloc over 100,000 marks, CPython 3.11).
 MARK_BYTES: Final = 240
+#: What one held array costs beside its allocation and its marks (its holder,
+#: the holder's entry in the cache and dict of marks, its chain id; measured
+#: with tracemalloc over short conversations, CPython 3.11).
+HELD_BYTES: Final = 512
 _DIGEST_BYTES: Final = 16
 
 
@@ -73,7 +79,7 @@ class _Tokens:
     """One rollout's token array as the cache holds it, read by ``model``, with
     the marks it names."""
 
-    __slots__ = ("chain", "charged", "counted", "marks", "model", "prefix_length", "tokens")
+    __slots__ = ("allocated", "chain", "charged", "marks", "model", "prefix_length", "tokens")
 
     def __init__(self, tokens: array[int], prefix_length: int, model: str, chain: str) -> None:
         self.tokens = tokens
@@ -81,17 +87,18 @@ class _Tokens:
         self.model = model
         self.chain = chain
         self.marks: dict[bytes, _Mark] = {}
-        #: Tokens counted against the budget (the array's length when last marked).
-        self.counted = 0
+        #: Bytes the array took when last marked (its header and room to grow too).
+        self.allocated = 0
         #: Bytes charged to the budget for it now.
         self.charged = 0
 
     @property
     def nbytes(self) -> int:
-        return self.counted * self.tokens.itemsize + MARK_BYTES * len(self.marks)
+        return self.allocated + HELD_BYTES + MARK_BYTES * len(self.marks)
 
-    def count(self, length: int) -> None:
-        self.counted = length
+    def count(self) -> None:
+        """Measure the array as it is now (a live one grows between two marks)."""
+        self.allocated = sys.getsizeof(self.tokens)
 
     def take(self, tokens: array[int], prefix_length: int, model: str, chain: str) -> None:
         """Hold ``tokens`` instead: a longer array whose item tokens begin with
@@ -257,7 +264,7 @@ class PrefixReuse:
             chain.hold(held)
         seen = max(0, rollout.model_seen - start)
         self._mark(chain.digests[-1], _Mark(held, len(context), len(live) - start, seen))
-        held.count(len(live))
+        held.count()
         self._charge(held)
         self._held.move_to_end(id(held))
         self._make_room()

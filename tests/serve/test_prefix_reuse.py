@@ -13,7 +13,10 @@ usage totals.
 
 from __future__ import annotations
 
+import gc
 import itertools
+import tracemalloc
+from array import array
 from typing import Any
 
 import msgspec
@@ -21,10 +24,15 @@ import openai
 import pytest
 import trio
 
+from longresponse.backends.registry import ModelRegistry
 from longresponse.client import connect
+from longresponse.engine.boundary import KnownPrefix
+from longresponse.engine.limits import EngineLimits
+from longresponse.engine.render import render_item, render_prefix
+from longresponse.engine.rollout import Rollout
 from longresponse.serve.prefix_reuse import PrefixReuse
-from protocol.events import ResponseDone
-from protocol.items import FunctionCall
+from protocol.events import ResponseCreate, ResponseDone
+from protocol.items import FunctionCall, Message
 from tests.engine.test_pipeline import counters, normal
 from tests.support.http_clients import openai_client
 
@@ -412,3 +420,37 @@ async def test_a_model_switched_in_place_leaves_nothing_cached_for_the_old_model
     assert _prefixes(running).hits == 1  # its tokens were taken in
     total, cached, written = _usage(again)
     assert (cached, written) == (0, total)
+
+
+@pytest.mark.parametrize("words", [1, 2000])
+def test_the_budget_counts_what_the_conversations_take(words: int) -> None:
+    # Many conversations of one turn, short and long, as HTTP leaves them: each
+    # rollout gone, its tokens held by the cache. What the cache holds then,
+    # measured, is what it counts against its budget.
+    model = ModelRegistry().resolve("sim")
+    request = ResponseCreate(model="sim", input=[], instructions=INSTRUCTIONS)
+    prefix = array("I", render_prefix(INSTRUCTIONS, []))
+    conversations = []
+    for n in range(1000):
+        items = [
+            Message(role="user", content=f"Question {n}: " + "why " * words),
+            Message(role="assistant", content=f"Answer {n}."),
+        ]
+        tokens = array("I", [token for item in items for token in render_item(item)])
+        conversations.append((items, KnownPrefix(2, tokens, prefix, "sim", len(tokens))))
+    cache = PrefixReuse(budget_bytes=1 << 40)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        for n, (items, known) in enumerate(conversations):
+            rollout = Rollout(request=request, model=model, limits=EngineLimits())
+            rollout.seed(items, known)
+            rollout.join_chain(f"resp_{n:032x}")
+            cache.keep(rollout, owner="key")
+            del rollout
+        gc.collect()
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(cache) == 1000
+    assert 0.75 * cache.nbytes <= held <= 1.1 * cache.nbytes
