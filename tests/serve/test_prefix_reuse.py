@@ -33,7 +33,7 @@ from longresponse.engine.rollout import Rollout
 from longresponse.serve.prefix_reuse import PrefixReuse
 from protocol.events import ResponseCreate, ResponseDone
 from protocol.items import FunctionCall, Message
-from tests.engine.test_pipeline import counters, normal
+from tests.engine.test_pipeline import FAKE_AWS_KEY, counters, normal
 from tests.support.http_clients import openai_client
 
 TOOL = {
@@ -325,6 +325,26 @@ async def test_a_client_resending_everything_reports_what_a_chain_does(
     rendered = [counters(s)["tokens_rendered"] for s in (on, off)]
     assert 2 * rendered[0] < rendered[1]
     assert _prefixes(on).hits >= 3
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a known prefix's items are not classified again, and their findings are not "
+    "kept with it: a whole-history request loses the flags of its earlier turns",
+)
+async def test_a_client_resending_everything_gets_the_flags_a_stateless_server_gives(
+    make_server: Any,
+) -> None:
+    # --secrets-policy flag (the default): a Response's metadata flags what its
+    # input holds. A client that resends everything sends the secret of its
+    # first turn again in every request, and each Response says so.
+    on, off = make_server(), make_server(prefix_reuse=False)
+    opening = f"My key is {FAKE_AWS_KEY}; read the two files."
+    resent = await trio.to_thread.run_sync(lambda: http_full(on, 3, opening=opening))
+    stateless = await trio.to_thread.run_sync(lambda: http_full(off, 3, opening=opening))
+    assert all(r.metadata["secrets_flagged"] == "1" for r in stateless)
+    assert _prefixes(on).hits == 2
+    assert [r.metadata for r in resent] == [r.metadata for r in stateless]
 
 
 async def test_an_append_mode_create_begins_from_a_known_conversation(
