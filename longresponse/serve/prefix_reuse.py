@@ -207,8 +207,9 @@ class PrefixReuse:
         that ``owner`` had in a rollout's context at the end of a turn: its items
         and tokens, or None. At least one item is left to the turn."""
         self.lookups += 1
-        digests = _extend_chain(_seed(owner), (), items)
-        for count in range(min(len(digests), len(items) - 1), 0, -1):
+        # The last item is left to the turn whatever is known: it is not hashed.
+        digests = _extend_chain(_seed(owner), (), items[:-1])
+        for count in range(len(digests), 0, -1):
             mark = self._marks.get(digests[count - 1])
             if mark is None:
                 continue

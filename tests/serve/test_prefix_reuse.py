@@ -28,8 +28,9 @@ from longresponse.backends.registry import ModelRegistry
 from longresponse.client import connect
 from longresponse.engine.boundary import KnownPrefix
 from longresponse.engine.limits import EngineLimits
-from longresponse.engine.render import render_item, render_prefix
+from longresponse.engine.render import item_key, render_item, render_prefix
 from longresponse.engine.rollout import Rollout
+from longresponse.serve import prefix_reuse
 from longresponse.serve.prefix_reuse import PrefixReuse
 from protocol.events import ResponseCreate, ResponseDone
 from protocol.items import FunctionCall, Message
@@ -474,3 +475,24 @@ def test_the_budget_counts_what_the_conversations_take(words: int) -> None:
         tracemalloc.stop()
     assert len(cache) == 1000
     assert 0.75 * cache.nbytes <= held <= 1.1 * cache.nbytes
+
+
+def test_a_lookup_does_not_read_the_item_it_leaves_to_the_turn(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A known prefix leaves at least the newest item to the turn, so a lookup
+    # has no use for its key: the newest item (a long paste, a large tool
+    # output) is not hashed on the event loop for nothing.
+    keyed: list[Any] = []
+
+    def key(item: Any) -> bytes | None:
+        keyed.append(item)
+        return item_key(item)
+
+    monkeypatch.setattr(prefix_reuse, "item_key", key)
+    items = [
+        Message(role="user", content="Read the two files."),
+        Message(role="user", content="word " * 200_000),
+    ]
+    assert PrefixReuse(budget_bytes=1 << 20).find("key", items) is None
+    assert keyed == items[:1]
