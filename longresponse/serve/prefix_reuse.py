@@ -25,9 +25,8 @@ again.
   turn's timing hook, on every transport) the rollout's context is marked:
   its chain digest names the rollout's token array and the model reading it,
   how many item tokens the context spans, and how many of them that model
-  has processed. A rollout's
-  chain digests are kept beside it (a weak map), so a turn hashes only the
-  items it added.
+  has processed. A rollout's chain digests are kept beside it (a weak map),
+  so a turn hashes only the items it added.
 - **Lookup.** :meth:`PrefixReuse.find` hashes a request's items and takes the
   longest marked prefix: the known items and a copy of their tokens
   (:class:`~longresponse.engine.boundary.KnownPrefix`). The turn then
