@@ -62,6 +62,14 @@ owned per key, never expiring): a ``conversations`` table for SQLite, one key
 per conversation for Redis (deleted by the same owner-checking script), a
 dict for memory.
 
+Every backend also keeps the leases of running background responses
+(``longresponse.storage.records`` says what a lease is): a dict for memory, a
+``leases`` table for SQLite (wall time, as the ttl), and for Redis a set of
+running ids and one key per lease with ``PX`` (Redis's clock). Writing a
+record and its lease, taking over leases that ran out and storing the end of
+a taken response are each atomic, so of several processes sharing a store
+exactly one takes a response over.
+
 Failures of the backend itself (disk, network, a blob that no longer decodes)
 raise :class:`StoreError`; a missing, expired or foreign record is not an
 error (``None`` / ``False``).
