@@ -39,9 +39,16 @@ from protocol.items import (
 
 from ..engine.rollout import Boundary, Rollout
 from ..storage.persistence import Persistence
+from ..storage.records import is_running
 from .prefix_reuse import Found
 
-__all__ = ["Continuation", "check_continuation", "continue_from", "stored_history"]
+__all__ = [
+    "Continuation",
+    "check_continuation",
+    "continue_from",
+    "not_finished",
+    "stored_history",
+]
 
 
 @dataclasses.dataclass(slots=True)
@@ -123,6 +130,17 @@ def check_continuation(new_items: list[Item], pending: dict[str, str]) -> None:
         )
 
 
+def not_finished(parent_id: str, status: str) -> RemoteProtocolError:
+    """The refusal to continue from a background response that has not ended
+    (it has no output to continue from yet)."""
+    return RemoteProtocolError(
+        f"Previous response with id {RemoteProtocolError.clip(parent_id)!r} has not "
+        f"finished (status {status}); continue from it once it has.",
+        code=ErrorCode.INVALID_VALUE,
+        param="previous_response_id",
+    )
+
+
 async def stored_history(
     persistence: Persistence | None, parent_id: str, *, owner: str, new_items: list[Item]
 ) -> Continuation:
@@ -130,7 +148,8 @@ async def stored_history(
 
     The chain is read back from the store; ``new_items`` must answer its last
     response's pending calls. Raises :class:`RemoteProtocolError`
-    ``previous_response_not_found`` (param ``previous_response_id``), or the
+    ``previous_response_not_found`` (param ``previous_response_id``),
+    :func:`not_finished` for a background response that has not ended, or the
     errors of :func:`check_continuation`.
     """
     conversation = None
@@ -142,6 +161,8 @@ async def stored_history(
             code=ErrorCode.PREVIOUS_RESPONSE_NOT_FOUND,
             param="previous_response_id",
         )
+    if is_running(conversation.last):
+        raise not_finished(parent_id, conversation.last.response.status)
     check_continuation(new_items, conversation.pending)
     history = conversation.items
     return Continuation(

@@ -492,9 +492,13 @@ class Turns:
         owner: str,
         transport: Transport,
         context_from: int | None = None,
+        input_items: Sequence[Item] | None = None,
     ) -> None:
         """Bill a finished shipped-shape response and, with ``store=true``, make it
         durable, before its terminal event is sent.
+
+        ``input_items``: its input as already stored (ids given), for a response
+        stored before it ended (a background one); its own items otherwise.
 
         A response that took input while it ran (``response.inject``) is stored
         with its items in context order, from ``context_from``. A response
@@ -518,7 +522,7 @@ class Turns:
         conversation_id = conversation_id_of(request.conversation)
         # Ids given once, so the stored response and the conversation agree.
         new_items = (
-            stored_input_items(started.items)
+            stored_input_items(started.items if input_items is None else input_items)
             if request.store or conversation_id is not None
             else started.items
         )

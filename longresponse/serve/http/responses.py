@@ -274,15 +274,19 @@ class ResponsesHTTP:
             record = await self.persistence.get(response_id, owner=owner)
             if record is None:
                 raise _not_found(response_id)
+            # A background response whose process stopped ends here, not in_progress.
+            response = await self.background.settle(record)
         except ProtocolError as error:
             return http_error(error)
-        return _json(record.response)
+        return _json(response)
 
     async def delete(self, request: Request) -> Response:
         response_id = request.path_params["response_id"]
         try:
             owner = self.owner(request)
-            self.background.check_deletable(response_id, owner=owner)
+            await self.background.check_deletable(
+                response_id, owner=owner, persistence=self.persistence
+            )
             if not await self.persistence.delete(response_id, owner=owner):
                 raise _not_found(response_id)
             self.background.forget(response_id)
@@ -319,11 +323,11 @@ class ResponsesHTTP:
         try:
             owner = self.owner(request)
             response = await self.background.cancel(response_id, owner=owner)
-            if response is None:  # not running: the stored one decides
+            if response is None:  # not running here: the stored one decides
                 record = await self.persistence.get(response_id, owner=owner)
                 if record is None:
                     raise _not_found(response_id)
-                response = record.response
+                response = await self.background.cancel_stored(record)
             check_cancellable(response)
         except ProtocolError as error:
             return http_error(error)
