@@ -80,9 +80,11 @@ class Continuation:
     def unchecked(self, new_items: Sequence[Item]) -> list[Item]:
         """What a turn on this continuation checks (validates and classifies):
         the history when nothing is kept of it, then ``new_items``, less the
-        known prefix."""
+        known prefix (unless the classifier found something in it: its items
+        are read again)."""
         items = [*(self.checked if not self.cached else ()), *new_items]
-        return items[self.known.known.items :] if self.known is not None else items
+        known = self.known.known if self.known is not None else None
+        return items[known.items :] if known is not None and known.classified else items
 
 
 def check_continuation(new_items: list[Item], pending: dict[str, str]) -> None:

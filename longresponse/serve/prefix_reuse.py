@@ -81,7 +81,16 @@ class _Tokens:
     """One rollout's token array as the cache holds it, read by ``model``, with
     the marks it names."""
 
-    __slots__ = ("allocated", "chain", "charged", "marks", "model", "prefix_length", "tokens")
+    __slots__ = (
+        "allocated",
+        "chain",
+        "charged",
+        "flagged",
+        "marks",
+        "model",
+        "prefix_length",
+        "tokens",
+    )
 
     def __init__(self, tokens: array[int], prefix_length: int, model: str, chain: str) -> None:
         self.tokens = tokens
@@ -93,10 +102,17 @@ class _Tokens:
         self.allocated = 0
         #: Bytes charged to the budget for it now.
         self.charged = 0
+        #: The secrets classifier found something in the conversation: its items
+        #: are read again when reused, so that each Response flags what it holds.
+        self.flagged = False
 
     @property
     def nbytes(self) -> int:
         return self.allocated + HELD_BYTES + MARK_BYTES * len(self.marks)
+
+    def flag(self, found: bool) -> None:
+        """The conversation holds what the classifier flags (once true, it stays)."""
+        self.flagged = self.flagged or found
 
     def count(self) -> None:
         """Measure the array as it is now (a live one grows between two marks)."""
@@ -225,6 +241,7 @@ class PrefixReuse:
                 model=held.model,
                 seen=mark.seen,
                 chain=held.chain,
+                classified=not held.flagged,
             )
             self.hits += 1
             self.items_found += count
@@ -267,6 +284,7 @@ class PrefixReuse:
             chain.hold(held)
         seen = max(0, rollout.model_seen - start)
         self._mark(chain.digests[-1], _Mark(held, len(context), len(live) - start, seen))
+        held.flag(any(rollout.verdicts))
         held.count()
         self._charge(held)
         self._held.move_to_end(id(held))

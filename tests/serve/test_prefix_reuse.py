@@ -329,11 +329,6 @@ async def test_a_client_resending_everything_reports_what_a_chain_does(
     assert _prefixes(on).hits >= 3
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a known prefix's items are not classified again, and their findings are not "
-    "kept with it: a whole-history request loses the flags of its earlier turns",
-)
 async def test_a_client_resending_everything_gets_the_flags_a_stateless_server_gives(
     make_server: Any,
 ) -> None:
