@@ -209,6 +209,7 @@ class Rollout:
         #: which may wait for the first output (``longresponse.engine.counting``).
         self.input_from = 0
         self._held: DeferredCount | None = None
+        self._tokens_behind = False
         #: The hosted-call loop over the turn's ``mcp`` tools' servers
         #: (``engine/hosted.py``), made from the host the owner gives with its
         #: hooks (:meth:`attach`); ``None``: no mcp tool.
@@ -642,6 +643,8 @@ class Rollout:
         hosted calls took (a phase of their own, not pre-inference)."""
         taken = self._drain_inbox()
         self.context.extend(taken.items)
+        # Their tokens join the cache once the hosted calls are done (:meth:`_hold_input`).
+        self._tokens_behind = True
         if self.hosted is None:
             return taken, taken.items, 0.0
         hosting = self.clock()
@@ -744,7 +747,15 @@ class Rollout:
         self._held = DeferredCount(
             bound=bound, pending=pending, timing=timing, cached=cached, clock=self.clock
         )
+        self._tokens_behind = False
         return self._held
+
+    @property
+    def tokens_match_context(self) -> bool:
+        """The token cache holds every item of the context (not so while a turn's
+        input has joined the context and waits for the hosted calls before its
+        tokens join the cache, or when that wait was cut short)."""
+        return not self._tokens_behind
 
     @property
     def uncounted(self) -> bool:

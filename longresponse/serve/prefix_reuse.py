@@ -257,8 +257,9 @@ class PrefixReuse:
 
     def keep(self, rollout: Rollout, *, owner: str) -> None:
         """Mark ``rollout``'s context as it is at the end of a turn (not when it
-        was cut to the window: its context is then not the client's)."""
-        if rollout.truncated:
+        was cut to the window: its context is then not the client's; nor when
+        its tokens are behind its context, a turn cut off while it took its input in)."""
+        if rollout.truncated or not rollout.tokens_match_context:
             return
         context = rollout.context
         chain = self._chains.get(rollout)
