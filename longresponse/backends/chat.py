@@ -68,7 +68,10 @@ and the engine sees the stream end.
 ``running_counts`` the body asks llama.cpp for its counts in every record
 (``timings_per_token``, ``return_progress``), which the rollout bills as
 they come, so a turn cut before the last record (a cancel, a client gone, a
-steer) is billed the engine's count too (``chat_stream``). Before a turn the
+steer) is billed the engine's count too (``chat_stream``). The engine's
+``/v1/models`` is asked once at start whether it serves ``upstream_model``
+(``served_model``), and while that had no answer, each record's ``model``.
+Before a turn the
 sampler checks the context against ``context_window`` by the engine's own
 count where it has one: ``POST /tokenize`` when configured (``tokenize``),
 else the ``prompt_tokens`` the engine reported last turn plus the o200k
@@ -107,6 +110,7 @@ from ..chat.mapping import (
 from ..config import BackendConfig
 from ..engine.sampling import SampleChunk, SampleRequest, Stop, UpstreamError, Usage
 from .chat_stream import ChunkReader, decode_chunk, refusal
+from .served_model import ServedModel
 from .tls import client_context
 
 __all__ = [
@@ -311,9 +315,15 @@ class ChatBackend:
         #: among them (``slots``: a turn is pinned only while its slot is free).
         self.in_flight = 0
         self.pinned: set[int] = set()
+        #: Whether the engine serves ``upstream_model``: asked at start, else its first answer.
+        self.served = ServedModel(config, self._key)
 
     def make_sampler(self) -> ChatSampler:
         return ChatSampler(self)
+
+    async def check(self) -> None:
+        """Ask the engine once whether it serves the configured model (``served_model``)."""
+        await self.served.check()
 
     async def aclose(self) -> None:
         await self.client.aclose()
@@ -456,7 +466,10 @@ class ChatSampler:
         try:
             async with contextlib.aclosing(self._payloads(response, reader, deadline)) as payloads:
                 async for data in payloads:
-                    for chunk in reader.feed(decode_chunk(data)):
+                    record = decode_chunk(data)
+                    if record.model is not None:
+                        backend.served.answered_as(record.model)
+                    for chunk in reader.feed(record):
                         self._note(chunk, estimated)
                         yield chunk
             for chunk in reader.end():

@@ -50,8 +50,10 @@ open at a time, each closed by an ``ItemEnd``.
 to :class:`~longresponse.engine.sampling.UpstreamError` with the shipped code:
 401/403 the engine refused our credentials (``upstream_unavailable``, the
 key never quoted); 404 ``upstream_unavailable`` too (the server's backend
-is misconfigured); 429 ``rate_limit_exceeded`` with the retry hint; a
-context-length refusal ``context_length_exceeded``; other 4xx
+is misconfigured: the engine lacks its model, or, where the engine's
+message speaks of no model, ``base_url`` names a path it does not have);
+429 ``rate_limit_exceeded`` with the retry hint; a context-length refusal
+``context_length_exceeded``; other 4xx
 ``invalid_value`` with the engine's ``param`` in Responses terms
 (``tools[0].function.parameters`` is ``tools[0].parameters``); 5xx
 ``upstream_unavailable``. Nothing here does I/O.
@@ -370,8 +372,15 @@ def refusal(
         )
     if status == 404:
         # The client asked for a model this server serves: the backend is
-        # misconfigured, which is the server's fault, not the client's.
-        return UpstreamError(f"The upstream engine does not serve the model (HTTP 404): {said}")
+        # misconfigured, which is the server's fault, not the client's. A 404
+        # that speaks of no model is a path the engine does not have (llama.cpp:
+        # "File Not Found"): base_url is wrong.
+        if error.code == "model_not_found" or "model" in said.lower():
+            return UpstreamError(f"The upstream engine does not serve the model (HTTP 404): {said}")
+        return UpstreamError(
+            f"The upstream engine has no such endpoint (HTTP 404): {said}; "
+            "the server's base_url for this model is wrong."
+        )
     if status == 429:
         return UpstreamError(
             f"The upstream engine is rate limited (HTTP 429): {said}",

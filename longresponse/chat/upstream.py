@@ -62,8 +62,8 @@ class PromptProgress(Struct, frozen=True, kw_only=True):
 
 class ChunkRecord(Struct, frozen=True, kw_only=True):
     """One ``data:`` record of an engine's stream: a ``chat.completion.chunk``
-    (only ``choices``, ``usage`` and llama.cpp's ``timings`` and
-    ``prompt_progress`` are read), or an error record some engines send
+    (only ``choices``, ``usage``, the ``model`` that answered and llama.cpp's
+    ``timings`` and ``prompt_progress`` are read), or an error record some engines send
     mid-stream: OpenAI's ``{"error": {...}}``, or vLLM's bare
     ``{"object": "error", "message", "type", "param", "code"}``."""
 
@@ -71,6 +71,7 @@ class ChunkRecord(Struct, frozen=True, kw_only=True):
     usage: ChatUsage | None = None
     timings: EngineTimings | None = None
     prompt_progress: PromptProgress | None = None
+    model: str | None = None
     error: ChatError | None = None
     object: str | None = None
     message: str | None = None

@@ -36,6 +36,7 @@ from starlette.routing import Route, WebSocketRoute
 from ..backends.registry import (
     Backend,
     ModelRegistry,
+    check_backends,
     close_backends,
     open_backends,
     serve_backends,
@@ -192,8 +193,9 @@ def _lifespan(
     turns: Turns,
 ) -> Callable[[Starlette], contextlib.AbstractAsyncContextManager[None]]:
     """The app's lifespan: opens the store, its write-behind queue, the
-    compaction key and the loop-lag monitor at startup; at shutdown ends what
-    still runs, drains the queue and closes the store and the backends."""
+    compaction key and the loop-lag monitor at startup, and asks each
+    upstream whether it serves its model (while serving); at shutdown ends
+    what still runs, drains the queue and closes the store and the backends."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -212,12 +214,15 @@ def _lifespan(
         monitor = LoopLagMonitor(metrics)
         services.open(persistence, compaction_key, monitor)
         lag = asyncio.create_task(monitor.run(), name="loop-lag")
+        # Whether each upstream serves its model: logged, while the server serves.
+        checking = asyncio.create_task(check_backends(backends), name="backend-check")
         try:
             yield
         finally:
-            lag.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await lag
+            for task in (lag, checking):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             await background.aclose()  # what still runs ends failed, and is stored
             await persistence.drain()  # a clean stop loses no queued write
             await store.aclose()
