@@ -349,6 +349,11 @@ class BackendConfig:
     #: a template whose answers must begin with a marker its parser expects
     #: (functionary v3.2: ``all`` and a newline). Empty: none is sent.
     text_grammar: str = ""
+    #: Chat kind: ask llama.cpp for its running counts in every stream record
+    #: (``timings_per_token``, ``return_progress``), so that a turn cut before
+    #: the engine's last record (a cancel, a client gone, a steer) is billed
+    #: the engine's own count of what it read and wrote, not an estimate.
+    running_counts: bool = False
 
     @property
     def model(self) -> str:

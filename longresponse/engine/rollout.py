@@ -804,13 +804,13 @@ class Rollout:
         counters.items_rendered += tokens.items_rendered - self.items_seen
         self.rendered_seen, self.items_seen = tokens.tokens_rendered, tokens.items_rendered
 
-    def bill_upstream(self, reply: Reply, counted: Usage, estimate: tuple[int, int, int]) -> None:
-        """Replace this turn's estimated counts (input, cached, output) with the
-        engine's own (a real backend's :class:`~longresponse.engine.models.Usage`)."""
-        input_tokens, cached, output = estimate
+    def bill_upstream(self, counted: Usage, billed: tuple[int, int]) -> None:
+        """Replace the (input, cached) tokens ``billed`` for this turn so far (the
+        estimate, or the engine's earlier count) with the engine's own (a real
+        backend's :class:`~longresponse.engine.sampling.Usage`)."""
+        input_tokens, cached = billed
         self.counts.input_tokens += counted.input_tokens - input_tokens
         self.counts.cached_tokens += counted.cached_tokens - cached
-        reply.bill_output(counted.output_tokens - output)
 
     # --- the window: truncation and compaction ---------------------------------------
 

@@ -38,6 +38,7 @@ from starlette.routing import Route, WebSocketRoute
 from ..backends.registry import (
     Backend,
     ModelRegistry,
+    check_backends,
     close_backends,
     open_backends,
     serve_backends,
@@ -194,8 +195,9 @@ def _lifespan(
     turns: Turns,
 ) -> Callable[[Starlette], contextlib.AbstractAsyncContextManager[None]]:
     """The app's lifespan: opens the store, its write-behind queue, the
-    compaction key and the loop-lag monitor at startup; at shutdown ends what
-    still runs, drains the queue and closes the store and the backends."""
+    compaction key and the loop-lag monitor at startup, and asks each
+    upstream whether it serves its model (while serving); at shutdown ends
+    what still runs, drains the queue and closes the store and the backends."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -216,10 +218,12 @@ def _lifespan(
         lag = asyncio.create_task(monitor.run(), name="loop-lag")
         # Renews this process's background leases and ends those of stopped ones.
         leases = asyncio.create_task(background.keep_leases(), name="background-leases")
+        # Whether each upstream serves its model: logged, while the server serves.
+        checking = asyncio.create_task(check_backends(backends), name="backend-check")
         try:
             yield
         finally:
-            for task in (lag, leases):
+            for task in (lag, leases, checking):
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
