@@ -68,7 +68,7 @@ from ..storage.records import StoreError
 from .checkpoints import Checkpoints
 from .continuation import Continuation
 from .conversations import Conversations, conversation_id_of
-from .fair_share import CheckWorkers
+from .fair_share import AdmittingTurns, CheckWorkers
 from .input_budget import InputBudget
 from .inspector.observer import Inspector
 from .inspector.records import RolloutRecord
@@ -160,6 +160,8 @@ class Turns:
         self.conversations = Conversations(lambda: self.persistence)
         #: The threads that run admission's costly checks, shared between keys.
         self.checker = CheckWorkers()
+        #: Turns on the loop for a create's work before its model runs, per key.
+        self.admitting = AdmittingTurns()
         #: Where the workers read very long texts with the secrets classifier.
         self.scanner = ScanProcess()
         #: The HTTP pool (and TLS context) of every MCP session: made now if the

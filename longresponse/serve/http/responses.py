@@ -170,9 +170,26 @@ class ResponsesHTTP:
     async def create(self, request: Request) -> Response:
         received_at = time.perf_counter()
         self.requests += 1
-        body: ResponseCreate | None = None
         try:
             owner = self.owner(request)
+        except ProtocolError as error:
+            self.turns.inspector.http.refused(None)
+            return http_error(error)
+        # A key's creates take turns until their model runs: a burst of one key's
+        # waits here, not ready, while other keys' requests are served.
+        async with self.turns.admitting.turn(owner):
+            run = await self._admit(request, owner, received_at)
+        if not isinstance(run, _Run):
+            return run  # refused, or a background response's answer
+        if run.body.stream:
+            return StreamingResponse(run.sse(), media_type="text/event-stream")
+        return await run.json(request)
+
+    async def _admit(self, request: Request, owner: str, received_at: float) -> _Run | Response:
+        """Read, check and admit a create of ``owner``'s: its turn started (a
+        :class:`_Run`), or the answer already (an error, a background response)."""
+        body: ResponseCreate | None = None
+        try:
             raw = await self.read_body(request)
             await self.check_skeleton(raw)
             body = decode_create_body(raw)
@@ -214,9 +231,7 @@ class ResponsesHTTP:
         except ProtocolError as error:
             self.turns.inspector.http.refused(body)
             return http_error(error)
-        if body.stream:
-            return StreamingResponse(run.sse(), media_type="text/event-stream")
-        return await run.json(request)
+        return run
 
     async def check_skeleton(self, raw: bytes | bytearray) -> None:
         """A create body's item, tool and schema limits, checked before it is
