@@ -24,6 +24,7 @@ from .backend_kinds import KINDS
 
 __all__ = [
     "BACKGROUND_ENDINGS_BYTES",
+    "BACKGROUND_LEASE",
     "BACKGROUND_LOG_BYTES",
     "BACKGROUND_MAX_DURATION",
     "BY_NAME",
@@ -158,6 +159,13 @@ MAX_BACKGROUND_PER_KEY: Final = 16
 #: Seconds a background response may run; then it ends ``incomplete``
 #: (reason ``max_duration``), billed and stored with what it wrote.
 BACKGROUND_MAX_DURATION: Final = 2 * 3600.0
+#: Seconds a server process's lease on a running background response lasts
+#: unless renewed. The process renews its leases every third of it (and
+#: stores what each response has written so far); a response whose lease ran
+#: out (its process stopped) is ended ``failed`` by the first process on the
+#: store that looks: each looks every third of it, and at once when the
+#: response is read, cancelled or deleted.
+BACKGROUND_LEASE: Final = 30.0
 #: Live /inspect feeds open at once (``--inspector-watchers``).
 INSPECTOR_WATCHERS: Final = 4
 #: Of those, the most one API key may hold open (with keys on).
@@ -341,6 +349,11 @@ class BackendConfig:
     #: a template whose answers must begin with a marker its parser expects
     #: (functionary v3.2: ``all`` and a newline). Empty: none is sent.
     text_grammar: str = ""
+    #: Chat kind: ask llama.cpp for its running counts in every stream record
+    #: (``timings_per_token``, ``return_progress``), so that a turn cut before
+    #: the engine's last record (a cancel, a client gone, a steer) is billed
+    #: the engine's own count of what it read and wrote, not an estimate.
+    running_counts: bool = False
 
     @property
     def model(self) -> str:
@@ -424,6 +437,7 @@ class ServerConfig:
     max_background: int = MAX_BACKGROUND
     max_background_per_key: int = MAX_BACKGROUND_PER_KEY
     background_max_duration: float = BACKGROUND_MAX_DURATION
+    background_lease: float = BACKGROUND_LEASE
     background_log_bytes: int = BACKGROUND_LOG_BYTES
     background_endings_bytes: int = BACKGROUND_ENDINGS_BYTES
     #: The pipeline's reuse switches (all on) and the secrets policy.
@@ -763,6 +777,11 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     _n("background_max_duration", float, BACKGROUND_MAX_DURATION, 0.001, 365 * _DAY,
        "HTTP: seconds a background response may run; then it ends incomplete "
        "(reason max_duration)"),
+    _n("background_lease", float, BACKGROUND_LEASE, 0.03, _DAY,
+       "HTTP: seconds a process's lease on a running background response lasts; renewed "
+       "(with what it wrote so far) every third of it; once it runs out (the process "
+       "stopped), the first process on the store that looks ends the response failed "
+       "(server_error): each looks every third of it, and when the response is read"),
     _n("background_log_bytes", int, BACKGROUND_LOG_BYTES, 1, 1024 * _GIB,
        "HTTP: bytes of SSE events a running background response keeps for readers resuming "
        "with starting_after (oldest dropped first)"),

@@ -59,12 +59,13 @@ TOML_TEMPLATE: Final = """\
 [models.{name}]
 kind = "chat"
 base_url = "{origin}/v1"
-upstream_model = "{name}"
+upstream_model = "{alias}"
 context_window = {context}
 max_tokens_field = "max_tokens"
 tool_choice_auto = "required"
 text_grammar = 'root ::= "all\\n" [^\\x00]*'
 first_token_timeout = 60
+running_counts = true
 """
 
 
@@ -154,13 +155,17 @@ class LlamaServer:
         """The command line; the README's llama.cpp command is this one
         (``tests/llama/test_docs_commands.py`` holds them together).
 
-        ``--metrics`` serves the Prometheus counters the tests read the
-        engine's own token counts from (:meth:`metrics`)."""
+        ``--alias`` names the model as the gateway's ``upstream_model``
+        does: llama-server lists it so in ``/v1/models``, which the gateway
+        checks at start, and answers any name with it. ``--metrics`` serves
+        the Prometheus counters the tests read the engine's own token counts
+        from (:meth:`metrics`)."""
         # fmt: off
         return [
             str(self.engine.server),
             "--model", str(self.engine.model),
             "--host", "127.0.0.1", "--port", str(self.port),
+            "--alias", SERVED_NAME,
             "--jinja", "--chat-template-file", str(self.engine.template),
             "--parallel", str(self.parallel), "--threads", str(self.threads),
             "--ctx-size", str(self.context), "--metrics",
@@ -180,9 +185,12 @@ class LlamaServer:
         no tools) must begin ``all`` and a newline for the template's parser,
         which the model does not write by itself (HTTP 500 again).
         ``first_token_timeout`` leaves room for a prefill of a few thousand
-        tokens on two busy cores."""
+        tokens on two busy cores. ``running_counts``: llama-server's counts in
+        every record, so a turn cut short is billed the engine's count."""
         window = self.context // self.parallel  # each slot's share (kv_unified off)
-        return TOML_TEMPLATE.format(name=name, origin=self.origin, context=window)
+        return TOML_TEMPLATE.format(
+            name=name, alias=SERVED_NAME, origin=self.origin, context=window
+        )
 
     def metrics(self) -> dict[str, float]:
         """The engine's own counters and gauges (``/metrics``, without the

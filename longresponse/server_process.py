@@ -6,7 +6,8 @@
 The process runs ``python -m longresponse serve`` on a free loopback port; it
 is ready when the port accepts connections, and is stopped with SIGINT (a
 clean stop: queued post-inference writes are drained), killed only if it does
-not stop in time.
+not stop in time. Its output goes where the parent's does, or to ``log_file``
+(:meth:`ServerProcess.log` reads it: what an operator would read).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from types import TracebackType
 from typing import Final, Self
 
@@ -61,10 +63,17 @@ def stop_process(
 class ServerProcess:
     """``longresponse serve`` with extra ``flags``, as a context manager."""
 
-    def __init__(self, *flags: str, port: int | None = None, log_level: str = "warning") -> None:
+    def __init__(
+        self,
+        *flags: str,
+        port: int | None = None,
+        log_level: str = "warning",
+        log_file: Path | None = None,
+    ) -> None:
         self.port = port or free_port()
         self.flags = flags
         self.log_level = log_level
+        self.log_file = log_file
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -86,7 +95,13 @@ class ServerProcess:
         Raises ``RuntimeError`` (the process killed) if it exits or is not
         ready within :data:`STARTUP_TIMEOUT` seconds.
         """
-        self.process = subprocess.Popen(self.command())
+        if self.log_file is None:
+            self.process = subprocess.Popen(self.command())
+        else:
+            with self.log_file.open("ab") as output:  # the child keeps its own descriptor
+                self.process = subprocess.Popen(
+                    self.command(), stdout=output, stderr=subprocess.STDOUT
+                )
         deadline = time.monotonic() + STARTUP_TIMEOUT
         while True:
             try:
@@ -100,6 +115,12 @@ class ServerProcess:
                         f"server process on port {self.port} did not start"
                     ) from None
                 time.sleep(0.05)
+
+    def log(self) -> str:
+        """What the server has written so far to ``log_file`` (empty without one)."""
+        if self.log_file is None or not self.log_file.exists():
+            return ""
+        return self.log_file.read_text(errors="replace")
 
     def stop(self) -> None:
         """A clean stop (SIGINT); a kill if it takes longer than :data:`STOP_TIMEOUT`."""

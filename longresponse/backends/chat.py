@@ -64,7 +64,14 @@ that httpx keeps the connection for the rollout's next turn.
 ``finally`` closes the HTTP response at once, which closes the connection,
 and the engine sees the stream end.
 
-**Counting.** The rollout bills the engine's own ``usage``. Before a turn the
+**Counting.** The rollout bills the engine's own ``usage``; with
+``running_counts`` the body asks llama.cpp for its counts in every record
+(``timings_per_token``, ``return_progress``), which the rollout bills as
+they come, so a turn cut before the last record (a cancel, a client gone, a
+steer) is billed the engine's count too (``chat_stream``). The engine's
+``/v1/models`` is asked once at start whether it serves ``upstream_model``
+(``served_model``), and while that had no answer, each record's ``model``.
+Before a turn the
 sampler checks the context against ``context_window`` by the engine's own
 count where it has one: ``POST /tokenize`` when configured (``tokenize``),
 else the ``prompt_tokens`` the engine reported last turn plus the o200k
@@ -103,6 +110,7 @@ from ..chat.mapping import (
 from ..config import BackendConfig
 from ..engine.sampling import SampleChunk, SampleRequest, Stop, UpstreamError, Usage
 from .chat_stream import ChunkReader, decode_chunk, refusal
+from .served_model import ServedModel
 from .tls import client_context
 
 __all__ = [
@@ -177,6 +185,9 @@ def chat_body(
         body["response_format"] = msgspec.to_builtins(format_to_chat(request.text_format))
     if config.cache_prompt:
         body["cache_prompt"] = True
+    if config.running_counts:
+        body["timings_per_token"] = True
+        body["return_progress"] = True
     slot = home_slot(config, affinity)
     if slot is not None:
         body["id_slot"] = slot
@@ -304,9 +315,15 @@ class ChatBackend:
         #: among them (``slots``: a turn is pinned only while its slot is free).
         self.in_flight = 0
         self.pinned: set[int] = set()
+        #: Whether the engine serves ``upstream_model``: asked at start, else its first answer.
+        self.served = ServedModel(config, self._key)
 
     def make_sampler(self) -> ChatSampler:
         return ChatSampler(self)
+
+    async def check(self) -> None:
+        """Ask the engine once whether it serves the configured model (``served_model``)."""
+        await self.served.check()
 
     async def aclose(self) -> None:
         await self.client.aclose()
@@ -449,11 +466,14 @@ class ChatSampler:
         try:
             async with contextlib.aclosing(self._payloads(response, reader, deadline)) as payloads:
                 async for data in payloads:
-                    for chunk in reader.feed(decode_chunk(data)):
+                    record = decode_chunk(data)
+                    if record.model is not None:
+                        backend.served.answered_as(record.model)
+                    for chunk in reader.feed(record):
+                        self._note(chunk, estimated)
                         yield chunk
             for chunk in reader.end():
-                if isinstance(chunk, Usage):
-                    self._prompt_tokens, self._estimated_then = chunk.input_tokens, estimated
+                self._note(chunk, estimated)
                 yield chunk
         except httpx.TransportError as exc:
             raise UpstreamError(
@@ -465,12 +485,19 @@ class ChatSampler:
             backend.release_slot(slot)
             await response.aclose()
 
+    def _note(self, chunk: SampleChunk, estimated: int) -> None:
+        """Keep the engine's latest count of the prompt (with our estimate of that
+        context) for the next turn's window check."""
+        if isinstance(chunk, Usage):
+            self._prompt_tokens, self._estimated_then = chunk.input_tokens, estimated
+
     async def _payloads(
         self, response: httpx.Response, reader: ChunkReader, deadline: float
     ) -> AsyncGenerator[str, None]:
         """The ``data:`` payloads of the engine's stream up to ``[DONE]``, each
-        within its deadline: ``first_token_timeout`` until the stream starts,
-        then ``idle_timeout`` between lines. A stream that ends before the
+        within its deadline: ``first_token_timeout`` until the stream starts
+        (its first record but llama.cpp's prefill progress, as ``reader`` read
+        it), then ``idle_timeout`` between lines. A stream that ends before the
         engine said it finished, or goes silent, is an :class:`UpstreamError`."""
         backend, config = self.backend, self.backend.config
         loop = asyncio.get_running_loop()
@@ -493,15 +520,15 @@ class ChatSampler:
                 if reader.started_stream:
                     deadline = loop.time() + config.idle_timeout
                 continue  # blank lines, comments, event names
-            reader.started_stream = True  # from here the idle deadline holds
-            deadline = loop.time() + config.idle_timeout
             data = line[5:].strip()
             if data == "[DONE]":
                 if not reader.finished:  # a proxy's cut stream can end so too
                     raise backend.ended_early(reader)
                 await _drain(lines)  # to the body's end: the connection is kept
                 return
-            yield data
+            yield data  # read: from the answer's first record the idle deadline holds
+            if reader.started_stream:
+                deadline = loop.time() + config.idle_timeout
 
     async def _check_window(self, body: dict[str, Any], estimated: int) -> int | None:
         """Refuse a context longer than the window by the engine's count (module

@@ -32,14 +32,28 @@ open at a time, each closed by an ``ItemEnd``.
   ``tool_calls`` (or calls made) stops with ``tool_calls``; anything else
   with ``stop``.
 - ``usage`` (sent on the last chunk with ``stream_options.include_usage``),
-  ``prompt_tokens_details.cached_tokens`` included: one :class:`Usage`.
+  ``prompt_tokens_details.cached_tokens`` included: a :class:`Usage` before
+  the :class:`Stop`.
+- The engine's running counts, for a turn cut before that last chunk (a
+  cancel, a client gone, a steer): llama.cpp's ``prompt_progress`` (the
+  prompt's tokens read so far and its cached part, as its prefill begins
+  and after each batch) and ``timings`` (``cache_n`` + ``prompt_n`` the
+  prompt, ``predicted_n`` the tokens generated), or a ``usage`` on a record
+  before the ``finish_reason`` (vLLM's ``continuous_usage_stats``). Each
+  record whose counts changed gives a :class:`Usage` first, before its own
+  output, so that the rollout, which bills the latest, has billed what a
+  record streamed as soon as it has it. Not every token is a record
+  (llama.cpp's template parser holds back the tokens of its markers): the
+  engine's count is exact where counting records would not be.
 
 :func:`refusal` maps an engine's HTTP error (status, body, ``Retry-After``)
 to :class:`~longresponse.engine.sampling.UpstreamError` with the shipped code:
 401/403 the engine refused our credentials (``upstream_unavailable``, the
 key never quoted); 404 ``upstream_unavailable`` too (the server's backend
-is misconfigured); 429 ``rate_limit_exceeded`` with the retry hint; a
-context-length refusal ``context_length_exceeded``; other 4xx
+is misconfigured: the engine lacks its model, or, where the engine's
+message speaks of no model, ``base_url`` names a path it does not have);
+429 ``rate_limit_exceeded`` with the retry hint; a context-length refusal
+``context_length_exceeded``; other 4xx
 ``invalid_value`` with the engine's ``param`` in Responses terms
 (``tools[0].function.parameters`` is ``tools[0].parameters``); 5xx
 ``upstream_unavailable``. Nothing here does I/O.
@@ -115,13 +129,16 @@ class ChunkReader:
         self._late: list[str] = []
         self._finish: str | None = None
         self._usage: ChatUsage | None = None
+        #: The engine's latest counts given as a :class:`Usage` (the rollout bills them).
+        self._counted: Usage | None = None
         self._reasoning: list[str] = []
         #: What the latest piece went to: ``"text"``, ``"late"`` (text after a
         #: call began) or a call's index; on ``length`` only it is cut short.
         self._writing: str | int | None = None
         #: Whether anything the client sees has been produced.
         self.output_started = False
-        #: Whether any record came (the first-token timeout is over).
+        #: Whether the engine has begun its answer: any record but llama.cpp's
+        #: prompt progress (the first-token timeout is over).
         self.started_stream = False
 
     @property
@@ -156,8 +173,35 @@ class ChunkReader:
                 self._finish = choice.finish_reason
         if chunk.usage is not None:
             self._usage = chunk.usage
+        if chunk.prompt_progress is None:
+            self.started_stream = True  # a prefill's progress is not an answer yet
         self.output_started = self.output_started or bool(out)
+        counted = self._running(chunk)
+        if counted is not None and counted != self._counted:
+            self._counted = counted
+            out.insert(0, counted)  # billed before what it counts is streamed
         return out
+
+    def _running(self, chunk: ChunkRecord) -> Usage | None:
+        """The engine's counts so far as ``chunk`` gives them (module docstring):
+        a ``usage`` before the finish, else llama.cpp's progress or timings."""
+        if chunk.usage is not None:
+            return None if self.finished else _usage(chunk.usage)
+        progress, timings = chunk.prompt_progress, chunk.timings
+        generated = timings.predicted_n if timings is not None else 0
+        if progress is not None:  # its prefill: what it has read of the prompt so far
+            return Usage(
+                input_tokens=progress.processed,
+                cached_tokens=progress.cache,
+                output_tokens=generated,
+            )
+        if timings is not None:
+            return Usage(
+                input_tokens=timings.cache_n + timings.prompt_n,
+                cached_tokens=timings.cache_n,
+                output_tokens=generated,
+            )
+        return None
 
     def _call_piece(self, piece: ToolCallDelta, out: list[SampleChunk]) -> None:
         index = self._last if piece.index is None else piece.index
@@ -207,18 +251,9 @@ class ChunkReader:
         if self._late:
             late = ItemEnd(incomplete=cut and self._writing == "late")
             out.extend([TextDelta("".join(self._late)), late])
-        if self._usage is not None:
-            usage = self._usage
-            prompt = usage.prompt_tokens_details
-            completion = usage.completion_tokens_details
-            out.append(
-                Usage(
-                    input_tokens=usage.prompt_tokens,
-                    cached_tokens=(prompt.cached_tokens or 0) if prompt else 0,
-                    output_tokens=usage.completion_tokens,
-                    reasoning_tokens=(completion.reasoning_tokens or 0) if completion else 0,
-                )
-            )
+        if self._usage is not None and (usage := _usage(self._usage)) != self._counted:
+            self._counted = usage
+            out.append(usage)
         if cut:
             out.append(Stop("max_output_tokens"))
         elif self._finish in ("tool_calls", "function_call") or self._calls:
@@ -231,6 +266,17 @@ class ChunkReader:
         if self._reasoning:
             out.append(ReasoningDone("".join(self._reasoning)))
             self._reasoning.clear()
+
+
+def _usage(usage: ChatUsage) -> Usage:
+    prompt = usage.prompt_tokens_details
+    completion = usage.completion_tokens_details
+    return Usage(
+        input_tokens=usage.prompt_tokens,
+        cached_tokens=(prompt.cached_tokens or 0) if prompt else 0,
+        output_tokens=usage.completion_tokens,
+        reasoning_tokens=(completion.reasoning_tokens or 0) if completion else 0,
+    )
 
 
 def _start(call: _Call, mcp: Mapping[str, McpFunction]) -> list[SampleChunk]:
@@ -326,8 +372,15 @@ def refusal(
         )
     if status == 404:
         # The client asked for a model this server serves: the backend is
-        # misconfigured, which is the server's fault, not the client's.
-        return UpstreamError(f"The upstream engine does not serve the model (HTTP 404): {said}")
+        # misconfigured, which is the server's fault, not the client's. A 404
+        # that speaks of no model is a path the engine does not have (llama.cpp:
+        # "File Not Found"): base_url is wrong.
+        if error.code == "model_not_found" or "model" in said.lower():
+            return UpstreamError(f"The upstream engine does not serve the model (HTTP 404): {said}")
+        return UpstreamError(
+            f"The upstream engine has no such endpoint (HTTP 404): {said}; "
+            "the server's base_url for this model is wrong."
+        )
     if status == 429:
         return UpstreamError(
             f"The upstream engine is rate limited (HTTP 429): {said}",

@@ -8,12 +8,16 @@ of its own. :func:`serve_backends` adds one
 :class:`~longresponse.engine.sampling.ModelSpec` per backend to the registry
 (no ``check_request``: the ``sim_*`` metadata is the simulated model's own;
 it compacts with the engine's summary, ``longresponse.engine.summary``, as
-the server has no model-written summary); the app closes the backends when it
-stops (:func:`close_backends`).
+the server has no model-written summary). As the app starts it asks each
+upstream whether it serves the configured model (:func:`check_backends`,
+``backends/served_model.py``: a wrong name or path is logged at ERROR with
+the setting to change), and it closes the backends when it stops
+(:func:`close_backends`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -30,6 +34,7 @@ from .sim.sampler import sim_spec
 __all__ = [
     "Backend",
     "ModelRegistry",
+    "check_backends",
     "close_backends",
     "missing_keys",
     "open_backends",
@@ -95,6 +100,11 @@ class Backend(Protocol):
         affinity key or an upstream socket, for the rollout's life)."""
         ...
 
+    async def check(self) -> None:
+        """Ask the upstream once whether it serves the configured model; log what a
+        wrong setting is and how to mend it (``backends/served_model.py``). Never raises."""
+        ...
+
     async def aclose(self) -> None:
         """Close the network clients (the app is stopping)."""
         ...
@@ -140,6 +150,11 @@ def serve_backends(registry: ModelRegistry, backends: Iterable[Backend]) -> None
                 # No sim_* checks; it compacts with the engine's summary.
             )
         )
+
+
+async def check_backends(backends: Iterable[Backend]) -> None:
+    """Each backend's check of its upstream (:meth:`Backend.check`), all at once."""
+    await asyncio.gather(*(backend.check() for backend in backends))
 
 
 async def close_backends(backends: Iterable[Backend]) -> None:

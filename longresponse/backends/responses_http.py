@@ -65,6 +65,7 @@ from .responses_wire import (
     turn_ended,
 )
 from .responses_wire import retryable as _retryable
+from .served_model import ServedModel
 from .settings import SettingsError
 from .tls import client_context
 
@@ -136,9 +137,14 @@ class ResponsesBackend:
         parts = urlsplit(config.base_url)
         #: Where the upstream is, for the log (never the URL's credentials).
         self.where = f"{parts.hostname}:{parts.port}" if parts.port else str(parts.hostname)
+        self.served = ServedModel(config, self.key)
 
     def make_sampler(self) -> ResponsesSampler:
         return ResponsesSampler(self)
+
+    async def check(self) -> None:
+        """Ask the upstream once whether it serves the configured model (``served_model``)."""
+        await self.served.check()
 
     async def aclose(self) -> None:
         await self.client.aclose()

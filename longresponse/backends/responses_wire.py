@@ -339,10 +339,15 @@ def _mapped(
     if code == "context_length_exceeded":
         return UpstreamError(message or "The input is too long for the upstream model.",
                              code=code, status=400, param=param)  # fmt: skip
-    if code == "model_not_found" or status == 404:
+    if code == "model_not_found" or (status == 404 and "model" in (message or "").lower()):
         # The client asked for a model this server serves: the backend is
         # misconfigured, which is the server's fault, not the client's.
         return UpstreamError(f"The upstream does not serve this backend's model ({message}).")
+    if status == 404:  # a path it does not have: base_url is wrong
+        return UpstreamError(
+            f"The upstream has no such endpoint (HTTP 404: {message}); "
+            "the server's base_url for this model is wrong."
+        )
     if 400 <= status < 500 or (status == 0 and code not in (None, "server_error")):
         return UpstreamError(
             message or f"The upstream refused the request (HTTP {status}).",

@@ -64,6 +64,7 @@ from .responses_wire import (
     refused,
     turn_ended,
 )
+from .served_model import ServedModel
 
 __all__ = ["MAX_UPSTREAM_EVENT_BYTES", "SOCKET_LOG", "ResponsesWSBackend", "ResponsesWSSampler"]
 
@@ -95,9 +96,15 @@ class ResponsesWSBackend:
         self.url = websocket_url(config.base_url)
         self.key = api_key(config)
         self.headers = auth_headers(self.key)
+        self.served = ServedModel(config, self.key)
 
     def make_sampler(self) -> ResponsesWSSampler:
         return ResponsesWSSampler(self)
+
+    async def check(self) -> None:
+        """Ask the upstream once (over HTTP) whether it serves the configured model
+        (``served_model``)."""
+        await self.served.check()
 
     async def aclose(self) -> None:
         """Nothing shared to close: each rollout's sampler closes its own socket."""

@@ -226,7 +226,7 @@ class RolloutState:
         self.history.extend(outputs)
         if self.transport.resends_history:
             return self._body(list(self.history))
-        if self.transport.shape == "append":
+        if self.transport.append_mode:
             return {"input": outputs}
         return self._body(outputs) | {"previous_response_id": self.previous_id}
 

@@ -81,7 +81,7 @@ async def server_cpu_seconds(endpoint: Endpoint) -> float:
 def turn_row(turn: Turn, previous: Turn | None, workload: Workload, shape: str) -> dict[str, Any]:
     """One row of ``turns.json``; derived figures use the documented formulas."""
     input_tokens, cached = turn.input_tokens, turn.cached_tokens
-    if shape == "append" and previous is not None:
+    if shape in ("append", "append-stored") and previous is not None:
         # append mode reports the rollout's usage so far: this turn is the difference.
         input_tokens -= previous.input_tokens
         cached -= previous.cached_tokens

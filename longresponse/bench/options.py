@@ -22,6 +22,9 @@ transport (a :class:`Transport`: a client shape and the server flags it needs):
 ``ws-stored``    ``ws`` with ``store: true``: each response is durable in the
                  store before its terminal event (what that write costs a turn).
 ``append``       one long-running Response continued with ``response.append``.
+``append-stored`` ``append`` with ``store: true``: the rollout is checkpointed
+                 in the store at every pause, before the client hears of it
+                 (what a checkpoint costs a turn).
 ``ws-sdk``       ``ws`` driven by the official ``openai`` SDK, unchanged.
 ``http-sdk``     ``http`` driven by the official SDK (the same server flags).
 ``agents-http``  the OpenAI Agents SDK's ``Runner`` with its default model,
@@ -97,20 +100,31 @@ BASE_TRANSPORTS: Final = (
     "ws",
     "ws-stored",
     "append",
+    "append-stored",
     "http-sdk",
     "ws-sdk",
     "agents-http",
     "agents-ws",
 )
+#: The append-mode transports (one long-running Response).
+APPEND_SHAPES: Final = ("append", "append-stored")
 #: Transports driven by the official ``openai`` SDK (its sync client, in a worker thread).
 SDK_TRANSPORTS: Final = ("http-sdk", "ws-sdk")
 #: Transports driven by the OpenAI Agents SDK's ``Runner`` (asyncio, in a worker thread).
 AGENTS_TRANSPORTS: Final = ("agents-http", "agents-ws")
 #: The WebSocket transports (shipped shape, append mode, or an SDK's WebSocket).
-WEBSOCKET_SHAPES: Final = ("append", "ws", "ws-stored", "ws-full", "ws-sdk", "agents-ws")
+WEBSOCKET_SHAPES: Final = (
+    "append",
+    "append-stored",
+    "ws",
+    "ws-stored",
+    "ws-full",
+    "ws-sdk",
+    "agents-ws",
+)
 #: Transports whose continuation frames get an echo floor (WebSocket, shipped or
 #: append; the Agents SDK's frames are its own to send, so it has none).
-ECHO_SHAPES: Final = ("append", "ws", "ws-stored", "ws-full", "ws-sdk")
+ECHO_SHAPES: Final = ("append", "append-stored", "ws", "ws-stored", "ws-full", "ws-sdk")
 #: The pipeline's reuse switches, as ``longresponse serve --no-<switch>`` flags.
 ABLATION_SWITCHES: Final = (
     "incremental-validation",
@@ -131,6 +145,7 @@ URL_TRANSPORTS: Final = (
     "ws",
     "ws-stored",
     "append",
+    "append-stored",
     "http-sdk",
     "ws-sdk",
     "agents-http",
@@ -211,6 +226,11 @@ class Transport:
         return self.shape in WEBSOCKET_SHAPES
 
     @property
+    def append_mode(self) -> bool:
+        """One long-running Response continued with ``response.append``."""
+        return self.shape in APPEND_SHAPES
+
+    @property
     def sdk(self) -> bool:
         return self.shape in SDK_TRANSPORTS
 
@@ -226,7 +246,8 @@ class Transport:
     def store(self) -> bool:
         """Whether its responses are stored: ``store: true``, or, for the Agents
         SDK, which sends no ``store``, the API's default (true)."""
-        return self.shape in ("http", "http-cached", "http-sdk", "ws-stored", *AGENTS_TRANSPORTS)
+        stored = ("http", "http-cached", "http-sdk", "ws-stored", "append-stored")
+        return self.shape in (*stored, *AGENTS_TRANSPORTS)
 
     @property
     def server_flags(self) -> tuple[str, ...]:

@@ -77,7 +77,7 @@ async def ws_rollout(
 ) -> tuple[list[Turn], str]:
     """One rollout over the trio WebSocket client; its turns and the final answer."""
     state = RolloutState(transport, workload, via_url=via_url)
-    subprotocols = (APPEND_SUBPROTOCOL,) if transport.shape == "append" else ()
+    subprotocols = (APPEND_SUBPROTOCOL,) if transport.append_mode else ()
     turns: list[Turn] = []
     async with connect(
         endpoint.ws_url, subprotocols=subprotocols, headers=[TIMING_HEADER]
@@ -85,7 +85,7 @@ async def ws_rollout(
         body = state.first_body()
         latency = 0.0
         for index in range(workload.tool_calls + 1):
-            if transport.shape == "append" and index > 0:
+            if transport.append_mode and index > 0:
                 frame = _client_frame(body | {"type": "response.append"})
                 started = time.perf_counter()
                 await client.append(body["input"])

@@ -75,7 +75,9 @@ class KnownPrefix:
     rendered recently (``longresponse.serve.prefix_reuse``): its first ``items``
     items and their ``tokens``, read after the token ``prefix`` (instructions and
     tools) by ``model``, which has processed ``seen`` of those tokens; ``chain``:
-    that conversation's first response id (its affinity key's source)."""
+    that conversation's first response id (its affinity key's source);
+    ``classified``: the secrets classifier found nothing in it, so its items
+    need not be read again (otherwise they are, and the Response flags them)."""
 
     items: int
     tokens: array[int]
@@ -83,6 +85,7 @@ class KnownPrefix:
     model: str
     seen: int
     chain: str = ""
+    classified: bool = True
 
 
 class Boundaries(Sequence[Boundary]):

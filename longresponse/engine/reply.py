@@ -115,6 +115,9 @@ class Reply:
         self._counts = counts
         #: The rollout's (input, cached) tokens when this Response began.
         self._usage_base = (counts.input_tokens, counts.cached_tokens)
+        #: A real engine's count of the current sampling's output: (the output
+        #: written before the sampling, the engine's count of its own).
+        self._engine_output: tuple[int, int] | None = None
 
     # --- state, read from the protocol's track --------------------------------
 
@@ -220,7 +223,7 @@ class Reply:
         Every input token the model reads is either cached (processed by an
         earlier turn) or written to the cache by this one (SPEC §8).
         """
-        output = self.builder.output_tokens
+        output = self.output_tokens()
         input_tokens = self._counts.input_tokens - self._usage_base[0]
         cached = self._counts.cached_tokens - self._usage_base[1]
         return Usage(
@@ -233,10 +236,31 @@ class Reply:
             total_tokens=input_tokens + output,
         )
 
-    def bill_output(self, correction: int) -> None:
-        """Correct the output tokens written so far by ``correction`` (a real
-        backend's own count in place of the estimate)."""
-        self.builder.output_tokens += correction
+    def output_tokens(self) -> int:
+        """The output tokens written so far: the builder's o200k count of each
+        item as it ends, but for a sampling a real engine counted, the
+        engine's count (:meth:`count_output`)."""
+        if self._engine_output is None:
+            return self.builder.output_tokens
+        before, counted = self._engine_output
+        return before + counted
+
+    def count_output(self, before: int, counted: int) -> None:
+        """A real engine counted ``counted`` tokens of the output of the sampling
+        that began with ``before`` written. The count stands for the whole
+        sampling, whatever its items add to the estimate when they end (an item
+        cut short ends after the engine's stream did), until the next begins."""
+        self._engine_output = (before, counted)
+
+    def begin_output(self) -> int:
+        """A sampling begins (the last one's items have all ended): the engine's
+        count of the last one, if it gave one, replaces the estimate for good.
+        The output tokens written so far."""
+        if self._engine_output is not None:
+            before, counted = self._engine_output
+            self._engine_output = None
+            self.builder.output_tokens = before + counted
+        return self.builder.output_tokens
 
     # --- how it ends ------------------------------------------------------------
 

@@ -209,6 +209,7 @@ class Rollout:
         #: which may wait for the first output (``longresponse.engine.counting``).
         self.input_from = 0
         self._held: DeferredCount | None = None
+        self._tokens_behind = False
         #: The hosted-call loop over the turn's ``mcp`` tools' servers
         #: (``engine/hosted.py``), made from the host the owner gives with its
         #: hooks (:meth:`attach`); ``None``: no mcp tool.
@@ -645,6 +646,8 @@ class Rollout:
         hosted calls took (a phase of their own, not pre-inference)."""
         taken = self._drain_inbox()
         self.context.extend(taken.items)
+        # Their tokens join the cache once the hosted calls are done (:meth:`_hold_input`).
+        self._tokens_behind = True
         if self.hosted is None:
             return taken, taken.items, 0.0
         hosting = self.clock()
@@ -747,7 +750,15 @@ class Rollout:
         self._held = DeferredCount(
             bound=bound, pending=pending, timing=timing, cached=cached, clock=self.clock
         )
+        self._tokens_behind = False
         return self._held
+
+    @property
+    def tokens_match_context(self) -> bool:
+        """The token cache holds every item of the context (not so while a turn's
+        input has joined the context and waits for the hosted calls before its
+        tokens join the cache, or when that wait was cut short)."""
+        return not self._tokens_behind
 
     @property
     def uncounted(self) -> bool:
@@ -796,13 +807,13 @@ class Rollout:
         counters.items_rendered += tokens.items_rendered - self.items_seen
         self.rendered_seen, self.items_seen = tokens.tokens_rendered, tokens.items_rendered
 
-    def bill_upstream(self, reply: Reply, counted: Usage, estimate: tuple[int, int, int]) -> None:
-        """Replace this turn's estimated counts (input, cached, output) with the
-        engine's own (a real backend's :class:`~longresponse.engine.models.Usage`)."""
-        input_tokens, cached, output = estimate
+    def bill_upstream(self, counted: Usage, billed: tuple[int, int]) -> None:
+        """Replace the (input, cached) tokens ``billed`` for this turn so far (the
+        estimate, or the engine's earlier count) with the engine's own (a real
+        backend's :class:`~longresponse.engine.sampling.Usage`)."""
+        input_tokens, cached = billed
         self.counts.input_tokens += counted.input_tokens - input_tokens
         self.counts.cached_tokens += counted.cached_tokens - cached
-        reply.bill_output(counted.output_tokens - output)
 
     # --- the window: truncation and compaction ---------------------------------------
 

@@ -4,8 +4,9 @@ Every model, simulated or real (``longresponse.backends``), is a
 :class:`Sampler`: it turns a :class:`SampleRequest` (the whole context, how
 much of it is cached, the tools and the budget) into an async stream of
 :data:`SampleChunk`: text deltas, tool-call starts, argument deltas, item
-ends, whole reasoning items (a real engine's), at most one :class:`Usage` (a
-real engine's own counts) and one :class:`Stop`. A :class:`ModelSpec` is a
+ends, whole reasoning items (a real engine's), :class:`Usage` (a real
+engine's own counts so far, each replacing the one before) and one
+:class:`Stop`. A :class:`ModelSpec` is a
 model as the registry holds it: its limits, how to make a sampler for one
 rollout, how it checks a request's ``metadata`` (``check_request``) and how
 it summarizes a context when it compacts (``summarize``: the engine's own
@@ -113,10 +114,14 @@ class Stop:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Usage:
-    """A real engine's own token counts for the turn (sent once, before :class:`Stop`).
+    """A real engine's own token counts for the turn so far.
 
-    The rollout bills these instead of its own estimate; the simulated
-    models never send one (their counts are the server's own).
+    The rollout bills the latest instead of its own estimate, however the
+    turn ends: a sampler that has the engine's running counts sends one
+    whenever they change, before the output they count, so a turn cut short
+    (a cancel, a client gone, a steer) is billed the engine's count of what
+    it streamed; the last, before :class:`Stop`, is the turn's. The
+    simulated models never send one (their counts are the server's own).
     """
 
     input_tokens: int

@@ -150,7 +150,7 @@ def admit_turn(
         text_format=request.text.format if request.text is not None else None,
         cached=cached,
         compactor=compactor,
-        known=known.items if known is not None and rollout is None else 0,
+        known=known.items if known is not None and rollout is None and known.classified else 0,
     )
     taken = 0
     if rollout is None:

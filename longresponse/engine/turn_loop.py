@@ -146,8 +146,8 @@ class Conversation(CountedInput, Protocol):
         """Steering input waits and the turn is at a safe point (before ``chunk``)."""
         ...
 
-    def bill_upstream(self, reply: Reply, counted: Usage, estimate: tuple[int, int, int]) -> None:
-        """Replace the turn's estimated counts with the engine's own."""
+    def bill_upstream(self, counted: Usage, billed: tuple[int, int]) -> None:
+        """Replace the turn's (input, cached) tokens billed so far with the engine's own."""
         ...
 
     async def cut_short(self, reply: Reply, unbilled: tuple[int, int] | None) -> None:
@@ -242,7 +242,7 @@ class TurnLoop:
             cached_tokens=taken.cached,
             uncached_tokens=taken.uncached,
             cap=conversation.limits.max_output_tokens,
-            spent=reply.builder.output_tokens,
+            spent=reply.output_tokens(),
             chain=conversation.chain,
         )
         if again:  # a model that may make no more hosted calls must answer
@@ -266,6 +266,7 @@ class Sampling:
     """
 
     __slots__ = (
+        "_billed",
         "_first",
         "_first_flush",
         "_first_output",
@@ -285,7 +286,9 @@ class Sampling:
         self._first = self._first_flush = True
         self._started = 0.0
         self._first_output = len(reply.builder.output)
-        self._output_before = reply.builder.output_tokens
+        self._output_before = reply.begin_output()
+        #: The engine's (input, cached) counts billed so far, in place of the estimate.
+        self._billed: tuple[int, int] | None = None
         self.stop = "stop"
         #: The engine failed mid-sampling: what it wrote stays, its open item cut.
         self.failed: UpstreamError | None = None
@@ -322,12 +325,12 @@ class Sampling:
     async def _take(self, chunk: SampleChunk) -> bool:
         """Take one chunk from the model; False: the sampling stops here."""
         conversation, reply = self.conversation, self._reply
+        if isinstance(chunk, Usage):  # a real engine's own counts so far
+            self._bill(chunk)
+            return True
         if self._first:
             self._taken.timing.time_to_first_token = conversation.clock() - self._started
             self._first = False
-        if isinstance(chunk, Usage):  # a real engine's own counts
-            self._bill(chunk)
-            return True
         if conversation.steer_now(reply, chunk):
             self.stop = "steered"
             return False
@@ -345,12 +348,15 @@ class Sampling:
         return True
 
     def _bill(self, counted: Usage) -> None:
-        """The engine's own counts replace the turn's estimate (its input counted first)."""
-        conversation, taken, reply = self.conversation, self._taken, self._reply
+        """The engine's own counts replace what is billed for the sampling so far:
+        the estimate (its input counted first), or the engine's earlier counts.
+        The latest stands however the sampling ends (cut short included)."""
+        conversation, taken = self.conversation, self._taken
         taken.held.settle(conversation)
-        spent = reply.builder.output_tokens - self._output_before
-        estimate = (len(conversation.tokens), taken.cached, spent)
-        conversation.bill_upstream(reply, counted, estimate)
+        billed = self._billed or (len(conversation.tokens), taken.cached)
+        conversation.bill_upstream(counted, billed)
+        self._billed = (counted.input_tokens, counted.cached_tokens)
+        self._reply.count_output(self._output_before, counted.output_tokens)
 
     def _within_limits(self, chunk: SampleChunk) -> SampleChunk:
         """``chunk``, or the end of the open item when the Response has sent all the
@@ -385,12 +391,14 @@ class Sampling:
 
     async def _broken_off(self, exc: UpstreamError) -> None:
         """The engine failed: its output so far stays, the open item is cut short,
-        and a turn that produced nothing takes its input estimate back."""
+        and a turn that produced nothing, and of which the engine counted
+        nothing, takes its input estimate back."""
         conversation, reply, taken = self.conversation, self._reply, self._taken
         self.failed = exc
         log_upstream_failure(exc, model=conversation.model.name, response_id=reply.id)
         taken.held.settle(conversation)
-        unbilled = (len(conversation.tokens), taken.cached) if self._first else None
+        nothing = self._first and self._billed is None
+        unbilled = (len(conversation.tokens), taken.cached) if nothing else None
         await conversation.cut_short(reply, unbilled)
 
 

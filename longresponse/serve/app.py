@@ -8,7 +8,9 @@ both start their turns through one :class:`~longresponse.serve.turns.Turns`;
 lifespan opens the store and its write-behind queue, loads the compaction key
 (``longresponse.storage.server_keys``), and drains the queue on shutdown,
 after the HTTP ``background: true`` responses still running
-(``longresponse.serve.http.background``) have been ended and queued for writing.
+(``longresponse.serve.http.background``) have been ended and queued for writing;
+while it runs, it renews the leases on them (and ends those of processes that
+stopped).
 ``/v1/models``, ``/metrics`` and ``/healthz`` are here; the lifespan also
 runs the event-loop lag monitor behind ``/metrics``
 (``longresponse.serve.metrics.LoopLagMonitor``). ``/inspect`` and its API are
@@ -36,6 +38,7 @@ from starlette.routing import Route, WebSocketRoute
 from ..backends.registry import (
     Backend,
     ModelRegistry,
+    check_backends,
     close_backends,
     open_backends,
     serve_backends,
@@ -192,8 +195,9 @@ def _lifespan(
     turns: Turns,
 ) -> Callable[[Starlette], contextlib.AbstractAsyncContextManager[None]]:
     """The app's lifespan: opens the store, its write-behind queue, the
-    compaction key and the loop-lag monitor at startup; at shutdown ends what
-    still runs, drains the queue and closes the store and the backends."""
+    compaction key and the loop-lag monitor at startup, and asks each
+    upstream whether it serves its model (while serving); at shutdown ends
+    what still runs, drains the queue and closes the store and the backends."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -212,12 +216,17 @@ def _lifespan(
         monitor = LoopLagMonitor(metrics)
         services.open(persistence, compaction_key, monitor)
         lag = asyncio.create_task(monitor.run(), name="loop-lag")
+        # Renews this process's background leases and ends those of stopped ones.
+        leases = asyncio.create_task(background.keep_leases(), name="background-leases")
+        # Whether each upstream serves its model: logged, while the server serves.
+        checking = asyncio.create_task(check_backends(backends), name="backend-check")
         try:
             yield
         finally:
-            lag.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await lag
+            for task in (lag, leases, checking):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             await background.aclose()  # what still runs ends failed, and is stored
             await persistence.drain()  # a clean stop loses no queued write
             await store.aclose()
@@ -271,6 +280,7 @@ def create_app(
         slow_reader_timeout=config.slow_reader_timeout,
         log_bytes=config.background_log_bytes,
         endings_bytes=config.background_endings_bytes,
+        lease=config.background_lease,
     )
     http = ResponsesHTTP(config, turns, keys, services.get_persistence, background)
     compaction = CompactHTTP(http)

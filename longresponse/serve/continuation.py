@@ -39,9 +39,16 @@ from protocol.items import (
 
 from ..engine.rollout import Boundary, Rollout
 from ..storage.persistence import Persistence
+from ..storage.records import is_running
 from .prefix_reuse import Found
 
-__all__ = ["Continuation", "check_continuation", "continue_from", "stored_history"]
+__all__ = [
+    "Continuation",
+    "check_continuation",
+    "continue_from",
+    "not_finished",
+    "stored_history",
+]
 
 
 @dataclasses.dataclass(slots=True)
@@ -73,9 +80,11 @@ class Continuation:
     def unchecked(self, new_items: Sequence[Item]) -> list[Item]:
         """What a turn on this continuation checks (validates and classifies):
         the history when nothing is kept of it, then ``new_items``, less the
-        known prefix."""
+        known prefix (unless the classifier found something in it: its items
+        are read again)."""
         items = [*(self.checked if not self.cached else ()), *new_items]
-        return items[self.known.known.items :] if self.known is not None else items
+        known = self.known.known if self.known is not None else None
+        return items[known.items :] if known is not None and known.classified else items
 
 
 def check_continuation(new_items: list[Item], pending: dict[str, str]) -> None:
@@ -123,6 +132,17 @@ def check_continuation(new_items: list[Item], pending: dict[str, str]) -> None:
         )
 
 
+def not_finished(parent_id: str, status: str) -> RemoteProtocolError:
+    """The refusal to continue from a background response that has not ended
+    (it has no output to continue from yet)."""
+    return RemoteProtocolError(
+        f"Previous response with id {RemoteProtocolError.clip(parent_id)!r} has not "
+        f"finished (status {status}); continue from it once it has.",
+        code=ErrorCode.INVALID_VALUE,
+        param="previous_response_id",
+    )
+
+
 async def stored_history(
     persistence: Persistence | None, parent_id: str, *, owner: str, new_items: list[Item]
 ) -> Continuation:
@@ -130,7 +150,8 @@ async def stored_history(
 
     The chain is read back from the store; ``new_items`` must answer its last
     response's pending calls. Raises :class:`RemoteProtocolError`
-    ``previous_response_not_found`` (param ``previous_response_id``), or the
+    ``previous_response_not_found`` (param ``previous_response_id``),
+    :func:`not_finished` for a background response that has not ended, or the
     errors of :func:`check_continuation`.
     """
     conversation = None
@@ -142,6 +163,8 @@ async def stored_history(
             code=ErrorCode.PREVIOUS_RESPONSE_NOT_FOUND,
             param="previous_response_id",
         )
+    if is_running(conversation.last):
+        raise not_finished(parent_id, conversation.last.response.status)
     check_continuation(new_items, conversation.pending)
     history = conversation.items
     return Continuation(

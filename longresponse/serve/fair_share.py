@@ -34,20 +34,37 @@ keep every verdict what it was by construction: it is the same function on
 the same text. The limit: past ``SCAN_CHILDREN`` keys reading long texts
 at once, the next key waits (round-robin) for a child to free.
 
+* :class:`AdmittingTurns`, on the event loop: a create's work before its
+  model runs (reading and checking its body, admitting it, starting its
+  rollout), at most :data:`ADMITTING_PER_KEY` creates of one key at once. A
+  burst of 300 HTTP creates from one key used to be 300 tasks ready at once
+  on the loop, each taking its slice of every round, so another key's
+  request waited for all of them (``GET /healthz`` 68-84 ms instead of 3-6,
+  ``scripts/issue28_burst.py``); the creates past the bound now wait, not
+  ready, in their key's queue.
+
 Work given without a key (``""``: keys off) shares one queue.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
 from typing import Any, Final, TypeVar
 
-__all__ = ["CHECK_THREADS", "CHECK_THREADS_PER_KEY", "CheckWorkers", "FairSlots"]
+__all__ = [
+    "ADMITTING",
+    "ADMITTING_PER_KEY",
+    "CHECK_THREADS",
+    "CHECK_THREADS_PER_KEY",
+    "AdmittingTurns",
+    "CheckWorkers",
+    "FairSlots",
+]
 
 _T = TypeVar("_T")
 
@@ -55,6 +72,10 @@ _T = TypeVar("_T")
 CHECK_THREADS: Final = 16
 #: Of them, the most one API key holds at once (its other checks wait their turn).
 CHECK_THREADS_PER_KEY: Final = 2
+#: Creates admitted at once on the event loop (read, checked, started), in all...
+ADMITTING: Final = 256
+#: ... and of one API key (its other creates wait their turn, not ready).
+ADMITTING_PER_KEY: Final = 4
 
 
 class FairSlots:
@@ -105,7 +126,7 @@ class FairSlots:
         for call in ready:
             call()
 
-    @contextmanager
+    @contextlib.contextmanager
     def holding(self, key: str) -> Iterator[None]:
         """Block the calling thread until ``key`` holds a slot; give it back after."""
         event = threading.Event()
@@ -190,3 +211,36 @@ class CheckWorkers:
             waiting, self._waiting = self._waiting, set()
         for future in waiting:
             future.cancel()
+
+
+class AdmittingTurns:
+    """Turns on the event loop for the work before a create's model runs, shared
+    fairly between keys (:class:`FairSlots`): at most ``per_key`` creates of
+    one key at once; the others wait in its queue, round-robin with other keys'."""
+
+    def __init__(self, slots: int = ADMITTING, per_key: int = ADMITTING_PER_KEY) -> None:
+        self.slots = FairSlots(slots, per_key)
+
+    @contextlib.asynccontextmanager
+    async def turn(self, key: str) -> AsyncIterator[None]:
+        """Wait for ``key``'s turn, hold it for the block. A waiter cancelled (its
+        client left) gives its place up; a turn granted as it left is passed on."""
+        granted = asyncio.get_running_loop().create_future()
+
+        def grant() -> None:
+            if granted.cancelled():
+                self.slots.release(key)  # it left while it waited: the next one's
+            else:
+                granted.set_result(None)
+
+        self.slots.request(key, grant)
+        try:
+            await granted
+        except asyncio.CancelledError:
+            if granted.done() and not granted.cancelled():
+                self.slots.release(key)  # granted just as it was cancelled
+            raise
+        try:
+            yield
+        finally:
+            self.slots.release(key)

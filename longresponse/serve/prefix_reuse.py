@@ -23,10 +23,10 @@ again.
   ends a chain (what it seals does not show in its segment).
 - **Marks.** At the end of each turn (:meth:`PrefixReuse.keep`, from the
   turn's timing hook, on every transport) the rollout's context is marked:
-  its chain digest names the rollout's token array, how many item tokens the
-  context spans, and how many of them the model has processed. A rollout's
-  chain digests are kept beside it (a weak map), so a turn hashes only the
-  items it added.
+  its chain digest names the rollout's token array and the model reading it,
+  how many item tokens the context spans, and how many of them that model
+  has processed. A rollout's chain digests are kept beside it (a weak map),
+  so a turn hashes only the items it added.
 - **Lookup.** :meth:`PrefixReuse.find` hashes a request's items and takes the
   longest marked prefix: the known items and a copy of their tokens
   (:class:`~longresponse.engine.boundary.KnownPrefix`). The turn then
@@ -38,9 +38,10 @@ again.
   copied: it only grows at its end, so a marked length stays true. A rollout
   seeded from a mark takes over the marks of the array it came from that it
   covers, so a conversation resent turn after turn holds one array, not one
-  per turn. The budget (``--prefix-reuse-bytes``) counts each array's
-  tokens and :data:`MARK_BYTES` per mark; arrays go least recently used
-  first, with their marks.
+  per turn. The budget (``--prefix-reuse-bytes``) counts what each array
+  takes (its allocation as last marked, and :data:`HELD_BYTES` for holding
+  it) and :data:`MARK_BYTES` per mark; arrays go least recently used first,
+  with their marks.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import hashlib
+import sys
 import weakref
 from array import array
 from collections.abc import Iterator, Sequence
@@ -63,18 +65,32 @@ from ..engine.boundary import KnownPrefix
 from ..engine.render import item_key
 from ..engine.rollout import Rollout
 
-__all__ = ["MARK_BYTES", "Found", "PrefixReuse", "PrefixReuseCounters"]
+__all__ = ["HELD_BYTES", "MARK_BYTES", "Found", "PrefixReuse", "PrefixReuseCounters"]
 
 #: What one mark costs beside the tokens (its dict entry, digest and record;
 #: measured with tracemalloc over 100,000 marks, CPython 3.11).
 MARK_BYTES: Final = 240
+#: What one held array costs beside its allocation and its marks (its holder,
+#: the holder's entry in the cache and dict of marks, its chain id; measured
+#: with tracemalloc over short conversations, CPython 3.11).
+HELD_BYTES: Final = 512
 _DIGEST_BYTES: Final = 16
 
 
 class _Tokens:
-    """One rollout's token array as the cache holds it, with the marks it names."""
+    """One rollout's token array as the cache holds it, read by ``model``, with
+    the marks it names."""
 
-    __slots__ = ("chain", "charged", "counted", "marks", "model", "prefix_length", "tokens")
+    __slots__ = (
+        "allocated",
+        "chain",
+        "charged",
+        "flagged",
+        "marks",
+        "model",
+        "prefix_length",
+        "tokens",
+    )
 
     def __init__(self, tokens: array[int], prefix_length: int, model: str, chain: str) -> None:
         self.tokens = tokens
@@ -82,17 +98,25 @@ class _Tokens:
         self.model = model
         self.chain = chain
         self.marks: dict[bytes, _Mark] = {}
-        #: Tokens counted against the budget (the array's length when last marked).
-        self.counted = 0
+        #: Bytes the array took when last marked (its header and room to grow too).
+        self.allocated = 0
         #: Bytes charged to the budget for it now.
         self.charged = 0
+        #: The secrets classifier found something in the conversation: its items
+        #: are read again when reused, so that each Response flags what it holds.
+        self.flagged = False
 
     @property
     def nbytes(self) -> int:
-        return self.counted * self.tokens.itemsize + MARK_BYTES * len(self.marks)
+        return self.allocated + HELD_BYTES + MARK_BYTES * len(self.marks)
 
-    def count(self, length: int) -> None:
-        self.counted = length
+    def flag(self, found: bool) -> None:
+        """The conversation holds what the classifier flags (once true, it stays)."""
+        self.flagged = self.flagged or found
+
+    def count(self) -> None:
+        """Measure the array as it is now (a live one grows between two marks)."""
+        self.allocated = sys.getsizeof(self.tokens)
 
     def take(self, tokens: array[int], prefix_length: int, model: str, chain: str) -> None:
         """Hold ``tokens`` instead: a longer array whose item tokens begin with
@@ -201,8 +225,9 @@ class PrefixReuse:
         that ``owner`` had in a rollout's context at the end of a turn: its items
         and tokens, or None. At least one item is left to the turn."""
         self.lookups += 1
-        digests = _extend_chain(_seed(owner), (), items)
-        for count in range(min(len(digests), len(items) - 1), 0, -1):
+        # The last item is left to the turn whatever is known: it is not hashed.
+        digests = _extend_chain(_seed(owner), (), items[:-1])
+        for count in range(len(digests), 0, -1):
             mark = self._marks.get(digests[count - 1])
             if mark is None:
                 continue
@@ -216,6 +241,7 @@ class PrefixReuse:
                 model=held.model,
                 seen=mark.seen,
                 chain=held.chain,
+                classified=not held.flagged,
             )
             self.hits += 1
             self.items_found += count
@@ -231,8 +257,9 @@ class PrefixReuse:
 
     def keep(self, rollout: Rollout, *, owner: str) -> None:
         """Mark ``rollout``'s context as it is at the end of a turn (not when it
-        was cut to the window: its context is then not the client's)."""
-        if rollout.truncated:
+        was cut to the window: its context is then not the client's; nor when
+        its tokens are behind its context, a turn cut off while it took its input in)."""
+        if rollout.truncated or not rollout.tokens_match_context:
             return
         context = rollout.context
         chain = self._chains.get(rollout)
@@ -245,12 +272,21 @@ class PrefixReuse:
         tokens = rollout.tokens
         live, start = tokens.tokens, tokens.prefix_length
         held = chain.held
-        if held is None or held.tokens is not live or self._held.get(id(held)) is not held:
+        # A new holder when the array was replaced, or when another model reads
+        # it now (switched in place): the marks held so far say what the model
+        # that read them processed, and stay its.
+        if (
+            held is None
+            or held.tokens is not live
+            or held.model != rollout.model.name
+            or self._held.get(id(held)) is not held
+        ):
             held = self._hold(rollout, chain.take_seeded())
             chain.hold(held)
         seen = max(0, rollout.model_seen - start)
         self._mark(chain.digests[-1], _Mark(held, len(context), len(live) - start, seen))
-        held.count(len(live))
+        held.flag(any(rollout.verdicts))
+        held.count()
         self._charge(held)
         self._held.move_to_end(id(held))
         self._make_room()

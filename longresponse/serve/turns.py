@@ -68,7 +68,7 @@ from ..storage.records import StoreError
 from .checkpoints import Checkpoints
 from .continuation import Continuation
 from .conversations import Conversations, conversation_id_of
-from .fair_share import CheckWorkers
+from .fair_share import AdmittingTurns, CheckWorkers
 from .input_budget import InputBudget
 from .inspector.observer import Inspector
 from .inspector.records import RolloutRecord
@@ -160,6 +160,8 @@ class Turns:
         self.conversations = Conversations(lambda: self.persistence)
         #: The threads that run admission's costly checks, shared between keys.
         self.checker = CheckWorkers()
+        #: Turns on the loop for a create's work before its model runs, per key.
+        self.admitting = AdmittingTurns()
         #: Where the workers read very long texts with the secrets classifier.
         self.scanner = ScanProcess()
         #: The HTTP pool (and TLS context) of every MCP session: made now if the
@@ -492,9 +494,13 @@ class Turns:
         owner: str,
         transport: Transport,
         context_from: int | None = None,
+        input_items: Sequence[Item] | None = None,
     ) -> None:
         """Bill a finished shipped-shape response and, with ``store=true``, make it
         durable, before its terminal event is sent.
+
+        ``input_items``: its input as already stored (ids given), for a response
+        stored before it ended (a background one); its own items otherwise.
 
         A response that took input while it ran (``response.inject``) is stored
         with its items in context order, from ``context_from``. A response
@@ -518,7 +524,7 @@ class Turns:
         conversation_id = conversation_id_of(request.conversation)
         # Ids given once, so the stored response and the conversation agree.
         new_items = (
-            stored_input_items(started.items)
+            stored_input_items(started.items if input_items is None else input_items)
             if request.store or conversation_id is not None
             else started.items
         )

@@ -72,6 +72,14 @@ the epoch it holds and is refused once :meth:`~ResponseStore.checkpoint_take`
 has moved it on, so of two processes taking one rollout, only the later one
 writes.
 
+Every backend also keeps the leases of running background responses
+(``longresponse.storage.records`` says what a lease is): a dict for memory, a
+``leases`` table for SQLite (wall time, as the ttl), and for Redis a set of
+running ids and one key per lease with ``PX`` (Redis's clock). Writing a
+record and its lease, taking over leases that ran out and storing the end of
+a taken response are each atomic, so of several processes sharing a store
+exactly one takes a response over.
+
 Failures of the backend itself (disk, network, a blob that no longer decodes)
 raise :class:`StoreError`; a missing, expired or foreign record is not an
 error (``None`` / ``False``).

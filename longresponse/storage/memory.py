@@ -3,6 +3,10 @@
 Checkpoints of append-mode rollouts are a dict of this process too, keyed by
 owner and response id, each with its deadline and its list of item blobs
 (appended to in place).
+
+Leases of background responses are a dict beside the records, measured on
+the ttl's clock: with one process on the store, one runs out only when a
+test's fake clock says so.
 """
 
 from __future__ import annotations
@@ -25,8 +29,10 @@ from .records import (
     encode_record,
     held_item_ids,
     is_expired,
+    is_running,
     keep_beyond_items,
     ledger_order,
+    lets_go,
 )
 
 __all__ = ["MemoryStore"]
@@ -69,6 +75,8 @@ class MemoryStore:
         self._secrets: dict[str, bytes] = {}
         #: (owner, response id) -> checkpoint of an append-mode rollout
         self._checkpoints: dict[tuple[str, str], _Checkpoint] = {}
+        #: response id -> (holder, lease expiry on the clock) of a running background response
+        self._leases: dict[str, tuple[str, float]] = {}
 
     async def put(self, record: StoredResponse) -> None:
         """Store ``record``; nothing changes if it cannot be encoded."""
@@ -76,6 +84,56 @@ class MemoryStore:
         self._records[record.id] = (record.owner, expires_at, encode_record(record))
         for item_id in held_item_ids(record):
             self._items[record.owner, item_id] = record.id
+        if lets_go(record):
+            self._leases.pop(record.id, None)
+
+    async def put_running(self, record: StoredResponse, *, holder: str, lease: float) -> None:
+        """Store ``record`` and give ``holder`` its lease for ``lease`` seconds."""
+        await self.put(record)
+        self._leases[record.id] = (holder, self._clock() + lease)
+
+    async def renew_leases(
+        self, response_ids: Collection[str], *, holder: str, lease: float
+    ) -> set[str]:
+        """Extend ``holder``'s leases; the ids it no longer holds."""
+        until = self._clock() + lease
+        lost = set()
+        for response_id in response_ids:
+            held = self._leases.get(response_id)
+            if held is None or held[0] != holder:
+                lost.add(response_id)
+            else:
+                self._leases[response_id] = (holder, until)
+        return lost
+
+    async def take_expired(
+        self, *, holder: str, lease: float, response_id: str | None = None
+    ) -> list[StoredResponse]:
+        """Take over the responses whose lease ran out (or only ``response_id``'s)."""
+        now = self._clock()
+        ids = list(self._leases) if response_id is None else [response_id]
+        taken = []
+        for candidate in ids:
+            held = self._leases.get(candidate)
+            if held is None or held[1] > now:
+                continue
+            blob = self._unexpired(candidate)
+            record = None if blob is None else decode_record(blob)
+            if record is None or not is_running(record):
+                del self._leases[candidate]
+                continue
+            self._leases[candidate] = (holder, now + lease)
+            taken.append(record)
+        return taken
+
+    async def put_held(self, record: StoredResponse, *, holder: str) -> bool:
+        """Store ``record`` and drop its lease, only while ``holder`` holds it."""
+        held = self._leases.get(record.id)
+        if held is None or held[0] != holder:
+            return False
+        await self.put(record)
+        self._leases.pop(record.id, None)
+        return True
 
     async def get(self, response_id: str, *, owner: str) -> StoredResponse | None:
         """The record, or ``None`` if missing, expired (then dropped) or foreign."""
@@ -87,6 +145,7 @@ class MemoryStore:
         if self._visible(response_id, owner) is None:
             return False
         del self._records[response_id]
+        self._leases.pop(response_id, None)
         return True
 
     async def holding(self, item_ids: Collection[str], *, owner: str) -> list[StoredResponse]:
@@ -146,7 +205,7 @@ class MemoryStore:
         ]
         for key in expired:
             del self._records[key]
-        if expired:  # the index entries of records gone
+        if expired:  # the index entries and leases of records gone
             self._items = {key: held for key, held in self._items.items() if held in self._records}
         return len(expired) + self._purge_expired_checkpoints(now)
 
@@ -239,6 +298,7 @@ class MemoryStore:
         expired = [k for k, c in self._checkpoints.items() if is_expired(c.deadline, now)]
         for key in expired:
             del self._checkpoints[key]
+            self._leases = {key: held for key, held in self._leases.items() if key in self._records}
         return len(expired)
 
     async def ping(self) -> None:
@@ -256,13 +316,20 @@ class MemoryStore:
         self._conversations.clear()
         self._conversation_items.clear()
         self._checkpoints.clear()
+        self._leases.clear()
 
     def _visible(self, response_id: str, owner: str) -> bytes | None:
+        blob = self._unexpired(response_id)
+        return blob if blob is not None and self._records[response_id][0] == owner else None
+
+    def _unexpired(self, response_id: str) -> bytes | None:
+        """The blob of ``response_id``, whoever owns it; ``None`` if missing or
+        expired (then dropped)."""
         entry = self._records.get(response_id)
         if entry is None:
             return None
-        record_owner, expires_at, blob = entry
+        _, expires_at, blob = entry
         if is_expired(expires_at, self._clock()):
             del self._records[response_id]
             return None
-        return blob if record_owner == owner else None
+        return blob

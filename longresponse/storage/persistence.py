@@ -23,6 +23,10 @@ record once the write lands, before the terminal event; there a read that
 misses keeps looking for up to :data:`CROSS_PROCESS_GRACE` seconds (so a truly
 unknown id costs that long to report as not found).
 
+A background response is written before it runs, held by this process's
+lease (:meth:`Persistence.persist_running`); the server renews the leases it
+holds and takes over those that ran out (``longresponse.serve.http.background``).
+
 Rebuilding a conversation from the store walks ``previous_response_id`` back
 to its start: the whole history is read and rendered again on every request.
 That is the stateless baseline the HTTP path measures.
@@ -38,7 +42,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Awaitable, Collection, Sequence
 from typing import Final
 
 import msgspec
@@ -290,20 +294,33 @@ class Persistence:
         Raises :class:`StoreWriteFailed` if the store refused or failed the
         write (readers waiting on it then find nothing).
         """
-        record = StoredResponse(
-            id=response.id,
-            owner=owner,
-            created_at=time.time(),
-            response=response,
-            input_items=stored_input_items(input_items),
-            previous_response_id=previous_response_id,
-            context=stored_input_items(context) if context is not None else None,
-        )
+        record = _stored(response, owner, input_items, previous_response_id, context)
+        await self._write(record, self.store.put(record))
+
+    async def persist_running(
+        self,
+        response: Response,
+        *,
+        owner: str,
+        input_items: Sequence[Item],
+        previous_response_id: str | None,
+        holder: str,
+        lease: float,
+    ) -> None:
+        """Write ``response``, a background response that has not ended, held by
+        ``holder``'s lease for ``lease`` seconds; durable when this returns.
+
+        Raises :class:`StoreWriteFailed` as :meth:`persist` does.
+        """
+        record = _stored(response, owner, input_items, previous_response_id, None)
+        await self._write(record, self.store.put_running(record, holder=holder, lease=lease))
+
+    async def _write(self, record: StoredResponse, put: Awaitable[None]) -> None:
         done = asyncio.get_running_loop().create_future()
         self._pending[record.id] = done
         started = time.perf_counter()
         try:
-            await self.store.put(record)
+            await put
             self.written += 1
         except Exception as exc:
             self.failed_writes += 1
@@ -374,6 +391,34 @@ class Persistence:
     def _count_checkpoint(self, state: bytes, items: Sequence[bytes]) -> None:
         self.checkpoints_written += 1
         self.checkpoint_bytes += len(state) + sum(len(item) for item in items)
+    async def renew_leases(
+        self, response_ids: Collection[str], *, holder: str, lease: float
+    ) -> set[str]:
+        """The store's :meth:`~ResponseStore.renew_leases` (raises :class:`StoreError`)."""
+        return await self.store.renew_leases(response_ids, holder=holder, lease=lease)
+
+    async def take_expired(
+        self, *, holder: str, lease: float, response_id: str | None = None
+    ) -> list[StoredResponse]:
+        """The store's :meth:`~ResponseStore.take_expired` (raises :class:`StoreError`)."""
+        return await self.store.take_expired(holder=holder, lease=lease, response_id=response_id)
+
+    async def end_taken(
+        self, taken: StoredResponse, response: Response, *, holder: str, transport: str
+    ) -> bool:
+        """Store ``response``, the end of ``taken`` (a record :meth:`take_expired`
+        gave ``holder``), and queue its usage record, only while ``holder`` still
+        holds its lease; ``False`` (nothing written or billed) otherwise.
+
+        Raises :class:`StoreError` if the store fails (the lease then runs out
+        again, and the next taker ends it).
+        """
+        record = msgspec.structs.replace(taken, response=response)
+        if not await self.store.put_held(record, holder=holder):
+            return False
+        self.written += 1
+        await self._enqueue(_usage_record(response, owner=taken.owner, transport=transport))
+        return True
 
     # --- reads -----------------------------------------------------------------
 
@@ -467,6 +512,24 @@ class Persistence:
             if isinstance(item, McpApprovalRequest)
         )
         return Conversation(items=items, last=last, pending=pending, root_id=chain[-1].response.id)
+
+
+def _stored(
+    response: Response,
+    owner: str,
+    input_items: Sequence[Item],
+    previous_response_id: str | None,
+    context: Sequence[Item] | None,
+) -> StoredResponse:
+    return StoredResponse(
+        id=response.id,
+        owner=owner,
+        created_at=time.time(),
+        response=response,
+        input_items=stored_input_items(input_items),
+        previous_response_id=previous_response_id,
+        context=stored_input_items(context) if context is not None else None,
+    )
 
 
 def _items_of(records: list[StoredResponse], wanted: set[str]) -> dict[str, Item]:

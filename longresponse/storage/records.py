@@ -16,6 +16,16 @@ decoder per type), so what comes back is what went in, whichever backend holds
 it; the helpers here are that codec. :class:`ResponseStore` is the interface;
 ``longresponse.storage.backends`` says which backends exist and how they keep
 the ttl, the owner and the ledger.
+
+A background response is stored before it runs (:meth:`ResponseStore.put_running`:
+status ``queued`` or ``in_progress``), held by a *lease*: the server process
+that runs it (its ``holder``) renews it (:meth:`ResponseStore.renew_leases`)
+for as long as it runs, and storing its end (a :meth:`ResponseStore.put` of
+the record with any other status) or deleting it lets go of it. A lease that
+ran out names a response whose process stopped: any process may take it over
+(:meth:`ResponseStore.take_expired`, atomic: one taker) and store its end
+(:meth:`ResponseStore.put_held`, only while it still holds it). Every backend
+measures a lease on the clock it measures the ttl on.
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ from protocol.items import Item
 from protocol.response import Response
 
 __all__ = [
+    "UNFINISHED",
     "CheckpointState",
     "ResponseStore",
     "StoreError",
@@ -45,9 +56,14 @@ __all__ = [
     "encode_record",
     "held_item_ids",
     "is_expired",
+    "is_running",
     "keep_beyond_items",
     "ledger_order",
+    "lets_go",
 ]
+
+#: The statuses of a background response that has not ended (held by a lease).
+UNFINISHED: Final = frozenset({"queued", "in_progress"})
 
 
 class StoredResponse(msgspec.Struct, frozen=True, kw_only=True):
@@ -121,18 +137,46 @@ class CheckpointState(msgspec.Struct, frozen=True, kw_only=True):
 
 class ResponseStore(Protocol):
     async def put(self, record: StoredResponse) -> None:
-        """Persist ``record`` (replacing one with the same id)."""
+        """Persist ``record`` (replacing one with the same id); a background
+        response's end lets go of its lease (:func:`lets_go`)."""
 
     async def get(self, response_id: str, *, owner: str) -> StoredResponse | None:
         """The record, or ``None`` if missing, expired or owned by someone else."""
 
     async def delete(self, response_id: str, *, owner: str) -> bool:
-        """Delete the record; ``False`` if there was none visible to ``owner``."""
+        """Delete the record (and any lease on it); ``False`` if there was none
+        visible to ``owner``."""
 
     async def holding(self, item_ids: Collection[str], *, owner: str) -> list[StoredResponse]:
         """The records of ``owner`` that hold items with these ids (each record
         once, in no order): for each id, the record written last that holds it,
         if it is still visible to ``owner`` (not deleted, not expired)."""
+
+    async def put_running(self, record: StoredResponse, *, holder: str, lease: float) -> None:
+        """Persist ``record``, a background response that has not ended (status
+        ``queued`` or ``in_progress``), as :meth:`put` does, and give ``holder`` its
+        lease for ``lease`` seconds from now (replacing any lease on it); one write."""
+
+    async def renew_leases(
+        self, response_ids: Collection[str], *, holder: str, lease: float
+    ) -> set[str]:
+        """Extend ``holder``'s leases on these responses to ``lease`` seconds from now
+        (one that ran out and was not taken over is renewed too); the ids whose
+        lease ``holder`` no longer holds (taken over, or the response ended or gone)."""
+
+    async def take_expired(
+        self, *, holder: str, lease: float, response_id: str | None = None
+    ) -> list[StoredResponse]:
+        """Take over every background response whose lease ran out (or only
+        ``response_id``'s), whoever owns it: ``holder`` holds each for ``lease``
+        seconds from now, and no other taker gets it. Their records, as last
+        stored, not yet ended; a lease on a record that ended, expired or was
+        deleted is dropped."""
+
+    async def put_held(self, record: StoredResponse, *, holder: str) -> bool:
+        """Persist ``record`` (the end of a response ``holder`` holds the lease of)
+        and let go of the lease, only if ``holder`` still holds it, in one atomic
+        step; ``False`` (nothing written) otherwise."""
 
     async def put_conversation(self, record: StoredConversation) -> None:
         """Persist ``record`` (replacing the conversation with the same id); never expires."""
@@ -290,6 +334,16 @@ def conversation_item_ids(record: StoredConversation) -> Iterator[str]:
         item_id = getattr(item, "id", None)
         if isinstance(item_id, str):
             yield item_id
+
+
+def is_running(record: StoredResponse) -> bool:
+    """``record`` is a background response that has not ended."""
+    return record.response.background and record.response.status in UNFINISHED
+
+
+def lets_go(record: StoredResponse) -> bool:
+    """Storing ``record`` lets go of its lease: a background response's end."""
+    return record.response.background and record.response.status not in UNFINISHED
 
 
 def ledger_order(record: UsageRecord) -> tuple[float, str]:

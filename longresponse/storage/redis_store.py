@@ -16,6 +16,11 @@ step that no other client interleaves with, the expiry of both keys is set
 together, and a write sends and appends only the new items (``LTRIM`` to
 ``keep``, ``RPUSH``). A hash whose list does not hold ``length`` items (one key
 evicted without the other) counts as gone.
+A running background response's id is in one set (:data:`REDIS_RUNNING_KEY`)
+and its lease is a key naming its holder (:data:`REDIS_LEASE_PREFIX`), set
+with ``PX``: Redis's own clock runs it out. Renewing, taking over and ending
+a response held by a lease are each one Lua script (atomic: no other client
+runs in between), so two processes never both take one.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from typing import Final
 import redis.asyncio
 import redis.commands.core
 import redis.exceptions
+from redis.commands.core import AsyncScript
 
 from .records import (
     CheckpointState,
@@ -41,8 +47,10 @@ from .records import (
     decode_usage,
     encode_record,
     held_item_ids,
+    is_running,
     keep_beyond_items,
     ledger_order,
+    lets_go,
 )
 
 __all__ = [
@@ -53,6 +61,8 @@ __all__ = [
     "REDIS_CONVERSATION_PREFIX",
     "REDIS_ITEM_PREFIX",
     "REDIS_KEY_PREFIX",
+    "REDIS_LEASE_PREFIX",
+    "REDIS_RUNNING_KEY",
     "REDIS_SECRET_PREFIX",
     "REDIS_TIMEOUT",
     "REDIS_USAGE_KEY",
@@ -78,6 +88,11 @@ REDIS_CONVERSATION_ITEM_PREFIX: Final = "longresponse:conversation_item:"
 REDIS_USAGE_KEY: Final = "longresponse:usage"
 #: Redis key of a server secret: ``longresponse:secret:{name}``.
 REDIS_SECRET_PREFIX: Final = "longresponse:secret:"
+#: Redis set of the ids of the background responses that have not ended.
+REDIS_RUNNING_KEY: Final = "longresponse:running"
+#: Redis key of a running background response's lease: ``longresponse:lease:{id}``
+#: -> its holder, with ``PX`` = the lease.
+REDIS_LEASE_PREFIX: Final = "longresponse:lease:"
 
 #: Redis hash of a checkpoint: ``longresponse:checkpoint:{owner}:{response id}`` ->
 #: ``epoch``, ``state``, ``length``.
@@ -174,6 +189,67 @@ return redis.call('DEL', KEYS[1])
 """
 
 
+# KEYS[1] = record key, KEYS[2] = its lease key, KEYS[3] = the running set;
+# ARGV[1] = owner, ARGV[2] = response id. Deletes the record, and its lease.
+_DELETE_RESPONSE_IF_OWNER: Final = """
+local blob = redis.call('GET', KEYS[1])
+if not blob then return 0 end
+if cmsgpack.unpack(blob)['owner'] ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[2])
+redis.call('SREM', KEYS[3], ARGV[2])
+return redis.call('DEL', KEYS[1])
+"""
+
+# KEYS[1] = the running set, KEYS[2..] = lease keys; ARGV[1] = holder,
+# ARGV[2] = lease in ms, ARGV[3..] = the response ids. Returns the ids lost.
+_RENEW_LEASES: Final = """
+local lost = {}
+for i = 2, #KEYS do
+  local current = redis.call('GET', KEYS[i])
+  if current == ARGV[1] then
+    redis.call('PEXPIRE', KEYS[i], ARGV[2])
+  elseif not current and redis.call('SISMEMBER', KEYS[1], ARGV[i + 1]) == 1 then
+    redis.call('SET', KEYS[i], ARGV[1], 'PX', ARGV[2])
+  else
+    lost[#lost + 1] = ARGV[i + 1]
+  end
+end
+return lost
+"""
+
+# The same KEYS and ARGV. Takes each running response whose lease ran out;
+# returns the ids taken.
+_TAKE_EXPIRED: Final = """
+local taken = {}
+for i = 2, #KEYS do
+  if redis.call('SISMEMBER', KEYS[1], ARGV[i + 1]) == 1
+      and redis.call('SET', KEYS[i], ARGV[1], 'NX', 'PX', ARGV[2]) then
+    taken[#taken + 1] = ARGV[i + 1]
+  end
+end
+return taken
+"""
+
+# KEYS[1] = lease key, KEYS[2] = record key, KEYS[3] = the running set,
+# KEYS[4..] = item keys; ARGV[1] = holder, ARGV[2] = record blob, ARGV[3] = PX
+# in ms ('' for none), ARGV[4] = response id. Returns 1 if written.
+_PUT_HELD: Final = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+local function put(key, value)
+  if ARGV[3] == '' then
+    redis.call('SET', key, value)
+  else
+    redis.call('SET', key, value, 'PX', ARGV[3])
+  end
+end
+put(KEYS[2], ARGV[2])
+for i = 4, #KEYS do put(KEYS[i], ARGV[4]) end
+redis.call('SREM', KEYS[3], ARGV[4])
+redis.call('DEL', KEYS[1])
+return 1
+"""
+
+
 class RedisStore:
     """Records in Redis (``redis://host:port/db``), shared by every process and host.
 
@@ -200,19 +276,120 @@ class RedisStore:
         self._checkpoint_write = self._redis.register_script(_CHECKPOINT_WRITE)
         self._checkpoint_take = self._redis.register_script(_CHECKPOINT_TAKE)
         self._checkpoint_delete = self._redis.register_script(_CHECKPOINT_DELETE)
+        self._delete_response = self._redis.register_script(_DELETE_RESPONSE_IF_OWNER)
+        self._renew_leases = self._redis.register_script(_RENEW_LEASES)
+        self._take_expired = self._redis.register_script(_TAKE_EXPIRED)
+        self._put_held = self._redis.register_script(_PUT_HELD)
+
+    @property
+    def _px(self) -> int | None:
+        return None if self.ttl is None else max(1, round(self.ttl * 1000))
 
     async def put(self, record: StoredResponse) -> None:
         """``SET`` the record and its item keys in one ``MULTI`` (with ``PX`` = ttl
-        when there is one)."""
-        px = None if self.ttl is None else max(1, round(self.ttl * 1000))
+        when there is one); a background response's end drops its lease in it."""
+        await self._put(record)
+
+    async def put_running(self, record: StoredResponse, *, holder: str, lease: float) -> None:
+        """:meth:`put`, with the id added to the running set and the lease key set,
+        in the same ``MULTI``."""
+        await self._put(record, (holder, lease))
+
+    async def _put(self, record: StoredResponse, lease: tuple[str, float] | None = None) -> None:
+        px = self._px
         try:
             async with self._redis.pipeline(transaction=True) as pipe:
                 pipe.set(_redis_key(record.id), encode_record(record), px=px)
                 for item_id in set(held_item_ids(record)):
                     pipe.set(_item_key(record.owner, item_id), record.id, px=px)
+                if lease is not None:
+                    pipe.sadd(REDIS_RUNNING_KEY, record.id)
+                    pipe.set(_lease_key(record.id), lease[0], px=_milliseconds(lease[1]))
+                elif lets_go(record):
+                    pipe.srem(REDIS_RUNNING_KEY, record.id)
+                    pipe.delete(_lease_key(record.id))
                 await pipe.execute()
         except redis.exceptions.RedisError as exc:
             raise StoreError(f"Redis store: {exc}") from exc
+
+    async def renew_leases(
+        self, response_ids: Collection[str], *, holder: str, lease: float
+    ) -> set[str]:
+        """Extend ``holder``'s leases (one Lua script); the ids it no longer holds."""
+        ids = list(dict.fromkeys(response_ids))
+        if not ids:
+            return set()
+        lost = await self._leases(self._renew_leases, ids, holder, lease)
+        return {_text(name) for name in lost}
+
+    async def take_expired(
+        self, *, holder: str, lease: float, response_id: str | None = None
+    ) -> list[StoredResponse]:
+        """Take over the running responses whose lease key is gone (one Lua
+        script over the running set, or over ``response_id``), then read them."""
+        if response_id is None:
+            try:
+                members = await self._redis.smembers(REDIS_RUNNING_KEY)
+            except redis.exceptions.RedisError as exc:
+                raise StoreError(f"Redis store: {exc}") from exc
+            ids = sorted(_text(name) for name in members)
+        else:
+            ids = [response_id]
+        if not ids:
+            return []
+        answer = await self._leases(self._take_expired, ids, holder, lease)
+        taken = [_text(name) for name in answer]
+        if not taken:
+            return []
+        try:
+            blobs = await self._redis.mget([_redis_key(name) for name in taken])
+        except redis.exceptions.RedisError as exc:
+            raise StoreError(f"Redis store: {exc}") from exc
+        records, stale = [], []
+        for name, blob in zip(taken, blobs, strict=True):
+            record = decode_record(blob) if isinstance(blob, bytes) else None
+            if record is not None and is_running(record):
+                records.append(record)
+            else:  # ended, expired or deleted: nothing runs any more
+                stale.append(name)
+        if stale:
+            try:
+                async with self._redis.pipeline(transaction=True) as pipe:
+                    pipe.srem(REDIS_RUNNING_KEY, *stale)
+                    pipe.delete(*map(_lease_key, stale))
+                    await pipe.execute()
+            except redis.exceptions.RedisError as exc:
+                raise StoreError(f"Redis store: {exc}") from exc
+        return records
+
+    async def _leases(
+        self, script: AsyncScript, ids: list[str], holder: str, lease: float
+    ) -> list[bytes]:
+        keys = [REDIS_RUNNING_KEY, *map(_lease_key, ids)]
+        try:
+            answer = await script(keys=keys, args=[holder, _milliseconds(lease), *ids])
+        except redis.exceptions.RedisError as exc:
+            raise StoreError(f"Redis store: {exc}") from exc
+        assert isinstance(answer, list)
+        return answer
+
+    async def put_held(self, record: StoredResponse, *, holder: str) -> bool:
+        """Store ``record`` and drop its lease, only while ``holder`` holds it (one
+        Lua script)."""
+        px = self._px
+        items = [_item_key(record.owner, item_id) for item_id in set(held_item_ids(record))]
+        keys = [_lease_key(record.id), _redis_key(record.id), REDIS_RUNNING_KEY, *items]
+        args: list[bytes | str] = [
+            holder,
+            encode_record(record),
+            "" if px is None else str(px),
+            record.id,
+        ]
+        try:
+            written = await self._put_held(keys=keys, args=args)
+        except redis.exceptions.RedisError as exc:
+            raise StoreError(f"Redis store: {exc}") from exc
+        return bool(written)
 
     async def get(self, response_id: str, *, owner: str) -> StoredResponse | None:
         """The record, or ``None`` if missing, expired or foreign."""
@@ -227,9 +404,11 @@ class RedisStore:
         return record if record.owner == owner else None
 
     async def delete(self, response_id: str, *, owner: str) -> bool:
-        """Delete the record only if ``owner`` owns it (atomically, in one Lua script)."""
+        """Delete the record and its lease only if ``owner`` owns it (atomically, in
+        one Lua script)."""
+        keys = [_redis_key(response_id), _lease_key(response_id), REDIS_RUNNING_KEY]
         try:
-            deleted = await self._delete_if_owner(keys=[_redis_key(response_id)], args=[owner])
+            deleted = await self._delete_response(keys=keys, args=[owner, response_id])
         except redis.exceptions.RedisError as exc:
             raise StoreError(f"Redis store: {exc}") from exc
         return bool(deleted)
@@ -446,3 +625,14 @@ def _checkpoint_state(response_id: str, owner: str, reply: object) -> Checkpoint
     return CheckpointState(
         response_id=response_id, owner=owner, epoch=int(epoch), state=state, items=list(items)
     )
+def _lease_key(response_id: str) -> str:
+    return REDIS_LEASE_PREFIX + response_id
+
+
+def _text(name: bytes | str) -> str:
+    """A name Redis answered (the client does not decode replies to str)."""
+    return name.decode() if isinstance(name, bytes) else name
+
+
+def _milliseconds(seconds: float) -> int:
+    return max(1, round(seconds * 1000))

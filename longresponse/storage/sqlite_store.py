@@ -18,6 +18,12 @@ takes in turn. Expired checkpoints are hidden by every query and deleted by
 :data:`SQLITE_PURGE_INTERVAL`, by :meth:`SQLiteStore.checkpoint_open`. The
 tables are created when a file is opened, so a file written before they
 existed gets them.
+
+The leases of running background responses are a ``leases`` table (holder,
+expiry in wall time, as the ttl), written in the same transaction as the
+record; taking over and ending a response held by another process are each
+one ``BEGIN IMMEDIATE`` transaction, so two processes on the file never both
+take one.
 """
 
 from __future__ import annotations
@@ -46,7 +52,9 @@ from .records import (
     decode_usage,
     encode_record,
     held_item_ids,
+    is_running,
     keep_beyond_items,
+    lets_go,
 )
 
 __all__ = ["SQLITE_BUSY_TIMEOUT", "SQLITE_PURGE_INTERVAL", "SQLiteStore"]
@@ -94,6 +102,11 @@ CREATE TABLE IF NOT EXISTS conversation_items (
     PRIMARY KEY (owner, item_id)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS secrets (name TEXT PRIMARY KEY, value BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS leases (
+    response_id TEXT PRIMARY KEY,
+    holder TEXT NOT NULL,
+    expires_at REAL NOT NULL
+);
 """
 _PUT: Final = (
     "INSERT OR REPLACE INTO responses (id, owner, created_at, expires_at, data)"
@@ -103,6 +116,21 @@ _VISIBLE: Final = "id = ? AND owner = ? AND (expires_at IS NULL OR expires_at > 
 _GET: Final = f"SELECT data FROM responses WHERE {_VISIBLE}"
 _DELETE: Final = f"DELETE FROM responses WHERE {_VISIBLE}"
 _PURGE: Final = "DELETE FROM responses WHERE expires_at IS NOT NULL AND expires_at <= ?"
+_PUT_LEASE: Final = (
+    "INSERT OR REPLACE INTO leases (response_id, holder, expires_at) VALUES (?, ?, ?)"
+)
+_RENEW_LEASE: Final = "UPDATE leases SET expires_at = ? WHERE response_id = ? AND holder = ?"
+_DROP_LEASE: Final = "DELETE FROM leases WHERE response_id = ?"
+_LEASE_HOLDER: Final = "SELECT holder FROM leases WHERE response_id = ?"
+_EXPIRED_LEASES: Final = "SELECT response_id FROM leases WHERE expires_at <= ?"
+_EXPIRED_LEASE: Final = "SELECT response_id FROM leases WHERE expires_at <= ? AND response_id = ?"
+_UNEXPIRED: Final = (
+    "SELECT data FROM responses WHERE id = ? AND (expires_at IS NULL OR expires_at > ?)"
+)
+_PURGE_LEASES: Final = (
+    "DELETE FROM leases WHERE response_id IN"
+    " (SELECT id FROM responses WHERE expires_at IS NOT NULL AND expires_at <= ?)"
+)
 _PUT_ITEM: Final = "INSERT OR REPLACE INTO items (owner, item_id, response_id) VALUES (?, ?, ?)"
 _DELETE_ITEMS: Final = "DELETE FROM items WHERE response_id = ?"
 _PURGE_ITEMS: Final = (
@@ -242,11 +270,105 @@ class SQLiteStore:
             raise StoreError(f"SQLite store {self.path}: {exc}") from exc
 
     async def put(self, record: StoredResponse) -> None:
-        """Store ``record`` and its items' ids (one transaction: written whole or not at all).
+        """Store ``record`` and its items' ids (one transaction: written whole or not at all);
+        a background response's end drops its lease in it.
 
         Also deletes expired rows if the last purge is older than
         :data:`SQLITE_PURGE_INTERVAL`.
         """
+        write = self._writer(record)
+
+        def put() -> None:
+            with self._transaction():
+                write()
+
+        await self._run(put)
+
+    async def put_running(self, record: StoredResponse, *, holder: str, lease: float) -> None:
+        """Store ``record`` and give ``holder`` its lease (one transaction)."""
+        write = self._writer(record)
+        row = (record.id, holder, self._clock() + lease)
+
+        def put() -> None:
+            with self._transaction():
+                write()
+                self._db.execute(_PUT_LEASE, row)
+
+        await self._run(put)
+
+    async def renew_leases(
+        self, response_ids: Collection[str], *, holder: str, lease: float
+    ) -> set[str]:
+        """Extend ``holder``'s leases (one transaction); the ids it no longer holds."""
+        until = self._clock() + lease
+        wanted = list(dict.fromkeys(response_ids))
+
+        def renew() -> set[str]:
+            with self._transaction():
+                return {
+                    response_id
+                    for response_id in wanted
+                    if self._db.execute(_RENEW_LEASE, (until, response_id, holder)).rowcount == 0
+                }
+
+        return await self._run(renew) if wanted else set()
+
+    async def take_expired(
+        self, *, holder: str, lease: float, response_id: str | None = None
+    ) -> list[StoredResponse]:
+        """Take over the responses whose lease ran out (or only ``response_id``'s):
+        a plain read first (nothing to take is the common case, and writes
+        nothing), then one transaction that reads again and takes."""
+        now = self._clock()
+        query, args = (
+            (_EXPIRED_LEASES, (now,))
+            if response_id is None
+            else (_EXPIRED_LEASE, (now, response_id))
+        )
+
+        def take() -> list[tuple[str, bytes | None]]:
+            if not self._db.execute(query, args).fetchone():
+                return []
+            with self._transaction():
+                expired = [row[0] for row in self._db.execute(query, args).fetchall()]
+                found = []
+                for candidate in expired:
+                    self._db.execute(_PUT_LEASE, (candidate, holder, now + lease))
+                    row = self._db.execute(_UNEXPIRED, (candidate, now)).fetchone()
+                    found.append((candidate, None if row is None else bytes(row[0])))
+                return found
+
+        taken = []
+        stale = []
+        for candidate, blob in await self._run(take):
+            record = None if blob is None else decode_record(blob)
+            if record is not None and is_running(record):
+                taken.append(record)
+            else:  # ended, expired or deleted: nothing runs any more
+                stale.append((candidate,))
+        if stale:
+            await self._run(lambda: self._db.executemany(_DROP_LEASE, stale))
+        return taken
+
+    async def put_held(self, record: StoredResponse, *, holder: str) -> bool:
+        """Store ``record`` and drop its lease, only while ``holder`` holds it (one
+        transaction)."""
+        write = self._writer(record)
+
+        def put() -> bool:
+            with self._transaction():
+                row = self._db.execute(_LEASE_HOLDER, (record.id,)).fetchone()
+                if row is None or row[0] != holder:
+                    return False
+                write()
+                self._db.execute(_DROP_LEASE, (record.id,))
+                return True
+
+        return await self._run(put)
+
+    def _writer(self, record: StoredResponse) -> Callable[[], None]:
+        """The statements that store ``record``, to run inside a transaction on the
+        worker thread (and the purge, when one is due); encoded here, up front."""
         blob = encode_record(record)
         now = self._clock()
         expires_at = None if self.ttl is None else now + self.ttl
@@ -254,18 +376,24 @@ class SQLiteStore:
         purge = now - self._last_purge >= SQLITE_PURGE_INTERVAL
         if purge:
             self._last_purge = now
-
         items = [(record.owner, item_id, record.id) for item_id in set(held_item_ids(record))]
+        drop_lease = lets_go(record)
 
-        def put() -> None:
-            with self._transaction():
-                self._db.execute(_PUT, row)
-                self._db.executemany(_PUT_ITEM, items)
-                if purge:
-                    self._db.execute(_PURGE_ITEMS, (now,))
-                    self._db.execute(_PURGE, (now,))
+        def write() -> None:
+            self._db.execute(_PUT, row)
+            self._db.executemany(_PUT_ITEM, items)
+            if drop_lease:
+                self._db.execute(_DROP_LEASE, (record.id,))
+            if purge:
+                self._purge(now)
 
-        await self._run(put)
+        return write
+
+    def _purge(self, now: float) -> None:
+        """Delete expired response rows, their items' ids and their leases (in a transaction)."""
+        self._db.execute(_PURGE_ITEMS, (now,))
+        self._db.execute(_PURGE_LEASES, (now,))
+        self._db.execute(_PURGE, (now,))
 
     async def get(self, response_id: str, *, owner: str) -> StoredResponse | None:
         """The record, or ``None`` if missing, expired or foreign."""
@@ -283,6 +411,7 @@ class SQLiteStore:
                 deleted: bool = self._db.execute(_DELETE, args).rowcount > 0
                 if deleted:
                     self._db.execute(_DELETE_ITEMS, (response_id,))
+                    self._db.execute(_DROP_LEASE, (response_id,))
             return deleted
 
         return await self._run(delete)
@@ -395,6 +524,7 @@ class SQLiteStore:
         def purge() -> int:
             with self._transaction():
                 self._db.execute(_PURGE_ITEMS, (now,))
+                self._db.execute(_PURGE_LEASES, (now,))
                 purged: int = self._db.execute(_PURGE, (now,)).rowcount
                 purged += self._purge_checkpoints(now)
             return purged

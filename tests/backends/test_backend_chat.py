@@ -157,6 +157,75 @@ def test_reasoning_becomes_one_reasoning_item_the_sdk_parses() -> None:
     assert builder.output_tokens > 0
 
 
+def llama_record(
+    *,
+    timings: tuple[int, int, int] | None = None,
+    progress: tuple[int, int] | None = None,
+    **delta: Any,
+) -> StreamChunk:
+    """A llama.cpp record with ``running_counts``: its ``timings`` (cache_n,
+    prompt_n, predicted_n) and, in its prefill, ``prompt_progress`` (total 500,
+    cache, processed)."""
+    fields: dict[str, Any] = {"choices": [{"index": 0, "delta": {"role": "assistant", **delta}}]}
+    if timings is not None:
+        fields["timings"] = dict(zip(("cache_n", "prompt_n", "predicted_n"), timings, strict=True))
+    if progress is not None:
+        cache, processed = progress
+        fields["prompt_progress"] = {"total": 500, "cache": cache, "processed": processed}
+    return chunk(**fields)
+
+
+def test_llamas_running_counts_come_before_what_they_count_and_once() -> None:
+    """Each record whose counts changed gives them first: a cut after any record
+    is billed what it streamed. The prefill's progress counts what the engine has
+    read, and is not yet the answer (the first-token timeout still runs)."""
+    reader = ChunkReader()
+    assert reader.feed(llama_record(timings=(400, 0, 0), progress=(400, 400))) == [
+        Usage(input_tokens=400, cached_tokens=400, output_tokens=0)
+    ]
+    assert reader.feed(llama_record(timings=(400, 64, 0), progress=(400, 464))) == [
+        Usage(input_tokens=464, cached_tokens=400, output_tokens=0)
+    ]
+    assert not reader.started_stream
+    assert reader.feed(llama_record(timings=(400, 100, 1))) == [
+        Usage(input_tokens=500, cached_tokens=400, output_tokens=1)
+    ]
+    assert reader.started_stream
+    assert not reader.output_started
+    # Its template's marker was three tokens the parser held back: counted all the same.
+    assert reader.feed(llama_record(timings=(400, 100, 4), content="Hi")) == [
+        Usage(input_tokens=500, cached_tokens=400, output_tokens=4),
+        TextDelta("Hi"),
+    ]
+    assert reader.feed(llama_record(timings=(400, 100, 4), content="!")) == [TextDelta("!")]
+    assert reader.feed(chunk(choices=[{"index": 0, "delta": {}, "finish_reason": "stop"}])) == []
+    last = {
+        "prompt_tokens": 500,
+        "completion_tokens": 4,
+        "prompt_tokens_details": {"cached_tokens": 400},
+    }
+    final = chunk(
+        choices=[], usage=last, timings={"cache_n": 400, "prompt_n": 100, "predicted_n": 4}
+    )
+    assert reader.feed(final) == []
+    assert reader.end() == [ItemEnd(), Stop("stop")]  # the same counts: not again
+
+
+def test_a_usage_before_the_finish_is_a_running_count_and_the_last_one_follows() -> None:
+    """vLLM's ``continuous_usage_stats`` puts a ``usage`` on every record."""
+    reader = ChunkReader()
+    running = {"prompt_tokens": 30, "completion_tokens": 2}
+    out = reader.feed(chunk(choices=[{"index": 0, "delta": {"content": "Hi"}}], usage=running))
+    assert out == [Usage(input_tokens=30, cached_tokens=0, output_tokens=2), TextDelta("Hi")]
+    reader.feed(chunk(choices=[{"index": 0, "delta": {}, "finish_reason": "stop"}]))
+    reader.feed(chunk(choices=[], usage={"prompt_tokens": 30, "completion_tokens": 3}))
+    assert reader.end() == [
+        ItemEnd(),
+        Usage(input_tokens=30, cached_tokens=0, output_tokens=3),
+        Stop("stop"),
+    ]
+
+
 def test_finish_reason_length_cuts_the_open_item_incomplete() -> None:
     reader = ChunkReader()
     reader.feed(chunk(choices=[{"delta": {"content": "a long"}, "finish_reason": "length"}]))
@@ -270,6 +339,10 @@ def test_a_turn_maps_to_one_chat_body() -> None:
     assert body["metadata"] == {"sim_tool_calls": "0"}
     assert body["response_format"] == {"type": "json_object"}
     assert body["cache_prompt"] is True
+    assert "timings_per_token" not in body
+    assert "return_progress" not in body
+    counted = chat_body(dataclasses.replace(config, running_counts=True), request)
+    assert (counted["timings_per_token"], counted["return_progress"]) == (True, True)
     # The limit never passes the backend's cap nor what the window leaves
     # after the prompt by the engine's count, less a margin (engines refuse
     # that with a 400); with no count of the engine's yet, where only the

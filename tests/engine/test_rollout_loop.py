@@ -299,6 +299,76 @@ def test_an_engines_own_usage_replaces_the_estimate() -> None:
     assert (final.usage.input_tokens, final.usage.output_tokens) == (5000, 7)
 
 
+def test_a_turn_cancelled_mid_answer_is_billed_the_engines_last_running_count() -> None:
+    """The engine's counts come as it streams (llama.cpp's ``timings``), each
+    before what it counts: the cancel bills the last, once, for input and
+    output; the o200k count of the message cut short adds nothing to it."""
+    rollout: Rollout
+    script: list[Step] = [
+        Usage(300, 100, 0),
+        TextDelta("Once upon a time"),
+        Usage(320, 100, 6),  # (the prompt's count grows as the engine reads it)
+        TextDelta(" there lived a dragon who"),
+        Usage(320, 100, 12),
+        lambda: rollout.request_cancel(),
+        TextDelta(" never came"),
+    ]
+    sampler = Scripted(script)
+    rollout, sink = rollout_on(sampler, ResponseCreate(model="scripted", input="A story?"))
+
+    async def scenario() -> None:
+        rollout.open_reply("resp_cut", sink, mode=Mode.APPEND).announce_created()
+        rollout.task = asyncio.get_running_loop().create_task(rollout.run())
+        await rollout.task
+
+    asyncio.run(scenario())
+    (final,) = dones(sink)
+    assert final.status == "cancelled"
+    (message,) = final.output
+    assert isinstance(message, Message)
+    assert message.status == "incomplete"
+    assert said([message]) == "Once upon a time there lived a dragon who"
+    assert final.usage is not None
+    assert (final.usage.input_tokens, final.usage.output_tokens) == (320, 12)
+    assert final.usage.input_tokens_details.cached_tokens == 100
+    assert (rollout.counts.input_tokens, rollout.counts.cached_tokens) == (320, 100)
+
+
+def test_an_engines_count_of_one_turn_stands_and_a_turn_it_did_not_count_adds_its_own() -> None:
+    """Turn one's count comes before its call ends (the item's own o200k count
+    is replaced); turn two's engine sent none (the estimate stands for it)."""
+    call = [
+        Usage(80, 0, 1),
+        ToolCallStart(call_id="call_1", name="get_weather"),
+        Usage(80, 0, 9),
+        ArgumentsDelta('{"city": "Oslo, Norway, Europe"}'),
+        ItemEnd(),
+        Stop("tool_calls"),
+    ]
+    sampler = Scripted(call, answer("Sunny"))
+    request = ResponseCreate(model="scripted", input="Weather in Oslo?", tools=[WEATHER])
+    rollout, sink = rollout_on(sampler, request)
+
+    async def scenario() -> None:
+        rollout.open_reply("resp_two", sink, mode=Mode.APPEND).announce_created()
+        task = asyncio.get_running_loop().create_task(rollout.run())
+        await until(lambda: rollout.awaiting_input)
+        (paused,) = dones(sink)
+        assert paused.usage is not None
+        assert paused.usage.output_tokens == 9  # the engine's, not o200k's
+        output = FunctionCallOutput(call_id="call_1", output="sunny")
+        sink.receive(ResponseAppend(response_id="resp_two", input=[output]))
+        rollout.deliver([output], received_at=rollout.clock())
+        await task
+
+    asyncio.run(scenario())
+    _, final = dones(sink)
+    assert final.usage is not None
+    assert final.usage.output_tokens == 9 + len(tokenize_text("Sunny"))
+    second = rollout.timings[1]
+    assert final.usage.input_tokens == 80 + second.input_tokens
+
+
 # --- the hosted-call loop -----------------------------------------------------------
 
 

@@ -11,6 +11,7 @@ texts read in several children at once are those of one :func:`scan`; and
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable
@@ -20,7 +21,7 @@ import httpx
 import pytest
 
 from longresponse.engine.classifier import scan
-from longresponse.serve.fair_share import FairSlots
+from longresponse.serve.fair_share import AdmittingTurns, FairSlots
 from longresponse.serve.scan_process import FAR_CHARS, ScanProcess
 from tests.support.waiting import wait_for
 
@@ -128,3 +129,60 @@ def test_a_key_holds_at_most_its_share_of_the_slots() -> None:
     assert slots.held_by("a") == 2, "a third slot for a: its share is two"
     slots.release("a")
     assert granted[-1] == "a2"
+
+
+# --- a create's turn on the loop (AdmittingTurns) ----------------------------------
+
+
+def test_a_keys_burst_waits_its_turn_while_another_key_goes_first() -> None:
+    async def scenario() -> list[str]:
+        turns = AdmittingTurns(slots=16, per_key=2)
+        started: list[str] = []
+        gate = asyncio.Event()
+
+        async def create(key: str, number: int) -> None:
+            async with turns.turn(key):
+                started.append(f"{key}{number}")
+                await gate.wait()
+
+        async with asyncio.TaskGroup() as group:
+            for number in range(6):
+                group.create_task(create("a", number))
+            await asyncio.sleep(0)
+            group.create_task(create("b", 0))
+            await asyncio.sleep(0.01)
+            # keyA holds its two turns; its four others wait; keyB's goes at once.
+            assert started == ["a0", "a1", "b0"]
+            assert turns.slots.held_by("a") == 2
+            gate.set()
+        assert turns.slots.in_use == 0
+        return started
+
+    assert sorted(asyncio.run(scenario())) == sorted([*(f"a{n}" for n in range(6)), "b0"])
+
+
+def test_a_create_whose_client_left_while_it_waited_gives_its_turn_up() -> None:
+    async def scenario() -> None:
+        turns = AdmittingTurns(slots=16, per_key=1)
+        held = asyncio.Event()
+        release = asyncio.Event()
+
+        async def holder() -> None:
+            async with turns.turn("a"):
+                held.set()
+                await release.wait()
+
+        first = asyncio.create_task(holder())
+        await held.wait()
+        waiting = asyncio.create_task(holder())  # waits behind the first
+        await asyncio.sleep(0.01)
+        waiting.cancel()  # its client left
+        await asyncio.gather(waiting, return_exceptions=True)
+        release.set()
+        await first
+        assert turns.slots.in_use == 0
+        async with asyncio.timeout(1):  # the next one is not blocked by the one that left
+            async with turns.turn("a"):
+                assert turns.slots.held_by("a") == 1
+
+    asyncio.run(scenario())

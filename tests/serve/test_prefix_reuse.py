@@ -13,7 +13,10 @@ usage totals.
 
 from __future__ import annotations
 
+import gc
 import itertools
+import tracemalloc
+from array import array
 from typing import Any
 
 import httpx
@@ -22,11 +25,17 @@ import openai
 import pytest
 import trio
 
+from longresponse.backends.registry import ModelRegistry
 from longresponse.client import connect
+from longresponse.engine.boundary import KnownPrefix
+from longresponse.engine.limits import EngineLimits
+from longresponse.engine.render import item_key, render_item, render_prefix
+from longresponse.engine.rollout import Rollout
+from longresponse.serve import prefix_reuse
 from longresponse.serve.prefix_reuse import PrefixReuse
-from protocol.events import ResponseDone
-from protocol.items import FunctionCall
-from tests.engine.test_pipeline import counters, normal
+from protocol.events import ResponseCreate, ResponseDone
+from protocol.items import FunctionCall, Message
+from tests.engine.test_pipeline import FAKE_AWS_KEY, counters, normal
 from tests.support.http_clients import openai_client
 
 TOOL = {
@@ -320,6 +329,21 @@ async def test_a_client_resending_everything_reports_what_a_chain_does(
     assert _prefixes(on).hits >= 3
 
 
+async def test_a_client_resending_everything_gets_the_flags_a_stateless_server_gives(
+    make_server: Any,
+) -> None:
+    # --secrets-policy flag (the default): a Response's metadata flags what its
+    # input holds. A client that resends everything sends the secret of its
+    # first turn again in every request, and each Response says so.
+    on, off = make_server(), make_server(prefix_reuse=False)
+    opening = f"My key is {FAKE_AWS_KEY}; read the two files."
+    resent = await trio.to_thread.run_sync(lambda: http_full(on, 3, opening=opening))
+    stateless = await trio.to_thread.run_sync(lambda: http_full(off, 3, opening=opening))
+    assert all(r.metadata["secrets_flagged"] == "1" for r in stateless)
+    assert _prefixes(on).hits == 2
+    assert [r.metadata for r in resent] == [r.metadata for r in stateless]
+
+
 async def test_an_append_mode_create_begins_from_a_known_conversation(
     make_server: Any,
 ) -> None:
@@ -407,3 +431,113 @@ async def test_a_websocket_continuation_read_back_from_the_store_reports_its_reu
     assert _usage(third) == _usage(chained)
     _assert_prefix_reused([_usage(r) for r in (*one, third)])
     assert _prefixes(running).hits == hits + 1
+
+
+def ws_chain_of_models(running: Any, models: list[str]) -> tuple[list[Any], list[Any]]:
+    """A chain over ``client.responses.connect()``, turn ``i`` with ``models[i]``:
+    its responses, and its conversation as a client resends it whole, with the
+    next input."""
+    responses: list[Any] = []
+    conversation: list[Any] = []
+    with openai_client(running).responses.connect() as conn:
+        previous, items = None, [{"role": "user", "content": "Read the two files."}]
+        for turn, model in enumerate(models):
+            conversation += items
+            conn.response.create(
+                model=model,
+                instructions=INSTRUCTIONS,
+                input=items,  # type: ignore[arg-type]
+                previous_response_id=previous,  # type: ignore[arg-type]
+                tools=[TOOL],  # type: ignore[list-item]
+                metadata=META,
+                store=False,
+            )
+            for event in conn:
+                if event.type == "response.completed":
+                    responses.append(event.response)
+                    break
+            conversation += _echoed(responses[-1])
+            previous, items = responses[-1].id, _next_input(responses[-1], turn)
+    return responses, [*conversation, *items]
+
+
+async def test_a_model_switched_in_place_leaves_nothing_cached_for_the_old_model(
+    make_server: Any,
+) -> None:
+    # A WebSocket chain switches from sim to sim-alt in place: sim-alt read the
+    # second turn. The same conversation resent whole to sim: sim never read
+    # the second turn, so it is not cached (as on a chain switching back).
+    running = make_server()
+    (_, second), conversation = await trio.to_thread.run_sync(
+        ws_chain_of_models, running, ["sim", "sim-alt"]
+    )
+    assert _usage(second)[1] == 0  # sim-alt read it all afresh
+    client = openai_client(running)
+    again = await trio.to_thread.run_sync(
+        lambda: client.responses.create(
+            model="sim",
+            instructions=INSTRUCTIONS,
+            input=conversation,
+            tools=[TOOL],  # type: ignore[list-item]
+            metadata=META,
+            store=False,
+        )
+    )
+    assert _prefixes(running).hits == 1  # its tokens were taken in
+    total, cached, written = _usage(again)
+    assert (cached, written) == (0, total)
+
+
+@pytest.mark.parametrize("words", [1, 2000])
+def test_the_budget_counts_what_the_conversations_take(words: int) -> None:
+    # Many conversations of one turn, short and long, as HTTP leaves them: each
+    # rollout gone, its tokens held by the cache. What the cache holds then,
+    # measured, is what it counts against its budget.
+    model = ModelRegistry().resolve("sim")
+    request = ResponseCreate(model="sim", input=[], instructions=INSTRUCTIONS)
+    prefix = array("I", render_prefix(INSTRUCTIONS, []))
+    conversations = []
+    for n in range(1000):
+        items = [
+            Message(role="user", content=f"Question {n}: " + "why " * words),
+            Message(role="assistant", content=f"Answer {n}."),
+        ]
+        tokens = array("I", [token for item in items for token in render_item(item)])
+        conversations.append((items, KnownPrefix(2, tokens, prefix, "sim", len(tokens))))
+    cache = PrefixReuse(budget_bytes=1 << 40)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        for n, (items, known) in enumerate(conversations):
+            rollout = Rollout(request=request, model=model, limits=EngineLimits())
+            rollout.seed(items, known)
+            rollout.join_chain(f"resp_{n:032x}")
+            cache.keep(rollout, owner="key")
+            del rollout
+        gc.collect()
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(cache) == 1000
+    assert 0.75 * cache.nbytes <= held <= 1.1 * cache.nbytes
+
+
+def test_a_lookup_does_not_read_the_item_it_leaves_to_the_turn(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A known prefix leaves at least the newest item to the turn, so a lookup
+    # has no use for its key: the newest item (a long paste, a large tool
+    # output) is not hashed on the event loop for nothing.
+    keyed: list[Any] = []
+
+    def key(item: Any) -> bytes | None:
+        keyed.append(item)
+        return item_key(item)
+
+    monkeypatch.setattr(prefix_reuse, "item_key", key)
+    items = [
+        Message(role="user", content="Read the two files."),
+        Message(role="user", content="word " * 200_000),
+    ]
+    assert PrefixReuse(budget_bytes=1 << 20).find("key", items) is None
+    assert keyed == items[:1]

@@ -10,6 +10,13 @@ the gateway's ``httpx`` client: it reads each request (head and
 for it; a connection is kept open between requests unless the script says
 ``CLOSE``. Nothing in it is a double of the gateway: the gateway's real
 client, reader and mapping read what it writes.
+
+The gateway asks an engine which models it serves as it starts
+(``GET /v1/models``, ``longresponse/backends/served_model.py``). That
+question is answered apart from the script and neither counted among the
+requests nor its connection among the connections: with the ``models``
+given, their list; without, 503 (the gateway then leaves the question to
+the engine's answers).
 """
 
 from __future__ import annotations
@@ -59,8 +66,11 @@ class StandIn:
     """The engine: ``script(n, body)`` gives the steps answering the n-th request
     (1-based; bytes are written, a float is a pause in seconds, ``CLOSE`` closes)."""
 
-    def __init__(self, script: Script) -> None:
+    def __init__(self, script: Script, models: list[str] | None = None) -> None:
         self.script = script
+        self.models = models
+        #: The ``GET /v1/models`` questions it was asked (never in ``requests``).
+        self.listings = 0
         self.requests: list[dict[str, Any]] = []
         #: Each request's headers (names in lower case), in step with ``requests``.
         self.headers: list[dict[str, str]] = []
@@ -85,12 +95,19 @@ class StandIn:
                 conn, _ = self._listener.accept()
             except OSError:
                 return
-            with self._lock:
-                self.connections += 1
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _listing(self) -> bytes:
+        if self.models is None:
+            return answer(b'{"error": {"message": "no model list here"}}', status=503)
+        data = [{"id": name, "object": "model"} for name in self.models]
+        body = json.dumps({"object": "list", "data": data}).encode()
+        head = f"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {len(body)}"
+        return head.encode() + b"\r\n\r\n" + body
 
     def _serve(self, conn: socket.socket) -> None:
         buffered = b""
+        counted = False
         with conn:
             while True:
                 while b"\r\n\r\n" not in buffered:
@@ -99,6 +116,15 @@ class StandIn:
                         return
                     buffered += data
                 head, buffered = buffered.split(b"\r\n\r\n", 1)
+                if head.startswith(b"GET ") and b"/models " in head.split(b"\r\n", 1)[0]:
+                    with self._lock:
+                        self.listings += 1
+                    conn.sendall(self._listing())
+                    continue
+                if not counted:
+                    counted = True
+                    with self._lock:
+                        self.connections += 1
                 headers = {}
                 for line in head.decode("latin-1").split("\r\n")[1:]:
                     name, _, value = line.partition(":")

@@ -8,7 +8,9 @@ that use it name what it stands in for.
 
 A script is a list of steps: ``bytes`` are written, a ``float`` is a pause
 in seconds, :data:`CLOSE` drops the connection and :data:`STALL` holds it
-open without a word until the peer stops.
+open without a word until the peer stops. The gateway's question at start,
+``GET /v1/models`` (``longresponse/backends/served_model.py``), is answered
+503 apart from the script and not counted: the gateway then leaves it.
 """
 
 from __future__ import annotations
@@ -67,6 +69,10 @@ class ScriptedEngine:
         assert self._stop is not None
         try:
             head = await reader.readuntil(b"\r\n\r\n")
+            if head.startswith(b"GET ") and b"/models " in head.split(b"\r\n", 1)[0]:
+                writer.write(b"HTTP/1.1 503 X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+                await writer.drain()
+                return
             length = 0
             for line in head.decode("latin-1").split("\r\n"):
                 name, _, value = line.partition(":")

@@ -39,6 +39,25 @@ How it ends:
   ``max_output_tokens``): nothing failed, the output is cut short. It fires
   wherever the run waits (a long first token, a stalled upstream).
 
+What survives this process (issue 30). The response is durable before the
+client hears of it: the task's first step stores it ``queued`` (a store that
+fails the write fails the create: 503 ``store_unavailable``), held by this
+process's *lease* (``longresponse.storage.records``), then ``in_progress``; the
+create's answer waits for both. While it runs, :meth:`BackgroundResponses.beat`
+(every third of ``lease``, ``--background-lease``, 30 s: the app's lifespan
+runs :meth:`BackgroundResponses.keep_leases`) renews the leases this process
+holds and stores each response as it is now (its output and usage so far),
+then takes over every response on the store whose lease ran out (its process
+was killed, or lost the store for a whole lease) and ends it ``failed``
+(``server_error``, :data:`STOPPED`), stored and billed with what it had
+written at its last beat; a ``GET``, cancel or ``DELETE`` of such a response
+does the same at once (a cancel ends it ``cancelled``). Taking over is atomic
+on the store and the end is written only while the taker holds the lease, so
+one process ends it, and the ledger (one record per response id) bills it
+once. A process that finds it lost a lease (it stalled for a whole lease and
+another process ended the response) stops the response ``failed`` as well.
+It is not run again: a response is never completed by another process.
+
 Then what the log still holds moves to a byte-bounded table of finished
 logs (oldest out first), so a late ``GET ?stream=true`` replays it from its
 first event, or after ``starting_after``, as a running one is followed: the
@@ -55,7 +74,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import AsyncIterator, Sequence
+import contextlib
+import logging
+import os
+import secrets
+import socket
+import time
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from typing import Final
 
 import msgspec
@@ -83,6 +108,7 @@ from protocol.response import Response, ResponseError
 
 from ...config import (
     BACKGROUND_ENDINGS_BYTES,
+    BACKGROUND_LEASE,
     BACKGROUND_LOG_BYTES,
     BACKGROUND_MAX_DURATION,
     MAX_BACKGROUND,
@@ -91,7 +117,8 @@ from ...config import (
 )
 from ...engine.sampling import ModelSpec
 from ...engine.turn import Started
-from ...storage.persistence import Persistence, StoreWriteFailed
+from ...storage.persistence import Persistence, StoreWriteFailed, stored_input_items
+from ...storage.records import UNFINISHED, StoredResponse, StoreError, is_running
 from ..continuation import Continuation
 from ..deadline import DeadlineStream
 from ..inspector.watched import WatchedSink
@@ -100,7 +127,10 @@ from ..turns import Caller, Turns
 from .sinks import SSE_DONE
 
 __all__ = [
+    "LEASE_BEATS",
+    "LEASE_LOST",
     "MAX_DURATION_REASON",
+    "STOPPED",
     "TOO_MANY_BACKGROUND_RESPONSES",
     "BackgroundResponse",
     "BackgroundResponses",
@@ -112,7 +142,25 @@ __all__ = [
 TOO_MANY_BACKGROUND_RESPONSES: Final = "too_many_background_responses"
 #: ``incomplete_details.reason`` of a response stopped at ``max_duration``.
 MAX_DURATION_REASON: Final = "max_duration"
+#: Beats per lease: a process renews its leases every ``lease / LEASE_BEATS``
+#: seconds, and looks for leases that ran out as often.
+LEASE_BEATS: Final = 3
+#: The error of a background response whose server process stopped (its lease
+#: ran out), as the process that took it over ends it.
+STOPPED: Final = ResponseError(
+    code="server_error",
+    message="The server process that ran this background response stopped before it "
+    "finished; create it again.",
+)
+#: The error of a background response this process lost its lease on (it was
+#: taken over while this process did not renew it).
+LEASE_LOST: Final = ResponseError(
+    code="server_error",
+    message="The server process that ran this background response stopped renewing it "
+    "before it finished; create it again.",
+)
 _encoder = msgspec.json.Encoder()
+log = logging.getLogger(__name__)
 
 
 def check_cancellable(response: Response) -> None:
@@ -226,6 +274,27 @@ class BackgroundResponse:
         self.final: Response | None = None
         #: The run is over, billed and stored (or queued to be).
         self.ended = asyncio.Event()
+        #: Its input as stored (ids given once, for every write of it).
+        self.input_items = stored_input_items(started.items)
+        #: Held while one of its writes to the store is under way: they land in order.
+        self.writing = asyncio.Lock()
+        #: Stored, with this process's lease on it.
+        self.held = False
+        #: Why it could not be stored before it ran (it never ran).
+        self.refused: StoreWriteFailed | None = None
+
+    @property
+    def over(self) -> bool:
+        """Its end is decided: only the end is written from now on."""
+        return self.finishing or self.final is not None or self.started.reply.terminal
+
+    def hold(self) -> None:
+        """It is stored, with this process's lease on it."""
+        self.held = True
+
+    def refuse(self, why: StoreWriteFailed) -> None:
+        """It could not be stored before it ran: it never runs."""
+        self.refused = why
 
     def attach(self, task: asyncio.Task[None], timer: asyncio.TimerHandle) -> None:
         """It runs in ``task``, stopped by ``timer`` at ``max_duration``."""
@@ -258,6 +327,7 @@ class BackgroundResponses:
         slow_reader_timeout: float = SLOW_READER_TIMEOUT,
         log_bytes: int = BACKGROUND_LOG_BYTES,
         endings_bytes: int = BACKGROUND_ENDINGS_BYTES,
+        lease: float = BACKGROUND_LEASE,
     ) -> None:
         self.turns = turns
         self.max_running = max_running
@@ -266,6 +336,9 @@ class BackgroundResponses:
         self.slow_reader_timeout = slow_reader_timeout
         self.log_bytes = log_bytes
         self.endings_bytes = endings_bytes
+        self.lease = lease
+        #: This process's name on the leases it holds (host, pid, a random part).
+        self.holder = f"{socket.gethostname()}/{os.getpid()}/{secrets.token_hex(4)}"
         self._running: dict[str, BackgroundResponse] = {}
         #: Running responses by owner (API key).
         self._per_key: collections.Counter[str] = collections.Counter()
@@ -336,9 +409,17 @@ class BackgroundResponses:
             return None
         return kept[1]
 
-    def check_deletable(self, response_id: str, *, owner: str) -> None:
-        """Raises :class:`RemoteProtocolError` (400) while the response runs."""
-        if self.get(response_id, owner=owner) is not None:
+    async def check_deletable(
+        self, response_id: str, *, owner: str, persistence: Persistence
+    ) -> None:
+        """Raises :class:`RemoteProtocolError` (400) while the response runs, here
+        or in another process on the store; one whose process stopped is ended
+        (:meth:`settle`) and may be deleted. Raises :class:`StoreError`."""
+        running = self.get(response_id, owner=owner) is not None
+        if not running:
+            record = await persistence.get(response_id, owner=owner)
+            running = record is not None and (await self.settle(record)).status in UNFINISHED
+        if running:
             raise RemoteProtocolError(
                 f"Response '{response_id}' is still running; cancel it or let it finish "
                 "before deleting it.",
@@ -380,6 +461,14 @@ class BackgroundResponses:
         )
         await entry.log.opened.wait()
         created = entry.log.created
+        if created is None and entry.refused is not None:
+            raise RemoteProtocolError(
+                "The background response could not be stored, so it was not started; "
+                "retry when the store is back.",
+                code="store_unavailable",
+                status=503,
+                error_type="server_error",
+            )
         if created is None:
             raise RemoteProtocolError(
                 "The server had an error while processing your request.",
@@ -402,7 +491,7 @@ class BackgroundResponses:
         if N is not before its terminal event). Raises
         :class:`RemoteProtocolError` (400): ``starting_after`` not a non-negative
         integer; param ``stream`` for a response that was not a background one,
-        or whose terminal event is no longer kept.
+        that runs in another process, or whose terminal event is no longer kept.
         """
         after = _sequence_number(starting_after)
         entry = self.get(response_id, owner=owner)
@@ -415,6 +504,13 @@ class BackgroundResponses:
             raise RemoteProtocolError(
                 f"Response '{response_id}' cannot be streamed: it was not created with "
                 "background=true.",
+                code=ErrorCode.INVALID_VALUE,
+                param="stream",
+            )
+        if (await self.settle(record)).status in UNFINISHED:
+            raise RemoteProtocolError(
+                f"Response '{response_id}' runs in another server process, which alone "
+                "streams its events; retrieve it without stream=true.",
                 code=ErrorCode.INVALID_VALUE,
                 param="stream",
             )
@@ -449,6 +545,103 @@ class BackgroundResponses:
         self._stop(entry, ResponseState.CANCELLED)
         await entry.ended.wait()
         return entry.snapshot()
+
+    async def cancel_stored(self, record: StoredResponse) -> Response:
+        """The stored Response a cancel of ``record`` (not running here) decides on:
+        one whose process stopped (its lease ran out) is ended ``cancelled`` now.
+
+        Raises :class:`RemoteProtocolError` (400, param ``response_id``) for one
+        that runs in another process (which alone can stop it), and
+        :class:`StoreError`.
+        """
+        response = await self._settle(record, ResponseState.CANCELLED)
+        if response.status in UNFINISHED:
+            raise RemoteProtocolError(
+                f"Response '{record.id}' runs in another server process, which alone can "
+                "cancel it; send the cancel there, or wait for it to end.",
+                code=ErrorCode.INVALID_VALUE,
+                param="response_id",
+            )
+        return response
+
+    async def settle(self, record: StoredResponse) -> Response:
+        """The Response of ``record`` as it stands: a background response whose
+        process stopped (its lease ran out) is ended ``failed`` (:data:`STOPPED`)
+        here first, stored and billed; one still held by a process is as it last
+        stored it. Raises :class:`StoreError`."""
+        return await self._settle(record, ResponseState.FAILED)
+
+    async def _settle(self, record: StoredResponse, status: ResponseState) -> Response:
+        persistence = self.turns.persistence
+        if not is_running(record) or persistence is None:
+            return record.response
+        for taken in await persistence.take_expired(
+            holder=self.holder, lease=self.lease, response_id=record.id
+        ):
+            ended = await self._end_taken(taken, status)
+            if ended is not None:
+                return ended
+        return record.response
+
+    async def keep_leases(self) -> None:
+        """Beat (:meth:`beat`) now and every ``lease / LEASE_BEATS`` seconds, for as
+        long as the app runs (its lifespan owns the task and cancels it); a beat
+        the store fails is logged, and the next one tries again."""
+        while True:
+            try:
+                await self.beat()
+            except StoreError as exc:
+                log.warning("background leases: the store failed a beat: %s", exc)
+            await asyncio.sleep(self.lease / LEASE_BEATS)
+
+    async def beat(self) -> None:
+        """Renew this process's leases and store each of its responses as it is
+        now; stop ``failed`` (:data:`LEASE_LOST`) any whose lease was taken over;
+        then take over the responses on the store whose lease ran out and end
+        them ``failed`` (:data:`STOPPED`). Raises :class:`StoreError` (what was
+        done stays done)."""
+        persistence = self.turns.persistence
+        if persistence is None or self._closing:
+            return
+        held = [entry for entry in self._running.values() if entry.held and not entry.over]
+        if held:
+            ids = [entry.id for entry in held]
+            lost = await persistence.renew_leases(ids, holder=self.holder, lease=self.lease)
+            for entry in held:
+                if entry.id in lost:
+                    log.warning("background response %s: its lease was taken over", entry.id)
+                    self._stop(entry, ResponseState.FAILED, LEASE_LOST)
+                    continue
+                with contextlib.suppress(StoreWriteFailed):  # logged; the next beat retries
+                    await self._checkpoint(entry, ResponseState.IN_PROGRESS)
+        for taken in await persistence.take_expired(holder=self.holder, lease=self.lease):
+            await self._end_taken(taken, ResponseState.FAILED)
+
+    async def _end_taken(self, taken: StoredResponse, status: ResponseState) -> Response | None:
+        """End ``taken`` (a response this process took over) with ``status``:
+        stored and billed, while the lease is still this process's; ``None`` if
+        it is not any more. Raises :class:`StoreError`."""
+        persistence = self.turns.persistence
+        assert persistence is not None  # only what the store gave is taken
+        fields: dict[str, object] = {"status": status.value, "completed_at": int(time.time())}
+        if status is ResponseState.CANCELLED:
+            fields["output"] = []  # as a cancel of a running one answers
+        else:
+            fields["error"] = STOPPED
+        response = msgspec.structs.replace(taken.response, **fields)
+        transport = Transport.HTTP
+        if not await persistence.end_taken(
+            taken, response, holder=self.holder, transport=transport
+        ):
+            return None
+        log.warning(
+            "background response %s: its process stopped (lease ran out); ended %s",
+            taken.id,
+            response.status,
+        )
+        if self.turns.metrics is not None:
+            self.turns.metrics.response_finished(transport, response.status)
+        return response
 
     async def aclose(self) -> None:
         """Shutdown: refuse new ones, end the running ones ``failed``, wait until stored."""
@@ -510,11 +703,24 @@ class BackgroundResponses:
 
         async def finishing(response: Response) -> None:
             entry.finishing_as(response)
-            await self.turns.acknowledge(
-                started, response, owner=entry.owner, transport=Transport.HTTP, context_from=start
-            )
+            async with entry.writing:
+                await self.turns.acknowledge(
+                    started,
+                    response,
+                    owner=entry.owner,
+                    transport=Transport.HTTP,
+                    context_from=start,
+                    input_items=entry.input_items,
+                )
 
         try:
+            try:  # durable before the client hears of it: queued, then started
+                await self._checkpoint(entry, ResponseState.QUEUED)
+            except StoreWriteFailed as exc:
+                entry.refuse(exc)  # never ran: nothing to bill
+                return
+            with contextlib.suppress(StoreWriteFailed):  # queued it stays, until a beat
+                await self._checkpoint(entry, ResponseState.IN_PROGRESS)
             boundary = await segment.run(
                 [*history, *started.items][started.known :],
                 received_at=received_at,
@@ -534,20 +740,45 @@ class BackgroundResponses:
         finally:
             await started.rollout.close()  # the rollout ends: an upstream socket closes
 
+    async def _checkpoint(self, entry: BackgroundResponse, status: ResponseState) -> None:
+        """Store ``entry`` as it is now, with ``status`` (it has not ended), held by
+        this process's lease; nothing once its end is decided, or without a store.
+
+        A caller cancelled meanwhile still waits for the write to land, so the
+        entry's writes land in order (its end last). Raises :class:`StoreWriteFailed`.
+        """
+        persistence = self.turns.persistence
+        if persistence is None:
+            return
+        async with entry.writing:
+            if entry.over:
+                return
+            write = persistence.persist_running(
+                entry.started.reply.snapshot(status),
+                owner=entry.owner,
+                input_items=entry.input_items,
+                previous_response_id=entry.started.reply.request.previous_response_id,
+                holder=self.holder,
+                lease=self.lease,
+            )
+            await _landed(write)
+            entry.hold()
+
     async def _bill(self, entry: BackgroundResponse, response: Response) -> None:
         """A background response that did not complete: billed, and stored when the
         store takes it (a poll then finds it); a store that is down loses only that."""
         request = entry.started.reply.request
-        try:
-            await self.turns.bill(
-                response,
-                owner=entry.owner,
-                transport=Transport.HTTP,
-                store_input=entry.started.items,
-                previous_response_id=request.previous_response_id,
-            )
-        except StoreWriteFailed:
-            await self.turns.bill(response, owner=entry.owner, transport=Transport.HTTP)
+        async with entry.writing:
+            try:
+                await self.turns.bill(
+                    response,
+                    owner=entry.owner,
+                    transport=Transport.HTTP,
+                    store_input=entry.input_items,
+                    previous_response_id=request.previous_response_id,
+                )
+            except StoreWriteFailed:
+                await self.turns.bill(response, owner=entry.owner, transport=Transport.HTTP)
 
     def _ended(self, entry: BackgroundResponse) -> None:
         if self._running.pop(entry.id, None) is not None:
@@ -572,6 +803,18 @@ class BackgroundResponses:
         while self._endings_nbytes > self.endings_bytes and self._endings:
             _, (_, dropped) = self._endings.popitem(last=False)
             self._endings_nbytes -= _size(dropped)
+
+
+async def _landed(write: Awaitable[None]) -> None:
+    """Await ``write``; cancelled meanwhile, wait for it to land all the same
+    (then the cancellation goes on), so that no later write overtakes it."""
+    task = asyncio.ensure_future(write)
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            await task
+        raise
 
 
 def _size(records: list[tuple[int, bytes]]) -> int:

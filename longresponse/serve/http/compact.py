@@ -53,6 +53,8 @@ from ...engine.compaction import compact, drain
 from ...engine.counting import token_lengths
 from ...engine.render import render_prefix
 from ...ids import new_id
+from ...storage.records import is_running
+from ..continuation import not_finished
 from ..errors import http_error
 from ..references import resolve_references
 from .responses import ResponsesHTTP
@@ -146,6 +148,8 @@ class CompactHTTP:
                 code=ErrorCode.PREVIOUS_RESPONSE_NOT_FOUND,
                 param="previous_response_id",
             )
+        if is_running(conversation.last):
+            raise not_finished(parent_id, conversation.last.response.status)
         return conversation.items
 
 

@@ -170,9 +170,26 @@ class ResponsesHTTP:
     async def create(self, request: Request) -> Response:
         received_at = time.perf_counter()
         self.requests += 1
-        body: ResponseCreate | None = None
         try:
             owner = self.owner(request)
+        except ProtocolError as error:
+            self.turns.inspector.http.refused(None)
+            return http_error(error)
+        # A key's creates take turns until their model runs: a burst of one key's
+        # waits here, not ready, while other keys' requests are served.
+        async with self.turns.admitting.turn(owner):
+            run = await self._admit(request, owner, received_at)
+        if not isinstance(run, _Run):
+            return run  # refused, or a background response's answer
+        if run.body.stream:
+            return StreamingResponse(run.sse(), media_type="text/event-stream")
+        return await run.json(request)
+
+    async def _admit(self, request: Request, owner: str, received_at: float) -> _Run | Response:
+        """Read, check and admit a create of ``owner``'s: its turn started (a
+        :class:`_Run`), or the answer already (an error, a background response)."""
+        body: ResponseCreate | None = None
+        try:
             raw = await self.read_body(request)
             await self.check_skeleton(raw)
             body = decode_create_body(raw)
@@ -214,9 +231,7 @@ class ResponsesHTTP:
         except ProtocolError as error:
             self.turns.inspector.http.refused(body)
             return http_error(error)
-        if body.stream:
-            return StreamingResponse(run.sse(), media_type="text/event-stream")
-        return await run.json(request)
+        return run
 
     async def check_skeleton(self, raw: bytes | bytearray) -> None:
         """A create body's item, tool and schema limits, checked before it is
@@ -274,15 +289,19 @@ class ResponsesHTTP:
             record = await self.persistence.get(response_id, owner=owner)
             if record is None:
                 raise _not_found(response_id)
+            # A background response whose process stopped ends here, not in_progress.
+            response = await self.background.settle(record)
         except ProtocolError as error:
             return http_error(error)
-        return _json(record.response)
+        return _json(response)
 
     async def delete(self, request: Request) -> Response:
         response_id = request.path_params["response_id"]
         try:
             owner = self.owner(request)
-            self.background.check_deletable(response_id, owner=owner)
+            await self.background.check_deletable(
+                response_id, owner=owner, persistence=self.persistence
+            )
             if not await self.persistence.delete(response_id, owner=owner):
                 raise _not_found(response_id)
             self.background.forget(response_id)
@@ -319,11 +338,11 @@ class ResponsesHTTP:
         try:
             owner = self.owner(request)
             response = await self.background.cancel(response_id, owner=owner)
-            if response is None:  # not running: the stored one decides
+            if response is None:  # not running here: the stored one decides
                 record = await self.persistence.get(response_id, owner=owner)
                 if record is None:
                     raise _not_found(response_id)
-                response = record.response
+                response = await self.background.cancel_stored(record)
             check_cancellable(response)
         except ProtocolError as error:
             return http_error(error)

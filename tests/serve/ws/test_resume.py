@@ -21,7 +21,13 @@ import trio
 from longresponse.client import connect
 from longresponse.server_process import ServerProcess
 from longresponse.storage.backends import open_store
-from protocol.events import ErrorEvent, ResponseDone, ResponseInProgress, ResponseResumed
+from protocol.events import (
+    ErrorEvent,
+    OutputItemAdded,
+    ResponseDone,
+    ResponseInProgress,
+    ResponseResumed,
+)
 from protocol.items import FunctionCall
 from tests.support.waiting import wait_for
 
@@ -255,3 +261,32 @@ def test_a_paused_response_outlives_its_process(tmp_path: Any) -> None:
     assert done.response.status == "completed"
     text = done.response.output[-1].content[0].text  # type: ignore[union-attr]
     assert all(f"«{output}»" in text for output in sent)
+
+
+async def test_a_turn_cut_off_runs_again_from_its_checkpoint(make_server: Any) -> None:
+    # The outputs were taken (response.in_progress) and the next turn was
+    # streaming when the connection went: that turn runs again elsewhere.
+    running = make_server()
+    slow = CALLS | {"sim_tokens_per_second": "50"}
+    async with connect(running.url) as client:
+        await client.create(model="sim", input="Read three files.", tools=[TOOL], metadata=slow)
+        done = (await client.until_done())[-1]
+        assert isinstance(done, ResponseDone)
+        (call,) = _calls(done.response)
+        output = {"type": "function_call_output", "call_id": call.call_id, "output": "file 0"}
+        await client.append([output])
+        while not isinstance(await client.next_event(), OutputItemAdded):
+            pass  # the next turn has begun streaming: cut it off
+    async with connect(running.url) as client:
+        await client.resume(done.response.id)
+        resumed = await client.next_event()
+        assert isinstance(resumed, ResponseResumed)
+        assert resumed.response.status == "in_progress"
+        assert resumed.response.output == done.response.output  # the cut turn is void
+        again = (await client.until_done())[-1]
+    assert isinstance(again, ResponseDone)
+    assert again.response.status == "requires_action"
+    # The turn ran again over the output taken before the cut.
+    calls = _calls(again.response)
+    assert len(calls) == 2
+    assert calls[0] == call
