@@ -18,6 +18,7 @@ import uvicorn
 from longresponse.config import ServerConfig
 from longresponse.serve.app import create_app
 from longresponse.serve.collector import set_switch_interval
+from longresponse.serve.shutdown import GracefulServer
 from longresponse.serve.ws.oversize import LingeringWSProtocol
 from longresponse.serve.ws.session import Session
 from longresponse.server_process import ServerProcess
@@ -33,9 +34,16 @@ pytest_plugins = ["tests.support.tiers"]  # the markers, and what a bare run lac
 
 
 class RunningServer:
-    """A longresponse server on 127.0.0.1 in a background thread."""
+    """A longresponse server on 127.0.0.1 in a background thread.
 
-    def __init__(self, config: ServerConfig, *, shared: bool = False) -> None:
+    ``graceful``: run it as ``longresponse serve`` does (``GracefulServer``), so
+    that :meth:`stop` drains its WebSockets as SIGTERM would (turns in flight
+    finish within ``shutdown_drain_timeout``, then 1012); otherwise plain
+    uvicorn closes them 1012 at once."""
+
+    def __init__(
+        self, config: ServerConfig, *, shared: bool = False, graceful: bool = False
+    ) -> None:
         self.config = config
         #: the run's one server (the ``server`` fixture), which tests share
         self.shared = shared
@@ -43,17 +51,22 @@ class RunningServer:
         #: at a connection's state after it closed; the server keeps none).
         self.last_session: Session | None = None
         self.app = create_app(config, on_session=self._opened)
-        self.server = uvicorn.Server(
-            uvicorn.Config(
-                self.app,
-                host="127.0.0.1",
-                port=0,
-                ws=LingeringWSProtocol,  # as the cli serves it
-                ws_max_size=2 * config.max_message_bytes,
-                ws_per_message_deflate=config.ws_compression,
-                lifespan="on",
-                log_level="warning",
+        served = uvicorn.Config(
+            self.app,
+            host="127.0.0.1",
+            port=0,
+            ws=LingeringWSProtocol,  # as the cli serves it
+            ws_max_size=2 * config.max_message_bytes,
+            ws_per_message_deflate=config.ws_compression,
+            lifespan="on",
+            log_level="warning",
+        )
+        self.server = (
+            GracefulServer(
+                served, self.app.parts.endpoint, drain_timeout=config.shutdown_drain_timeout
             )
+            if graceful
+            else uvicorn.Server(served)
         )
 
     def _opened(self, session: Session) -> None:
@@ -133,14 +146,15 @@ def server_process(tmp_path: Any) -> Iterator[ServerProcess]:
 def make_server(tmp_path: Any, served_process: None) -> Iterator[Callable[..., RunningServer]]:
     """Start a server with some configuration overridden (stopped after the test).
 
-    Without a ``store`` override each server gets its own SQLite file.
+    Without a ``store`` override each server gets its own SQLite file;
+    ``graceful=True`` runs it as ``longresponse serve`` does (:class:`RunningServer`).
     """
     started: list[RunningServer] = []
 
-    def factory(**overrides: Any) -> RunningServer:
+    def factory(*, graceful: bool = False, **overrides: Any) -> RunningServer:
         overrides.setdefault("store", f"sqlite:///{tmp_path}/responses-{len(started)}.db")
         config = dataclasses.replace(ServerConfig(port=0), **overrides)
-        running = RunningServer(config).start()
+        running = RunningServer(config, graceful=graceful).start()
         started.append(running)
         return running
 

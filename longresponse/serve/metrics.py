@@ -40,6 +40,7 @@ __all__ = [
     "CONTENT_TYPE",
     "LOOP_LAG_INTERVAL",
     "LOOP_LAG_WINDOW",
+    "STEER_DROP_REASONS",
     "LoopLagMonitor",
     "ServerMetrics",
 ]
@@ -48,6 +49,10 @@ __all__ = [
 LOOP_LAG_INTERVAL: Final = 0.05
 #: Wake-ups over which ``longresponse_event_loop_lag_max_seconds`` is the worst.
 LOOP_LAG_WINDOW: Final = 200
+#: Why accepted steers were dropped (``longresponse_steers_dropped_total{reason}``):
+#: the client closed the connection or it was lost; the server dropped a
+#: reader that stopped reading.
+STEER_DROP_REASONS: Final = ("connection_closed", "slow_reader")
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -112,6 +117,15 @@ class ServerMetrics:
             ["transport", "status"],
             registry=self.registry,
         )
+        self.steers_dropped_total = Counter(
+            "longresponse_steers_dropped",
+            "Accepted response.steer input dropped with its connection, never delivered "
+            "nor handed back, by why the connection ended.",
+            ["reason"],
+            registry=self.registry,
+        )
+        for reason in STEER_DROP_REASONS:  # at 0 from the start, for alerts
+            self.steers_dropped_total.labels(reason)
         self._phase_children: dict[Transport, tuple[tuple[str, Histogram], ...]] = {}
         self.registry.register(_PipelineWork(counters))
         # process_cpu_seconds_total and friends, for the bench's CPU figures.
@@ -141,6 +155,11 @@ class ServerMetrics:
 
     def response_finished(self, transport: Transport, status: str) -> None:
         self.responses.labels(transport, status).inc()
+
+    def steers_dropped(self, reason: str, count: int) -> None:
+        """``count`` accepted steers were dropped with their connection (``reason``,
+        one of :data:`STEER_DROP_REASONS`)."""
+        self.steers_dropped_total.labels(reason).inc(count)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -311,3 +311,8 @@ class AppendShape:
 
     def stop_intake(self) -> None:
         """Shutdown: nothing waits to start in append mode (a create starts at once)."""
+
+    def hand_back(self, why: str) -> None:
+        """The server closes the connection now: append mode has no steers to hand
+        back (an append's input is its rollout's once accepted, and goes where the
+        rollout goes)."""

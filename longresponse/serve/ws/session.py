@@ -35,13 +35,21 @@ taking client messages and drops the requests still queued, lets its running
 turns finish (a paused rollout is not running: it waits for its client), then
 closes with 1012 (Service Restart: clients reconnect and resend). A session
 still busy when the drain timeout runs out is closed 1012 at once, its turns
-cut off.
+cut off (given up to ``DRAIN_FLUSH_TIMEOUT`` to send what it queued).
+
+Whenever the server closes a connection itself (1012, the lifetime limit, a
+bad inject), the shape first hands back the input it accepted and will not
+deliver (the shipped shape's steers, ``response.steer.failed``), so it leaves
+before the close frame; a connection that ends otherwise (the client closed
+it, or it was lost) leaves nobody to tell, and its steers are logged and
+counted as dropped (``longresponse.serve.ws.steering``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import json
 import logging
@@ -87,6 +95,7 @@ from .outbox import Outbox
 from .shipped import ShippedShape
 
 __all__ = [
+    "DRAIN_FLUSH_TIMEOUT",
     "DRAIN_POLL_INTERVAL",
     "MULTI_AGENT_BETA",
     "TOO_MANY_CONNECTIONS",
@@ -105,6 +114,10 @@ TOO_MANY_CONNECTIONS: Final = "too_many_connections"
 #: How often a graceful shutdown looks which sessions' turns are done (it
 #: polls, as uvicorn's own shutdown does: a turn ends in many places).
 DRAIN_POLL_INTERVAL: Final = 0.02
+#: How long, at most, sessions closed 1012 when the drain timeout ran out get to
+#: send what they queued (their steers handed back, the close frame) before
+#: uvicorn shuts their sockets.
+DRAIN_FLUSH_TIMEOUT: Final = 1.0
 
 
 class Shape(Protocol):
@@ -123,6 +136,10 @@ class Shape(Protocol):
         """A turn is running (graceful shutdown waits for it)."""
 
     def stop_intake(self) -> None: ...
+
+    def hand_back(self, why: str) -> None:
+        """The server closes the connection now (``why``, said to the client): hand
+        back the input accepted and not yet delivered."""
 
 
 class _Tasks:
@@ -260,6 +277,9 @@ class Session:
             if self.append is not None:
                 self.append.release()
             if self.shipped is not None:  # its rollouts end with the connection
+                # Steers not handed back before a close of ours: nobody to tell.
+                lost = self.close_reason == "slow_reader"
+                self.shipped.steering.drop("slow_reader" if lost else "connection_closed")
                 await self.shipped.release_dropped(every=True)
             self.live_input.close()  # whatever input is still held, the key's budget gets back
 
@@ -273,7 +293,11 @@ class Session:
                 code=ErrorCode.WEBSOCKET_CONNECTION_LIMIT_REACHED,
             )
         )
-        self.outbox.close(int(CLOSE_CODES["connection_limit_reached"]), "connection limit reached")
+        self.close(
+            int(CLOSE_CODES["connection_limit_reached"]),
+            "connection limit reached",
+            why=f"The connection reached its {minutes:g}-minute limit",
+        )
 
     async def _read_loop(self, receive: Receive) -> None:
         while True:
@@ -363,7 +387,9 @@ class Session:
             else:
                 self.outbox.error(error.with_(stream_id=lane))
             if error.close_code is not None:
-                self.outbox.close(error.close_code, error.code)
+                self.close(
+                    error.close_code, error.code, why=f"The connection is closing ({error.code})"
+                )
 
     def _receive(self, event: ClientEvent, size: int) -> tuple[Admitted, float]:
         """Check, admit and record ``event`` (``Connection.receive_event``, the
@@ -399,7 +425,19 @@ class Session:
         """Close with 1012, Service Restart, once the events already queued are out
         (a no-op if the session is already closing)."""
         self.stop_intake()
-        self.outbox.close(int(CLOSE_CODES["server_shutdown"]), "service restart")
+        self.close(
+            int(CLOSE_CODES["server_shutdown"]),
+            "service restart",
+            why="The server is restarting (WebSocket close 1012)",
+        )
+
+    def close(self, code: int, reason: str, *, why: str) -> None:
+        """Close with ``code`` and ``reason`` once the events already queued are out,
+        the input accepted and not delivered handed back first (``why`` says to the
+        client why it was not); a no-op if the session is already closing."""
+        if self.outbox.closing is None:
+            self.shape.hand_back(why)
+            self.outbox.close(code, reason)
 
 
 class ResponsesEndpoint:
@@ -420,6 +458,8 @@ class ResponsesEndpoint:
         self._on_session = on_session
         #: The sessions being served, for a graceful shutdown.
         self.sessions: set[Session] = set()
+        #: Set each time a session ends (a shutdown waits for the last ones).
+        self._session_ended = asyncio.Event()
         #: Connections open (or being opened) by the owner of their API key
         #: (keys on; ``""``, keys off, has no limit of its own).
         self.open_per_key: collections.Counter[str] = collections.Counter()
@@ -438,7 +478,9 @@ class ResponsesEndpoint:
 
         If ``abandon()`` turns true, or the drain is cancelled (the caller's
         timeout), every session still open is closed 1012 at once, its turns
-        cut off.
+        cut off, and gets up to ``DRAIN_FLUSH_TIMEOUT`` to send what it queued.
+        Before its 1012 each session hands back what it accepted and will not
+        deliver (:meth:`Session.close`).
         """
         self.draining = True
         self.turns.inspector.stop()  # the inspector's feeds end too
@@ -451,10 +493,21 @@ class ResponsesEndpoint:
                         session.restart()
                 await asyncio.sleep(DRAIN_POLL_INTERVAL)
         finally:
-            if self.sessions:
-                log.warning("shutdown: closing %d busy sessions now", len(self.sessions))
-            for session in list(self.sessions):
+            busy = list(self.sessions)
+            if busy:
+                log.warning("shutdown: closing %d busy sessions now", len(busy))
+            for session in busy:
                 session.restart()
+            if busy:  # what they queued (steers handed back, the close) goes out first
+                await self._flushed(busy)
+
+    async def _flushed(self, sessions: list[Session]) -> None:
+        """Wait up to ``DRAIN_FLUSH_TIMEOUT`` for ``sessions``, closing, to end."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(DRAIN_FLUSH_TIMEOUT):
+                while any(session in self.sessions for session in sessions):
+                    self._session_ended.clear()
+                    await self._session_ended.wait()
 
     async def _refuse(self, scope: Scope, send: Send, refusal: RemoteProtocolError) -> None:
         """Answer the handshake with ``refusal`` (the shipped error envelope, its
@@ -547,6 +600,7 @@ class ResponsesEndpoint:
         finally:
             self.live_sessions -= 1
             self.sessions.discard(session)
+            self._session_ended.set()
             self.turns.inspector.close_connection(session.seen)
 
 

@@ -44,7 +44,7 @@ from protocol.items import as_items
 from ...config import ServerConfig
 from ...engine.admission import Admission
 from ...engine.segment import Segment
-from ...engine.stream import EventSink
+from ...engine.stream import EventSink, ServerClosed
 from ..continuation import continue_from
 from ..input_budget import InputLedger
 from ..transport import Transport
@@ -102,7 +102,11 @@ class ShippedShape:
             spawn=spawn,
         )
         self.steering = Steering(
-            sink, turns.pipeline, ledger, max_pending=config.max_pending_steers
+            sink,
+            turns.pipeline,
+            ledger,
+            max_pending=config.max_pending_steers,
+            metrics=turns.metrics,
         )
         #: What the connection did, for tests and operators.
         self.segments_run = 0
@@ -200,7 +204,7 @@ class ShippedShape:
             return await self._run_segment(request, lane, received_at, decode, steers)
         except ProtocolError as error:
             if steers:
-                self.steering.successor_failed(steers, error, lane)
+                self.steering.successor_failed(steers, error)
             raise
 
     async def _run_segment(
@@ -245,6 +249,8 @@ class ShippedShape:
             waits = self.turns.waits_in_place(
                 request, beta=self.multi_agent, transport=Transport.WS
             )
+            if steers and self.steering.closed:  # handed back meanwhile: no successor
+                raise ServerClosed("closing")
             started = self.turns.start_turn(request, new_items, caller, continuation, waits=waits)
         # The steering input is the segment's now (its inbox, then its context).
         self.steering.committed(steers)
@@ -297,6 +303,11 @@ class ShippedShape:
         """Shutdown: drop the requests still waiting in their lanes (they have sent
         nothing; the client resends them on its next connection)."""
         self.lanes.stop_intake()
+
+    def hand_back(self, why: str) -> None:
+        """The server closes the connection now (``why``): the steering input not yet
+        committed goes back to the client (:meth:`Steering.hand_back`)."""
+        self.steering.hand_back(why)
 
 
 def _admission(admitted: Admitted) -> Admission:

@@ -25,14 +25,23 @@ point (:meth:`Rollout.steer`). When the segment ends (:meth:`Steering.after`):
 - ``failed``, or a successor that could not start: ``response.steer.failed``
   hands each input back (``response_not_active``, ``successor_creation_failed``).
 
-A steer's bytes are released when a segment commits it
-(:meth:`Steering.committed`), when it is handed back, or with the connection.
-The steers queued and held are this class's alone.
+Every accepted steer is **open** until it is answered once: committed by a
+segment (:meth:`Steering.committed`), or handed back with
+``response.steer.failed`` (:meth:`Steering.failed`); its bytes are released
+then. When the server closes the connection (a restart's 1012, the lifetime
+limit), :meth:`Steering.hand_back` answers every open steer
+``successor_creation_failed`` before the close frame, and no successor starts
+after it. A connection that ends with steers still open (the client closed
+it or was lost) had nobody left to tell: :meth:`Steering.drop` logs them at
+INFO (ids and input sizes, never the text) and counts them on ``/metrics``
+(``longresponse_steers_dropped_total{reason}``).
+The steers queued, held and open are this class's alone.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any
 
 import msgspec
@@ -57,38 +66,55 @@ from ...engine.segment import Segment
 from ...engine.stream import EventSink
 from ...ids import new_id
 from ..input_budget import Hold, InputLedger
+from ..metrics import ServerMetrics
 
 __all__ = ["Steer", "Steering"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Steer:
     """One accepted ``response.steer``: its id, the segment it steers, its admitted
-    items, the input as sent (handed back if it is never committed), and the
-    bytes it holds until then."""
+    items, the input as sent (handed back if it is never committed), the
+    bytes it holds until then, and its target's lane (where its replies go)."""
 
     id: str
     target: str
     items: list[Item]
     sent: str | list[Any]
     hold: Hold | None = None
+    lane: str | None = None
 
 
 class Steering:
     """One shipped-shape connection's steers (see the module docstring)."""
 
     def __init__(
-        self, sink: EventSink, pipeline: Pipeline, ledger: InputLedger, *, max_pending: int
+        self,
+        sink: EventSink,
+        pipeline: Pipeline,
+        ledger: InputLedger,
+        *,
+        max_pending: int,
+        metrics: ServerMetrics | None = None,
     ) -> None:
         self._sink = sink
         self._pipeline = pipeline
         self._ledger = ledger
+        self._metrics = metrics
         self.max_pending = max_pending
         #: Accepted steers by the running segment they steer, in arrival order.
         self._queued: dict[str, list[Steer]] = {}
         #: Steers held for a lane's next create on their parent (after
         #: ``response.steer.pending``).
         self._held: dict[str | None, list[Steer]] = {}
+        #: Every accepted steer not yet committed nor handed back, by id, in
+        #: arrival order (queued, held, or on its way into a successor).
+        self._open: dict[str, Steer] = {}
+        #: The connection is closing: its open steers were handed back, and no
+        #: successor starts.
+        self.closed = False
 
     def admit(
         self, event: ResponseSteer, target: str, segment: Segment | None, size: int
@@ -154,9 +180,10 @@ class Steering:
         successor; ``response.steer.accepted``; the segment's rollout stops at its
         next safe point."""
         target = event.previous_response_id
-        steer = Steer(new_id("steer"), target, items, event.input, hold)
-        self._queued.setdefault(target, []).append(steer)
         track = self._sink.track(target)
+        steer = Steer(new_id("steer"), target, items, event.input, hold, track.stream_id)
+        self._queued.setdefault(target, []).append(steer)
+        self._open[steer.id] = steer
         self._sink.push(
             ResponseSteerAccepted(
                 sequence_number=track.next_sequence,
@@ -175,12 +202,18 @@ class Steering:
         del self._held[lane]
         return held
 
-    @staticmethod
-    def committed(steers: list[Steer]) -> None:
+    def committed(self, steers: list[Steer]) -> None:
         """A segment took ``steers``' items as its input: their bytes are its now."""
-        for steer in steers:
+        self._settle(steers)
+
+    def _settle(self, steers: list[Steer]) -> list[Steer]:
+        """``steers`` are answered now: those still open (answered by the caller),
+        their bytes given back; the others were answered already."""
+        settled = [steer for steer in steers if self._open.pop(steer.id, None) is not None]
+        for steer in settled:
             if steer.hold is not None:
                 steer.hold.release()
+        return settled
 
     def ended(self, segment_id: str) -> list[Steer]:
         """The steers queued for a segment that just ended (forgotten here)."""
@@ -198,14 +231,14 @@ class Steering:
         ``request``), which ended at ``boundary`` (``None``: failed): the
         successor's request when it is due, else ``None`` (the steers handed
         back or held, as the module docstring says)."""
-        if not steered:
+        if not steered or self.closed:  # closed: handed back already
             return None
         if boundary is None:
             ended = RemoteProtocolError(
                 f"Response {segment_id!r} failed; its steering input was not committed.",
                 code=ErrorCode.RESPONSE_NOT_ACTIVE,
             )
-            self.failed(steered, ended, lane)
+            self.failed(steered, ended)
             return None
         if boundary.pending:
             self._pending(steered, boundary.pending, lane)
@@ -219,19 +252,19 @@ class Steering:
             prompt_cache_options=None,
         )
 
-    def successor_failed(self, steers: list[Steer], error: ProtocolError, lane: str | None) -> None:
+    def successor_failed(self, steers: list[Steer], error: ProtocolError) -> None:
         """The segment meant to commit ``steers`` could not start: hand them back."""
         failed = RemoteProtocolError(
             f"The successor of response {steers[0].target!r} could not be created: "
             f"{error.message}",
             code=ErrorCode.SUCCESSOR_CREATION_FAILED,
         )
-        self.failed(steers, failed, lane)
+        self.failed(steers, failed)
 
-    def failed(self, steers: list[Steer], error: ProtocolError, lane: str | None) -> None:
-        """Hand back accepted steering input that will not be committed."""
-        self.committed(steers)  # its bytes are given back too
-        for steer in steers:
+    def failed(self, steers: list[Steer], error: ProtocolError) -> None:
+        """Hand back accepted steering input that will not be committed (each steer
+        once: one answered already is left alone)."""
+        for steer in self._settle(steers):  # their bytes are given back too
             track = self._sink.track(steer.target)
             self._sink.push(
                 ResponseSteerFailed(
@@ -240,9 +273,51 @@ class Steering:
                         previous_response_id=steer.target, input=steer.sent, id=steer.id
                     ),
                     error=SteerError(code=error.code, message=error.message),
-                    stream_id=_lane(lane),
+                    stream_id=_lane(steer.lane),
                 )
             )
+
+    def hand_back(self, why: str) -> None:
+        """The server closes the connection now (``why``: the server is restarting,
+        the connection reached its limit): every open steer gets
+        ``response.steer.failed`` with its input, ``successor_creation_failed``,
+        before the close frame; no successor starts from now on (SPEC §10.15)."""
+        self.closed = True
+        self._queued.clear()
+        self._held.clear()
+        for steer in list(self._open.values()):
+            self.failed(
+                [steer],
+                RemoteProtocolError(
+                    f"{why}; this steering input for response {steer.target!r} was not "
+                    "delivered. Send it again on a new connection.",
+                    code=ErrorCode.SUCCESSOR_CREATION_FAILED,
+                ),
+            )
+
+    def drop(self, reason: str) -> None:
+        """The connection is over (``reason``: ``connection_closed``, the client
+        closed it or was lost; ``slow_reader``, the server dropped it): the steers
+        still open cannot be handed back to anyone. Logged at INFO (their ids and
+        input sizes, never the input) and counted on ``/metrics``."""
+        self.closed = True
+        self._queued.clear()
+        self._held.clear()
+        dropped = self._settle(list(self._open.values()))
+        if not dropped:
+            return
+        log.info(
+            "dropped %d accepted steers with the connection (%s), never delivered nor "
+            "handed back: %s",
+            len(dropped),
+            reason,
+            ", ".join(
+                f"{steer.id} for {steer.target} ({len(msgspec.json.encode(steer.sent))} bytes)"
+                for steer in dropped
+            ),
+        )
+        if self._metrics is not None:
+            self._metrics.steers_dropped(reason, len(dropped))
 
     def _pending(self, steers: list[Steer], pending: dict[str, str], lane: str | None) -> None:
         """The steered segment stopped for client tool output: ``response.steer.pending``
@@ -264,7 +339,7 @@ class Steering:
             )
         replaced = self._held.pop(lane, [])
         if replaced:
-            self.failed(replaced, _superseded(replaced[0].target, steers[0].target), lane)
+            self.failed(replaced, _superseded(replaced[0].target, steers[0].target))
         self._held[lane] = steers
 
 
