@@ -25,6 +25,7 @@ and is deleted when its response ends.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Final
@@ -87,22 +88,23 @@ class CheckpointWriter:
         """Make ``checkpoint`` durable; False when another holder took it over."""
         persistence = self._checkpoints.persistence()
         ttl = self._checkpoints.ttl
-        state = _encoder.encode(_state_of(checkpoint))
         items = checkpoint.items
+        keep = len(self._written) if _begins_with(items, self._written) else 0
+        # Encoded off the loop: a 15 MB tool output would hold every other client
+        # for the time it takes (the items and the state are frozen: safe to read).
+        state, blobs = await asyncio.to_thread(_encode, _state_of(checkpoint), items[keep:])
         if self.epoch is None:
-            blobs = [_encoder.encode(item) for item in items]
             self.epoch = await persistence.checkpoint_open(
                 self.response_id, owner=self.owner, state=state, items=blobs, ttl=ttl
             )
         else:
-            keep = len(self._written) if _begins_with(items, self._written) else 0
             written = await persistence.checkpoint_write(
                 self.response_id,
                 owner=self.owner,
                 epoch=self.epoch,
                 state=state,
                 keep=keep,
-                items=[_encoder.encode(item) for item in items[keep:]],
+                items=blobs,
                 ttl=ttl,
             )
             if not written:
@@ -146,8 +148,7 @@ class Checkpoints:
         held = await self.persistence().checkpoint_take(response_id, owner=owner, ttl=self.ttl)
         if held is None:
             return None
-        state = _state_decoder.decode(held.state)
-        items: list[Item] = [_item_decoder.decode(blob) for blob in held.items]
+        state, items = await asyncio.to_thread(_decode, held.state, held.items)
         checkpoint = RolloutCheckpoint(
             response=state.response,
             sequence=state.sequence,
@@ -165,6 +166,14 @@ class Checkpoints:
             self, owner=owner, response_id=response_id, epoch=held.epoch, written=items
         )
         return TakenUp(checkpoint, writer)
+
+
+def _encode(state: _State, items: Sequence[Item]) -> tuple[bytes, list[bytes]]:
+    return _encoder.encode(state), [_encoder.encode(item) for item in items]
+
+
+def _decode(state: bytes, items: Sequence[bytes]) -> tuple[_State, list[Item]]:
+    return _state_decoder.decode(state), [_item_decoder.decode(blob) for blob in items]
 
 
 def _state_of(checkpoint: RolloutCheckpoint) -> _State:

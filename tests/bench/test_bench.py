@@ -21,8 +21,10 @@ from longresponse import cli
 from longresponse.bench import compare, report
 from longresponse.server_process import ServerProcess
 
-#: whole bench runs, each transport through real sockets and a second process.
-pytestmark = pytest.mark.slow
+#: whole bench runs, each transport through real sockets and a second process
+#: (the module's first test waits for a run of eleven transports, one server
+#: process each: past the suite's 60 s on a loaded 2-core machine).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 TOOL_CALLS = 3
 GROWTH_TOOL_CALLS = 4
