@@ -238,6 +238,68 @@ async def test_a_spent_budget_asks_the_engine_for_nothing(
     assert len(peer.requests) == 1  # the spent budget was never sent as "no limit"
 
 
+def add_call_counted(prompt_tokens: int) -> bytes:
+    """A call of ``add``, the engine counting its prompt ``prompt_tokens``."""
+    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": 9}
+    return answer(
+        call_delta("call_A", "add", '{"a": 1, "b": 2}', index=0),
+        choice(finish="tool_calls"),
+        record({"choices": [], "usage": usage}),
+        record("[DONE]"),
+    )
+
+
+async def window_rollout(front: Any) -> ResponseDone:
+    """An append rollout of one call of ``add``, then its answer: the final done."""
+    async with connect(front.url) as client:
+        await client.create(model="engine", input="add", tools=[ADD], max_output_tokens=5000)
+        pause = (await client.until_done())[-1]
+        assert isinstance(pause, ResponseDone)
+        assert pause.response.status == "requires_action"
+        await client.append([{"type": "function_call_output", "call_id": "call_A", "output": "3"}])
+        done = (await client.until_done())[-1]
+    assert isinstance(done, ResponseDone)
+    return done
+
+
+async def test_a_turn_the_windows_room_cuts_short_says_so_not_max_output_tokens(
+    make_server: Any, engine: list[StandIn]
+) -> None:
+    """The engine's count leaves the window a little room: the limit sent is
+    that room, and a ``length`` finish there is the window's, the budget unspent."""
+
+    def script(number: int, body: dict[str, Any]) -> list[Any]:
+        if number == 1:
+            return [add_call_counted(300)]
+        return [answer(choice({"content": "a long"}), choice(finish="length"), USAGE)]
+
+    peer = stand_in(engine, script)
+    front = gateway(make_server, peer.url, context_window=400, max_tokens_field="max_tokens")
+    done = await window_rollout(front)
+    second = peer.requests[1]
+    assert 1 <= second["max_tokens"] <= 400 - 300 - window_margin(300)
+    assert done.response.status == "incomplete"
+    assert done.response.incomplete_details is not None
+    assert done.response.incomplete_details.reason == "context_length_exceeded"
+    assert done.response.usage is not None
+    assert done.response.usage.output_tokens < 5000
+
+
+async def test_a_prompt_that_leaves_the_window_no_room_is_refused_before_the_engine(
+    make_server: Any, engine: list[StandIn]
+) -> None:
+    """Never a limit of one token: a prompt within the margin of the window
+    ends the Response ``failed`` with ``context_length_exceeded``, unsent."""
+    peer = stand_in(engine, lambda number, body: [add_call_counted(360)])
+    front = gateway(make_server, peer.url, context_window=400, max_tokens_field="max_tokens")
+    done = await window_rollout(front)
+    assert len(peer.requests) == 1
+    assert done.response.status == "failed"
+    assert done.response.error is not None
+    assert done.response.error.code == "context_length_exceeded"
+    assert "leaves no room for output" in done.response.error.message
+
+
 # --- /v1/chat/completions in front of an engine (review item 7) --------------------
 
 
