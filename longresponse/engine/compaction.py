@@ -93,8 +93,10 @@ __all__ = [
     "compact",
     "compact_threshold",
     "drain",
+    "instruction_tokens",
     "model_summary",
     "refused",
+    "summarizes",
     "summary_request",
     "summary_turn",
     "threshold_or_default",
@@ -279,6 +281,16 @@ class ModelSummary:
     cut: bool
 
 
+def summarizes(sampler: Sampler) -> bool:
+    """Whether ``sampler`` writes its own compaction summary (a real engine's)."""
+    return bool(getattr(sampler, "summarizes", False))
+
+
+def instruction_tokens(limit: SummaryBudget) -> int:
+    """The tokens of a summary turn's instruction (what it reads after the context)."""
+    return len(render_item(Message(role="user", content=summary_prompt(limit))))
+
+
 def summary_request(turn: SampleRequest, limit: SummaryBudget) -> SampleRequest:
     """The summary turn of a rollout whose next turn would be ``turn``: the same
     context, tools and settings, then the instruction as a user message; no tool
@@ -319,7 +331,7 @@ async def model_summary(
     """The model's own summary, or ``None``: its sampler does not summarize, or
     the summary turn failed or wrote nothing (logged at WARNING: the window
     then holds the engine's deterministic summary)."""
-    if not getattr(sampler, "summarizes", False):
+    if not summarizes(sampler):
         return None
     try:
         written = await summary_turn(sampler, request)

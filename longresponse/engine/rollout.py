@@ -88,7 +88,9 @@ from .compaction import (
     compact,
     compact_threshold,
     drain,
+    instruction_tokens,
     model_summary,
+    summarizes,
     summary_request,
     threshold_or_default,
 )
@@ -688,7 +690,7 @@ class Rollout:
         """The tokenized input (``added`` tokens new) against the compaction threshold
         and the window, then counted: the turn's cached and uncached tokens. ``None``:
         a compaction turn, its compaction item its output (its timing kept)."""
-        if taken.trigger or (threshold is not None and self.model_count() > threshold):
+        if taken.trigger or (threshold is not None and self._over_threshold(threshold)):
             await self._compact(reply, cached)
             cached = 0  # the model reads the new window afresh
             if taken.trigger:  # a compaction turn: the compaction item is its output
@@ -886,6 +888,16 @@ class Rollout:
         self.model_seen = 0
         self._model_mark = None
         self.boundaries.clear()
+
+    def _over_threshold(self, threshold: int) -> bool:
+        """The context, as the model counts it (:meth:`model_count`), passes
+        ``threshold``: with the instruction of the summary turn that reads it
+        after the context, for a model that writes its own summary, so that no
+        prompt its engine gets passes the threshold by more than one turn."""
+        count = self.model_count()
+        if summarizes(self.sampler):
+            count += self.model_count(instruction_tokens(self.summary_budget()))
+        return count > threshold
 
     def summary_budget(self) -> SummaryBudget:
         """What a compaction of this rollout may keep (``engine/summary.py``): drawn

@@ -237,7 +237,7 @@ class _Folding:
         return [*self.head, message, *self.tail]
 
     def _message(self, text: str | None) -> Message:
-        note = f" {_TAIL_NOTE}" if self.tail else ""
+        note = f"\n{_TAIL_NOTE}" if self.tail else ""
         overhead = _tokens(Message(role="user", content=f"{SUMMARY_INTRO}\n{note}"))
         room = max(0, self.limit.text - overhead)
         if text is not None:

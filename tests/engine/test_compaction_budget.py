@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import os
 from collections.abc import AsyncGenerator, Sequence
 from typing import Any
@@ -321,9 +322,17 @@ def test_an_engine_that_summarizes_writes_the_windows_summary_within_its_count()
         assert summary_turn.max_output_tokens is not None
         assert 0 < summary_turn.max_output_tokens <= THRESHOLD * summary.WINDOW_SHARE / 1.5
     # Every turn's prompt, as the engine counts it, stays within the threshold
-    # (compaction is decided on the engine's count, not only on ours).
+    # (compaction is decided on the engine's count, not only on ours), and a
+    # summary turn's (the context, then the instruction) within one turn more.
     turns = [r for r in engine.requests if r not in asked]
     assert max(engine.count(r) for r in turns) <= THRESHOLD
+    growth = max(
+        engine.count(later) - engine.count(earlier)
+        for earlier, later in itertools.pairwise(turns)
+        if not isinstance(later.context[0], Compaction)
+        or isinstance(earlier.context[0], Compaction)
+    )
+    assert max(engine.count(r) for r in asked) <= THRESHOLD + growth
     # The window the model read after each compaction holds the engine's text.
     after = [r for r in turns if isinstance(r.context[0], Compaction)]
     assert after
