@@ -83,6 +83,7 @@ from .summary import summary_prompt
 __all__ = [
     "KEY_BYTES",
     "MIN_COMPACT_THRESHOLD",
+    "MIN_SUMMARY_TOKENS",
     "CompactionKey",
     "Compactor",
     "Drained",
@@ -112,6 +113,9 @@ MIN_COMPACT_THRESHOLD: Final = 1000
 DEFAULT_THRESHOLD_SHARE: Final = 0.9
 #: Opened items a Compactor keeps (admission opens them, the turn takes them in).
 OPENED_KEPT: Final = 16
+#: A summary message's budget below this many tokens leaves no room for the
+#: model's text beside its heading: no summary turn is asked for.
+MIN_SUMMARY_TOKENS: Final = 64
 
 _VERSION: Final = b"\x01"
 _NONCE_BYTES: Final = 12
@@ -328,10 +332,12 @@ async def summary_turn(sampler: Sampler, request: SampleRequest) -> ModelSummary
 async def model_summary(
     sampler: Sampler, request: SampleRequest, *, model: str, response_id: str
 ) -> ModelSummary | None:
-    """The model's own summary, or ``None``: its sampler does not summarize, or
-    the summary turn failed or wrote nothing (logged at WARNING: the window
-    then holds the engine's deterministic summary)."""
-    if not summarizes(sampler):
+    """The model's own summary, or ``None``: its sampler does not summarize, the
+    budget leaves it no room (:data:`MIN_SUMMARY_TOKENS`), or the summary turn
+    failed or wrote nothing (logged at WARNING). The window then holds the
+    engine's deterministic summary."""
+    room = request.max_output_tokens
+    if not summarizes(sampler) or (room is not None and room < MIN_SUMMARY_TOKENS):
         return None
     try:
         written = await summary_turn(sampler, request)
