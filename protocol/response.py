@@ -56,7 +56,9 @@ class ResponseError(Struct, frozen=True, kw_only=True):
 
 class IncompleteDetails(Struct, frozen=True, kw_only=True):
     #: shipped: ``max_output_tokens``, ``content_filter``; append mode adds
-    #: ``pause_timeout`` (no tool output arrived in time).
+    #: ``pause_timeout`` (no tool output arrived in time); a real engine's
+    #: turn may end ``context_length_exceeded`` (its window's room, not the
+    #: output budget, ran out).
     reason: str
 
 

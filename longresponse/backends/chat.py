@@ -75,12 +75,22 @@ Before a turn the
 sampler checks the context against ``context_window`` by the engine's own
 count where it has one: ``POST /tokenize`` when configured (``tokenize``),
 else the ``prompt_tokens`` the engine reported last turn plus the o200k
-estimate of what was added since; on the first turn the rollout's own o200k
-check stands. The turn's output limit is the budget left, never past the
-backend's cap nor the window less that count and a margin
-(:func:`window_margin`); with no count of the engine's, a limit only the
-window would set is left out (the engine stops at its own window). A spent
-budget (0) asks the engine for nothing: the turn stops ``max_output_tokens``.
+estimate of what was added since (scaled down with the context after a
+compaction replaced it); on the first turn the rollout's own o200k check
+stands. The turn's output limit is the budget left, never past the backend's
+cap nor the window less that count and a margin (:func:`window_margin`);
+with no count of the engine's, a limit only the window would set is left out
+(the engine stops at its own window). A prompt that leaves the window no
+room beside the margin is refused before the engine is asked
+(``context_length_exceeded``, never a limit of one token), and a turn the
+window's room cut short stops ``context_length_exceeded``, not
+``max_output_tokens``: the budget was not spent. A spent budget (0) asks
+the engine for nothing: the turn stops ``max_output_tokens``.
+
+**Compaction.** The sampler ``summarizes``: when its rollout compacts, it is
+asked for the summary's text in a turn of its own (``engine/compaction.py``:
+the context, the instruction as the last user message, ``tool_choice:
+"none"``, the text's budget as the output limit), sent as any turn is.
 """
 
 from __future__ import annotations
@@ -88,6 +98,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import secrets
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
@@ -260,23 +271,36 @@ def window_margin(count: int) -> int:
 
 def set_output_limit(
     body: dict[str, Any], config: BackendConfig, request: SampleRequest, prompt_tokens: int | None
-) -> None:
+) -> bool:
     """The turn's output limit in ``body``: the budget left, never past the
     backend's cap nor what the window leaves after the prompt less a margin
     (an engine refuses a limit past its window with a 400). With no count of
     the engine's (a first turn without ``tokenize``), the limit is left out
-    where only the window would bind: the engine then stops at its own window."""
+    where only the window would bind: the engine then stops at its own window.
+    True when the window, not the budget, bounds the turn's output.
+
+    Raises :class:`UpstreamError` ``context_length_exceeded`` (``body``
+    without a limit) when the engine's count of the prompt leaves no room."""
     body.pop(config.max_tokens_field, None)
     if request.max_output_tokens is None:
-        return
+        return False
     limit = min(request.max_output_tokens, config.max_output_tokens)
     count = prompt_tokens
     if count is None:
         count = request.cached_tokens + request.uncached_tokens  # our o200k estimate
     room = config.context_window - count - window_margin(count)
     if room < limit and prompt_tokens is None:
-        return
-    body[config.max_tokens_field] = max(1, min(limit, room))
+        return True
+    if room < 1:
+        raise UpstreamError(
+            f"Your input is about {count} tokens; the context window of {config.name} is "
+            f"{config.context_window}, which leaves no room for output beside it.",
+            code="context_length_exceeded",
+            status=400,
+            param="input",
+        )
+    body[config.max_tokens_field] = min(limit, room)
+    return room < limit
 
 
 class ChatBackend:
@@ -431,6 +455,9 @@ class ChatBackend:
 class ChatSampler:
     """One rollout's sampler: its affinity key and the engine's last count."""
 
+    #: It writes its rollout's compaction summary (a summary turn).
+    summarizes = True
+
     def __init__(self, backend: ChatBackend) -> None:
         self.backend = backend
         self.affinity = secrets.token_hex(16)
@@ -453,7 +480,8 @@ class ChatSampler:
         mcp = mcp_functions(request.tools, request.context)
         body = chat_body(backend.config, request, affinity, mcp=mcp)
         estimated = request.cached_tokens + request.uncached_tokens
-        set_output_limit(body, backend.config, request, await self._check_window(body, estimated))
+        count = await self._check_window(body, estimated)
+        window_bound = set_output_limit(body, backend.config, request, count)
         slot = backend.claim_slot(body)
         backend.in_flight += 1
         deadline = asyncio.get_running_loop().time() + backend.config.first_token_timeout
@@ -462,7 +490,7 @@ class ChatSampler:
         except BaseException:
             backend.release_slot(slot)
             raise
-        reader = ChunkReader(secret=backend._key, mcp=mcp)
+        reader = ChunkReader(secret=backend._key, mcp=mcp, window_bound=window_bound)
         try:
             async with contextlib.aclosing(self._payloads(response, reader, deadline)) as payloads:
                 async for data in payloads:
@@ -537,8 +565,12 @@ class ChatSampler:
         count: int | None = None
         if config.tokenize:
             count = await self.backend.count(body, self._headers)
+        then = self._estimated_then
         if count is None and self._prompt_tokens is not None:
-            count = self._prompt_tokens + max(0, estimated - self._estimated_then)
+            if estimated >= then:  # the context grew by what was added since
+                count = self._prompt_tokens + estimated - then
+            else:  # replaced by a smaller one (a compaction's window): scaled down
+                count = math.ceil(self._prompt_tokens * estimated / then)
         if count is not None and count > config.context_window:
             raise UpstreamError(
                 f"Your input is about {count} tokens; the context window of {config.name} "

@@ -117,9 +117,16 @@ class ChunkReader:
     """Turns one turn's chunks into sampler chunks (see the module docstring)."""
 
     def __init__(
-        self, secret: str | None = None, mcp: Mapping[str, McpFunction] | None = None
+        self,
+        secret: str | None = None,
+        mcp: Mapping[str, McpFunction] | None = None,
+        *,
+        window_bound: bool = False,
     ) -> None:
         self._secret = secret  # the API key: never quoted from the engine
+        #: The turn's output limit is the room its window leaves, not its budget:
+        #: a ``length`` finish is the window's (``context_length_exceeded``).
+        self._window_bound = window_bound
         #: The MCP tools offered as functions, by chat name: a call of one is hosted.
         self._mcp = mcp or {}
         self._text_open = False
@@ -235,7 +242,9 @@ class ChunkReader:
         """The stream ended: close what is open, send the kept calls, usage, the stop.
 
         On ``finish_reason: "length"`` only the item being written is
-        ``incomplete``; the calls finished before it are whole."""
+        ``incomplete``; the calls finished before it are whole. The stop is then
+        ``max_output_tokens``, or ``context_length_exceeded`` when the limit
+        was the room the window left (``window_bound``), not the budget."""
         cut = self._finish == "length"
         out: list[SampleChunk] = []
         if self._text_open:
@@ -255,7 +264,9 @@ class ChunkReader:
             self._counted = usage
             out.append(usage)
         if cut:
-            out.append(Stop("max_output_tokens"))
+            out.append(
+                Stop("context_length_exceeded" if self._window_bound else "max_output_tokens")
+            )
         elif self._finish in ("tool_calls", "function_call") or self._calls:
             out.append(Stop("tool_calls"))
         else:

@@ -89,6 +89,7 @@ _FINISH: Final[dict[str, FinishReason]] = {
     "stop": "stop",
     "tool_calls": "tool_calls",
     "max_output_tokens": "length",
+    "context_length_exceeded": "length",
 }
 
 

@@ -5,11 +5,16 @@ Theory of operation
 A **compaction** replaces a rollout's context with a smaller **window**: the
 ``compaction`` item, then the summary it stands for. The summary is the
 model's: its :class:`~longresponse.engine.sampling.ModelSpec` says how it
-summarizes (``summarize``). Every model served here uses the engine's own
-summary (``longresponse.engine.summary``), which is deterministic and keeps
-the messages that are not the assistant's, the calls and the head of every
-tool output, so a conversation compacted any number of times still answers
-with the request and the tool outputs' heads.
+summarizes (``summarize``). Every model served here builds the window's items
+with the engine's summary (``longresponse.engine.summary``), within a budget
+drawn from the compaction threshold (:func:`~longresponse.engine.summary.budget`),
+so the window does not grow with the rollout. A model whose sampler
+``summarizes`` (a real engine) writes the summary's text itself: a **summary
+turn** (:func:`summary_turn`), the context with
+:data:`~longresponse.engine.summary.SUMMARY_PROMPT` as its last user message,
+no tool calls, its output limited to the text's budget. A summary turn that
+fails, or writes nothing, leaves the engine's deterministic summary in its
+place (:func:`model_summary` logs it); one that runs long is cut to its budget.
 
 The summary travels inside the item. :class:`CompactionKey` seals it with
 AES-256-GCM (``cryptography``): the plaintext is the msgpack of the summary
@@ -41,7 +46,9 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import dataclasses
+import logging
 import math
 import os
 import time
@@ -56,26 +63,47 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from protocol import ErrorCode, RemoteProtocolError
 from protocol.events import ResponseCreate
-from protocol.items import Compaction, CompactionTrigger, Item
+from protocol.items import Compaction, CompactionTrigger, Item, Message
 
 from ..config import COMPACTION_LIFETIME
 from ..ids import new_id
-from .sampling import Summarize
+from .render import render_item
+from .sampling import (
+    Sampler,
+    SampleRequest,
+    Stop,
+    Summarize,
+    SummaryBudget,
+    TextDelta,
+    UpstreamError,
+    Usage,
+)
+from .summary import summary_prompt
 
 __all__ = [
     "KEY_BYTES",
     "MIN_COMPACT_THRESHOLD",
+    "MIN_SUMMARY_TOKENS",
     "CompactionKey",
     "Compactor",
     "Drained",
     "ExpiredCompaction",
     "InvalidCompaction",
+    "ModelSummary",
     "check_context_management",
     "compact",
     "compact_threshold",
     "drain",
+    "instruction_tokens",
+    "model_summary",
     "refused",
+    "summarizes",
+    "summary_request",
+    "summary_turn",
+    "threshold_or_default",
 ]
+
+log = logging.getLogger(__name__)
 
 #: Bytes of the AES-256-GCM key.
 KEY_BYTES: Final = 32
@@ -85,6 +113,9 @@ MIN_COMPACT_THRESHOLD: Final = 1000
 DEFAULT_THRESHOLD_SHARE: Final = 0.9
 #: Opened items a Compactor keeps (admission opens them, the turn takes them in).
 OPENED_KEPT: Final = 16
+#: A summary message's budget below this many tokens leaves no room for the
+#: model's text beside its heading: no summary turn is asked for.
+MIN_SUMMARY_TOKENS: Final = 64
 
 _VERSION: Final = b"\x01"
 _NONCE_BYTES: Final = 12
@@ -227,13 +258,108 @@ def refused(param: str, why: InvalidCompaction | None = None) -> RemoteProtocolE
 
 
 def compact(
-    context: Sequence[Item], compactor: Compactor, summarize: Summarize
+    context: Sequence[Item],
+    compactor: Compactor,
+    summarize: Summarize,
+    limit: SummaryBudget | None = None,
+    text: str | None = None,
 ) -> tuple[Compaction, list[Item]]:
-    """Compact ``context`` with the model's ``summarize``: its compaction item, and
+    """Compact ``context`` with the model's ``summarize`` within ``limit`` (around
+    the model's own summary ``text``, if it wrote one): its compaction item, and
     the window that replaces it."""
-    summary = summarize(context)
+    summary = summarize(context, limit, text)
     item = compactor.seal(summary)
     return item, [item, *summary]
+
+
+# --- the model's own summary: a summary turn ----------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ModelSummary:
+    """What a summary turn wrote: its text, the engine's count of the turn (if it
+    sent one), and whether it stopped at its limit (the text runs long)."""
+
+    text: str
+    usage: Usage | None
+    cut: bool
+
+
+def summarizes(sampler: Sampler) -> bool:
+    """Whether ``sampler`` writes its own compaction summary (a real engine's)."""
+    return bool(getattr(sampler, "summarizes", False))
+
+
+def instruction_tokens(limit: SummaryBudget) -> int:
+    """The tokens of a summary turn's instruction (what it reads after the context)."""
+    return len(render_item(Message(role="user", content=summary_prompt(limit))))
+
+
+def summary_request(turn: SampleRequest, limit: SummaryBudget) -> SampleRequest:
+    """The summary turn of a rollout whose next turn would be ``turn``: the same
+    context, tools and settings, then the instruction as a user message; no tool
+    call; its output limited to the summary message's budget."""
+    prompt = Message(role="user", content=summary_prompt(limit))
+    return dataclasses.replace(
+        turn,
+        context=[*turn.context, prompt],
+        tool_choice="none",
+        uncached_tokens=turn.uncached_tokens + len(render_item(prompt)),
+        max_output_tokens=limit.text,
+        text_format=None,
+    )
+
+
+async def summary_turn(sampler: Sampler, request: SampleRequest) -> ModelSummary:
+    """Ask ``sampler`` for its summary (a :func:`summary_request`): the text it
+    wrote. A tool call it makes anyway is not read. Raises
+    :class:`~longresponse.engine.sampling.UpstreamError` if its engine fails;
+    the engine's stream is closed whatever happens."""
+    texts: list[str] = []
+    usage: Usage | None = None
+    cut = False
+    async with contextlib.aclosing(sampler.sample(request)) as chunks:
+        async for chunk in chunks:
+            if isinstance(chunk, TextDelta):
+                texts.append(chunk.text)
+            elif isinstance(chunk, Usage):
+                usage = chunk
+            elif isinstance(chunk, Stop):
+                cut = chunk.reason != "stop"
+    return ModelSummary("".join(texts).strip(), usage, cut)
+
+
+async def model_summary(
+    sampler: Sampler, request: SampleRequest, *, model: str, response_id: str
+) -> ModelSummary | None:
+    """The model's own summary, or ``None``: its sampler does not summarize, the
+    budget leaves it no room (:data:`MIN_SUMMARY_TOKENS`), or the summary turn
+    failed or wrote nothing (logged at WARNING). The window then holds the
+    engine's deterministic summary."""
+    room = request.max_output_tokens
+    if not summarizes(sampler) or (room is not None and room < MIN_SUMMARY_TOKENS):
+        return None
+    try:
+        written = await summary_turn(sampler, request)
+    except UpstreamError as exc:
+        log.warning(
+            "compaction: model=%s response=%s: the summary turn failed (%s: %s); the "
+            "window holds the deterministic summary",
+            model,
+            response_id,
+            exc.code,
+            exc.message,
+        )
+        return None
+    if not written.text:
+        log.warning(
+            "compaction: model=%s response=%s: the summary turn wrote no text; the "
+            "window holds the deterministic summary",
+            model,
+            response_id,
+        )
+        return None
+    return written
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -300,6 +426,14 @@ def compact_threshold(request: ResponseCreate, context_window: int) -> int | Non
                 return entry.compact_threshold
             return int(context_window * DEFAULT_THRESHOLD_SHARE)
     return None
+
+
+def threshold_or_default(request: ResponseCreate | None, context_window: int) -> int:
+    """The threshold a window is compacted under (its budget's source): the
+    request's, else :data:`DEFAULT_THRESHOLD_SHARE` of the model's window (a
+    ``compaction_trigger``, ``POST /v1/responses/compact``)."""
+    threshold = compact_threshold(request, context_window) if request is not None else None
+    return threshold if threshold is not None else int(context_window * DEFAULT_THRESHOLD_SHARE)
 
 
 #: Bytes encoded at a time (a multiple of 3: the pieces join without padding).

@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
@@ -80,7 +81,19 @@ from .admission import Pipeline
 from .boundary import Boundaries, Boundary, ForkStart, KnownPrefix
 from .checkpoint import Checkpointing, RolloutCheckpoint, TakenOver
 from .classifier import Verdict
-from .compaction import Compactor, Drained, compact, compact_threshold, drain
+from .compaction import (
+    Compactor,
+    Drained,
+    ModelSummary,
+    compact,
+    compact_threshold,
+    drain,
+    instruction_tokens,
+    model_summary,
+    summarizes,
+    summary_request,
+    threshold_or_default,
+)
 from .counting import DeferredCount, may_defer
 from .failures import (
     cut_to_window,
@@ -97,6 +110,7 @@ from .sampling import (
     ReasoningDone,
     SampleChunk,
     Sampler,
+    SampleRequest,
     TextDelta,
     ToolCallStart,
     UpstreamError,
@@ -104,8 +118,9 @@ from .sampling import (
     release,
 )
 from .stream import EventSink, StreamClosed
+from .summary import SummaryBudget, budget
 from .timing import TurnTiming
-from .turn_loop import INCOMPLETE_STOPS, TurnInput, TurnLoop
+from .turn_loop import INCOMPLETE_STOPS, Keepalive, TurnInput, TurnLoop
 
 __all__ = ["Boundary", "HeldInput", "Rollout"]
 
@@ -209,6 +224,13 @@ class Rollout:
         #: which may wait for the first output (``longresponse.engine.counting``).
         self.input_from = 0
         self._held: DeferredCount | None = None
+        #: A real engine's own count of the context (its prompt and output) at the
+        #: end of its last turn, with ours then; ``None`` since the context was
+        #: last replaced. Compaction's threshold is checked against the larger
+        #: count (:meth:`model_count`).
+        self._model_mark: tuple[int, int] | None = None
+        #: The engine's count of the turn being sampled (0: none yet).
+        self._engine_turn = 0
         self._tokens_behind = False
         #: The hosted-call loop over the turn's ``mcp`` tools' servers
         #: (``engine/hosted.py``), made from the host the owner gives with its
@@ -388,6 +410,7 @@ class Rollout:
         # The prefix is re-rendered and the items' tokens reused.
         self.tokens = self.tokens.rebase(prefix)
         self.model_seen = 0
+        self._model_mark = None
         return True
 
     def _switch_model(self, model: ModelSpec) -> None:
@@ -497,6 +520,7 @@ class Rollout:
         self.boundaries = start.boundaries
         self.counts = TokenCounts(counts.input_tokens, counts.cached_tokens)
         self.model_seen = start.model_seen
+        self._model_mark = None
 
     def seed(self, items: Sequence[Item], known: KnownPrefix) -> bool:
         """A fresh rollout starts from a conversation whose tokens are known
@@ -669,7 +693,7 @@ class Rollout:
         """The tokenized input (``added`` tokens new) against the compaction threshold
         and the window, then counted: the turn's cached and uncached tokens. ``None``:
         a compaction turn, its compaction item its output (its timing kept)."""
-        if taken.trigger or (threshold is not None and len(self.tokens) > threshold):
+        if taken.trigger or (threshold is not None and self._over_threshold(threshold)):
             await self._compact(reply, cached)
             cached = 0  # the model reads the new window afresh
             if taken.trigger:  # a compaction turn: the compaction item is its output
@@ -696,13 +720,17 @@ class Rollout:
 
     def take_output(self, produced: list[Item], timing: TurnTiming) -> None:
         """The model's own output joins the context and the token cache; it is not
-        new input next turn (a real model already holds it). ``timing`` is kept."""
+        new input next turn (a real model already holds it). ``timing`` is kept,
+        and the engine's count of the context, if it sent one."""
         self.context.extend(produced)
         self.tokens.extend(produced)
         self.rendered_seen = self.tokens.tokens_rendered
         self.items_seen = self.tokens.items_rendered
         self.model_seen = len(self.tokens)
         self.timings.append(timing)
+        if self._engine_turn:
+            self._model_mark = (len(self.tokens), self._engine_turn)
+            self._engine_turn = 0
 
     def merge_timings(self, first: int) -> None:
         """The samplings since timing ``first`` are one turn's (a hosted call's
@@ -745,7 +773,7 @@ class Rollout:
             self.input_from = len(self.tokens)
             bound = self.input_from + self.tokens.defer(items)
             pending = not trigger and may_defer(
-                self.sampler, bound, self.model.context_window, threshold
+                self.sampler, self.model_count(bound), self.model.context_window, threshold
             )
         self._held = DeferredCount(
             bound=bound, pending=pending, timing=timing, cached=cached, clock=self.clock
@@ -810,10 +838,31 @@ class Rollout:
     def bill_upstream(self, counted: Usage, billed: tuple[int, int]) -> None:
         """Replace the (input, cached) tokens ``billed`` for this turn so far (the
         estimate, or the engine's earlier count) with the engine's own (a real
-        backend's :class:`~longresponse.engine.sampling.Usage`)."""
+        backend's :class:`~longresponse.engine.sampling.Usage`), which is also
+        its count of the context so far (:meth:`model_count`)."""
         input_tokens, cached = billed
         self.counts.input_tokens += counted.input_tokens - input_tokens
         self.counts.cached_tokens += counted.cached_tokens - cached
+        self._engine_turn = counted.input_tokens + counted.output_tokens
+
+    def _model_scale(self) -> float:
+        """How many tokens the engine counted for each of ours in the context at the
+        end of its last turn (its template, its tokenizer), at least 1; 1 without a
+        count."""
+        if self._model_mark is None:
+            return 1.0
+        ours, engines = self._model_mark
+        return max(1.0, engines / ours) if ours else 1.0
+
+    def model_count(self, tokens: int | None = None) -> int:
+        """The context's tokens (or ``tokens`` of ours) as the model counts them:
+        ours, scaled by what the engine counted for each of ours at its last turn
+        (a real engine's template and tokenizer, which count more); ours alone
+        for a model that sends no count (the simulated ones) or before its first
+        count since the context was replaced. Compaction's threshold is checked
+        against it (SPEC §11.4)."""
+        ours = len(self.tokens) if tokens is None else tokens
+        return math.ceil(ours * self._model_scale())
 
     # --- the window: truncation and compaction ---------------------------------------
 
@@ -829,6 +878,7 @@ class Rollout:
         del self.context[:dropped]
         self.tokens = self.tokens.rerendered(prefix, self.context)
         self.model_seen = 0
+        self._model_mark = None
         self.truncated = True
         return True
 
@@ -839,22 +889,76 @@ class Rollout:
         prefix = render_prefix(self.request.instructions, self.request.tools)
         self.tokens = self.tokens.rerendered(prefix, [])
         self.model_seen = 0
+        self._model_mark = None
         self.boundaries.clear()
+
+    def _over_threshold(self, threshold: int) -> bool:
+        """The context, as the model counts it (:meth:`model_count`), passes
+        ``threshold``: with the instruction of the summary turn that reads it
+        after the context, for a model that writes its own summary, so that no
+        prompt its engine gets passes the threshold by more than one turn."""
+        count = self.model_count()
+        if summarizes(self.sampler):
+            count += self.model_count(instruction_tokens(self.summary_budget()))
+        return count > threshold
+
+    def summary_budget(self) -> SummaryBudget:
+        """What a compaction of this rollout may keep (``engine/summary.py``): drawn
+        from its threshold (the request's, else 90% of the model's window), its
+        prefix, and how many tokens its engine counts for each of ours."""
+        threshold = threshold_or_default(self.request, self.model.context_window)
+        return budget(threshold, self.tokens.prefix_length, self._model_scale())
 
     async def _compact(self, reply: Reply, cached: int) -> None:
         """Server-side compaction in a turn (SPEC §11): the model reads the whole
         context (``cached`` of it already processed) and writes the compaction
-        item; its window becomes the context. The item's events go to ``reply``."""
+        item, within the window's budget (a real engine writes the summary's
+        text in a summary turn first); its window becomes the context. The
+        item's events go to ``reply``."""
         assert self.compactor is not None, "the serve layer gives every rollout a compactor"
+        limit = self.summary_budget()
+        written = await self._summary_turn(reply, limit, cached)
         await reply.sink.room()
-        item, window = compact(self.context, self.compactor, self.model.summarize)
-        self.counts.input_tokens += len(self.tokens)
-        self.counts.cached_tokens += cached
+        text = written.text if written is not None else None
+        item, window = compact(self.context, self.compactor, self.model.summarize, limit, text)
+        if written is not None and written.usage is not None:  # the engine's own count
+            self.counts.input_tokens += written.usage.input_tokens
+            self.counts.cached_tokens += written.usage.cached_tokens
+        else:
+            self.counts.input_tokens += len(self.tokens)
+            self.counts.cached_tokens += cached
         self._start_window()
         self.tokens.extend(window)
         self.context.extend(window)
         for event in reply.builder.compaction(item):  # no await: all, or none
             reply.sink.push(event)
+
+    async def _summary_turn(
+        self, reply: Reply, limit: SummaryBudget, cached: int
+    ) -> ModelSummary | None:
+        """The model's own summary of the context within ``limit``, if its sampler
+        writes one (``compaction.model_summary``); the client hears keepalives
+        meanwhile, as in any turn."""
+        turn = SampleRequest.for_turn(
+            self.request,
+            self.context,
+            cached_tokens=cached,
+            uncached_tokens=len(self.tokens) - cached,
+            cap=self.limits.max_output_tokens,
+            spent=reply.output_tokens(),
+            chain=self.chain,
+        )
+        keepalive = Keepalive.start(reply, self.limits.keepalive_interval)
+        try:
+            return await model_summary(
+                self.sampler,
+                summary_request(turn, limit),
+                model=self.model.name,
+                response_id=reply.id,
+            )
+        finally:
+            if keepalive is not None:
+                keepalive.stop()
 
     async def cut_short(self, reply: Reply, unbilled: tuple[int, int] | None) -> None:
         """A turn the engine broke off, or the client cancelled: the item being

@@ -11,7 +11,11 @@ model as the registry holds it: its limits, how to make a sampler for one
 rollout, how it checks a request's ``metadata`` (``check_request``) and how
 it summarizes a context when it compacts (``summarize``: the engine's own
 summary, :func:`~longresponse.engine.summary.summarize`, unless it says
-otherwise; :data:`SUMMARY_HEAD_CHARS` is how much of a tool output it keeps).
+otherwise; :data:`SUMMARY_HEAD_CHARS` is how much of a tool output it keeps,
+:data:`READ_OUTPUTS` how it counts the outputs it folds away). A sampler
+that says ``summarizes = True`` (a real engine's) is also asked to write the
+summary's text itself when its rollout compacts: a summary turn over the
+context (``engine/compaction.py``).
 
 This module is the whole interface a backend (``longresponse.backends``,
 the simulated model included) may import from the engine: besides the
@@ -32,10 +36,19 @@ from protocol.items import Item, McpListTools, McpTool, Tool, ToolChoice
 from protocol.response import TextFormat
 
 from .render import encode
-from .summary import SUMMARY_HEAD_CHARS
+from .summary import (
+    HANDED_BACK,
+    READ_OUTPUTS,
+    SUMMARY_HEAD_CHARS,
+    SummaryBudget,
+    carried_quotes,
+    quote,
+)
 from .summary import summarize as engine_summary
 
 __all__ = [
+    "HANDED_BACK",
+    "READ_OUTPUTS",
     "SUMMARY_HEAD_CHARS",
     "ArgumentsDelta",
     "CallKind",
@@ -47,13 +60,16 @@ __all__ = [
     "Sampler",
     "Stop",
     "Summarize",
+    "SummaryBudget",
     "TextDelta",
     "ToolCallStart",
     "UpstreamError",
     "Usage",
     "affinity_key",
+    "carried_quotes",
     "encode",
     "latest_listings",
+    "quote",
     "release",
 ]
 
@@ -109,7 +125,11 @@ class ReasoningDone:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Stop:
-    reason: Literal["stop", "tool_calls", "max_output_tokens"]
+    """The turn's end. ``max_output_tokens``: the Response's output budget ran
+    out; ``context_length_exceeded``: the model's context window did first (a
+    real engine stopped at the room its window left, the budget unspent)."""
+
+    reason: Literal["stop", "tool_calls", "max_output_tokens", "context_length_exceeded"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -227,7 +247,11 @@ class Sampler(Protocol):
     """Writes one turn. A sampler that never reads ``SampleRequest``'s token counts
     before its first chunk may say ``counts_first = False``: its rollout then
     counts the new input after the first output, and ``uncached_tokens`` is an
-    upper bound (``longresponse.engine.counting``). Without it, counts are exact."""
+    upper bound (``longresponse.engine.counting``). Without it, counts are exact.
+    A sampler that says ``summarizes = True`` writes its own compaction summary:
+    its rollout asks it for one with :meth:`sample` (a summary turn, the
+    instruction the last user message, no tool calls); without it, the engine's
+    deterministic summary stands (``engine/summary.py``)."""
 
     def sample(self, request: SampleRequest) -> AsyncGenerator[SampleChunk, None]: ...
 
@@ -240,8 +264,10 @@ async def release(sampler: Sampler) -> None:
         await close()
 
 
-#: A model's summary of a context, for a compaction: the items its window keeps.
-Summarize = Callable[[Sequence[Item]], list[Item]]
+#: A model's summary of a context, for a compaction: the items its window keeps,
+#: within a budget (``None``: none), around the model's own summary text if it
+#: wrote one (``None``: it did not).
+Summarize = Callable[[Sequence[Item], SummaryBudget | None, str | None], list[Item]]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -27,7 +27,7 @@ changes a Rollout" holds with the loop outside it.
 A :class:`Sampling` stops early at a shipped-shape steering point
 (``steered``), at the Response's event cap (``max_events``, never with a call
 half written), and cuts its open item short when the engine fails. While the
-model is silent it sends ``keepalive`` events (:class:`_Keepalive`).
+model is silent it sends ``keepalive`` events (:class:`Keepalive`).
 """
 
 from __future__ import annotations
@@ -63,11 +63,23 @@ from .sampling import (
 )
 from .timing import TurnTiming
 
-__all__ = ["INCOMPLETE_STOPS", "Conversation", "Sampling", "TurnInput", "TurnLoop"]
+__all__ = [
+    "ENDING_STOPS",
+    "INCOMPLETE_STOPS",
+    "Conversation",
+    "Keepalive",
+    "Sampling",
+    "TurnInput",
+    "TurnLoop",
+]
 
 #: How :meth:`TurnLoop.run_turns` may stop short: the Response ends ``incomplete``.
 #: ``steered``: a shipped-shape segment stopped at a safe point for steering input.
-INCOMPLETE_STOPS: Final = frozenset({"max_output_tokens", "max_events", "pause_timeout", "steered"})
+INCOMPLETE_STOPS: Final = frozenset(
+    {"max_output_tokens", "context_length_exceeded", "max_events", "pause_timeout", "steered"}
+)
+#: Stops after which the model cannot go on: the Response ends there, however it was to go on.
+ENDING_STOPS: Final = frozenset({"max_output_tokens", "context_length_exceeded", "max_events"})
 
 
 @dataclasses.dataclass(slots=True)
@@ -181,7 +193,7 @@ class TurnLoop:
                     return "pause_timeout"
                 continue
             prefix_changed = False
-            if stop in ("max_output_tokens", "max_events"):
+            if stop in ENDING_STOPS:
                 return stop
             if reply.pending_calls and not await conversation.pause():
                 return "pause_timeout"
@@ -303,7 +315,7 @@ class Sampling:
         timing.before_sampling(taken.started, taken.resolved, taken.rendered, started)
         if taken.resumed_at is not None:
             timing.resume = started - taken.resumed_at
-        keepalive = _Keepalive.start(reply, conversation.limits.keepalive_interval)
+        keepalive = Keepalive.start(reply, conversation.limits.keepalive_interval)
         try:
             async with contextlib.aclosing(conversation.sampler.sample(request)) as chunks:
                 async for chunk in chunks:
@@ -410,7 +422,7 @@ def _chosen_freely(choice: ToolChoice) -> ToolChoice:
     return choice if choice in ("auto", "none") else "auto"
 
 
-class _Keepalive:
+class Keepalive:
     """While a turn samples: a ``keepalive`` event whenever the response has sent
     nothing for ``interval`` seconds (the model is silent: a long prefill, a slow
     engine), so clients' watchdogs and proxies see it alive.
@@ -432,7 +444,7 @@ class _Keepalive:
         self._handle = loop.call_later(interval / 4, self._tick)
 
     @classmethod
-    def start(cls, reply: Reply, interval: float) -> _Keepalive | None:
+    def start(cls, reply: Reply, interval: float) -> Keepalive | None:
         return cls(reply, interval) if interval > 0 else None
 
     def _tick(self) -> None:

@@ -11,6 +11,7 @@ mapping) are checked on their own where that says more.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +28,7 @@ from longresponse.backends.settings import SettingsError, load_toml, shown_url
 from longresponse.chat.mapping import mcp_functions, messages_from_items, tool_choice_to_chat
 from longresponse.chat.upstream import ChunkRecord as StreamChunk
 from longresponse.client import connect
+from longresponse.engine.compaction import CompactionKey
 from longresponse.engine.sampling import ToolCallStart, UpstreamError
 from longresponse.engine.stream import StreamBuilder
 from protocol.events import ErrorEvent, OutputItemDone, ResponseDone
@@ -236,6 +238,68 @@ async def test_a_spent_budget_asks_the_engine_for_nothing(
     assert done.response.incomplete_details is not None
     assert done.response.incomplete_details.reason == "max_output_tokens"
     assert len(peer.requests) == 1  # the spent budget was never sent as "no limit"
+
+
+def add_call_counted(prompt_tokens: int) -> bytes:
+    """A call of ``add``, the engine counting its prompt ``prompt_tokens``."""
+    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": 9}
+    return answer(
+        call_delta("call_A", "add", '{"a": 1, "b": 2}', index=0),
+        choice(finish="tool_calls"),
+        record({"choices": [], "usage": usage}),
+        record("[DONE]"),
+    )
+
+
+async def window_rollout(front: Any) -> ResponseDone:
+    """An append rollout of one call of ``add``, then its answer: the final done."""
+    async with connect(front.url) as client:
+        await client.create(model="engine", input="add", tools=[ADD], max_output_tokens=5000)
+        pause = (await client.until_done())[-1]
+        assert isinstance(pause, ResponseDone)
+        assert pause.response.status == "requires_action"
+        await client.append([{"type": "function_call_output", "call_id": "call_A", "output": "3"}])
+        done = (await client.until_done())[-1]
+    assert isinstance(done, ResponseDone)
+    return done
+
+
+async def test_a_turn_the_windows_room_cuts_short_says_so_not_max_output_tokens(
+    make_server: Any, engine: list[StandIn]
+) -> None:
+    """The engine's count leaves the window a little room: the limit sent is
+    that room, and a ``length`` finish there is the window's, the budget unspent."""
+
+    def script(number: int, body: dict[str, Any]) -> list[Any]:
+        if number == 1:
+            return [add_call_counted(300)]
+        return [answer(choice({"content": "a long"}), choice(finish="length"), USAGE)]
+
+    peer = stand_in(engine, script)
+    front = gateway(make_server, peer.url, context_window=400, max_tokens_field="max_tokens")
+    done = await window_rollout(front)
+    second = peer.requests[1]
+    assert 1 <= second["max_tokens"] <= 400 - 300 - window_margin(300)
+    assert done.response.status == "incomplete"
+    assert done.response.incomplete_details is not None
+    assert done.response.incomplete_details.reason == "context_length_exceeded"
+    assert done.response.usage is not None
+    assert done.response.usage.output_tokens < 5000
+
+
+async def test_a_prompt_that_leaves_the_window_no_room_is_refused_before_the_engine(
+    make_server: Any, engine: list[StandIn]
+) -> None:
+    """Never a limit of one token: a prompt within the margin of the window
+    ends the Response ``failed`` with ``context_length_exceeded``, unsent."""
+    peer = stand_in(engine, lambda number, body: [add_call_counted(360)])
+    front = gateway(make_server, peer.url, context_window=400, max_tokens_field="max_tokens")
+    done = await window_rollout(front)
+    assert len(peer.requests) == 1
+    assert done.response.status == "failed"
+    assert done.response.error is not None
+    assert done.response.error.code == "context_length_exceeded"
+    assert "leaves no room for output" in done.response.error.message
 
 
 # --- /v1/chat/completions in front of an engine (review item 7) --------------------
@@ -628,3 +692,107 @@ def test_listed_mcp_tools_are_offered_as_functions_and_their_calls_are_hosted() 
         "function": {"name": "loop__shout"},
     }
     assert tool_choice_to_chat(ToolChoiceMcp(server_label="loop")) == "required"
+
+
+# --- compaction: the engine's summary turn, and the window after it ----------------
+
+
+async def test_a_compaction_asks_the_engine_for_its_summary_and_counts_the_window_anew(
+    make_server: Any, engine: list[StandIn]
+) -> None:
+    """A tool output passes the threshold: the engine is asked for a summary (the
+    context, then the instruction, no tool call, a limit), its text is the
+    window's summary, and the window's turn is counted from the smaller
+    window, not from the summary turn's prompt (which would have left it a
+    few hundred tokens of room: the issue's limit of one token, in small)."""
+
+    def counted(body: dict[str, Any]) -> int:  # the engine's count: 1 token for 3 bytes
+        return len(json.dumps(body["messages"]) + json.dumps(body.get("tools", []))) // 3
+
+    def script(number: int, body: dict[str, Any]) -> list[Any]:
+        usage = record(
+            {"choices": [], "usage": {"prompt_tokens": counted(body), "completion_tokens": 9}}
+        )
+        if number == 1:
+            return [
+                answer(
+                    call_delta("call_A", "add", '{"a": 1, "b": 2}', index=0),
+                    choice(finish="tool_calls"),
+                    usage,
+                    record("[DONE]"),
+                )
+            ]
+        text = "the engine's summary" if number == 2 else "done"
+        return [answer(choice({"content": text}), choice(finish="stop"), usage, record("[DONE]"))]
+
+    peer = stand_in(engine, script)
+    front = gateway(make_server, peer.url, context_window=2048, max_tokens_field="max_tokens")
+    async with connect(front.url) as client:
+        await client.create(
+            model="engine",
+            input="add",
+            tools=[ADD],
+            max_output_tokens=5000,
+            context_management=[{"type": "compaction", "compact_threshold": 1000}],
+        )
+        pause = (await client.until_done())[-1]
+        assert isinstance(pause, ResponseDone)
+        long_output = "3 " + "and the sum is three " * 250
+        await client.append(
+            [{"type": "function_call_output", "call_id": "call_A", "output": long_output}]
+        )
+        done = (await client.until_done())[-1]
+    assert isinstance(done, ResponseDone)
+    assert done.response.status == "completed", done.response.error
+    first, summary_turn, window_turn = peer.requests
+    instruction = summary_turn["messages"][-1]
+    assert instruction["role"] == "user"
+    assert instruction["content"].startswith("Stop here and write a summary")
+    assert summary_turn["messages"][:-1] == [*first["messages"], *summary_turn["messages"][1:-1]]
+    assert summary_turn["tool_choice"] == "none"
+    assert 0 < summary_turn["max_tokens"] < 500
+    said = [m["content"] for m in window_turn["messages"] if m["role"] == "user"]
+    assert (
+        "Summary of the conversation so far, written when it was compacted:\nthe engine's summary"
+        in "\n".join(said)
+    )
+    summarized = counted(summary_turn)
+    assert window_turn["max_tokens"] > 2048 - summarized - window_margin(summarized)
+
+
+def test_compact_endpoint_asks_the_engine_for_the_summary(
+    make_server: Any, engine: list[StandIn]
+) -> None:
+    """``POST /v1/responses/compact`` in front of an engine: one summary turn, whose
+    text the sealed window holds."""
+    usage = record({"choices": [], "usage": {"prompt_tokens": 90, "completion_tokens": 9}})
+    peer = stand_in(
+        engine,
+        lambda number, body: [
+            answer(choice({"content": "the engine's summary"}), choice(finish="stop"), usage)
+        ],
+    )
+    front = make_server(
+        store="memory://", backends=(chat_backend(peer.url),), compaction_key="edge key"
+    )
+    conversation = [
+        {"role": "user", "content": "add 1 and 2"},
+        {"type": "function_call", "call_id": "call_A", "name": "add", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "call_A", "output": "3"},
+    ]
+    answered = httpx.post(
+        f"{front.http_url}/v1/responses/compact",
+        json={"model": "engine", "input": conversation},
+        timeout=30,
+    )
+    assert answered.status_code == 200, answered.text
+    (asked,) = peer.requests
+    assert asked["messages"][-1]["content"].startswith("Stop here and write a summary")
+    item = answered.json()["output"][-1]
+    window = CompactionKey.derive("edge key").open(item["encrypted_content"], "")
+    said = [item_text(m.content) for m in window if isinstance(m, Message)]
+    assert said[0] == "add 1 and 2"  # the request, then the engine's summary, then the call
+    assert said[1].startswith(
+        "Summary of the conversation so far, written when it was compacted:\nthe engine's summary\n"
+    )
+    assert [type(m).__name__ for m in window][-2:] == ["FunctionCall", "FunctionCallOutput"]

@@ -69,7 +69,6 @@ import asyncio
 import dataclasses
 import functools
 import math
-import re
 import secrets
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Mapping, Sequence
@@ -114,6 +113,8 @@ from protocol.response import FormatText
 
 from ...config import RANGES, SimConfig
 from ...engine.sampling import (
+    HANDED_BACK,
+    READ_OUTPUTS,
     SUMMARY_HEAD_CHARS,
     ArgumentsDelta,
     CallKind,
@@ -124,8 +125,10 @@ from ...engine.sampling import (
     Stop,
     TextDelta,
     ToolCallStart,
+    carried_quotes,
     encode,
     latest_listings,
+    quote,
 )
 from .patterns import pattern_example
 from .structured import CHARS_PER_TOKEN, DEFAULT_ANSWER_TOKENS, answer_in_format
@@ -150,9 +153,9 @@ __all__ = [
 QUOTE_CHARS: Final = SUMMARY_HEAD_CHARS
 #: The sim's answer lists the tool outputs it read after these words
 #: (:meth:`SimSampler._summary`); a user message carrying them hands back a
-#: summary the sim wrote (see :func:`calls_made`).
-_READ_OUTPUTS: Final = "I read {count} tool outputs: "
-_HANDED_BACK: Final = re.compile(re.escape(_READ_OUTPUTS).replace(r"\{count\}", r"(\d+)"))
+#: summary the sim wrote, or one a compaction folded (see :func:`calls_made`).
+_READ_OUTPUTS: Final = READ_OUTPUTS
+_HANDED_BACK: Final = HANDED_BACK
 #: The ranges of the ``sim_*`` metadata keys (inclusive; the smallest is 0).
 MAX_SIM_TOOL_CALLS: Final = 1024
 MAX_SIM_PARALLEL_CALLS: Final = 128
@@ -543,7 +546,7 @@ _FILLER: Final = (
 
 
 def _quote(text: str) -> str:
-    return text[:QUOTE_CHARS].replace("\n", " ")
+    return quote(text)
 
 
 class SimSampler:
@@ -585,7 +588,8 @@ class SimSampler:
     def _summary(self, request: SampleRequest) -> str:
         """The answer before its padding: every user message and tool output, quoted.
         A summary handed back (:func:`calls_made`) counts the outputs it lists: the
-        count covers what the conversation read before the client compacted it."""
+        count covers what the conversation read before it was compacted (by the
+        client, or by the server past its budget), and its quotes are carried on."""
         asked: list[str] = []
         outputs: list[str] = []
         read = 0
@@ -595,6 +599,7 @@ class SimSampler:
                 asked.append(_quote(text))
                 if handed := _HANDED_BACK.search(text):  # its count covers what came before
                     read = int(handed.group(1))
+                    outputs = carried_quotes(text)
             elif isinstance(item, CallOutput):
                 read += 1
                 text = output_text(item)

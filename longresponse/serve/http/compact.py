@@ -17,9 +17,11 @@ owner; its pending calls may stay unanswered), then the input. It is
 admitted as a create's input is (validated, compaction items opened, read by
 the secrets classifier under the server's policy), taken in as a rollout
 takes input in (the latest compaction item supersedes what precedes it), and
-compacted with the model's summary (its ``ModelSpec.summarize``: the
-simulated models' for every model served here; ``longresponse.engine.compaction``).
-No model turn runs and nothing is stored.
+compacted with the model's summary (its ``ModelSpec.summarize``, within the
+budget of a window compacted under 90% of the model's context window;
+``longresponse.engine.compaction``). A model whose sampler ``summarizes`` (a
+real engine) writes the summary's text in a summary turn first; no other
+model turn runs, and nothing is stored.
 
 The answer (``protocol.response.ResponseCompaction``) lists the
 conversation's user messages, then the compaction item; passed unchanged as
@@ -49,9 +51,18 @@ from protocol.events import ResponseCreate
 from protocol.items import Compaction, InputText, Item, Message, as_items
 from protocol.response import InputTokensDetails, OutputTokensDetails, ResponseCompaction, Usage
 
-from ...engine.compaction import compact, drain
+from ...engine.compaction import (
+    ModelSummary,
+    compact,
+    drain,
+    model_summary,
+    summary_request,
+    threshold_or_default,
+)
 from ...engine.counting import token_lengths
 from ...engine.render import render_prefix
+from ...engine.sampling import ModelSpec, SampleRequest, release
+from ...engine.summary import SummaryBudget, budget
 from ...ids import new_id
 from ...storage.records import is_running
 from ..continuation import not_finished
@@ -108,14 +119,18 @@ class CompactHTTP:
                     items, history=history, cached=False, compactor=compactor
                 )
             context = drain([*history, *admission.items], compactor).items
+            prefix = len(render_prefix(body.instructions, []))
+            read = prefix + sum(await token_lengths(context))
+            limit = budget(threshold_or_default(body, model.context_window), prefix)
+            summary = await _model_summary(model, body, context, read, limit)
+            text = summary.text if summary is not None else None
             # Summarizing and sealing grow with the context: in a check worker.
             item, window = await self.turns.in_worker(
-                compact, context, compactor, model.summarize, owner=owner
+                compact, context, compactor, model.summarize, limit, text, owner=owner
             )
         except ProtocolError as error:
             return http_error(error)
         self.compactions += 1
-        read = len(render_prefix(body.instructions, [])) + sum(await token_lengths(context))
         written = sum(await token_lengths(window))
         answer = ResponseCompaction(
             id=new_id("resp"),
@@ -151,6 +166,34 @@ class CompactHTTP:
         if is_running(conversation.last):
             raise not_finished(parent_id, conversation.last.response.status)
         return conversation.items
+
+
+async def _model_summary(
+    model: ModelSpec,
+    body: ResponseCreate,
+    context: Sequence[Item],
+    read: int,
+    limit: SummaryBudget,
+) -> ModelSummary | None:
+    """The model's own summary text of ``context`` (``read`` tokens), if its
+    sampler writes one: a summary turn on a sampler made for it, released after."""
+    sampler = model.make_sampler()
+    try:
+        turn = SampleRequest(
+            context=context,
+            tools=[],
+            tool_choice="none",
+            parallel_tool_calls=False,
+            metadata={},
+            cached_tokens=0,
+            uncached_tokens=read,
+            instructions=body.instructions,
+        )
+        return await model_summary(
+            sampler, summary_request(turn, limit), model=model.name, response_id="compact"
+        )
+    finally:
+        await release(sampler)
 
 
 def _decode(data: bytes | bytearray, check_count: Callable[[int], None]) -> ResponseCreate:
