@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import urllib.parse
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from typing import Protocol
 
 import trio
 from wsproto import ConnectionType, WSConnection
@@ -122,7 +123,7 @@ async def connect(
     """
     with trio.fail_after(connect_timeout):
         stream, ws, subprotocol = await _open(url, subprotocols, headers)
-    try:
+    with unwrapped():
         async with trio.open_nursery() as nursery:
             client = AppendClient(
                 nursery,
@@ -134,19 +135,40 @@ async def connect(
                 max_queued_events=max_queued_events,
                 close_timeout=close_timeout,
             )
-            try:
+            async with closing(client, nursery):
                 yield client
-            except BaseException:
-                with trio.CancelScope(shield=True):  # aclose() bounds itself
-                    await client.aclose(CloseCode.INTERNAL_ERROR)
-                raise
-            else:
-                await client.aclose()
-            finally:
-                nursery.cancel_scope.cancel()
+
+
+class Closable(Protocol):
+    """A client that closes its connection with a close code."""
+
+    async def aclose(self, code: int = ...) -> None: ...
+
+
+@contextlib.asynccontextmanager
+async def closing(client: Closable, nursery: trio.Nursery) -> AsyncIterator[None]:
+    """Hold ``client`` open for the block, then close it (1000, or 1011 if the
+    block raised) and stop the ``nursery`` its tasks run in."""
+    try:
+        yield
+    except BaseException:
+        with trio.CancelScope(shield=True):  # aclose() bounds itself
+            await client.aclose(CloseCode.INTERNAL_ERROR)
+        raise
+    else:
+        await client.aclose()
+    finally:
+        nursery.cancel_scope.cancel()
+
+
+@contextlib.contextmanager
+def unwrapped() -> Iterator[None]:
+    """The nursery is an implementation detail: hand back the block's own
+    exception, not the group (trio's "designing for multiple errors", second
+    option)."""
+    try:
+        yield
     except BaseExceptionGroup as group:
-        # The nursery is an implementation detail: hand back the block's own
-        # exception (trio's "designing for multiple errors", second option).
         single = _single_exception(group)
         if single is None:
             raise

@@ -83,7 +83,7 @@ from .connection import (
     _build_event,
     _ends_wait,
 )
-from .opening import _single_exception, connect
+from .opening import closing, connect, unwrapped
 
 __all__ = [
     "INITIAL_DELAY",
@@ -621,26 +621,8 @@ async def resilient(
         max_delay=max_delay,
         rng=rng,
     )
-    try:
+    with unwrapped():
         async with trio.open_nursery() as nursery:
             await nursery.start(client.run)
-            try:
+            async with closing(client, nursery):
                 yield client
-            except BaseException:
-                with trio.CancelScope(shield=True):  # aclose() bounds itself
-                    await client.aclose(CloseCode.INTERNAL_ERROR)
-                raise
-            else:
-                await client.aclose()
-            finally:
-                nursery.cancel_scope.cancel()
-    except BaseExceptionGroup as group:
-        single = _single_exception(group)
-        if single is None:
-            raise
-        context = single.__context__
-        try:
-            raise single
-        finally:
-            single.__context__ = context
-            del single, context
